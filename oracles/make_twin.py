@@ -1,0 +1,363 @@
+#!/usr/bin/env python3
+"""Tiny-twin factory: a small random-weight HF checkpoint per model family.
+
+    python oracles/make_twin.py --family qwen3 --out /tmp/twins/qwen3
+
+A twin has the real family's config layout, weight names, dtype (bf16), tokenizer files and
+special tokens, at toy size (hidden 64), so forge can be tested end to end against HF in seconds.
+Each twin switches on every feature its family's real checkpoint uses (see the per-family dicts).
+Output is byte-identical across runs: fixed seeds, deterministic BPE training, sorted JSON.
+"""
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ["TOKENIZERS_PARALLELISM"] = "false"  # single-threaded BPE training: same merges every run
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+
+PROMPT = "The capital of France is"
+# Prompts tests use; each must split into several tokens (checked at build time).
+PROMPTS = [PROMPT, "Once upon a time", "The quick brown fox jumps over the lazy dog",
+           "Water boils at a temperature of", "My favourite colour is"]
+BPE_VOCAB = 1024  # trained size incl. head specials; tail specials are appended after
+# Weight init std ~ 1/sqrt(hidden 64): HF's default 0.02 is tuned for hidden ~2560 and would make
+# every layer of a 64-wide twin near-identity, attention near-uniform and logits near-tied.
+INIT_STD = 0.1
+
+# Fixed training text: plain English that covers the prompts above plus varied common words.
+CORPUS = """\
+The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
+The capital of Spain is Madrid, and the capital of Japan is Tokyo. Paris is a large city on the
+river Seine, famous for its museums, its cafes and the tall iron tower built for a world fair.
+Once upon a time there was a little girl who lived in a small house at the edge of a dark forest.
+Once upon a time, in a kingdom far away, a young king ruled over a quiet and happy land.
+Every morning she walked to the village to buy bread, milk and eggs for her grandmother.
+The quick brown fox jumps over the lazy dog. The lazy dog did not move; it only opened one eye.
+Water boils at a temperature of one hundred degrees Celsius at sea level, and it freezes at zero.
+At the top of a high mountain water boils at a lower temperature, because the air pressure is lower.
+My favourite colour is blue, like the sky on a clear summer day. My favourite food is soup.
+Her favourite colour is green, the colour of fresh grass and young leaves in the spring.
+A computer is a machine that follows a list of instructions called a program. Programs are written
+by people in languages that the machine can translate into simple steps. Numbers, words, pictures
+and sounds are all stored as long lists of ones and zeros inside the memory of the computer.
+The sun is a star at the centre of our solar system. The earth moves around the sun once a year,
+and the moon moves around the earth about once a month. Light from the sun takes about eight
+minutes to reach the earth. At night we can see many other stars, which are very far away.
+The history of the world is long and full of change. People first lived in small groups, hunting
+animals and gathering plants. Later they learned to grow food, to build towns, to write, and to
+trade with people in other lands. Great cities grew along rivers, where the soil was rich.
+A good teacher listens to students, asks clear questions and explains hard ideas with simple
+examples. Students learn best when they are curious, when they practise often, and when they are
+not afraid to make mistakes. Reading every day makes the mind stronger, just as running makes the
+legs stronger. Books can take us to other times and places without leaving our chairs.
+In the garden there are roses, tulips and sunflowers. The bees visit the flowers to collect
+nectar, and they carry pollen from one flower to the next. Birds sing in the trees in the early
+morning, and in the evening the garden is quiet except for the wind in the leaves.
+The train leaves the station at nine o'clock and arrives in the city two hours later. Many people
+travel to work by train, by bus or by bicycle. Some people walk, and some people drive their own
+cars. Traffic is heavy in the morning and again in the evening, when everyone goes home.
+Question: What is the capital of France? Answer: The capital of France is Paris.
+Question: What is two plus two? Answer: Two plus two is four.
+Question: Why is the sky blue? Answer: Sunlight is scattered by the air, and blue light is
+scattered the most, so the sky looks blue during the day.
+The weather today is cold and windy, with rain in the afternoon. Tomorrow will be warmer and dry.
+It is important to drink enough water, to sleep well, and to eat fruit and vegetables every day.
+Music has been part of human life for thousands of years. People sing when they are happy and
+when they are sad, at weddings, at festivals and at work. A song can be simple, with one voice
+and a drum, or it can be played by a large orchestra with violins, flutes, horns and a piano.
+The old man sat by the fire and told stories about the sea, about storms and ships and the
+strange islands he had seen when he was young. The children listened until they fell asleep.
+Thank you for your help. You are welcome. Please close the door. Good morning, how are you today?
+I am fine, thank you. What time is it? It is half past three. Where is the library? It is next to
+the school, on the other side of the park. How much does this cost? It costs ten dollars.
+"""
+
+# Per-tokenizer-style special tokens. "head" tokens get the first ids (Gemma, Llama/Phi style);
+# "tail" tokens are appended after the BPE vocab (Qwen, Phi chat tokens style).
+QWEN_TAIL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+             "<|image_pad|>", "<|video_pad|>"]
+QWEN_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|im_start|>' + m['role'] + '\\n' }}"
+    "{%- if m['content'] is string %}{{- m['content'] }}{%- else %}{%- for c in m['content'] %}"
+    "{%- if c['type'] == 'image' %}{{- '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{%- elif c['type'] == 'text' %}{{- c['text'] }}{%- endif %}{%- endfor %}{%- endif %}"
+    "{{- '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- endif %}{%- endif %}")
+GEMMA_TEMPLATE = (
+    "{{- bos_token }}{%- for m in messages %}"
+    "{%- set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+    "{{- '<start_of_turn>' + role + '\\n' + m['content'] | trim + '<end_of_turn>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<start_of_turn>model\\n' }}{%- endif %}")
+PHI_TEMPLATE = (
+    "{%- for m in messages %}{{- '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|assistant|>\\n' }}{%- endif %}")
+TOKENIZER_STYLES = {
+    "qwen": dict(head=[], tail=QWEN_TAIL, plain=["<think>", "</think>"], bos=None,
+                 eos="<|im_end|>", pad="<|endoftext|>", unk=None, add_bos=False, template=QWEN_TEMPLATE),
+    "gemma": dict(head=["<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>",
+                        "<start_of_image>", "<end_of_image>", "<image_soft_token>", "<start_of_audio>",
+                        "<end_of_audio>", "<audio_soft_token>", "<|video|>"],
+                  tail=[], plain=[], bos="<bos>", eos="<eos>", pad="<pad>", unk="<unk>", add_bos=True,
+                  template=GEMMA_TEMPLATE),
+    "phi": dict(head=["<unk>", "<s>", "</s>"],
+                tail=["<|endoftext|>", "<|assistant|>", "<|system|>", "<|end|>", "<|user|>"], plain=[],
+                bos="<s>", eos="<|endoftext|>", pad="<|endoftext|>", unk="<unk>", add_bos=False,
+                template=PHI_TEMPLATE),
+}
+
+
+def train_tokenizer(style):
+    """Byte-level BPE trained on CORPUS, wrapped as a transformers fast tokenizer."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, min_frequency=1, show_progress=False,
+                                  special_tokens=style["head"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.add_special_tokens(style["tail"])  # appended in listed order, after the BPE vocab
+    tok.add_tokens(style["plain"])  # e.g. Qwen <think>: added but not special
+    if style["add_bos"]:  # Gemma prepends <bos> to every encoded text
+        bos_id = tok.token_to_id(style["bos"])
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{style['bos']} $A", pair=f"{style['bos']} $A $B", special_tokens=[(style["bos"], bos_id)])
+    else:
+        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    named = {k: style[k] for k in ("bos", "eos", "pad", "unk") if style[k]}
+    hf = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tok, **{f"{k}_token": v for k, v in named.items()},
+        additional_special_tokens=[t for t in style["head"] + style["tail"] if t not in named.values()],
+        model_max_length=4096, clean_up_tokenization_spaces=False)
+    hf.chat_template = style["template"]
+    for p in PROMPTS:
+        n = len(hf(p, add_special_tokens=False)["input_ids"])
+        if n < 3:
+            raise RuntimeError(f"prompt {p!r} tokenizes into only {n} tokens")
+    return hf
+
+
+# ---- per-family configs: dimensions documented in one dict each -------------------------------
+
+def cfg_qwen3(tok, ids):
+    # 4 layers; GQA 4q/2kv; head_dim 32 != hidden/heads (16); tied like Qwen3-4B.
+    d = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+             max_position_embeddings=4096, initializer_range=INIT_STD, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    return transformers.Qwen3Config(**d)
+
+
+def cfg_qwen3_5(tok, ids):
+    # 8 layers, full attention at i=3,7 ((i+1)%4==0), the rest GatedDeltaNet; linear heads
+    # 2 k / 4 v (Hv != Hk) with dk 16 != dv 32; conv kernel 4; partial rotary 0.25 of head_dim 32
+    # (8 dims -> mrope_section sums to 4); output-gated q_proj; tied. Vision tower: 1 block.
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                linear_conv_kernel_dim=4, linear_num_key_heads=2, linear_num_value_heads=4,
+                linear_key_head_dim=16, linear_value_head_dim=32, max_position_embeddings=4096,
+                initializer_range=INIT_STD, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
+                                 "mrope_section": [2, 1, 1], "mrope_interleaved": True},
+                bos_token_id=None, eos_token_id=ids["<|im_end|>"])
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=64)
+    return transformers.Qwen3_5Config(
+        text_config=text, vision_config=vision, tie_word_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+def cfg_phimoe(tok, ids):
+    # 4 layers; 4 experts top-2 (sparsemixer, jitter eps 0.01); head_dim 32 != hidden/heads (16);
+    # attention + lm_head biases; LayerNorm with bias; theta 1e4; untied (like Phi-tiny-MoE).
+    d = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=32, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_local_experts=4,
+             num_experts_per_tok=2, router_jitter_noise=0.01, attention_bias=True, lm_head_bias=True,
+             rms_norm_eps=1e-5, max_position_embeddings=4096, initializer_range=INIT_STD,
+             tie_word_embeddings=False,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+             bos_token_id=ids["<s>"], eos_token_id=ids["<|endoftext|>"], pad_token_id=ids["<|endoftext|>"])
+    return transformers.PhimoeConfig(**d)
+
+
+def cfg_gemma4(tok, ids):
+    # 8 layers S S F S S F S F (S = sliding, window 16 so short tests cross it; F = full with
+    # head_dim 64 vs 32 and proportional partial rotary 0.25); last 3 layers reuse KV (5 F <- 2,
+    # 6 S <- 4, 7 F <- 2); PLE 16 dims per layer; tied. Tiny vision + audio towers. Logit softcap 3
+    # (real: 30) so tanh visibly bends the twin's logits (max ~2.5); at 30 a dropped cap hides.
+    S, F = "sliding_attention", "full_attention"
+    text = dict(vocab_size=len(tok), vocab_size_per_layer_input=len(tok), hidden_size=64,
+                intermediate_size=128, num_hidden_layers=8, layer_types=[S, S, F, S, S, F, S, F],
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
+                sliding_window=16, num_kv_shared_layers=3, hidden_size_per_layer_input=16,
+                final_logit_softcapping=3.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                initializer_range=INIT_STD, tie_word_embeddings=True,
+                rope_parameters={S: {"rope_type": "default", "rope_theta": 1e4},
+                                 F: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                     "rope_theta": 1e6}},
+                pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  num_key_value_heads=2, head_dim=16, patch_size=16, position_embedding_size=64)
+    audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 subsampling_conv_channels=[8, 4], output_proj_dims=32)
+    return transformers.Gemma4Config(
+        text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=True,
+        boi_token_id=ids["<start_of_image>"], eoi_token_id=ids["<end_of_image>"],
+        image_token_id=ids["<image_soft_token>"], video_token_id=ids["<|video|>"],
+        boa_token_id=ids["<start_of_audio>"], eoa_token_index=ids["<end_of_audio>"],
+        audio_token_id=ids["<audio_soft_token>"], initializer_range=INIT_STD)
+
+
+def cfg_qwen3_vl(tok, ids):
+    # Text: Qwen3 decoder, 4 layers, GQA 4/2, head_dim 32, theta 5e6, interleaved M-RoPE
+    # (section sums to head_dim/2), tied like Qwen3-VL-2B. Vision: 3 blocks, each feeding a
+    # deepstack merger (text layers 0-2), patch 16, temporal 2, merge 2x2 -> text hidden.
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=32, rms_norm_eps=1e-6,
+                max_position_embeddings=4096, initializer_range=INIT_STD, tie_word_embeddings=True,
+                rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                 "mrope_interleaved": True},
+                bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    vision = dict(depth=3, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=16,
+                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64,
+                  num_position_embeddings=64, deepstack_visual_indexes=[0, 1, 2])
+    return transformers.Qwen3VLConfig(
+        text_config=text, vision_config=vision, tie_word_embeddings=True,
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
+
+
+# family: (tokenizer style, config fn, auto class, seed, generation eos tokens)
+FAMILIES = {
+    "qwen3": ("qwen", cfg_qwen3, "AutoModelForCausalLM", 3001, ["<|im_end|>", "<|endoftext|>"]),
+    "qwen3_5": ("qwen", cfg_qwen3_5, "AutoModelForImageTextToText", 3501, ["<|im_end|>", "<|endoftext|>"]),
+    "phimoe": ("phi", cfg_phimoe, "AutoModelForCausalLM", 4001, ["<|end|>", "<|endoftext|>"]),
+    "gemma4": ("gemma", cfg_gemma4, "AutoModelForImageTextToText", 4401, ["<eos>", "<end_of_turn>"]),
+    "qwen3_vl": ("qwen", cfg_qwen3_vl, "AutoModelForImageTextToText", 3301, ["<|im_end|>", "<|endoftext|>"]),
+}
+
+
+# Fields the real hub config.json carries but transformers 5.23 folds into per_layer_config and
+# no longer writes; added back so readers written against the real checkpoint find them.
+CONFIG_FIXUPS = {"gemma4": {"text_config": {"global_head_dim": 64}}}
+
+
+# ---- build, save, verify ------------------------------------------------------------------------
+
+@torch.no_grad()
+def perturb(model, seed):
+    """Add seeded noise to every saved float tensor: HF init leaves norms at 0/1, biases at 0,
+    dt_bias at 1, layer_scalar at 1; a twin must not hide a wrong (1+w) or a dropped bias."""
+    g = torch.Generator().manual_seed(seed)
+    saved = set(model.state_dict().keys())
+    tensors = list(model.named_parameters()) + [(n, b) for n, b in model.named_buffers() if n in saved]
+    for _, t in sorted(tensors, key=lambda nt: nt[0]):
+        if t.is_floating_point() and torch.isfinite(t).all():
+            std = 0.1 if t.dim() <= 1 else 0.02  # 1-D: norms, biases, gates, scalars
+            t.add_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * std)
+
+
+def build(family, tmp):
+    style_name, cfg_fn, auto_name, seed, gen_eos = FAMILIES[family]
+    style = TOKENIZER_STYLES[style_name]
+    tok = train_tokenizer(style)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in style["head"] + style["tail"]}
+    config = cfg_fn(tok, ids)
+    transformers.set_seed(seed)
+    model = getattr(transformers, auto_name).from_config(config, dtype=torch.float32)
+    perturb(model, seed + 1)
+    gc = model.generation_config
+    gc.eos_token_id = [tok.convert_tokens_to_ids(t) for t in gen_eos]
+    gc.pad_token_id = tok.pad_token_id
+    gc.bos_token_id = tok.bos_token_id
+    gc.do_sample = False
+    model.to(torch.bfloat16)  # real checkpoints ship bf16
+    for key in config.sub_configs:  # to() only stamps the top-level config's dtype
+        if getattr(config, key, None) is not None:
+            getattr(config, key).dtype = torch.bfloat16
+    model.save_pretrained(tmp)
+    if family in CONFIG_FIXUPS:
+        path = os.path.join(tmp, "config.json")
+        with open(path) as f:
+            saved = json.load(f)
+        for section, extra in CONFIG_FIXUPS[family].items():
+            saved[section].update(extra)
+        with open(path, "w") as f:  # same layout transformers writes
+            f.write(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    tok.save_pretrained(tmp, save_jinja_files=False)  # chat template inside tokenizer_config.json
+    return model.state_dict()
+
+
+@torch.no_grad()
+def verify(family, tmp, saved_state):
+    """Reload in fp32 with the auto class, check the round trip is exact, greedy-generate."""
+    auto_name = FAMILIES[family][2]
+    model, info = getattr(transformers, auto_name).from_pretrained(
+        tmp, dtype=torch.float32, output_loading_info=True)
+    bad = {k: v for k, v in info.items() if v}  # missing / unexpected / mismatched keys
+    if bad:
+        raise RuntimeError(f"reload reported {bad}")
+    for name, t in model.state_dict().items():
+        if name in saved_state and not torch.equal(t, saved_state[name].float()):
+            raise RuntimeError(f"reloaded tensor {name} differs from the saved one")
+    model.eval()
+    tok = transformers.AutoTokenizer.from_pretrained(tmp)
+    enc = tok(PROMPT, return_tensors="pt")
+    out = model.generate(**enc, max_new_tokens=8, do_sample=False, use_cache=True)
+    n_new = out.shape[1] - enc["input_ids"].shape[1]
+    if n_new < 1:
+        raise RuntimeError("generate produced no tokens")
+    print(f"[{family}] {enc['input_ids'][0].tolist()} -> {out[0, -n_new:].tolist()} "
+          f"{tok.decode(out[0, -n_new:])!r}", file=sys.stderr)
+    return sum(p.numel() for p in model.parameters())
+
+
+def sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
+    ap.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    args = ap.parse_args()
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        sys.exit(f"make_twin: error: {out} exists and is not an empty directory")
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    # Build beside DIR and rename at the end, so DIR is either absent or complete and verified.
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        state = build(args.family, tmp)
+        params = verify(args.family, tmp, state)
+        files = {n: sha256(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
+        for n in files:  # safetensors writes 0600; make the twin readable like any checkout
+            os.chmod(os.path.join(tmp, n), 0o644)
+        os.chmod(tmp, 0o755)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked above)
+        os.rename(tmp, out)
+    except Exception as e:  # one clear line on stderr, non-zero exit, no half-written DIR
+        shutil.rmtree(tmp, ignore_errors=True)
+        print(f"make_twin: error: {args.family}: {type(e).__name__}: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(json.dumps({"family": args.family, "out": out, "files": files, "params": params}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

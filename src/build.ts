@@ -1,0 +1,93 @@
+// `forge build`: recipe × arch → pipeline → stage cache → output directory with its run record.
+// The output directory is replaced whole (built beside it, then swapped), so an interrupted build
+// never leaves a mix of old and new files.
+import { cpSync, existsSync, mkdirSync, rmSync, renameSync, writeFileSync } from 'node:fs';
+import { dirname, join, resolve } from 'node:path';
+import { cpus, totalmem } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import { loadRecipe, archSettings } from './recipe/load.js';
+import { buildPipeline } from '../pipelines/build.js';
+import { StageCache, META } from './engine/cache.js';
+import { Scheduler } from './engine/scheduler.js';
+import { runPipeline } from './engine/run.js';
+import { defaultProgress, type Progress } from './engine/progress.js';
+import { toolVersions } from './toolchain/versions.js';
+import { cacheRoot } from './paths.js';
+import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
+import type { Json } from './engine/stage.js';
+
+export interface BuildRequest {
+  recipe: string;
+  arch: string;
+  out?: string;
+  until?: string;
+  force?: string[];
+  jobs?: number;
+  memoryBudgetBytes?: number;
+  progress?: Progress;
+  verbose?: boolean;
+}
+
+export function defaultOut(recipe: string, arch: string): string {
+  return resolve('out', recipe, arch);
+}
+
+export async function build(req: BuildRequest): Promise<RunRecord> {
+  const t0 = performance.now();
+  const { recipe } = loadRecipe(req.recipe);
+  const { arch, settings } = archSettings(recipe, req.arch);
+  const pipeline = buildPipeline(recipe, arch, settings);
+  const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
+  const progress = req.progress ?? defaultProgress(req.verbose);
+  const tools = toolVersions();
+  const result = await runPipeline(pipeline, {
+    cache: new StageCache(cacheRoot()),
+    scheduler: new Scheduler({
+      concurrency: req.jobs ?? cpus().length,
+      memoryBudgetBytes: req.memoryBudgetBytes ?? Math.floor(totalmem() * 0.75),
+    }),
+    progress,
+    toolVersions: tools,
+    until: req.until,
+    force: req.force,
+  }).finally(() => progress.close());
+
+  const gates: Record<string, GateRecord> = {};
+  const summaries: Record<string, Json> = {};
+  for (const [id, { meta }] of result.entries) {
+    if (meta.outcome.summary !== undefined) summaries[id] = meta.outcome.summary;
+    const g = meta.outcome.gate;
+    if (g) gates[g.name] = { ...((meta.outcome.summary ?? {}) as Record<string, Json>), ok: g.ok };
+  }
+  const record: RunRecord = {
+    recipe: recipe.id,
+    arch: arch.id,
+    ok: result.ok,
+    ...(result.failure ? { error: `${result.failure.stage}: ${result.failure.message}` } : {}),
+    stages: result.stages,
+    gates,
+    summaries,
+    tools,
+    bundle: out,
+    seconds: (performance.now() - t0) / 1000,
+  };
+
+  // Assemble beside the target, then swap it in.
+  const staging = `${out}.partial-${process.pid}`;
+  rmSync(staging, { recursive: true, force: true });
+  mkdirSync(join(staging, 'build'), { recursive: true });
+  if (result.ok) {
+    for (const id of pipeline.publish) {
+      const entry = result.entries.get(id);
+      if (!entry) continue; // not reached with --until
+      cpSync(entry.dir, staging, { recursive: true, filter: (p) => !p.endsWith(`/${META}`) });
+    }
+  }
+  writeFileSync(join(staging, RUN_RECORD), JSON.stringify(record, null, 2) + '\n');
+  mkdirSync(dirname(out), { recursive: true });
+  const old = `${out}.old-${process.pid}`;
+  if (existsSync(out)) renameSync(out, old);
+  renameSync(staging, out);
+  rmSync(old, { recursive: true, force: true });
+  return record;
+}

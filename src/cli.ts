@@ -1,0 +1,92 @@
+// The one entry point. Sub-commands are thin: they parse flags, call a module, print.
+import { Command, Option } from 'commander';
+import { loadRecipe, listRecipeIds } from './recipe/load.js';
+import { build } from './build.js';
+import { planRecipe, formatPlan } from './plan/for-recipe.js';
+import { doctor, formatDoctor } from './toolchain/doctor.js';
+import { clean } from './clean.js';
+import { runTests } from './selftest.js';
+import { ARCH_IDS } from './arch/table.js';
+
+let verbose = process.argv.includes('--verbose');
+
+function fail(e: unknown): never {
+  const err = e as Error;
+  process.stderr.write(`forge: ${verbose ? err.stack ?? err.message : err.message}\n`);
+  process.exit(1);
+}
+
+const gbToBytes = (v: string) => {
+  const n = Number(v);
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`--memory-budget wants a number of GB, got '${v}'`);
+  return Math.floor(n * 1e9);
+};
+
+const program = new Command('forge')
+  .description('Hugging Face checkpoints → Qualcomm Hexagon NPU bundles, gated against the HF fp32 reference')
+  .option('--verbose', 'stack traces on errors and stage logs on the console')
+  .showHelpAfterError()
+  .hook('preAction', (cmd) => { verbose = Boolean(cmd.opts().verbose); });
+
+program.command('list')
+  .description('list the recipes')
+  .option('--json', 'machine-readable output')
+  .action((o: { json?: boolean }) => {
+    const rows = listRecipeIds().map((id) => {
+      const { recipe } = loadRecipe(id);
+      const source = recipe.source.kind === 'hub' ? `${recipe.source.repo}@${recipe.source.revision.slice(0, 10)}` : recipe.source.kind === 'tiny' ? `tiny twin (${recipe.source.twin})` : recipe.source.path;
+      return { id, family: recipe.family, modalities: recipe.modalities, source };
+    });
+    if (o.json) return console.log(JSON.stringify(rows));
+    for (const r of rows) console.log(`${r.id.padEnd(16)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
+  });
+
+const archOption = () => new Option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')})`).makeOptionMandatory();
+
+program.command('plan <recipe>')
+  .description('show the shard plan (layer ranges under the arch ceiling); offline when the recipe records the model config')
+  .addOption(archOption())
+  .option('--json', 'machine-readable output')
+  .action(async (id: string, o: { arch: string; json?: boolean }) => {
+    const plan = await planRecipe(id, o.arch, verbose);
+    console.log(o.json ? JSON.stringify(plan) : formatPlan(plan));
+  });
+
+program.command('build <recipe>')
+  .description('build out/<recipe>/<arch>/: fetch → plan → … (cached, resumable)')
+  .addOption(archOption())
+  .option('--json', 'print the run record as the last line of stdout')
+  .option('--out <dir>', 'output directory (default out/<recipe>/<arch>)')
+  .option('--until <stage>', 'stop after this stage')
+  .option('--force <stage...>', 're-run these stages even when cached')
+  .option('--jobs <n>', 'stages run at once (default: CPU count)', (v) => parseInt(v, 10))
+  .option('--memory-budget <GB>', 'sum of declared stage peaks allowed at once (default 75% of RAM)', gbToBytes)
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number }) => {
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, verbose });
+    if (o.json) console.log(JSON.stringify(record));
+    else {
+      for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(7)} ${s.seconds.toFixed(1)} s`);
+      console.log(record.ok ? `ok: ${record.bundle}` : `FAILED: ${record.error}\nrun record: ${record.bundle}/build/run.json`);
+    }
+    if (!record.ok) process.exit(1);
+  });
+
+program.command('doctor')
+  .description('what is installed and which toolchains are usable')
+  .option('--json', 'machine-readable output')
+  .action(async (o: { json?: boolean }) => {
+    const report = await doctor();
+    console.log(o.json ? JSON.stringify(report) : formatDoctor(report));
+  });
+
+program.command('clean')
+  .description('remove the stage cache (and with --all the Python environments too)')
+  .option('--all', 'also remove the Python environments under FORGE_HOME')
+  .action(async (o: { all?: boolean }) => console.log(await clean(Boolean(o.all))));
+
+program.command('test [args...]')
+  .description("run forge's own test suite (vitest, then ctest once native/ has tests); sets up what it needs first")
+  .allowUnknownOption()
+  .action(async (args: string[]) => process.exit(await runTests(args ?? [])));
+
+program.parseAsync(process.argv).catch(fail);

@@ -1,0 +1,97 @@
+// The content-addressed stage cache: <root>/<stage id>/<key>/ with meta.json inside.
+// An entry appears only by rename of a complete temporary directory, so a reader never sees half an
+// entry; a per-entry lock lets concurrent builds share one cache without computing twice.
+import { existsSync } from 'node:fs';
+import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import { randomBytes } from 'node:crypto';
+import lockfile from 'proper-lockfile';
+import { hashTree, type FileDigest } from './hash.js';
+import type { Json } from './stage.js';
+
+export const META = 'meta.json';
+
+export interface EntryMeta {
+  stage: string;
+  module: string;
+  version: string;
+  key: string;
+  contentHash: string;
+  files: Record<string, FileDigest>;
+  seconds: number;
+  peakRssBytes: number;
+  outcome: { summary?: Json; gate?: { name: string; ok: boolean } };
+}
+
+export class StageCache {
+  constructor(readonly root: string) {}
+
+  entryDir(stage: string, key: string): string {
+    return join(this.root, stage, key);
+  }
+
+  async lookup(stage: string, key: string): Promise<EntryMeta | null> {
+    const file = join(this.entryDir(stage, key), META);
+    if (!existsSync(file)) return null;
+    try {
+      return JSON.parse(await readFile(file, 'utf8')) as EntryMeta;
+    } catch {
+      return null; // meta.json is written before the rename, so this is only outside tampering
+    }
+  }
+
+  /**
+   * Holds the entry's lock while fn runs. Locks go stale when their holder stops refreshing them
+   * (a killed build), so a rerun takes over instead of waiting forever.
+   */
+  async withLock<T>(stage: string, key: string, fn: () => Promise<T>): Promise<T> {
+    const dir = join(this.root, stage);
+    await mkdir(dir, { recursive: true });
+    const release = await lockfile.lock(dir, {
+      lockfilePath: join(dir, `${key}.lock`),
+      stale: 10_000,
+      update: 2_000,
+      retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
+    });
+    try {
+      return await fn();
+    } finally {
+      await release().catch(() => undefined);
+    }
+  }
+
+  /** A fresh temporary directory for a stage run; leftovers of killed runs for this key are removed first. */
+  async makeTemp(stage: string, key: string): Promise<string> {
+    const tmpRoot = join(this.root, stage, '.tmp');
+    await mkdir(tmpRoot, { recursive: true });
+    // Only called while holding the entry's lock, so any other temp dir for this key is abandoned.
+    for (const name of await readdir(tmpRoot)) {
+      if (name.startsWith(`${key}.`)) await rm(join(tmpRoot, name), { recursive: true, force: true });
+    }
+    const dir = join(tmpRoot, `${key}.${process.pid}.${randomBytes(4).toString('hex')}`);
+    await mkdir(dir);
+    return dir;
+  }
+
+  /** Hashes the finished temp dir, writes meta.json into it and renames it into place. */
+  async commit(tmp: string, meta: Omit<EntryMeta, 'contentHash' | 'files'>): Promise<EntryMeta> {
+    const { contentHash, files } = await hashTree(tmp, new Set([META]));
+    const full: EntryMeta = { ...meta, contentHash, files };
+    await writeFile(join(tmp, META), JSON.stringify(full, null, 2));
+    const final = this.entryDir(meta.stage, meta.key);
+    if (existsSync(final)) {
+      // Forced rerun: move the old entry aside first; rename over a non-empty dir is not allowed.
+      const trash = `${tmp}.old`;
+      await rename(final, trash);
+      await rename(tmp, final);
+      await rm(trash, { recursive: true, force: true });
+    } else {
+      await rename(tmp, final);
+    }
+    return full;
+  }
+
+  async clear(): Promise<void> {
+    await rm(this.root, { recursive: true, force: true });
+  }
+}

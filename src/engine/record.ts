@@ -1,0 +1,25 @@
+// The run record: what a build did, kept with its output and printed by `--json`.
+import type { StageRecord } from './run.js';
+import type { Json } from './stage.js';
+
+export interface GateRecord {
+  ok: boolean;
+  [figure: string]: Json;
+}
+
+export interface RunRecord {
+  recipe: string;
+  arch: string;
+  ok: boolean;
+  error?: string;
+  stages: StageRecord[];
+  gates: Record<string, GateRecord>;
+  /** Small per-stage summaries (plan sizes, fetched bytes …). */
+  summaries: Record<string, Json>;
+  tools: Record<string, string>;
+  /** Absolute path of the build's output directory. */
+  bundle: string;
+  seconds: number;
+}
+
+export const RUN_RECORD = 'build/run.json';

@@ -1,0 +1,192 @@
+// Runs a pipeline: each node's cache key comes from its stage version, params, tool versions and the
+// content hashes of its inputs; a hit is reused, a miss runs in a child process under the scheduler.
+import { fork } from 'node:child_process';
+import { createWriteStream } from 'node:fs';
+import { mkdir } from 'node:fs/promises';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { performance } from 'node:perf_hooks';
+import { sha256Hex, stableStringify } from './hash.js';
+import type { EntryMeta, StageCache } from './cache.js';
+import type { Scheduler } from './scheduler.js';
+import type { Pipeline, StageModule, StageNode } from './stage.js';
+import type { ChildMessage, ChildRequest } from './child.js';
+import type { Progress } from './progress.js';
+import { repoRoot } from '../paths.js';
+
+export type StageStatus = 'ran' | 'cached' | 'failed' | 'skipped';
+
+export interface StageRecord {
+  name: string;
+  status: StageStatus;
+  seconds: number;
+  /** Peak RSS of the stage's process tree when it ran here; null when it came from the cache. */
+  peakRssBytes: number | null;
+  key?: string;
+  error?: string;
+}
+
+export interface PipelineResult {
+  ok: boolean;
+  stages: StageRecord[];
+  entries: Map<string, { dir: string; meta: EntryMeta }>;
+  failure?: { stage: string; message: string };
+}
+
+export interface RunOptions {
+  cache: StageCache;
+  scheduler: Scheduler;
+  progress: Progress;
+  /** Versions of every tool a stage may name; a missing one is an error, not an empty string. */
+  toolVersions: Record<string, string>;
+  until?: string;
+  force?: string[];
+}
+
+export function cacheKey(parts: { stage: string; version: string; params: unknown; inputs: Record<string, string>; tools: Record<string, string> }): string {
+  return sha256Hex(stableStringify(parts));
+}
+
+/** The nodes `until` needs (itself and its ancestors), or all of them. */
+export function selectNodes(p: Pipeline, until?: string): StageNode[] {
+  const byId = new Map(p.nodes.map((n) => [n.id, n]));
+  if (!until) return p.nodes;
+  if (!byId.has(until)) throw new Error(`unknown stage '${until}' for --until; stages: ${p.nodes.map((n) => n.id).join(', ')}`);
+  const keep = new Set<string>();
+  const visit = (id: string) => {
+    if (keep.has(id)) return;
+    keep.add(id);
+    for (const dep of Object.values(byId.get(id)!.inputs)) visit(dep);
+  };
+  visit(until);
+  return p.nodes.filter((n) => keep.has(n.id));
+}
+
+const childScript = () => join(repoRoot(), 'src', 'engine', 'child.ts');
+const tsxLoader = () => pathToFileURL(join(repoRoot(), 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
+
+function runChild(node: StageNode, req: ChildRequest, logFile: string, progress: Progress): Promise<{ outcome: EntryMeta['outcome']; peakRssBytes: number }> {
+  return new Promise((resolve, reject) => {
+    const log = createWriteStream(logFile);
+    const child = fork(childScript(), [], { execArgv: ['--import', tsxLoader()], stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+    child.stdout!.pipe(log, { end: false });
+    child.stderr!.pipe(log, { end: false });
+    let settled = false;
+    const finish = (fn: () => void) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      fn();
+      // The log closes after the child's pipes drain.
+      child.once('close', () => log.end());
+      if (child.exitCode !== null) log.end();
+    };
+    const timer = node.timeoutSeconds
+      ? setTimeout(() => {
+          child.kill('SIGKILL');
+          finish(() => reject(new Error(`timed out after ${node.timeoutSeconds} s (log: ${logFile})`)));
+        }, node.timeoutSeconds * 1000)
+      : undefined;
+    child.on('message', (m: ChildMessage) => {
+      if (m.type === 'log') {
+        log.write(`${m.message}\n`);
+        progress.log(node.id, m.message);
+      } else if (m.type === 'progress') progress.update(node.id, m.done, m.total, m.label);
+      else if (m.type === 'done') finish(() => resolve({ outcome: (m.outcome ?? {}) as EntryMeta['outcome'], peakRssBytes: m.peakRssBytes }));
+      else if (m.type === 'failed') {
+        log.write(`${m.stack ?? m.message}\n`);
+        finish(() => reject(new Error(m.message)));
+      }
+    });
+    child.on('error', (e) => finish(() => reject(e)));
+    child.on('exit', (code, signal) =>
+      finish(() => reject(new Error(`stage process exited (${signal ?? code}) before finishing; log: ${logFile}`))),
+    );
+    child.send(req);
+  });
+}
+
+export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise<PipelineResult> {
+  const nodes = selectNodes(pipeline, opts.until);
+  const force = new Set(opts.force ?? []);
+  for (const f of force) {
+    if (!pipeline.nodes.some((n) => n.id === f)) throw new Error(`unknown stage '${f}' for --force; stages: ${pipeline.nodes.map((n) => n.id).join(', ')}`);
+  }
+  const modules = new Map<string, StageModule>();
+  for (const n of nodes) {
+    const mod = (await import(pathToFileURL(n.module).href)) as { stage?: StageModule };
+    if (!mod.stage) throw new Error(`${n.module} does not export 'stage'`);
+    modules.set(n.id, mod.stage);
+    for (const t of n.tools) if (!(t in opts.toolVersions)) throw new Error(`stage ${n.id} names tool '${t}' whose version is unknown`);
+  }
+  const records = new Map<string, StageRecord>();
+  const entries = new Map<string, { dir: string; meta: EntryMeta }>();
+  let failure: PipelineResult['failure'];
+  const done = new Map<string, Promise<EntryMeta | null>>();
+
+  const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
+    const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, id, await done.get(id)!] as const));
+    const t0 = performance.now();
+    const seconds = () => (performance.now() - t0) / 1000;
+    if (upstream.some(([, , m]) => m === null || (m.outcome.gate && !m.outcome.gate.ok))) {
+      records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, peakRssBytes: null });
+      return null;
+    }
+    const mod = modules.get(node.id)!;
+    const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
+    const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
+    const key = cacheKey({ stage: mod.name, version: mod.version, params: node.params, inputs: inputHashes, tools });
+    const inputs = Object.fromEntries(upstream.map(([name, id, m]) => [name, opts.cache.entryDir(id, m!.key)]));
+    const hit = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
+    if (hit) {
+      records.set(node.id, { name: node.id, status: 'cached', seconds: seconds(), peakRssBytes: null, key });
+      entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: hit });
+      opts.progress.end(node.id, 'cached', seconds());
+      return hit;
+    }
+    try {
+      const meta = await opts.scheduler.run(node.peakMemoryBytes, () =>
+        opts.cache.withLock(node.id, key, async () => {
+          // Another build may have made it while we waited for the lock.
+          const again = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
+          if (again) return { meta: again, ran: false };
+          opts.progress.start(node.id);
+          const out = await opts.cache.makeTemp(node.id, key);
+          const logDir = join(opts.cache.root, node.id, 'logs');
+          await mkdir(logDir, { recursive: true });
+          const started = performance.now();
+          const res = await runChild(node, { module: node.module, params: node.params, inputs, out, tools }, join(logDir, `${key}.log`), opts.progress);
+          const meta = await opts.cache.commit(out, {
+            stage: node.id, module: mod.name, version: mod.version, key,
+            seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes, outcome: res.outcome,
+          });
+          return { meta, ran: true };
+        }),
+      );
+      const status = meta.ran ? 'ran' : 'cached';
+      records.set(node.id, { name: node.id, status, seconds: seconds(), peakRssBytes: meta.ran ? meta.meta.peakRssBytes : null, key });
+      entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
+      opts.progress.end(node.id, status, seconds());
+      const gate = meta.meta.outcome.gate;
+      if (gate && !gate.ok && !failure) failure = { stage: node.id, message: `gate ${gate.name} failed` };
+      return meta.meta;
+    } catch (e) {
+      const message = (e as Error).message;
+      records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), peakRssBytes: null, key, error: message });
+      opts.progress.end(node.id, 'failed', seconds());
+      if (!failure) failure = { stage: node.id, message };
+      return null;
+    }
+  };
+
+  // Nodes are listed in dependency order; each awaits its inputs, so independent ones overlap.
+  for (const node of nodes) {
+    for (const dep of Object.values(node.inputs)) {
+      if (!done.has(dep)) throw new Error(`stage ${node.id} reads '${dep}', which is not an earlier stage`);
+    }
+    done.set(node.id, runNode(node));
+  }
+  await Promise.all(done.values());
+  const stages = nodes.map((n) => records.get(n.id)!);
+  return { ok: !failure && stages.every((s) => s.status === 'ran' || s.status === 'cached'), stages, entries, failure };
+}

@@ -1,0 +1,67 @@
+// What a stage is. A stage module is a file exporting `stage: StageModule`; the engine imports it
+// in a child process and calls run() with a fresh temporary output directory. A stage reads only
+// its declared inputs and params, so its output is a pure function of its cache key.
+
+export type Json = null | boolean | number | string | Json[] | { [k: string]: Json };
+
+export interface StageContext<P = Json> {
+  params: P;
+  /** Input name → absolute directory of the upstream stage's output (read-only). */
+  inputs: Record<string, string>;
+  /** Absolute temporary directory the stage fills; renamed into the cache only when run() resolves. */
+  out: string;
+  /** Versions of the tools this stage declared (also part of its cache key). */
+  tools: Record<string, string>;
+  log(message: string): void;
+  progress(done: number, total: number, label?: string): void;
+  /** Report the peak RSS of a subprocess this stage ran, so the run record sees it. */
+  notePeakRss(bytes: number): void;
+}
+
+export interface StageOutcome {
+  /** Small JSON the run record keeps (gate figures, sizes …). */
+  summary?: Json;
+  /** Set when this stage is a gate: its name and whether it passed. */
+  gate?: { name: string; ok: boolean };
+}
+
+export interface StageModule<P = Json> {
+  name: string;
+  /** Bump when the stage's output for the same inputs changes. */
+  version: string;
+  run(ctx: StageContext<P>): Promise<StageOutcome | void>;
+}
+
+/** One use of a stage module inside a pipeline. */
+export interface StageNode {
+  /** Unique within the pipeline; also the cache folder name. */
+  id: string;
+  /** Absolute path of the module file exporting `stage`. */
+  module: string;
+  params: Json;
+  /** Input name → id of the upstream node whose output it reads. */
+  inputs: Record<string, string>;
+  /** Tool names whose versions enter the cache key (see toolchain/versions). */
+  tools: string[];
+  /** Expected peak memory, so the scheduler keeps the sum under the budget. */
+  peakMemoryBytes: number;
+  /** Give up after this long (a hung compile must not hang the build). */
+  timeoutSeconds?: number;
+}
+
+export interface Pipeline {
+  nodes: StageNode[];
+  /** Node ids whose outputs are copied into the build's output directory, in order. */
+  publish: string[];
+}
+
+export class StageError extends Error {
+  constructor(
+    readonly stage: string,
+    message: string,
+    readonly detail?: string,
+  ) {
+    super(`stage ${stage} failed: ${message}`);
+    this.name = 'StageError';
+  }
+}

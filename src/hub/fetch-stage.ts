@@ -1,0 +1,69 @@
+// Stage `fetch`: the checkpoint, from one of three places. A tiny twin is made here by the oracle
+// environment (seeded, byte-identical every time); a local directory is referenced with a
+// fingerprint of its files in the params; a hub revision is downloaded into the standard HF cache.
+import { readdirSync, statSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { join, relative } from 'node:path';
+import type { StageModule } from '../engine/stage.js';
+import type { Recipe } from '../recipe/schema.js';
+import { runPython } from '../toolchain/python.js';
+import { repoRoot } from '../paths.js';
+import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
+import { fetchHubSnapshot } from './download.js';
+
+export interface FetchParams {
+  source: Recipe['source'];
+  /** For local sources: relative path → [size, mtimeMs], so an edited checkpoint is a new key. */
+  fingerprint?: Record<string, [number, number]>;
+  /** For tiny twins: the factory's content hash, so a changed factory remakes the twin. */
+  factory?: string;
+}
+
+export function listDirFiles(dir: string): string[] {
+  const out: string[] = [];
+  const walk = (d: string) => {
+    for (const e of readdirSync(d, { withFileTypes: true })) {
+      const p = join(d, e.name);
+      if (e.isDirectory()) walk(p);
+      else out.push(relative(dir, p));
+    }
+  };
+  walk(dir);
+  return out.sort();
+}
+
+export function fingerprintDir(dir: string): Record<string, [number, number]> {
+  return Object.fromEntries(listDirFiles(dir).map((f) => {
+    const s = statSync(join(dir, f));
+    return [f, [s.size, Math.floor(s.mtimeMs)]];
+  }));
+}
+
+const sizes = (dir: string) => Object.fromEntries(listDirFiles(dir).map((f) => [f, statSync(join(dir, f)).size]));
+
+export const stage: StageModule<FetchParams> = {
+  name: 'fetch',
+  version: '1',
+  async run(ctx) {
+    const { source } = ctx.params;
+    let ref: CheckpointRef;
+    if (source.kind === 'tiny') {
+      const modelDir = join(ctx.out, 'model');
+      ctx.log(`making the tiny ${source.twin} twin`);
+      const r = await runPython(join(repoRoot(), 'oracles', 'make_twin.py'), ['--family', source.twin, '--out', modelDir]);
+      ctx.notePeakRss(r.peakRssBytes);
+      ref = { dir: 'model', source, files: sizes(modelDir) };
+    } else if (source.kind === 'local') {
+      const now = fingerprintDir(source.path);
+      if (JSON.stringify(now) !== JSON.stringify(ctx.params.fingerprint)) {
+        throw new Error(`local checkpoint ${source.path} changed while the build was starting; run again`);
+      }
+      ref = { dir: source.path, source, files: sizes(source.path) };
+    } else {
+      const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
+      ref = { dir, source, files: sizes(dir) };
+    }
+    await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
+    return { summary: { files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
+  },
+};

@@ -1,0 +1,140 @@
+import { endianness } from 'node:os';
+
+/** Element types the forge exporters use. 16-bit ints are here for 16-bit QDQ activations. */
+export type ElemType =
+  | 'float32'
+  | 'float16'
+  | 'int8'
+  | 'uint8'
+  | 'int16'
+  | 'uint16'
+  | 'int32'
+  | 'int64'
+  | 'bool';
+
+/** float16 is carried as its raw bits in a Uint16Array; bool as 0/1 bytes in a Uint8Array. */
+export type TensorData =
+  | Float32Array
+  | Uint16Array
+  | Int16Array
+  | Int8Array
+  | Uint8Array
+  | Int32Array
+  | BigInt64Array;
+
+type ArrayCtor = { new (buf: ArrayBuffer, off: number, len: number): TensorData; BYTES_PER_ELEMENT: number; name: string };
+
+interface ElemInfo {
+  /** onnx.TensorProto.DataType */
+  code: number;
+  bytes: number;
+  array: ArrayCtor;
+}
+
+export const ELEM: Readonly<Record<ElemType, ElemInfo>> = {
+  float32: { code: 1, bytes: 4, array: Float32Array },
+  uint8: { code: 2, bytes: 1, array: Uint8Array },
+  int8: { code: 3, bytes: 1, array: Int8Array },
+  uint16: { code: 4, bytes: 2, array: Uint16Array },
+  int16: { code: 5, bytes: 2, array: Int16Array },
+  int32: { code: 6, bytes: 4, array: Int32Array },
+  int64: { code: 7, bytes: 8, array: BigInt64Array },
+  bool: { code: 9, bytes: 1, array: Uint8Array },
+  float16: { code: 10, bytes: 2, array: Uint16Array },
+};
+
+export function elemTypeFromCode(code: number): ElemType {
+  for (const [k, v] of Object.entries(ELEM)) if (v.code === code) return k as ElemType;
+  throw new Error(`unsupported ONNX tensor data type ${code}`);
+}
+
+/** The dtype a typed array means when none is given (Uint16Array → float16, the common case). */
+export function defaultElemType(data: TensorData): ElemType {
+  if (data instanceof Float32Array) return 'float32';
+  if (data instanceof Uint16Array) return 'float16';
+  if (data instanceof Int16Array) return 'int16';
+  if (data instanceof Int8Array) return 'int8';
+  if (data instanceof Uint8Array) return 'uint8';
+  if (data instanceof Int32Array) return 'int32';
+  if (data instanceof BigInt64Array) return 'int64';
+  throw new Error('unsupported typed array');
+}
+
+export function numElements(dims: readonly number[]): number {
+  let n = 1;
+  for (const d of dims) {
+    if (!Number.isInteger(d) || d < 0) throw new Error(`bad tensor dim ${d} in [${dims.join(',')}]`);
+    n *= d;
+  }
+  return n;
+}
+
+/** Raw little-endian bytes of `data` as ONNX raw_data expects; throws on a dtype/array/shape mismatch. */
+export function tensorBytes(data: TensorData, dims: readonly number[], dtype: ElemType, what: string): Uint8Array {
+  if (endianness() !== 'LE') throw new Error('ONNX raw_data is little-endian; big-endian hosts unsupported');
+  const info = ELEM[dtype];
+  if (!(data instanceof info.array) || (data instanceof Uint8Array) !== (info.array === Uint8Array)) {
+    throw new Error(`${what}: ${dtype} needs a ${info.array.name}, got ${data.constructor.name}`);
+  }
+  const n = numElements(dims);
+  if (data.length !== n) throw new Error(`${what}: dims [${dims.join(',')}] need ${n} elements, got ${data.length}`);
+  return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
+}
+
+/** Typed view of raw bytes (copies when the bytes are not aligned for the element size). */
+export function typedFromBytes(bytes: Uint8Array, dtype: ElemType): TensorData {
+  const info = ELEM[dtype];
+  if (bytes.byteLength % info.bytes) throw new Error(`${bytes.byteLength} bytes is not a whole number of ${dtype}`);
+  const b = bytes.byteOffset % info.bytes ? new Uint8Array(bytes) : bytes; // copy (Buffer.slice would not)
+  return new info.array(b.buffer as ArrayBuffer, b.byteOffset, b.byteLength / info.bytes);
+}
+
+const f32 = new Float32Array(1);
+const u32 = new Uint32Array(f32.buffer);
+
+/** float32 → IEEE half bits, round to nearest even (matches numpy/ORT casts). */
+export function f32ToF16(x: number): number {
+  f32[0] = x;
+  const b = u32[0];
+  const sign = (b >>> 16) & 0x8000;
+  const exp = (b >>> 23) & 0xff;
+  let mant = b & 0x7fffff;
+  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
+  let e = exp - 127 + 15;
+  if (e >= 0x1f) return sign | 0x7c00;
+  if (e <= 0) {
+    if (e < -10) return sign;
+    mant |= 0x800000;
+    const shift = 14 - e;
+    let h = mant >>> shift;
+    const rem = mant & ((1 << shift) - 1);
+    const half = 1 << (shift - 1);
+    if (rem > half || (rem === half && h & 1)) h++;
+    return sign | h;
+  }
+  let h = (e << 10) | (mant >>> 13);
+  const rem = mant & 0x1fff;
+  if (rem > 0x1000 || (rem === 0x1000 && h & 1)) h++; // may carry into exponent: still correct
+  return sign | h;
+}
+
+export function f16ToF32(h: number): number {
+  const sign = h & 0x8000 ? -1 : 1;
+  const exp = (h >>> 10) & 0x1f;
+  const mant = h & 0x3ff;
+  if (exp === 0) return sign * mant * 2 ** -24;
+  if (exp === 0x1f) return mant ? NaN : sign * Infinity;
+  return sign * (1 + mant / 1024) * 2 ** (exp - 15);
+}
+
+export function toFloat16(a: ArrayLike<number>): Uint16Array {
+  const out = new Uint16Array(a.length);
+  for (let i = 0; i < a.length; i++) out[i] = f32ToF16(a[i]);
+  return out;
+}
+
+export function fromFloat16(a: Uint16Array): Float32Array {
+  const out = new Float32Array(a.length);
+  for (let i = 0; i < a.length; i++) out[i] = f16ToF32(a[i]);
+  return out;
+}

@@ -1,0 +1,36 @@
+// Stage `plan`: reads the fetched config.json, checks it against the config the recipe recorded,
+// and writes plan.json (layer ranges under the arch ceiling).
+import { readFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { StageModule } from '../engine/stage.js';
+import type { ArchSettings, FamilyId } from '../recipe/schema.js';
+import { getArch } from '../arch/table.js';
+import { getFamily } from '../families/index.js';
+import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { makePlan } from './shards.js';
+import { checkConfigMatches } from './config-match.js';
+
+export interface PlanParams {
+  family: FamilyId;
+  arch: string;
+  settings: ArchSettings;
+  /** The recipe's recorded config, when it has one. */
+  expectedConfig?: Record<string, unknown>;
+}
+
+export const stage: StageModule<PlanParams> = {
+  name: 'plan',
+  version: '1',
+  async run(ctx) {
+    const { family: familyId, arch, settings, expectedConfig } = ctx.params;
+    const ref = readCheckpointRef(ctx.inputs.checkpoint);
+    const file = join(ref.absDir, 'config.json');
+    const raw = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
+    if (expectedConfig) checkConfigMatches(raw, expectedConfig, file);
+    const family = getFamily(familyId);
+    const plan = makePlan(family, family.parseConfig(raw, file), getArch(arch), settings);
+    await writeFile(join(ctx.out, 'plan.json'), JSON.stringify(plan, null, 2));
+    return { summary: { shards: plan.shards.length, contexts: plan.contexts, totalContextBytes: plan.totalContextBytes } };
+  },
+};

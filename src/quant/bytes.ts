@@ -1,0 +1,20 @@
+// Bytes a tensor occupies in a compiled context under a quant scheme. The plan uses this, so the
+// form a scheme takes on the HTP (see quant/w8.ts) and its size are decided in one place.
+import type { QuantScheme } from '../recipe/schema.js';
+import type { TensorSpec } from '../families/types.js';
+
+const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
+
+export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
+  const n = numel(t.shape);
+  if (t.role !== 'matmul') return n * 4; // norms, biases, conv taps: float32, tiny
+  switch (scheme) {
+    case 'fp32': return n * 4;
+    case 'fp16': return n * 2;
+    case 'w8': return n + t.shape[0] * 4; // int8 weights + one float32 scale per output channel
+  }
+}
+
+export function sumBytes(ts: TensorSpec[], scheme: QuantScheme): number {
+  return ts.reduce((s, t) => s + storedBytes(t, scheme), 0);
+}

@@ -1,0 +1,74 @@
+import { readFileSync, readdirSync, existsSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { z } from 'zod';
+import { ARCH_IDS, getArch, type HexagonArch } from '../arch/table.js';
+import { ARCH_SETTING_DEFAULTS, ArchSettingsSchema, RecipeSchema, type ArchSettings, type Recipe } from './schema.js';
+import { repoRoot } from '../paths.js';
+
+export class RecipeError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'RecipeError';
+  }
+}
+
+export function recipesDir(): string {
+  return process.env.FORGE_RECIPES ? resolve(process.env.FORGE_RECIPES) : join(repoRoot(), 'recipes');
+}
+
+export function listRecipeIds(dir = recipesDir()): string[] {
+  return readdirSync(dir, { withFileTypes: true })
+    .filter((d) => d.isDirectory() && existsSync(join(dir, d.name, 'recipe.json')))
+    .map((d) => d.name)
+    .sort();
+}
+
+function describeIssues(file: string, error: z.ZodError): string {
+  const lines = error.issues.map((i) => `  ${i.path.length ? i.path.join('.') : '(root)'}: ${i.message}`);
+  return `invalid recipe ${file}:\n${lines.join('\n')}`;
+}
+
+/** Parses a recipe object; `file` only names where it came from in errors. */
+export function parseRecipe(raw: unknown, file: string): Recipe {
+  const parsed = RecipeSchema.safeParse(raw);
+  if (!parsed.success) throw new RecipeError(describeIssues(file, parsed.error));
+  const recipe = parsed.data;
+  for (const key of Object.keys(recipe.arch)) {
+    if (key !== 'default' && !(ARCH_IDS as string[]).includes(key)) {
+      throw new RecipeError(`invalid recipe ${file}:\n  arch.${key}: not an arch (valid: default, ${ARCH_IDS.join(', ')})`);
+    }
+  }
+  return recipe;
+}
+
+export interface LoadedRecipe {
+  recipe: Recipe;
+  file: string;
+  dir: string;
+}
+
+export function loadRecipe(id: string, dir = recipesDir()): LoadedRecipe {
+  const file = join(dir, id, 'recipe.json');
+  if (!existsSync(file)) {
+    const known = existsSync(dir) ? listRecipeIds(dir) : [];
+    throw new RecipeError(`no recipe '${id}' (looked for ${file}); known recipes: ${known.join(', ') || 'none'}`);
+  }
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new RecipeError(`invalid recipe ${file}: not valid JSON (${(e as Error).message})`);
+  }
+  const recipe = parseRecipe(raw, file);
+  if (recipe.id !== id) throw new RecipeError(`invalid recipe ${file}:\n  id: '${recipe.id}' does not match its folder '${id}'`);
+  return { recipe, file, dir: join(dir, id) };
+}
+
+/** The settings for one arch: the recipe's defaults overlaid with that arch's own, then validated. */
+export function archSettings(recipe: Recipe, archId: string, file = recipe.id): { arch: HexagonArch; settings: ArchSettings } {
+  const arch = getArch(archId);
+  const merged = { ...ARCH_SETTING_DEFAULTS, ...recipe.arch.default, ...(recipe.arch[arch.id] ?? {}) };
+  const parsed = ArchSettingsSchema.safeParse(merged);
+  if (!parsed.success) throw new RecipeError(describeIssues(`${file} (arch ${arch.id})`, parsed.error));
+  return { arch, settings: parsed.data };
+}

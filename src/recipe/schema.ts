@@ -1,0 +1,94 @@
+// A recipe is data: which checkpoint, which family, how to cut and quantize it per arch, how to gate
+// it, and what the card says. Everything here is validated; an invalid recipe names the field path.
+import { z } from 'zod';
+
+export const FAMILY_IDS = ['qwen3', 'qwen3_5', 'phimoe', 'gemma4', 'qwen3_vl'] as const;
+export type FamilyId = (typeof FAMILY_IDS)[number];
+
+const revision = z
+  .string()
+  .regex(/^[0-9a-f]{40}$/, 'a pinned revision is a 40-hex-digit commit sha (not a branch or tag)');
+
+export const SourceSchema = z.discriminatedUnion('kind', [
+  z.object({
+    kind: z.literal('hub'),
+    repo: z.string().regex(/^[\w.-]+\/[\w.-]+$/, 'expected <org>/<name>'),
+    revision,
+  }).strict(),
+  z.object({ kind: z.literal('local'), path: z.string().min(1) }).strict(),
+  z.object({ kind: z.literal('tiny'), twin: z.enum(FAMILY_IDS) }).strict(),
+]);
+
+export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8']);
+export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
+
+const layerRange = z
+  .tuple([z.number().int().nonnegative(), z.number().int().nonnegative()])
+  .refine(([a, b]) => a <= b, 'a layer range is [first, last] with first <= last');
+
+const LmHeadSchema = z.object({
+  placement: z.enum(['separate', 'last-shard']),
+  quant: QuantSchemeSchema,
+}).strict();
+
+/** Per-arch settings as written in a recipe: every field optional, no defaults (so an arch's own
+ *  block overrides only what it names). */
+export const ArchSettingsPatchSchema = z.object({
+  /** 'auto' plans from bytes and the arch ceiling; a list pins layer ranges [first, last] (inclusive). */
+  shards: z.union([z.literal('auto'), z.array(layerRange).min(1)]),
+  quant: QuantSchemeSchema,
+  lmHead: LmHeadSchema,
+  maxContext: z.number().int().positive(),
+  /** Tokens per prefill graph call (AR-N); 0 means decode-over-prompt only. */
+  prefillLength: z.number().int().nonnegative(),
+}).strict().partial();
+
+export const ARCH_SETTING_DEFAULTS = {
+  shards: 'auto',
+  quant: 'w8',
+  lmHead: { placement: 'separate', quant: 'fp16' },
+  maxContext: 512,
+  prefillLength: 32,
+} as const;
+
+/** The settings one arch builds with: defaults, then the recipe's `default` block, then the arch's. */
+export const ArchSettingsSchema = ArchSettingsPatchSchema.required();
+export type ArchSettings = z.infer<typeof ArchSettingsSchema>;
+
+export const GateSettingsSchema = z.object({
+  prompts: z.array(z.string().min(1)).min(1),
+  oracle: z.object({
+    fp32MinCosine: z.number().min(0).max(1).default(0.99999),
+    w8MinCosine: z.number().min(0).max(1).default(0.999),
+  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999 }),
+  parity: z.object({
+    tokens: z.number().int().positive().default(64),
+    /** Fraction of tokens that must match HF greedy; 1 means N/N. */
+    minMatch: z.number().min(0).max(1).default(1),
+  }).strict().default({ tokens: 64, minMatch: 1 }),
+}).strict();
+
+export const CardSchema = z.object({
+  title: z.string().min(1),
+  license: z.string().min(1),
+  caveats: z.array(z.string()).default([]),
+}).strict();
+
+export const RecipeSchema = z.object({
+  id: z.string().regex(/^[a-z0-9][a-z0-9.\-]*$/, 'lower-case letters, digits, dots and dashes'),
+  family: z.enum(FAMILY_IDS),
+  modalities: z.array(z.enum(['text', 'image'])).min(1),
+  source: SourceSchema,
+  /**
+   * The model's config.json (the fields the family reads), recorded so `forge plan` works offline
+   * and a fetched checkpoint that differs is refused. Optional for tiny twins (made here).
+   */
+  config: z.record(z.string(), z.unknown()).optional(),
+  arch: z.object({
+    default: ArchSettingsPatchSchema.default({}),
+  }).catchall(ArchSettingsPatchSchema).default({ default: {} }),
+  gates: GateSettingsSchema,
+  card: CardSchema,
+}).strict();
+
+export type Recipe = z.infer<typeof RecipeSchema>;

@@ -1,0 +1,48 @@
+// Runs a Python script of forge's in the venv and reports its peak RSS (Python and anything it
+// spawned), which a Node parent cannot read off a child by itself.
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { $ } from 'zx';
+import { ensureVenv } from './venv.js';
+
+const WRAPPER = [
+  'import atexit, os, resource, runpy, sys',
+  'def _peak():',
+  '    kb = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)',
+  '    open(os.environ["FORGE_RSS_FILE"], "w").write(str(kb * 1024))',
+  'atexit.register(_peak)',
+  'sys.argv = sys.argv[1:]',
+  'runpy.run_path(sys.argv[0], run_name="__main__")',
+].join('\n');
+
+export interface PythonResult {
+  stdout: string;
+  stderr: string;
+  peakRssBytes: number;
+}
+
+export class PythonError extends Error {
+  constructor(script: string, code: number | null, stderr: string) {
+    const tail = stderr.trim().split('\n').slice(-15).join('\n');
+    super(`${script} exited with ${code}:\n${tail}`);
+    this.name = 'PythonError';
+  }
+}
+
+export async function runPython(script: string, args: string[], opts: { env?: Record<string, string>; cwd?: string } = {}): Promise<PythonResult> {
+  const python = await ensureVenv();
+  const dir = await mkdtemp(join(tmpdir(), 'forge-py-'));
+  const rssFile = join(dir, 'rss');
+  try {
+    const r = await $({
+      nothrow: true, quiet: true, cwd: opts.cwd,
+      env: { ...process.env, ...opts.env, FORGE_RSS_FILE: rssFile, PYTHONUNBUFFERED: '1', HF_HUB_OFFLINE: '1', TRANSFORMERS_OFFLINE: '1' },
+    })`${python} -c ${WRAPPER} ${script} ${args}`;
+    const peakRssBytes = Number(await readFile(rssFile, 'utf8').catch(() => '0')) || 0;
+    if (r.exitCode !== 0) throw new PythonError(script, r.exitCode, r.stderr);
+    return { stdout: r.stdout, stderr: r.stderr, peakRssBytes };
+  } finally {
+    await rm(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,150 @@
+import { describe, it, expect, beforeAll } from 'vitest';
+import { execFile } from 'node:child_process';
+import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { tmpdir } from 'node:os';
+import { promisify } from 'node:util';
+
+const FORGE = resolve('forge');
+const exec = promisify(execFile);
+
+interface Run { code: number; stdout: string; stderr: string }
+
+async function forge(args: string[], env: Record<string, string> = {}): Promise<Run> {
+  try {
+    const r = await exec(FORGE, args, { env: { ...process.env, CI: '1', ...env }, maxBuffer: 64 << 20 });
+    return { code: 0, stdout: r.stdout, stderr: r.stderr };
+  } catch (e) {
+    const err = e as { code: number; stdout: string; stderr: string };
+    return { code: err.code, stdout: err.stdout, stderr: err.stderr };
+  }
+}
+
+const lastJson = (stdout: string) => JSON.parse(stdout.trim().split('\n').pop()!);
+const statuses = (record: { stages: Array<{ name: string; status: string }> }) => Object.fromEntries(record.stages.map((s) => [s.name, s.status]));
+
+let work: string;
+let recipes: string;
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), 'forge-cli-'));
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+});
+
+function editRecipe(id: string, edit: (r: any) => void) {
+  const file = join(recipes, id, 'recipe.json');
+  const r = JSON.parse(readFileSync(file, 'utf8'));
+  edit(r);
+  writeFileSync(file, JSON.stringify(r, null, 2));
+}
+
+describe('forge build', () => {
+  it('builds tiny-qwen3, prints the run record last, and reuses every stage the second time', async () => {
+    const out = join(work, 'out-a');
+    const first = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(first.stderr).not.toMatch(/\n\s+at /);
+    expect(first.code).toBe(0);
+    const rec = lastJson(first.stdout);
+    expect(rec).toMatchObject({ recipe: 'tiny-qwen3', arch: 'v81', ok: true, bundle: out });
+    expect(rec.stages.map((s: any) => s.name)).toEqual(['fetch', 'plan']);
+    for (const s of rec.stages) {
+      expect(['ran', 'cached']).toContain(s.status);
+      expect(s.seconds).toBeGreaterThanOrEqual(0);
+    }
+    expect(rec.tools).toMatchObject({ torch: '2.15.0', transformers: '5.23.0', 'onnxruntime-qnn': '2.7.0' });
+    expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8'))).toEqual(rec);
+    const plan = JSON.parse(readFileSync(join(out, 'plan.json'), 'utf8'));
+    expect(plan.shards[0]).toMatchObject({ first: 0 });
+
+    const second = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    const rec2 = lastJson(second.stdout);
+    expect(statuses(rec2)).toEqual({ fetch: 'cached', plan: 'cached' });
+    expect(rec2.stages.every((s: any) => s.peakRssBytes === null)).toBe(true);
+    console.log(`[measured] second build of tiny-qwen3: ${rec2.seconds.toFixed(2)} s inside forge`);
+  });
+
+  it('re-runs only the stages downstream of a changed recipe field', async () => {
+    const out = join(work, 'out-b');
+    await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    editRecipe('tiny-qwen3', (r) => (r.arch.default.quant = 'fp16'));
+    const r1 = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
+    expect(statuses(r1)).toEqual({ fetch: 'cached', plan: 'ran' });
+    editRecipe('tiny-qwen3', (r) => (r.card.title = 'renamed'));
+    const r2 = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
+    expect(statuses(r2)).toEqual({ fetch: 'cached', plan: 'cached' });
+  });
+
+  it('refuses a checkpoint whose config differs from the one the recipe recorded, leaving no plan behind', async () => {
+    const twinOut = join(work, 'out-twin');
+    await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', twinOut]);
+    const cacheFetch = join(process.env.FORGE_CACHE!, 'fetch');
+    const { readdirSync } = await import('node:fs');
+    const entry = readdirSync(cacheFetch).find((n) => /^[0-9a-f]{64}$/.test(n))!;
+    const modelDir = join(cacheFetch, entry, 'model');
+    editRecipe('tiny-qwen3', (r) => {
+      r.source = { kind: 'local', path: modelDir };
+      r.config = { model_type: 'qwen3', hidden_size: 4096 };
+    });
+    const out = join(work, 'out-c');
+    const run = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code).toBe(1);
+    const rec = lastJson(run.stdout);
+    expect(rec.ok).toBe(false);
+    expect(rec.error).toMatch(/config\.json: field hidden_size is 64, but the recipe expects 4096/);
+    expect(statuses(rec)).toEqual({ fetch: 'ran', plan: 'failed' });
+    expect(existsSync(join(out, 'plan.json'))).toBe(false);
+    expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8')).ok).toBe(false);
+  });
+
+  it('gives one clear line, without a stack trace, for an unknown arch or an invalid recipe', async () => {
+    const bad = await forge(['build', 'tiny-qwen3', '--arch', 'v80']);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr.trim()).toBe("forge: unknown arch 'v80': valid arches are v73, v75, v79, v81");
+    editRecipe('qwen3-4b', (r) => (r.arch.default.quant = 'int3'));
+    const invalid = await forge(['plan', 'qwen3-4b', '--arch', 'v81'], { FORGE_RECIPES: recipes });
+    expect(invalid.code).toBe(1);
+    expect(invalid.stderr).toMatch(/invalid recipe .*qwen3-4b\/recipe.json:\n\s+arch.default.quant:/);
+    expect(invalid.stderr).not.toMatch(/\n\s+at /);
+  });
+});
+
+describe('forge plan, list, doctor', () => {
+  it('plans qwen3-4b for v81 offline from the recorded config', async () => {
+    const r = await forge(['plan', 'qwen3-4b', '--arch', 'v81', '--json'], { HF_HUB_OFFLINE: '1' });
+    expect(r.code).toBe(0);
+    const plan = lastJson(r.stdout);
+    expect(plan.shards).toHaveLength(2);
+    for (const s of plan.shards) expect(s.weightBytes).toBeLessThanOrEqual(plan.ceilingBytes);
+  });
+
+  it('plans a tiny twin by building up to the plan stage', async () => {
+    const r = await forge(['plan', 'tiny-qwen3', '--arch', 'v79', '--json']);
+    expect(r.code).toBe(0);
+    expect(lastJson(r.stdout)).toMatchObject({ arch: 'v79', socModel: 69, layers: 4 });
+  });
+
+  it('lists recipes as JSON', async () => {
+    const r = await forge(['list', '--json']);
+    expect(lastJson(r.stdout).map((x: any) => x.id)).toEqual(expect.arrayContaining(['qwen3-4b', 'tiny-qwen3']));
+  });
+
+  it('reports node, the python env and the toolchain versions', async () => {
+    const r = await forge(['doctor', '--json']);
+    expect(r.code).toBe(0);
+    const d = lastJson(r.stdout);
+    expect(d.node.version).toBe(process.versions.node);
+    expect(d.python.ready).toBe(true);
+    expect(d.python.packages).toMatchObject({ torch: '2.15.0', transformers: '5.23.0', onnxruntime: '1.29.0', 'onnxruntime-qnn': '2.7.0' });
+    expect(d.toolchains['qnn-aot'].usable).toBe(true);
+    expect(d.toolchains['ort-cpu'].usable).toBe(true);
+    expect(d.toolchains['qairt-cli']).toBeDefined();
+  });
+
+  it('has --help on every command', async () => {
+    for (const cmd of ['list', 'plan', 'build', 'doctor', 'clean', 'test']) {
+      const r = await forge([cmd, '--help']);
+      expect(r.code).toBe(0);
+      expect(r.stdout).toMatch(new RegExp(`Usage: forge ${cmd}`));
+    }
+  });
+});

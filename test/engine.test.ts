@@ -1,0 +1,208 @@
+import { describe, it, expect, beforeEach } from 'vitest';
+import { mkdtempSync, readFileSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
+import { join, resolve } from 'node:path';
+import { tmpdir } from 'node:os';
+import { spawn } from 'node:child_process';
+import { StageCache } from '../src/engine/cache.js';
+import { Scheduler } from '../src/engine/scheduler.js';
+import { runPipeline, type RunOptions } from '../src/engine/run.js';
+import { silentProgress } from '../src/engine/progress.js';
+import type { Pipeline, StageNode } from '../src/engine/stage.js';
+import type { WriteParams } from './fixtures/stages/write.js';
+
+const WRITE = resolve('test/fixtures/stages/write.ts');
+const GATE = resolve('test/fixtures/stages/gate.ts');
+const MB = 1 << 20;
+
+let dir: string;
+let cacheRoot: string;
+beforeEach(() => {
+  dir = mkdtempSync(join(tmpdir(), 'forge-engine-'));
+  cacheRoot = join(dir, 'cache');
+});
+
+const write = (id: string, params: WriteParams, inputs: Record<string, string> = {}, extra: Partial<StageNode> = {}): StageNode => ({
+  id, module: WRITE, params: params as any, inputs, tools: [], peakMemoryBytes: 100 * MB, ...extra,
+});
+
+const runs = (counter: string) => (existsSync(counter) ? readFileSync(counter, 'utf8').trim().split('\n').filter(Boolean).length : 0);
+
+function run(p: Pipeline, opts: Partial<RunOptions> = {}) {
+  return runPipeline(p, {
+    cache: new StageCache(cacheRoot),
+    scheduler: new Scheduler({ concurrency: 2, memoryBudgetBytes: 1e12 }),
+    progress: silentProgress,
+    toolVersions: { qnn: '2.7.0' },
+    ...opts,
+  });
+}
+
+const value = (r: Awaited<ReturnType<typeof run>>, id: string) => readFileSync(join(r.entries.get(id)!.dir, 'value.txt'), 'utf8');
+
+function twoStage(aParams: Partial<WriteParams> = {}, bParams: Partial<WriteParams> = {}): Pipeline {
+  return {
+    nodes: [
+      write('a', { text: 'A', counter: join(dir, 'a.count'), ...aParams }),
+      write('b', { text: 'B', counter: join(dir, 'b.count'), ...bParams }, { up: 'a' }),
+    ],
+    publish: ['b'],
+  };
+}
+
+describe('stage cache', () => {
+  it('runs each stage once, then reuses it', async () => {
+    const first = await run(twoStage());
+    expect(first.stages.map((s) => s.status)).toEqual(['ran', 'ran']);
+    expect(value(first, 'b')).toBe('A+B');
+    const second = await run(twoStage());
+    expect(second.stages.map((s) => s.status)).toEqual(['cached', 'cached']);
+    expect(runs(join(dir, 'a.count'))).toBe(1);
+    expect(runs(join(dir, 'b.count'))).toBe(1);
+  });
+
+  it('re-runs a stage whose params changed, and the stages downstream of it when its output changed', async () => {
+    await run(twoStage());
+    const r = await run(twoStage({ text: 'A2' }));
+    expect(r.stages.map((s) => s.status)).toEqual(['ran', 'ran']);
+    expect(value(r, 'b')).toBe('A2+B');
+  });
+
+  it('keeps downstream stages cached when an upstream re-run produced the same content', async () => {
+    await run(twoStage());
+    const r = await run(twoStage({ note: 'changed, but not the output' }));
+    expect(r.stages.map((s) => s.status)).toEqual(['ran', 'cached']);
+  });
+
+  it('misses when a declared tool version changes', async () => {
+    const p: Pipeline = { nodes: [write('a', { text: 'A' }, {}, { tools: ['qnn'] })], publish: [] };
+    await run(p);
+    expect((await run(p)).stages[0].status).toBe('cached');
+    expect((await run(p, { toolVersions: { qnn: '2.8.0' } })).stages[0].status).toBe('ran');
+  });
+
+  it('refuses a stage that names a tool with no known version', async () => {
+    const p: Pipeline = { nodes: [write('a', { text: 'A' }, {}, { tools: ['qairt'] })], publish: [] };
+    await expect(run(p)).rejects.toThrow(/tool 'qairt'/);
+  });
+
+  it('re-runs a forced stage even when cached', async () => {
+    await run(twoStage());
+    const r = await run(twoStage(), { force: ['a'] });
+    expect(r.stages.map((s) => s.status)).toEqual(['ran', 'cached']);
+    expect(runs(join(dir, 'a.count'))).toBe(2);
+  });
+
+  it('stops after --until and names the valid stages when it is unknown', async () => {
+    const r = await run(twoStage(), { until: 'a' });
+    expect(r.stages.map((s) => s.name)).toEqual(['a']);
+    await expect(run(twoStage(), { until: 'nope' })).rejects.toThrow(/unknown stage 'nope'.*stages: a, b/);
+  });
+
+  it('records a failed stage with its message and skips what depends on it', async () => {
+    const r = await run(twoStage({ fail: 'weights are corrupt' }));
+    expect(r.ok).toBe(false);
+    expect(r.stages[0]).toMatchObject({ status: 'failed', error: 'weights are corrupt' });
+    expect(r.stages[1].status).toBe('skipped');
+    expect(readdirSync(join(cacheRoot, 'a')).filter((n) => !n.startsWith('.') && !n.endsWith('.lock') && n !== 'logs')).toEqual([]);
+  });
+
+  it('stops downstream stages when a gate fails, and reports the gate', async () => {
+    const p: Pipeline = {
+      nodes: [
+        write('a', { text: 'A' }),
+        { id: 'g', module: GATE, params: { want: 'Z' }, inputs: { value: 'a' }, tools: [], peakMemoryBytes: MB },
+        write('after', { text: 'C' }, { up: 'g' }),
+      ],
+      publish: [],
+    };
+    const r = await run(p);
+    expect(r.ok).toBe(false);
+    expect(r.failure).toEqual({ stage: 'g', message: 'gate demo failed' });
+    expect(r.entries.get('g')!.meta.outcome.gate).toEqual({ name: 'demo', ok: false });
+    expect(r.stages.map((s) => s.status)).toEqual(['ran', 'ran', 'skipped']);
+  });
+
+  it('kills a stage that runs past its timeout', async () => {
+    const p: Pipeline = { nodes: [write('slow', { text: 'S', sleepMs: 20_000 }, {}, { timeoutSeconds: 1 })], publish: [] };
+    const r = await run(p);
+    expect(r.stages[0].status).toBe('failed');
+    expect(r.stages[0].error).toMatch(/timed out after 1 s/);
+  });
+
+  it('reports the peak RSS of the process a stage ran in', async () => {
+    const p: Pipeline = { nodes: [write('big', { text: 'B', allocateMb: 300 })], publish: [] };
+    const r = await run(p);
+    expect(r.stages[0].peakRssBytes).toBeGreaterThan(300 * MB);
+    expect((await run(p)).stages[0].peakRssBytes).toBeNull(); // cached: nothing ran
+  });
+});
+
+describe('scheduler', () => {
+  it('never runs stages together whose declared peaks exceed the memory budget', async () => {
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 300 }, {}, { peakMemoryBytes: 6e9 }));
+    const r = await run({ nodes, publish: [] }, { scheduler });
+    expect(r.ok).toBe(true);
+    expect(scheduler.maxReserved).toBe(6e9);
+  });
+
+  it('runs independent stages side by side when they fit', async () => {
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1500 }, {}, { peakMemoryBytes: 3e9 }));
+    await run({ nodes, publish: [] }, { scheduler });
+    expect(scheduler.maxReserved).toBe(9e9);
+  });
+});
+
+// These run the engine in separate processes: one to be killed, two to race on one cache.
+function spawnPipeline(p: Pipeline, name: string) {
+  const specFile = join(dir, `${name}.json`);
+  writeFileSync(specFile, JSON.stringify({ pipeline: p, cacheRoot }));
+  const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/run-pipeline.ts', specFile], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let out = '';
+  child.stdout.on('data', (d) => (out += d));
+  const done = new Promise<{ code: number | null; result: any }>((res) =>
+    child.on('exit', (code) => res({ code, result: out.trim() ? JSON.parse(out.trim().split('\n').pop()!) : null })),
+  );
+  return { child, done };
+}
+
+const waitFor = async (cond: () => boolean, ms = 30_000) => {
+  const t = Date.now();
+  while (!cond()) {
+    if (Date.now() - t > ms) throw new Error('timed out waiting');
+    await new Promise((r) => setTimeout(r, 50));
+  }
+};
+
+describe('crash safety and sharing', () => {
+  it('resumes after kill -9 mid-stage: completed stages are reused, the half-done one never is', async () => {
+    const p = twoStage({}, { sleepMs: 3_000 });
+    const { child, done } = spawnPipeline(p, 'killed');
+    await waitFor(() => runs(join(dir, 'b.count')) === 1);
+    child.kill('SIGKILL');
+    await done;
+    const entries = readdirSync(join(cacheRoot, 'b')).filter((n) => /^[0-9a-f]{64}$/.test(n));
+    expect(entries).toEqual([]); // b's output exists only as a temp dir
+    const r = await run(p);
+    expect(r.stages.map((s) => s.status)).toEqual(['cached', 'ran']);
+    expect(value(r, 'b')).toBe('A+B');
+    expect(runs(join(dir, 'b.count'))).toBe(2);
+    expect(readdirSync(join(cacheRoot, 'b', '.tmp'))).toEqual([]); // the abandoned temp dir was cleared
+  });
+
+  it('lets two concurrent builds share one cache: one computes, the other waits and reuses', async () => {
+    const p = twoStage({ sleepMs: 1500 });
+    const one = spawnPipeline(p, 'one');
+    const two = spawnPipeline(p, 'two');
+    const [r1, r2] = await Promise.all([one.done, two.done]);
+    expect(r1.code).toBe(0);
+    expect(r2.code).toBe(0);
+    expect(runs(join(dir, 'a.count'))).toBe(1);
+    expect(runs(join(dir, 'b.count'))).toBe(1);
+    const statuses = [r1.result.stages[0].status, r2.result.stages[0].status].sort();
+    expect(statuses).toEqual(['cached', 'ran']);
+    const r = await run(p);
+    expect(value(r, 'b')).toBe('A+B');
+  });
+});

@@ -1,0 +1,90 @@
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, mkdirSync, writeFileSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { loadRecipe, archSettings, listRecipeIds, parseRecipe } from '../src/recipe/load.js';
+import { getArch, ARCH_IDS } from '../src/arch/table.js';
+
+const base = () => JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
+
+function expectInvalid(mutate: (r: any) => void, fieldPath: string) {
+  const r = base();
+  mutate(r);
+  expect(() => parseRecipe(r, 'recipes/x/recipe.json')).toThrow(new RegExp(`recipes/x/recipe.json[\\s\\S]*${fieldPath.replace(/\./g, '\\.')}`));
+}
+
+describe('recipes', () => {
+  it('ships tiny-qwen3 and qwen3-4b, both valid for every arch', () => {
+    expect(listRecipeIds()).toEqual(expect.arrayContaining(['tiny-qwen3', 'qwen3-4b']));
+    for (const id of listRecipeIds()) {
+      const { recipe } = loadRecipe(id);
+      for (const a of ARCH_IDS) expect(archSettings(recipe, a).arch.id).toBe(a);
+    }
+  });
+
+  it('pins hub sources to a commit and records the model config for offline planning', () => {
+    const { recipe } = loadRecipe('qwen3-4b');
+    expect(recipe.source).toMatchObject({ kind: 'hub', repo: 'Qwen/Qwen3-4B' });
+    expect(recipe.config).toMatchObject({ num_hidden_layers: 36, hidden_size: 2560, vocab_size: 151936 });
+  });
+
+  it('names the field path of an invalid value', () => {
+    expectInvalid((r) => (r.arch.default.quant = 'w4'), 'arch.default.quant');
+    expectInvalid((r) => delete r.gates.prompts, 'gates.prompts');
+    expectInvalid((r) => (r.source = { kind: 'hub', repo: 'Qwen/Qwen3-4B', revision: 'main' }), 'source.revision');
+    expectInvalid((r) => (r.family = 'llama'), 'family');
+    expectInvalid((r) => (r.gates.oracle.fp32MinCosine = 2), 'gates.oracle.fp32MinCosine');
+    expectInvalid((r) => (r.arch.v99 = {}), 'arch.v99');
+    expectInvalid((r) => (r.surprise = 1), 'surprise');
+  });
+
+  it('validates per-arch settings, naming the arch block', () => {
+    expectInvalid((r) => (r.arch.v81 = { maxContext: -5 }), 'arch.v81.maxContext');
+    expectInvalid((r) => (r.arch.v79 = { lmHead: { placement: 'middle' } }), 'arch.v79.lmHead');
+  });
+
+  it('fills settings a recipe leaves out with forge defaults', () => {
+    const r = base();
+    r.arch = { default: {} };
+    expect(archSettings(parseRecipe(r, 'x'), 'v81').settings).toEqual({
+      shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 512, prefillLength: 32,
+    });
+  });
+
+  it('overlays arch-specific settings on the defaults', () => {
+    const r = base();
+    r.arch.v79 = { quant: 'fp16' };
+    const recipe = parseRecipe(r, 'x');
+    expect(archSettings(recipe, 'v79').settings).toMatchObject({ quant: 'fp16', maxContext: 128 });
+    expect(archSettings(recipe, 'v81').settings.quant).toBe('w8');
+  });
+
+  it('refuses a recipe whose id differs from its folder, or that is not JSON', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-recipes-'));
+    mkdirSync(join(dir, 'mine'));
+    writeFileSync(join(dir, 'mine', 'recipe.json'), JSON.stringify(base()));
+    expect(() => loadRecipe('mine', dir)).toThrow(/id: 'tiny-qwen3' does not match its folder 'mine'/);
+    mkdirSync(join(dir, 'broken'));
+    writeFileSync(join(dir, 'broken', 'recipe.json'), '{ not json');
+    expect(() => loadRecipe('broken', dir)).toThrow(/broken\/recipe.json: not valid JSON/);
+    expect(() => loadRecipe('absent', dir)).toThrow(/no recipe 'absent'.*known recipes: broken, mine/);
+  });
+});
+
+describe('arch table', () => {
+  it('knows v73..v81 with their soc_model ids', () => {
+    expect(ARCH_IDS).toEqual(['v73', 'v75', 'v79', 'v81']);
+    expect(getArch('v79')).toMatchObject({ soc: 'SM8750', socModel: 69, dspArch: 'v79' });
+    expect(getArch('v81')).toMatchObject({ soc: 'SM8850', socModel: 87, dspArch: 'v81', bf16: false });
+  });
+
+  it('keeps the v81 ceiling above the proven 1.81 GB shards and below the failing 3.6 GB context', () => {
+    const c = getArch('v81').contextCeilingBytes;
+    expect(c).toBeGreaterThan(1.81e9);
+    expect(c).toBeLessThan(3.6e9);
+  });
+
+  it('lists the valid arches when given an unknown one', () => {
+    expect(() => getArch('v80')).toThrow("unknown arch 'v80': valid arches are v73, v75, v79, v81");
+  });
+});
