@@ -1,4 +1,4 @@
-import { ELEM, defaultElemType, tensorBytes, type ElemType, type TensorData } from './dtype.js';
+import { ELEM, defaultElemType, numElements, tensorBytes, type ElemType, type TensorData } from './dtype.js';
 import type { ExternalDataWriter, ExternalRef } from './external.js';
 import { onnx } from './proto.js';
 
@@ -142,6 +142,18 @@ export class GraphBuilder {
     if (this.sink?.wants(bytes.byteLength)) init.external = this.sink.append(bytes);
     else init.bytes = bytes;
     this.inits.push(init);
+    return name;
+  }
+
+  /**
+   * Add a weight whose bytes are already in an external data file (written by the caller, e.g. one
+   * data file shared by a shard's prefill and decode graphs).
+   */
+  externalInitializer(name: string, dtype: ElemType, dims: readonly number[], ref: ExternalRef): string {
+    const expected = numElements(dims) * ELEM[dtype].bytes;
+    if (ref.length !== expected) throw new Error(`initializer ${name}: ${ref.length} external bytes for ${dtype}[${dims.join(',')}] (${expected} expected)`);
+    this.claim(name, dtype);
+    this.inits.push({ name, dtype, dims: [...dims], byteLength: ref.length, external: ref });
     return name;
   }
 

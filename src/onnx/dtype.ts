@@ -1,3 +1,4 @@
+import { f16ToF32Array, f32ToF16Array } from '../io/dtype.js';
 import { endianness } from 'node:os';
 
 /** Element types the forge exporters use. 16-bit ints are here for 16-bit QDQ activations. */
@@ -89,52 +90,13 @@ export function typedFromBytes(bytes: Uint8Array, dtype: ElemType): TensorData {
   return new info.array(b.buffer as ArrayBuffer, b.byteOffset, b.byteLength / info.bytes);
 }
 
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-
-/** float32 → IEEE half bits, round to nearest even (matches numpy/ORT casts). */
-export function f32ToF16(x: number): number {
-  f32[0] = x;
-  const b = u32[0];
-  const sign = (b >>> 16) & 0x8000;
-  const exp = (b >>> 23) & 0xff;
-  let mant = b & 0x7fffff;
-  if (exp === 0xff) return sign | 0x7c00 | (mant ? 0x200 : 0);
-  let e = exp - 127 + 15;
-  if (e >= 0x1f) return sign | 0x7c00;
-  if (e <= 0) {
-    if (e < -10) return sign;
-    mant |= 0x800000;
-    const shift = 14 - e;
-    let h = mant >>> shift;
-    const rem = mant & ((1 << shift) - 1);
-    const half = 1 << (shift - 1);
-    if (rem > half || (rem === half && h & 1)) h++;
-    return sign | h;
-  }
-  let h = (e << 10) | (mant >>> 13);
-  const rem = mant & 0x1fff;
-  if (rem > 0x1000 || (rem === 0x1000 && h & 1)) h++; // may carry into exponent: still correct
-  return sign | h;
-}
-
-export function f16ToF32(h: number): number {
-  const sign = h & 0x8000 ? -1 : 1;
-  const exp = (h >>> 10) & 0x1f;
-  const mant = h & 0x3ff;
-  if (exp === 0) return sign * mant * 2 ** -24;
-  if (exp === 0x1f) return mant ? NaN : sign * Infinity;
-  return sign * (1 + mant / 1024) * 2 ** (exp - 15);
-}
+// Half-float conversion lives once, in io/dtype; these names are what graph code and tests use.
+export { f32ToF16Bits as f32ToF16, f16BitsToF32 as f16ToF32 } from '../io/dtype.js';
 
 export function toFloat16(a: ArrayLike<number>): Uint16Array {
-  const out = new Uint16Array(a.length);
-  for (let i = 0; i < a.length; i++) out[i] = f32ToF16(a[i]);
-  return out;
+  return f32ToF16Array(a instanceof Float32Array ? a : Float32Array.from(a));
 }
 
 export function fromFloat16(a: Uint16Array): Float32Array {
-  const out = new Float32Array(a.length);
-  for (let i = 0; i < a.length; i++) out[i] = f16ToF32(a[i]);
-  return out;
+  return f16ToF32Array(a);
 }

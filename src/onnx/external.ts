@@ -86,6 +86,22 @@ export class ExternalDataWriter {
     return { location: this.location, offset, length: bytes.byteLength };
   }
 
+  /**
+   * Append one tensor of `total` bytes written in pieces by `fill` (so a 1.3 GB lm-head streams
+   * row chunk by row chunk and is never whole in memory). The pieces must add up to `total`.
+   */
+  async appendChunked(total: number, fill: (write: (chunk: Uint8Array) => void) => Promise<void>): Promise<ExternalRef> {
+    const ref = this.append(new Uint8Array(0));
+    let written = 0;
+    await fill((chunk) => {
+      if (written + chunk.byteLength > total) throw new Error(`tensor at offset ${ref.offset} of ${this.path}: more than ${total} bytes written`);
+      this.writeAll(chunk, chunk.byteLength);
+      written += chunk.byteLength;
+    });
+    if (written !== total) throw new Error(`tensor at offset ${ref.offset} of ${this.path}: ${written} bytes written, ${total} declared`);
+    return { ...ref, length: total };
+  }
+
   private writeAll(src: Uint8Array, total: number): void {
     let done = 0;
     while (done < total) {

@@ -1,0 +1,130 @@
+// ONNX building blocks shared by decoder families: norms, linear layers, rotary embedding, grouped
+// attention over an explicit KV cache, gated MLPs. A family module composes these; anything a
+// single family does differently stays in that family's file.
+//
+// Conventions: activations are float32 [1, N, H] (N tokens per call: 1 for decode, the prefill
+// length for prefill); linear layers take weights [out, in] as stored by HF (Gemm transB=1), which
+// is FullyConnected's native layout on the HTP and lets weights stream row by row.
+import type { GraphBuilder } from '../onnx/builder.js';
+
+export interface Dims {
+  n: number;
+}
+
+/** RMSNorm over the last axis: x·rsqrt(mean(x²)+eps)·w. `w` is a value (already 1+w where a family needs that). */
+export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number): string {
+  const sq = g.op('Mul', [x, x]);
+  const mean = g.op('ReduceMean', [sq], { axes: [-1], keepdims: 1 });
+  const inv = g.op('Reciprocal', [g.op('Sqrt', [g.op('Add', [mean, g.constFloat32([eps], [])])])]);
+  return g.op('Mul', [g.op('Mul', [x, inv]), w]);
+}
+
+/** x [1, N, in] · Wᵀ with W [out, in] → [1, N, out]. */
+export function linear(g: GraphBuilder, x: string, w: string, inDim: number, outDim: number, n: number, bias?: string): string {
+  const x2 = g.op('Reshape', [x, g.constInt64([n, inDim])]);
+  const y = g.op('Gemm', bias ? [x2, w, bias] : [x2, w], { transB: 1 });
+  return g.op('Reshape', [y, g.constInt64([1, n, outDim])]);
+}
+
+/** [1, N, heads·d] → [1, heads, N, d]. */
+export function splitHeads(g: GraphBuilder, x: string, heads: number, d: number, n: number): string {
+  return g.op('Transpose', [g.op('Reshape', [x, g.constInt64([1, n, heads, d])])], { perm: [0, 2, 1, 3] });
+}
+
+/** [1, heads, N, d] → [1, N, heads·d]. */
+export function mergeHeads(g: GraphBuilder, x: string, heads: number, d: number, n: number): string {
+  return g.op('Reshape', [g.op('Transpose', [x], { perm: [0, 2, 1, 3] }), g.constInt64([1, n, heads * d])]);
+}
+
+/**
+ * Rotary tables for positions 0..maxPos-1 over `rotDim` dims, HF layout (frequencies repeated
+ * twice, rotate_half pairing i with i+rotDim/2). Computed in float64 then rounded, like HF's fp32.
+ */
+export function ropeTables(maxPos: number, rotDim: number, theta: number): { cos: Float32Array; sin: Float32Array } {
+  const half = rotDim / 2;
+  const cos = new Float32Array(maxPos * rotDim);
+  const sin = new Float32Array(maxPos * rotDim);
+  // HF computes inv_freq in float32 then position·inv_freq in float32; follow it so angles match bit for bit.
+  const invFreq = new Float32Array(half);
+  for (let i = 0; i < half; i++) invFreq[i] = 1 / Math.pow(theta, (2 * i) / rotDim);
+  for (let p = 0; p < maxPos; p++) {
+    for (let i = 0; i < half; i++) {
+      const a = Math.fround(p * invFreq[i]);
+      cos[p * rotDim + i] = cos[p * rotDim + i + half] = Math.cos(a);
+      sin[p * rotDim + i] = sin[p * rotDim + i + half] = Math.sin(a);
+    }
+  }
+  return { cos, sin };
+}
+
+/** cos/sin rows for the call's positions, shaped [1, 1, N, rotDim] to broadcast over heads. */
+export function ropeGather(g: GraphBuilder, positions: string, tables: { cos: string; sin: string }, n: number, rotDim: number): { cos: string; sin: string } {
+  const shape = g.constInt64([1, 1, n, rotDim]);
+  return {
+    cos: g.op('Reshape', [g.op('Gather', [tables.cos, positions], { axis: 0 }), shape]),
+    sin: g.op('Reshape', [g.op('Gather', [tables.sin, positions], { axis: 0 }), shape]),
+  };
+}
+
+/** x·cos + rotate_half(x)·sin over the whole last axis (x [1, heads, N, d]). */
+export function applyRope(g: GraphBuilder, x: string, cs: { cos: string; sin: string }): string {
+  const [x1, x2] = g.op('Split', [x], { axis: -1 }, 2);
+  const rotated = g.op('Concat', [g.op('Neg', [x2]), x1], { axis: -1 });
+  return g.op('Add', [g.op('Mul', [x, cs.cos]), g.op('Mul', [rotated, cs.sin])]);
+}
+
+export interface AttentionShape {
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  n: number;
+  /** Cache slots (the max context). */
+  ctx: number;
+  scale: number;
+}
+
+/**
+ * Softmax attention of N new tokens over [cache ; new] keys. q [1, heads, N, d], k/v [1, kv, N, d]
+ * (keys already rotated), past k/v [1, kv, ctx, d], mask [1, 1, N, ctx+N] additive. Query head h
+ * uses kv head ⌊h / (heads/kv)⌋ (HF's repeat_kv), by broadcasting instead of copying the cache.
+ * Returns [1, heads, N, d].
+ */
+export function cachedAttention(g: GraphBuilder, q: string, k: string, v: string, pastK: string, pastV: string, mask: string, s: AttentionShape): string {
+  const groups = s.heads / s.kvHeads;
+  const t = s.ctx + s.n;
+  const keys = g.op('Concat', [pastK, k], { axis: 2 });
+  const values = g.op('Concat', [pastV, v], { axis: 2 });
+  const q5 = g.op('Reshape', [q, g.constInt64([1, s.kvHeads, groups, s.n, s.headDim])]);
+  const k5 = g.op('Reshape', [keys, g.constInt64([1, s.kvHeads, 1, t, s.headDim])]);
+  const v5 = g.op('Reshape', [values, g.constInt64([1, s.kvHeads, 1, t, s.headDim])]);
+  const scores = g.op('Mul', [g.op('MatMul', [q5, g.op('Transpose', [k5], { perm: [0, 1, 2, 4, 3] })]), g.constFloat32([s.scale], [])]);
+  const mask5 = g.op('Reshape', [mask, g.constInt64([1, 1, 1, s.n, t])]);
+  const probs = g.op('Softmax', [g.op('Add', [scores, mask5])], { axis: -1 });
+  const ctx = g.op('MatMul', [probs, v5]);
+  return g.op('Reshape', [ctx, g.constInt64([1, s.heads, s.n, s.headDim])]);
+}
+
+/** down(silu(gate(x)) · up(x)). */
+export function swiGlu(g: GraphBuilder, x: string, w: { gate: string; up: string; down: string }, hidden: number, ffn: number, n: number): string {
+  const gate = linear(g, x, w.gate, hidden, ffn, n);
+  const up = linear(g, x, w.up, hidden, ffn, n);
+  const act = g.op('Mul', [gate, g.op('Sigmoid', [gate])]);
+  return linear(g, g.op('Mul', [act, up]), w.down, ffn, hidden, n);
+}
+
+/** Additive mask value for hidden slots: finite in fp16 so the HTP never sees -inf − -inf. */
+export const MASKED = -65504;
+
+/**
+ * The mask a runtime builds for a call: N tokens at positions start..start+N-1, of which `valid`
+ * are real (the rest is padding of a short prefill chunk). Slot j < start of the cache is visible;
+ * new token k is visible to token r when k ≤ r and k is real.
+ */
+export function attentionMask(ctx: number, n: number, start: number, valid = n): Float32Array {
+  const m = new Float32Array(n * (ctx + n)).fill(MASKED);
+  for (let r = 0; r < n; r++) {
+    for (let j = 0; j < start; j++) m[r * (ctx + n) + j] = 0;
+    for (let k = 0; k <= r && k < valid; k++) m[r * (ctx + n) + ctx + k] = 0;
+  }
+  return m;
+}
