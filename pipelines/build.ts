@@ -9,6 +9,9 @@ import type { HexagonArch } from '../src/arch/table.js';
 import type { ArchSettings, Recipe } from '../src/recipe/schema.js';
 import { fingerprintDir, type FetchParams } from '../src/hub/fetch-stage.js';
 import type { PlanParams } from '../src/plan/stage.js';
+import type { ExportParams } from '../src/families/export-stage.js';
+import type { TraceParams } from '../src/gates/trace-stage.js';
+import type { OracleParams } from '../src/gates/oracle.js';
 import { repoRoot } from '../src/paths.js';
 
 const GB = 1_000_000_000;
@@ -18,12 +21,43 @@ function fetchNode(recipe: Recipe): StageNode {
   const params: FetchParams = { source: recipe.source };
   let tools: string[] = [];
   if (recipe.source.kind === 'tiny') {
-    params.factory = createHash('sha256').update(readFileSync(join(repoRoot(), 'oracles', 'make_twin.py'))).digest('hex');
+    params.factory = fileHash('oracles/make_twin.py');
     tools = ['python-env'];
   } else if (recipe.source.kind === 'local') {
     params.fingerprint = fingerprintDir(recipe.source.path);
   }
   return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, peakMemoryBytes: 2 * GB };
+}
+
+const fileHash = (p: string) => createHash('sha256').update(readFileSync(join(repoRoot(), p))).digest('hex');
+
+function traceNode(recipe: Recipe, s: ArchSettings): StageNode {
+  const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext, script: fileHash('oracles/trace.py') };
+  return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], peakMemoryBytes: 4 * GB };
+}
+
+function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
+  const o = recipe.gates.oracle;
+  const params: OracleParams = {
+    family: recipe.family,
+    variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: s.quant === 'fp32' ? o.fp32MinCosine : o.w8MinCosine }],
+    minTop1: o.minTop1,
+  };
+  return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], peakMemoryBytes: 4 * GB };
+}
+
+/** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
+function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant']): StageNode {
+  const params: ExportParams = {
+    family: recipe.family,
+    scheme,
+    lmHeadScheme: scheme === 'fp32' ? 'fp32' : s.lmHead.quant,
+    maxContext: s.maxContext,
+    prefillLength: s.prefillLength,
+    embedding: id === 'quantize',
+  };
+  // Streaming export: a few row chunks plus the largest layer's graph structure.
+  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], peakMemoryBytes: 1.5 * GB };
 }
 
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings): Pipeline {
@@ -32,7 +66,12 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
     nodes: [
       fetchNode(recipe),
       { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], peakMemoryBytes: 0.2 * GB },
+      traceNode(recipe, settings),
+      exportNode('export', recipe, settings, 'fp32'),
+      exportNode('quantize', recipe, settings, settings.quant),
+      oracleNode(recipe, settings),
     ],
     publish: ['plan'],
+    reports: ['oracle'],
   };
 }

@@ -83,6 +83,10 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
       cpSync(entry.dir, staging, { recursive: true, filter: (p) => !p.endsWith(`/${META}`) });
     }
   }
+  for (const id of pipeline.reports ?? []) {
+    const entry = result.entries.get(id);
+    if (entry) cpSync(entry.dir, join(staging, 'build'), { recursive: true, filter: (p) => !p.endsWith(`/${META}`) });
+  }
   writeFileSync(join(staging, RUN_RECORD), JSON.stringify(record, null, 2) + '\n');
   mkdirSync(dirname(out), { recursive: true });
   const old = `${out}.old-${process.pid}`;

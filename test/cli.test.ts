@@ -46,7 +46,8 @@ describe('forge build', () => {
     expect(first.code).toBe(0);
     const rec = lastJson(first.stdout);
     expect(rec).toMatchObject({ recipe: 'tiny-qwen3', arch: 'v81', ok: true, bundle: out });
-    expect(rec.stages.map((s: any) => s.name)).toEqual(['fetch', 'plan']);
+    expect(rec.stages.map((s: any) => s.name)).toEqual(['fetch', 'plan', 'trace', 'export', 'quantize', 'oracle']);
+    expect(rec.gates.oracle.ok).toBe(true);
     for (const s of rec.stages) {
       expect(['ran', 'cached']).toContain(s.status);
       expect(s.seconds).toBeGreaterThanOrEqual(0);
@@ -58,7 +59,7 @@ describe('forge build', () => {
 
     const second = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
     const rec2 = lastJson(second.stdout);
-    expect(statuses(rec2)).toEqual({ fetch: 'cached', plan: 'cached' });
+    expect(Object.values(statuses(rec2))).toEqual(['cached', 'cached', 'cached', 'cached', 'cached', 'cached']);
     expect(rec2.stages.every((s: any) => s.peakRssBytes === null)).toBe(true);
     console.log(`[measured] second build of tiny-qwen3: ${rec2.seconds.toFixed(2)} s inside forge`);
   });
@@ -66,12 +67,13 @@ describe('forge build', () => {
   it('re-runs only the stages downstream of a changed recipe field', async () => {
     const out = join(work, 'out-b');
     await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
-    editRecipe('tiny-qwen3', (r) => (r.arch.default.quant = 'fp16'));
-    const r1 = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
-    expect(statuses(r1)).toEqual({ fetch: 'cached', plan: 'ran' });
+    const again = async () => lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
+    editRecipe('tiny-qwen3', (r) => r.gates.prompts.push('A third prompt'));
+    expect(statuses(await again())).toEqual({ fetch: 'cached', plan: 'cached', trace: 'ran', export: 'cached', quantize: 'cached', oracle: 'ran' });
+    editRecipe('tiny-qwen3', (r) => (r.arch.default.lmHead.quant = 'w8'));
+    expect(statuses(await again())).toEqual({ fetch: 'cached', plan: 'ran', trace: 'cached', export: 'ran', quantize: 'ran', oracle: 'ran' });
     editRecipe('tiny-qwen3', (r) => (r.card.title = 'renamed'));
-    const r2 = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
-    expect(statuses(r2)).toEqual({ fetch: 'cached', plan: 'cached' });
+    expect(Object.values(statuses(await again())).every((s) => s === 'cached')).toBe(true);
   });
 
   it('refuses a checkpoint whose config differs from the one the recipe recorded, leaving no plan behind', async () => {
@@ -91,7 +93,7 @@ describe('forge build', () => {
     const rec = lastJson(run.stdout);
     expect(rec.ok).toBe(false);
     expect(rec.error).toMatch(/config\.json: field hidden_size is 64, but the recipe expects 4096/);
-    expect(statuses(rec)).toEqual({ fetch: 'ran', plan: 'failed' });
+    expect(statuses(rec)).toMatchObject({ fetch: 'ran', plan: 'failed', export: 'skipped', quantize: 'skipped', oracle: 'skipped' });
     expect(existsSync(join(out, 'plan.json'))).toBe(false);
     expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8')).ok).toBe(false);
   });

@@ -7,6 +7,7 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { performance } from 'node:perf_hooks';
 import { sha256Hex, stableStringify } from './hash.js';
+import { codeHash } from './code-hash.js';
 import type { EntryMeta, StageCache } from './cache.js';
 import type { Scheduler } from './scheduler.js';
 import type { Pipeline, StageModule, StageNode } from './stage.js';
@@ -43,7 +44,7 @@ export interface RunOptions {
   force?: string[];
 }
 
-export function cacheKey(parts: { stage: string; version: string; params: unknown; inputs: Record<string, string>; tools: Record<string, string> }): string {
+export function cacheKey(parts: { stage: string; version: string; code: string; params: unknown; inputs: Record<string, string>; tools: Record<string, string> }): string {
   return sha256Hex(stableStringify(parts));
 }
 
@@ -135,7 +136,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     const mod = modules.get(node.id)!;
     const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
     const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
-    const key = cacheKey({ stage: mod.name, version: mod.version, params: node.params, inputs: inputHashes, tools });
+    const key = cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
     const inputs = Object.fromEntries(upstream.map(([name, id, m]) => [name, opts.cache.entryDir(id, m!.key)]));
     const hit = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
     if (hit) {

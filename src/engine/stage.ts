@@ -53,6 +53,8 @@ export interface Pipeline {
   nodes: StageNode[];
   /** Node ids whose outputs are copied into the build's output directory, in order. */
   publish: string[];
+  /** Node ids whose outputs (gate tables …) are copied into build/ beside the run record, even when the build failed. */
+  reports?: string[];
 }
 
 export class StageError extends Error {

@@ -2,7 +2,10 @@
 // k_norm) before RoPE; GQA; head_dim set explicitly (128 on 4B, not hidden/heads); no biases;
 // SiLU-gated MLP; Qwen3-4B ties the lm-head to the embedding.
 import { z } from 'zod';
-import { ConfigError, type Family, type TensorSpec } from './types.js';
+import { ConfigError, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import type { GraphBuilder } from '../onnx/builder.js';
+import { kvDecoderCases } from './decoder-trace.js';
+import { applyRope, cachedAttention, linear, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGlu } from './blocks.js';
 
 const ConfigSchema = z.object({
   model_type: z.literal('qwen3'),
@@ -98,4 +101,91 @@ export const qwen3: Family<Qwen3Config> = {
   lmHead: (c) => (c.tied
     ? { name: 'model.embed_tokens.weight', shape: [c.vocab, c.hidden], role: 'matmul' }
     : { name: 'lm_head.weight', shape: [c.vocab, c.hidden], role: 'matmul' }),
+  buildShard: (g, c, s, w) => denseDecoderShard(g, c, s, w,
+    { layerPrefix: 'model.layers', finalNorm: 'model.norm.weight', lmHead: qwen3.lmHead(c).name },
+    (x, layer, io) => qwen3Layer(g, c, 'model.layers', layer, x, io, w)),
+  buildLmHead: (g, c, w) => lmHeadGraph(g, c.hidden, c.vocab, qwen3.lmHead(c).name, w),
+  gateCases: (c, entry, trace, maxContext) => kvDecoderCases(entry, trace, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext }),
 };
+
+// ---- graphs ----------------------------------------------------------------------------------
+
+/** One Qwen3 decoder layer over N tokens with an explicit KV cache; returns the residual output. */
+export async function qwen3Layer(
+  g: GraphBuilder, c: Qwen3Config, prefix: string, layer: number, x: string,
+  io: { rope: { cos: string; sin: string }; mask: string; n: number; ctx: number }, w: GraphWeights,
+): Promise<{ out: string; inputs: TensorIO[]; outputs: TensorIO[] }> {
+  const { hidden: H, heads, kvHeads, headDim: d, ffn, eps } = c;
+  const { n, ctx } = io;
+  const p = `${prefix}.${layer}`;
+  const mm = (name: string, shape: [number, number]) => w.store.matmul(g, `${p}.${name}.weight`, shape, w.scheme);
+  const norm = (name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]);
+
+  const pastK = g.input(`past_k.${layer}`, 'float32', [1, kvHeads, ctx, d]);
+  const pastV = g.input(`past_v.${layer}`, 'float32', [1, kvHeads, ctx, d]);
+  const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps);
+  const q = splitHeads(g, linear(g, xn, await mm('self_attn.q_proj', [heads * d, H]), H, heads * d, n), heads, d, n);
+  const k = splitHeads(g, linear(g, xn, await mm('self_attn.k_proj', [kvHeads * d, H]), H, kvHeads * d, n), kvHeads, d, n);
+  const v = splitHeads(g, linear(g, xn, await mm('self_attn.v_proj', [kvHeads * d, H]), H, kvHeads * d, n), kvHeads, d, n);
+  const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps), io.rope);
+  const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps), io.rope);
+  const newK = g.output(kr, `new_k.${layer}`, { shape: [1, kvHeads, n, d] });
+  const newV = g.output(v, `new_v.${layer}`, { shape: [1, kvHeads, n, d] });
+  const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, io.mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
+  const o = linear(g, mergeHeads(g, attn, heads, d, n), await mm('self_attn.o_proj', [H, heads * d]), heads * d, H, n);
+  const h1 = g.op('Add', [x, o]);
+  const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps);
+  const mlp = swiGlu(g, mlpIn, {
+    gate: await mm('mlp.gate_proj', [ffn, H]), up: await mm('mlp.up_proj', [ffn, H]), down: await mm('mlp.down_proj', [H, ffn]),
+  }, H, ffn, n);
+  const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
+  const kv = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, ctx, d] });
+  const kvNew = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, n, d] });
+  return { out, inputs: [kv(pastK), kv(pastV)], outputs: [kvNew(newK), kvNew(newV)] };
+}
+
+/** The common frame of a dense decoder shard: hidden/position/mask inputs, layers, final norm. */
+export async function denseDecoderShard(
+  g: GraphBuilder, c: { hidden: number; headDim: number; ropeTheta: number; eps: number; vocab: number }, s: ShardSpec, w: GraphWeights,
+  names: { layerPrefix: string; finalNorm: string; lmHead: string },
+  layerFn: (x: string, layer: number, io: { rope: { cos: string; sin: string }; mask: string; n: number; ctx: number }) => Promise<{ out: string; inputs: TensorIO[]; outputs: TensorIO[] }>,
+): Promise<GraphInterface> {
+  const { n, maxContext: ctx } = s;
+  const H = c.hidden;
+  const f32 = 'float32' as const;
+  const x0 = g.input('hidden_in', f32, [1, n, H]);
+  const position = g.input('position', 'int32', [n]);
+  const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
+  const tables = ropeTables(ctx, c.headDim, c.ropeTheta);
+  const rope = ropeGather(g, position, { cos: g.initializer('rope.cos', tables.cos, [ctx, c.headDim]), sin: g.initializer('rope.sin', tables.sin, [ctx, c.headDim]) }, n, c.headDim);
+  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, n, H] }, { name: position, dtype: 'int32', shape: [n] }, { name: mask, dtype: f32, shape: [1, 1, n, ctx + n] }];
+  const outputs: TensorIO[] = [];
+  const probes: Record<string, TensorIO> = {};
+  let x = x0;
+  for (let i = s.first; i <= s.last; i++) {
+    const r = await layerFn(x, i, { rope, mask, n, ctx });
+    inputs.push(...r.inputs);
+    outputs.push(...r.outputs);
+    x = r.out;
+    if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, n, H] };
+  }
+  if (s.isLast) {
+    x = rmsNorm(g, x, await w.store.small(g, names.finalNorm, [H]), c.eps);
+  }
+  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
+  outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, n, H] });
+  if (s.isLast && s.lmHeadInside) {
+    const head = await w.store.matmul(g, names.lmHead, [c.vocab, H], w.lmHeadScheme);
+    const logits = g.output(linear(g, hiddenOut, head, H, c.vocab, n), 'logits', { shape: [1, n, c.vocab] });
+    outputs.push({ name: logits, dtype: f32, shape: [1, n, c.vocab] });
+  }
+  return { inputs, outputs, probes };
+}
+
+/** Final-normed hidden [1,1,H] → logits [1,1,V]. */
+export async function lmHeadGraph(g: GraphBuilder, hidden: number, vocab: number, weight: string, w: GraphWeights): Promise<GraphInterface> {
+  const x = g.input('hidden', 'float32', [1, 1, hidden]);
+  const head = await w.store.matmul(g, weight, [vocab, hidden], w.lmHeadScheme);
+  const logits = g.output(linear(g, x, head, hidden, vocab, 1), 'logits', { shape: [1, 1, vocab] });
+  return { inputs: [{ name: x, dtype: 'float32', shape: [1, 1, hidden] }], outputs: [{ name: logits, dtype: 'float32', shape: [1, 1, vocab] }], probes: {} };
+}

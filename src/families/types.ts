@@ -1,6 +1,12 @@
 // What every family module provides. Everything model-specific lives in src/families/<family>.ts;
 // the rest of forge sees only this interface.
-import type { FamilyId } from '../recipe/schema.js';
+import type { FamilyId, QuantScheme } from '../recipe/schema.js';
+import type { GraphBuilder } from '../onnx/builder.js';
+import type { ElemType } from '../onnx/dtype.js';
+import type { WeightStore } from '../quant/weights.js';
+import type { Trace } from '../gates/trace.js';
+import type { GraphEntry } from './export-stage.js';
+import type { GateCase } from './decoder-trace.js';
 
 /** How a tensor is stored once exported: matmul weights are quantized, the rest stay float. */
 export type TensorRole = 'matmul' | 'norm' | 'bias' | 'embedding' | 'conv' | 'other';
@@ -31,4 +37,42 @@ export interface Family<C> {
   finalTensors(config: C): TensorSpec[];
   /** The lm-head weight, or the embedding when tied. */
   lmHead(config: C): TensorSpec;
+  /** Adds one shard's graph (layers first..last, N tokens per call) to g; returns its interface. */
+  buildShard(g: GraphBuilder, config: C, shard: ShardSpec, w: GraphWeights): Promise<GraphInterface>;
+  /** Adds the lm-head graph (final-normed hidden [1,1,H] → logits [1,1,V]) to g. */
+  buildLmHead(g: GraphBuilder, config: C, w: GraphWeights): Promise<GraphInterface>;
+  /** Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs. */
+  gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase>;
+}
+
+export interface ShardSpec {
+  first: number;
+  last: number;
+  /** Tokens per call: 1 for decode, the prefill length for prefill. */
+  n: number;
+  /** KV cache slots. */
+  maxContext: number;
+  /** The last shard applies the final norm (and the lm-head when it is placed there). */
+  isLast: boolean;
+  lmHeadInside: boolean;
+}
+
+export interface GraphWeights {
+  store: WeightStore;
+  scheme: QuantScheme;
+  lmHeadScheme: QuantScheme;
+}
+
+export interface TensorIO {
+  name: string;
+  dtype: ElemType;
+  shape: number[];
+}
+
+/** What a graph takes and gives, plus the internal values the oracle gate may probe. */
+export interface GraphInterface {
+  inputs: TensorIO[];
+  outputs: TensorIO[];
+  /** Internal value name → what it is in the trace (e.g. 'h.3' = residual after layer 2). */
+  probes: Record<string, TensorIO>;
 }

@@ -60,7 +60,9 @@ export const GateSettingsSchema = z.object({
   oracle: z.object({
     fp32MinCosine: z.number().min(0).max(1).default(0.99999),
     w8MinCosine: z.number().min(0).max(1).default(0.999),
-  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999 }),
+    /** Fraction of traced steps whose logits' argmax must match HF's. */
+    minTop1: z.number().min(0).max(1).default(1),
+  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, minTop1: 1 }),
   parity: z.object({
     tokens: z.number().int().positive().default(64),
     /** Fraction of tokens that must match HF greedy; 1 means N/N. */

@@ -1,0 +1,174 @@
+#!/usr/bin/env python3
+"""Independent check of a trace written by trace.py (and the documentation of its format).
+
+    python oracles/check_trace.py --model DIR --trace DIR [--tol 1e-5]
+
+Imports nothing from trace.py. Checks:
+  0. format: trace.json fields; per step exactly the names token, position, h.0..h.L, final,
+     logits, k.i / v.i for the layers that have a KV cache; shapes and dtypes; token/position
+     values; generated[j] == argmax(logits at step len(prompt)-1+j).
+  1. a full-sequence forward over prompt + generated[:-1] with output_hidden_states: h.i (i < L),
+     final (= hidden_states[L], which HF takes after the final norm) and logits match per step.
+  2. generated == model.generate(greedy, max_new_tokens=N), EOS stopping switched off (the trace
+     does not stop at EOS either).
+  3. qwen3 / qwen3_vl: k.i and v.i recomputed by hand in float64 from h.i (input_layernorm ->
+     k_proj -> k_norm -> RoPE with the config's theta; v_proj) at every step of prompt 0.
+Errors are max abs and max relative (abs error / max |reference| of that vector). Prints one
+JSON line with the errors; exits 1 if any relative error exceeds --tol or a format check fails.
+"""
+import argparse
+import copy
+import json
+import os
+import sys
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+problems = []
+
+
+def expect(cond, msg):
+    if not cond:
+        problems.append(msg)
+
+
+class Err:
+    def __init__(self):
+        self.abs = self.rel = 0.0
+
+    def add(self, got, ref):
+        got, ref = got.double(), ref.double()
+        d = (got - ref).abs().max().item()
+        self.abs = max(self.abs, d)
+        self.rel = max(self.rel, d / max(ref.abs().max().item(), 1e-30))
+
+    def json(self):
+        return {"abs": float(f"{self.abs:.3g}"), "rel": float(f"{self.rel:.3g}")}
+
+
+def load_model(model_dir):
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    auto = (transformers.AutoModelForCausalLM if type(cfg) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING
+            else transformers.AutoModelForImageTextToText)
+    return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def check_format(meta, t, n_layers, kv_layers):
+    for key in ("family", "layers", "hidden", "vocab", "kv_heads", "head_dim", "max_context", "new_tokens",
+                "prompts", "tensors", "torch", "transformers"):
+        expect(key in meta, f"trace.json lacks {key}")
+    n, H, V = meta["new_tokens"], meta["hidden"], meta["vocab"]
+    per_layer = lambda x, i: x[i] if isinstance(x, list) else x  # noqa: E731
+    names = set()
+    for p, pr in enumerate(meta["prompts"]):
+        ids, gen = pr["prompt_tokens"], pr["generated"]
+        expect(len(gen) == n, f"p{p}: {len(gen)} generated, want {n}")
+        expect(pr["steps"] == len(ids) + n - 1, f"p{p}: steps {pr['steps']}")
+        expect(len(ids) + n <= meta["max_context"], f"p{p}: exceeds max_context")
+        seq = ids + gen
+        for s in range(pr["steps"]):
+            pre = f"p{p}/s{s}/"
+            want = {"token": ([1], torch.int64), "position": ([1], torch.int64), "final": ([H], torch.float32),
+                    "logits": ([V], torch.float32)}
+            want.update({f"h.{i}": ([H], torch.float32) for i in range(n_layers + 1)})
+            for i in kv_layers:
+                shape = [per_layer(meta["kv_heads"], i), per_layer(meta["head_dim"], i)]
+                want[f"k.{i}"] = want[f"v.{i}"] = (shape, torch.float32)
+            for w, (shape, dt) in want.items():
+                x = t.get(pre + w)
+                expect(x is not None and list(x.shape) == shape and x.dtype == dt, f"{pre}{w}: bad or missing")
+            names.update(pre + w for w in want)
+            expect(t[pre + "token"].item() == seq[s] and t[pre + "position"].item() == s, f"{pre}: token/position")
+            if s >= len(ids) - 1:
+                expect(int(t[pre + "logits"].argmax()) == gen[s - len(ids) + 1], f"{pre}: argmax != generated")
+    extra = set(t) - names
+    expect(not extra, f"unexpected tensors, e.g. {sorted(extra)[:3]}")
+
+
+def rope_by_hand(x, pos, theta):  # x [heads, d] float64; HF rotate_half convention
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    ang = torch.cat([pos * inv, pos * inv])
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+    return x * ang.cos() + rot * ang.sin()
+
+
+def rms_by_hand(x, w, eps):
+    return w.double() * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--trace", required=True)
+    ap.add_argument("--tol", type=float, default=1e-5, help="max relative error allowed")
+    args = ap.parse_args()
+    with open(os.path.join(args.trace, "trace.json")) as f:
+        meta = json.load(f)
+    t = load_file(os.path.join(args.trace, meta["tensors"]))
+    torch.manual_seed(0)
+    model = load_model(args.model)
+    tc = model.config.get_text_config()
+    L, n = meta["layers"], meta["new_tokens"]
+    layers = model.get_decoder().layers
+    # Layers with their own KV cache: not linear attention, not KV-shared (Gemma 4).
+    first_shared = L - (getattr(tc, "num_kv_shared_layers", 0) or 0)
+    kv_layers = [i for i in range(L) if (getattr(tc, "layer_types", None) or ["full_attention"] * L)[i]
+                 != "linear_attention" and i < first_shared]
+    check_format(meta, t, L, kv_layers)
+
+    e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
+    gen_ok = []
+    with torch.no_grad():
+        for p, pr in enumerate(meta["prompts"]):
+            seq = pr["prompt_tokens"] + pr["generated"][:-1]  # the tokens the steps fed
+            out = model(input_ids=torch.tensor([seq]), output_hidden_states=True, use_cache=False)
+            hs = out.hidden_states
+            for s in range(pr["steps"]):
+                pre = f"p{p}/s{s}/"
+                for i in range(L):
+                    e_h.add(t[f"{pre}h.{i}"], hs[i][0, s])
+                e_final.add(t[pre + "final"], hs[L][0, s])
+                e_logits.add(t[pre + "logits"], out.logits[0, s])
+            # EOS off: greedy through N tokens exactly like the trace.
+            gc = copy.deepcopy(model.generation_config)
+            gc.eos_token_id, gc.do_sample = [], False
+            ids = torch.tensor([pr["prompt_tokens"]])
+            g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc,
+                               max_new_tokens=n, do_sample=False)
+            hf_gen = g[0, ids.shape[1]:].tolist()
+            gen_ok.append(hf_gen == pr["generated"])
+            expect(gen_ok[-1], f"p{p}: generate {hf_gen} != trace {pr['generated']}")
+
+        if meta["family"] in ("qwen3", "qwen3_vl"):
+            theta, eps = tc.rope_parameters["rope_theta"], tc.rms_norm_eps
+            kvh, d = meta["kv_heads"], meta["head_dim"]
+            for s in range(meta["prompts"][0]["steps"]):
+                pre = f"p0/s{s}/"
+                for i in range(L):
+                    a = layers[i].self_attn
+                    x = rms_by_hand(t[f"{pre}h.{i}"].double(), layers[i].input_layernorm.weight, eps)
+                    k = (a.k_proj.weight.double() @ x).view(kvh, d)
+                    k = rope_by_hand(rms_by_hand(k, a.k_norm.weight, eps), s, theta)
+                    e_k.add(t[f"{pre}k.{i}"], k)
+                    e_v.add(t[f"{pre}v.{i}"], (a.v_proj.weight.double() @ x).view(kvh, d))
+
+    errs = {"h": e_h, "final": e_final, "logits": e_logits}
+    if meta["family"] in ("qwen3", "qwen3_vl"):
+        errs.update(k_by_hand=e_k, v_by_hand=e_v)
+    for name, e in errs.items():
+        expect(e.rel <= args.tol, f"{name}: relative error {e.rel:.3g} > {args.tol}")
+    report = {"family": meta["family"], "errors": {k: e.json() for k, e in errs.items()},
+              "generate_matches": gen_ok, "problems": problems, "ok": not problems}
+    print(json.dumps(report, sort_keys=True))
+    sys.exit(0 if not problems else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+#!/usr/bin/env python3
+"""Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
+
+    python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
+
+Each prompt is fed one token at a time through the model with its KV cache (never a full-sequence
+forward: the exported graphs decode one token at a time, and some families' prefill kernels differ
+from their decode path), teacher-forced over the prompt, then greedy for N tokens. Step t feeds
+token t (prompt tokens, then generated[0..N-2]); generated[j] = argmax of the logits at step
+len(prompt)-1+j, so a prompt has len(prompt)+N-1 steps.
+
+Writes, into a temp dir beside --out renamed at the end:
+  trace.json         {family, layers, hidden, vocab, kv_heads, head_dim, max_context, new_tokens,
+                      prompts: [{text, prompt_tokens, generated, steps}], tensors, torch, transformers}
+  trace.safetensors  p{p}/s{t}/token int64[1], position int64[1] (= t), h.{i} [H] for i = 0..L
+                     (h.0 = input of decoder layer 0, h.{i+1} = output of layer i), final [H] (input of
+                     lm_head), logits [V] (after any softcap), k.{i} / v.{i} [kv_heads, head_dim]
+                     (the row this step appended to layer i's cache, keys after RoPE). float32.
+                     kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
+Prints one JSON line: {"bytes", "out", "prompts", "steps"}. Format checked by check_trace.py.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep stderr for our own error line
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from safetensors.torch import save_file  # noqa: E402
+from transformers import cache_utils  # noqa: E402
+from transformers.integrations.heterogeneity.configuration_utils import (  # noqa: E402
+    AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayer)
+
+
+class Unsupported(Exception):
+    pass
+
+
+# ---- per-family capture -------------------------------------------------------------------------
+# A family entry: capture(ctx) runs after every step and puts that family's cache/state tensors;
+# hooks(ctx) (optional) runs once after loading to register extra forward hooks that put into
+# ctx.step. ctx has .model, .layers (decoder layers), .cache (after the step), .put(name, tensor).
+
+def put_kv_rows(ctx):
+    """The newest K/V row of every attention cache layer. Linear-attention layers (no KV cache)
+    and KV-shared layers (DummyLayer: they read another layer's cache) put nothing."""
+    for i, layer in enumerate(ctx.cache.layers):
+        kind = type(layer)
+        if kind in (cache_utils.DynamicLayer, cache_utils.DynamicSlidingWindowLayer):
+            # [1, kv, T, d]; a sliding layer keeps only its window, but the last row is still new.
+            ctx.put(f"k.{i}", layer.keys[0, :, -1, :])
+            ctx.put(f"v.{i}", layer.values[0, :, -1, :])
+        elif kind in (cache_utils.LinearAttentionLayer, cache_utils.DummyLayer):
+            continue
+        else:
+            raise Unsupported(f"cache layer {i} is {kind.__name__}")
+
+
+def capture_attention(ctx):  # qwen3, qwen3_vl (text only): every layer is plain KV attention
+    put_kv_rows(ctx)
+
+
+def capture_qwen3_5(ctx):
+    put_kv_rows(ctx)  # full-attention layers only
+    # HOOK POINT (qwen3_5 issue): LinearAttentionLayer.conv_states[0] [1, C, K] (conv FIFO) and
+    # .recurrent_states[0] [1, Hv, dk, dv] (delta-rule state) after the step.
+
+
+def capture_phimoe(ctx):
+    put_kv_rows(ctx)
+    # HOOK POINT (phimoe issue): router logits / chosen experts and weights per layer, via a
+    # hooks() function on each layer's MoE block.
+
+
+def capture_gemma4(ctx):
+    put_kv_rows(ctx)  # sliding + full producer layers; KV-shared layers put nothing
+    # HOOK POINT (gemma4 issue): per-layer PLE inputs (decoder layer arg 1) via a hooks() function.
+
+
+FAMILIES = {  # model_type -> (capture, hooks, what is not captured yet)
+    "qwen3": (capture_attention, None, None),
+    "qwen3_vl": (capture_attention, None, None),
+    "qwen3_5": (capture_qwen3_5, None, "linear-attention conv/recurrent state"),
+    "phimoe": (capture_phimoe, None, "router/expert selection"),
+    "gemma4": (capture_gemma4, None, "per-layer (PLE) inputs"),
+}
+
+
+# ---- generic driver -----------------------------------------------------------------------------
+
+class Ctx:
+    def __init__(self, model, layers):
+        self.model, self.layers, self.cache, self.step = model, layers, None, {}
+
+    def put(self, name, t):
+        if name in self.step:
+            raise Unsupported(f"{name} captured twice in one step")
+        # clone: cache rows and hook outputs are views into buffers HF keeps mutating
+        self.step[name] = t.detach().reshape(t.shape[-2:] if name[:2] in ("k.", "v.") else -1).clone()
+
+
+def text_dim(tc, attr):
+    """A text-config dimension; a list per layer where it varies (Gemma 4 full vs sliding)."""
+    try:
+        return getattr(tc, attr)
+    except AmbiguousPerLayer:
+        vals = [getattr(c, attr) for c in tc.per_layer_config]
+        return vals[0] if len(set(vals)) == 1 else vals
+    except AttributeError:
+        if attr == "head_dim":
+            return tc.hidden_size // tc.num_attention_heads
+        raise
+
+
+def load(model_dir):
+    cfg = transformers.AutoConfig.from_pretrained(model_dir)
+    if cfg.model_type not in FAMILIES:
+        raise Unsupported(f"family {cfg.model_type!r}")
+    if type(cfg) in transformers.MODEL_FOR_CAUSAL_LM_MAPPING:
+        auto = transformers.AutoModelForCausalLM
+    elif type(cfg) in transformers.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING:
+        auto = transformers.AutoModelForImageTextToText  # e.g. qwen3_vl: no CausalLM mapping; text only
+    else:
+        raise Unsupported(f"no causal-LM or image-text-to-text class for {cfg.model_type}")
+    model = auto.from_pretrained(model_dir, dtype=torch.float32)
+    return cfg.model_type, model.eval()
+
+
+def install_hooks(ctx, n_layers):
+    layers = ctx.layers
+
+    def first_in(_mod, args, kwargs):
+        ctx.put("h.0", args[0] if args else kwargs["hidden_states"])
+
+    def layer_out(i):
+        def hook(_mod, _args, out):
+            ctx.put(f"h.{i + 1}", out[0] if isinstance(out, tuple) else out)
+        return hook
+
+    layers[0].register_forward_pre_hook(first_in, with_kwargs=True)
+    for i in range(n_layers):
+        layers[i].register_forward_hook(layer_out(i))
+    ctx.model.get_output_embeddings().register_forward_pre_hook(
+        lambda _mod, args: ctx.put("final", args[0]))
+
+
+def trace_prompt(ctx, capture, ids, n_new, tensors, p, vocab):
+    cache, generated = None, []
+    seq = list(ids)
+    for t in range(len(ids) + n_new - 1):
+        ctx.step = {}
+        out = ctx.model(input_ids=torch.tensor([[seq[t]]]), past_key_values=cache, use_cache=True)
+        cache = ctx.cache = out.past_key_values
+        logits = out.logits[0, -1]
+        if logits.shape[0] != vocab:
+            raise Unsupported(f"logits have {logits.shape[0]} entries, config vocab is {vocab}")
+        ctx.put("logits", logits)
+        missing = [n for n in [f"h.{i}" for i in range(len(ctx.layers) + 1)] + ["final"] if n not in ctx.step]
+        if missing:  # a family whose forward bypasses these modules
+            raise Unsupported(f"hooks did not capture {', '.join(missing)}")
+        capture(ctx)
+        if t >= len(ids) - 1:
+            generated.append(int(torch.argmax(logits)))
+            seq.append(generated[-1])
+        ctx.step["token"] = torch.tensor([seq[t]], dtype=torch.int64)
+        ctx.step["position"] = torch.tensor([t], dtype=torch.int64)
+        for name, v in ctx.step.items():
+            tensors[f"p{p}/s{t}/{name}"] = v
+    return generated
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="HF checkpoint directory")
+    ap.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    ap.add_argument("--prompts", required=True, help="JSON list of prompt strings")
+    ap.add_argument("--new-tokens", type=int, required=True)
+    ap.add_argument("--max-context", type=int, required=True)
+    args = ap.parse_args()
+    n_new, ctx_max = args.new_tokens, args.max_context
+
+    def fail(msg):
+        print(f"trace: error: {msg}", file=sys.stderr)
+        sys.exit(1)
+
+    out = os.path.abspath(args.out)
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        fail(f"{out} exists and is not an empty directory")
+    if n_new < 1:
+        fail(f"--new-tokens must be >= 1 (got {n_new})")
+    try:
+        with open(args.prompts) as f:
+            prompts = json.load(f)
+    except (OSError, ValueError) as e:
+        fail(f"reading {args.prompts}: {e}")
+    if not isinstance(prompts, list) or not prompts or not all(isinstance(s, str) for s in prompts):
+        fail(f"{args.prompts} must hold a non-empty JSON list of strings")
+
+    tok = transformers.AutoTokenizer.from_pretrained(args.model)
+    encoded = [tok(s)["input_ids"] for s in prompts]  # tokenizer's default special tokens, no template
+    for s, ids in zip(prompts, encoded):
+        if not ids:
+            fail(f"prompt {s!r} tokenizes to nothing")
+        if len(ids) + n_new > ctx_max:
+            fail(f"prompt {s!r}: {len(ids)} tokens + {n_new} new > max context {ctx_max}")
+
+    torch.manual_seed(0)
+    try:
+        family, model = load(args.model)
+        capture, hooks, pending = FAMILIES[family]
+        tc = model.config.get_text_config()
+        n_layers, vocab = tc.num_hidden_layers, tc.vocab_size
+        dims = {"layers": n_layers, "hidden": tc.hidden_size, "vocab": vocab,
+                "kv_heads": text_dim(tc, "num_key_value_heads"), "head_dim": text_dim(tc, "head_dim")}
+        ctx = Ctx(model, model.get_decoder().layers)
+        if len(ctx.layers) != n_layers:
+            raise Unsupported(f"{len(ctx.layers)} decoder layers, config says {n_layers}")
+        install_hooks(ctx, n_layers)
+        if hooks:
+            hooks(ctx)
+        tensors, records = {}, []
+        with torch.no_grad():
+            for p, (text, ids) in enumerate(zip(prompts, encoded)):
+                gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, vocab)
+                records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
+                                "steps": len(ids) + n_new - 1})
+    except Unsupported as e:
+        fail(f"{args.model}: not yet supported by trace.py: {e}")
+    except Exception as e:  # one line, not a traceback: HF errors are the message worth reading
+        fail(f"{args.model}: {type(e).__name__}: {e}")
+    if pending:  # runs, but a later issue still has to add this family's own state
+        print(f"trace: warning: {family}: {pending} not captured yet", file=sys.stderr)
+
+    meta = {"family": family, **dims, "max_context": ctx_max, "new_tokens": n_new, "prompts": records,
+            "tensors": "trace.safetensors", "torch": torch.__version__,
+            "transformers": transformers.__version__}
+    parent = os.path.dirname(out)
+    os.makedirs(parent, exist_ok=True)
+    # Write beside --out and rename at the end: --out is either absent or complete.
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
+    try:
+        st = os.path.join(tmp, "trace.safetensors")
+        save_file(tensors, st, metadata={"format": "pt"})  # fixed metadata: byte-identical reruns
+        with open(os.path.join(tmp, "trace.json"), "w") as f:
+            f.write(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        for n in os.listdir(tmp):
+            os.chmod(os.path.join(tmp, n), 0o644)
+        os.chmod(tmp, 0o755)
+        size = os.path.getsize(st)
+        if os.path.isdir(out):
+            os.rmdir(out)  # empty (checked above)
+        os.rename(tmp, out)
+    except Exception as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        fail(f"writing {out}: {type(e).__name__}: {e}")
+    total = sum(r["steps"] for r in records)
+    print(json.dumps({"out": out, "prompts": len(records), "steps": total, "bytes": size}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

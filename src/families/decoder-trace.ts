@@ -1,0 +1,115 @@
+// Trace → graph inputs for decoders whose state is a KV cache (Qwen3, Qwen3-VL text): what each
+// graph is fed at each traced step (teacher forcing), and what it must give back.
+import { attentionMask } from './blocks.js';
+import type { Trace } from '../gates/trace.js';
+import type { GraphEntry } from './export-stage.js';
+
+export interface Feed {
+  dtype: 'float32' | 'int32';
+  data: Float32Array | Int32Array;
+  dims: number[];
+}
+
+/** One teacher-forced call: feeds, and expected values (NaN where a row is padding, not compared). */
+export interface GateCase {
+  prompt: number;
+  step: number;
+  feeds: Record<string, Feed>;
+  expected: Record<string, Float32Array>;
+}
+
+export interface KvLayout {
+  kvHeads: number;
+  headDim: number;
+  maxContext: number;
+}
+
+/** Rows of per-step vectors stacked into [1, n, width], NaN-padded past `valid`. */
+async function stackRows(trace: Trace, p: number, steps: number[], n: number, what: string, width: number, pad = NaN): Promise<Float32Array> {
+  const out = new Float32Array(n * width).fill(pad);
+  for (let r = 0; r < steps.length; r++) out.set(await trace.get(p, steps[r], what), r * width);
+  return out;
+}
+
+/** Per-step [kv, d] rows stacked into [1, kv, n, d]. */
+async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvLayout): Promise<Float32Array> {
+  const { kvHeads: H, headDim: d } = kv;
+  const out = new Float32Array(H * n * d).fill(NaN);
+  for (let r = 0; r < steps.length; r++) {
+    const row = await trace.get(p, steps[r], what);
+    for (let h = 0; h < H; h++) out.set(row.subarray(h * d, (h + 1) * d), (h * n + r) * d);
+  }
+  return out;
+}
+
+/** The KV cache as HF had it before step `upTo`: slot t holds step t's row, the rest zeros. */
+class CacheBuilder {
+  readonly k = new Map<number, Float32Array>();
+  readonly v = new Map<number, Float32Array>();
+  filled = 0;
+  constructor(private readonly layers: number[], private readonly kv: KvLayout) {
+    const size = kv.kvHeads * kv.maxContext * kv.headDim;
+    for (const i of layers) {
+      this.k.set(i, new Float32Array(size));
+      this.v.set(i, new Float32Array(size));
+    }
+  }
+
+  async fillTo(trace: Trace, p: number, upTo: number): Promise<void> {
+    const { kvHeads: H, maxContext: C, headDim: d } = this.kv;
+    for (; this.filled < upTo; this.filled++) {
+      const t = this.filled;
+      for (const i of this.layers) {
+        for (const [what, cache] of [['k', this.k], ['v', this.v]] as const) {
+          const row = await trace.get(p, t, `${what}.${i}`);
+          const buf = cache.get(i)!;
+          for (let h = 0; h < H; h++) buf.set(row.subarray(h * d, (h + 1) * d), (h * C + t) * d);
+        }
+      }
+    }
+  }
+}
+
+/** Calls covering a prompt: decode graphs take every step one by one; prefill graphs take the prompt in chunks. */
+function calls(entry: GraphEntry, promptLen: number, steps: number): Array<{ start: number; valid: number }> {
+  const out: Array<{ start: number; valid: number }> = [];
+  if (entry.n === 1) for (let t = 0; t < steps; t++) out.push({ start: t, valid: 1 });
+  else for (let s = 0; s < promptLen; s += entry.n) out.push({ start: s, valid: Math.min(entry.n, promptLen - s) });
+  return out;
+}
+
+export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLayout): AsyncGenerator<GateCase> {
+  const H = trace.meta.hidden;
+  const n = entry.n;
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    const prompt = trace.meta.prompts[p];
+    if (entry.kind === 'lm_head') {
+      for (let t = 0; t < prompt.steps; t++) {
+        yield { prompt: p, step: t, feeds: { hidden: { dtype: 'float32', data: await trace.get(p, t, 'final'), dims: [1, 1, H] } }, expected: { logits: await trace.get(p, t, 'logits') } };
+      }
+      continue;
+    }
+    const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
+    const cache = new CacheBuilder(layers, kv);
+    for (const { start, valid } of calls(entry, prompt.prompt_tokens.length, prompt.steps)) {
+      await cache.fillTo(trace, p, start);
+      const steps = Array.from({ length: valid }, (_, r) => start + r);
+      const feeds: Record<string, Feed> = {
+        hidden_in: { dtype: 'float32', data: await stackRows(trace, p, steps, n, `h.${entry.first}`, H, 0), dims: [1, n, H] },
+        position: { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, kv.maxContext - 1)), dims: [n] },
+        attn_mask: { dtype: 'float32', data: attentionMask(kv.maxContext, n, start, valid), dims: [1, 1, n, kv.maxContext + n] },
+      };
+      const expected: Record<string, Float32Array> = {};
+      for (const i of layers) {
+        feeds[`past_k.${i}`] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
+        feeds[`past_v.${i}`] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
+        expected[`new_k.${i}`] = await stackKv(trace, p, steps, n, `k.${i}`, kv);
+        expected[`new_v.${i}`] = await stackKv(trace, p, steps, n, `v.${i}`, kv);
+      }
+      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
+      expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
+      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
+      yield { prompt: p, step: start, feeds, expected };
+    }
+  }
+}

@@ -1,0 +1,144 @@
+// Stages `export` (float32 reference graphs) and `quantize` (the deployable graphs in the recipe's
+// scheme): ONNX built straight from safetensors by the family module, streamed tensor by tensor,
+// one data file per context shared by its prefill and decode graphs. Quantizing while streaming
+// keeps it to one pass over the weights (see quant/weights.ts for the form).
+import { readFileSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import type { StageModule } from '../engine/stage.js';
+import type { FamilyId, QuantScheme } from '../recipe/schema.js';
+import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
+import { f32ToF16Array } from '../io/dtype.js';
+import { GraphBuilder } from '../onnx/builder.js';
+import { ExternalDataWriter } from '../onnx/external.js';
+import { writeModel } from '../onnx/writer.js';
+import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { WeightStore } from '../quant/weights.js';
+import type { ShardPlan } from '../plan/shards.js';
+import { getFamily } from './index.js';
+import type { Family, GraphInterface } from './types.js';
+
+export interface ExportParams {
+  family: FamilyId;
+  scheme: QuantScheme;
+  lmHeadScheme: QuantScheme;
+  maxContext: number;
+  prefillLength: number;
+  /** The host embedding table is written by the deployable export only. */
+  embedding: boolean;
+}
+
+export interface GraphEntry extends GraphInterface {
+  name: string;
+  file: string;
+  kind: 'shard' | 'lm_head';
+  /** Tokens per call. */
+  n: number;
+  shard?: number;
+  first?: number;
+  last?: number;
+  /** The last shard's hidden_out is final-normed. */
+  isLast?: boolean;
+}
+
+export interface ContextEntry {
+  name: string;
+  data: string;
+  dataBytes: number;
+  graphs: GraphEntry[];
+}
+
+export interface ExportManifest {
+  family: FamilyId;
+  scheme: QuantScheme;
+  lmHeadScheme: QuantScheme;
+  maxContext: number;
+  contexts: ContextEntry[];
+  embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
+}
+
+export const GRAPHS_JSON = 'graphs.json';
+
+async function writeEmbedding(ckpt: Checkpoint, name: string, shape: [number, number], file: string): Promise<void> {
+  const sink = new ExternalDataWriter(file, { align: 1 });
+  await sink.appendChunked(shape[0] * shape[1] * 2, async (write) => {
+    for await (const chunk of ckpt.iterRows(name)) {
+      const h = f32ToF16Array(chunk.data);
+      write(new Uint8Array(h.buffer, h.byteOffset, h.byteLength));
+    }
+  });
+  sink.commit();
+}
+
+/** Builds every graph of one context into `out`, sharing one data file. */
+async function exportContext<C>(
+  out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
+  onTensor: () => void,
+): Promise<ContextEntry> {
+  const data = `${name}.data`;
+  const sink = new ExternalDataWriter(join(out, data));
+  const store = new WeightStore(ckpt, sink, onTensor);
+  const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
+  try {
+    for (const b of builds) {
+      const g = new GraphBuilder(b.graph);
+      const iface = await b.make(g, store);
+      built.push({ g, entry: { name: b.graph, file: `${b.graph}.onnx`, kind: b.kind, n: b.n, ...b.meta, ...iface } });
+    }
+    // Data first, then the models that point into it.
+    sink.commit();
+  } catch (e) {
+    sink.abort();
+    throw e;
+  }
+  for (const { g, entry } of built) writeModel(g, join(out, entry.file), { externalThreshold: Infinity });
+  return { name, data, dataBytes: sink.size, graphs: built.map((b) => b.entry) };
+}
+
+export const stage: StageModule<ExportParams> = {
+  name: 'export',
+  version: '1',
+  async run(ctx) {
+    const p = ctx.params;
+    const family = getFamily(p.family) as Family<unknown>;
+    const ref = readCheckpointRef(ctx.inputs.checkpoint);
+    const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
+    const config = family.parseConfig(JSON.parse(readFileSync(join(ref.absDir, 'config.json'), 'utf8')), join(ref.absDir, 'config.json'));
+    const ckpt = await openCheckpoint(ref.absDir);
+    const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
+    const totalTensors = plan.shards.reduce((a, s) => a + (s.last - s.first + 1) * family.layerTensors(config, 0).length, 0) + 2;
+    let done = 0;
+    const tick = () => ctx.progress(++done, totalTensors, 'tensors');
+    try {
+      const contexts: ContextEntry[] = [];
+      const lmHeadInside = plan.lmHead.placement === 'last-shard';
+      for (const s of plan.shards) {
+        const isLast = s.index === plan.shards.length - 1;
+        const calls = [...(p.prefillLength > 0 ? [{ graph: 'prefill', n: p.prefillLength }] : []), { graph: 'decode', n: 1 }];
+        contexts.push(await exportContext(ctx.out, `shard${s.index}`, ckpt, calls.map((c) => ({
+          graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
+          meta: { shard: s.index, first: s.first, last: s.last, isLast },
+          make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
+        })), tick));
+        ctx.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
+      }
+      if (!lmHeadInside) {
+        contexts.push(await exportContext(ctx.out, 'lm_head', ckpt, [{
+          graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
+        }], tick));
+      }
+      const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, contexts };
+      if (p.embedding) {
+        const emb = family.embedding(config);
+        const shape = emb.shape as [number, number];
+        ckpt.expectShape(emb.name, shape);
+        await writeEmbedding(ckpt, emb.name, shape, join(ctx.out, 'embedding.f16.bin'));
+        manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
+      }
+      await writeFile(join(ctx.out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
+      return { summary: { scheme: p.scheme, contexts: contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })) } };
+    } finally {
+      await ckpt.close();
+    }
+  },
+};

@@ -1,0 +1,51 @@
+// How an output is compared with the oracle: cosine similarity and max abs error over the entries
+// the oracle defines (NaN marks padding rows that are not compared), and top-1 agreement of logits
+// row by row.
+
+export interface Comparison {
+  cosine: number;
+  maxAbs: number;
+}
+
+export function compare(actual: ArrayLike<number>, expected: ArrayLike<number>): Comparison {
+  if (actual.length !== expected.length) throw new Error(`length ${actual.length} vs oracle ${expected.length}`);
+  let dot = 0, na = 0, nb = 0, maxAbs = 0;
+  for (let i = 0; i < expected.length; i++) {
+    const b = expected[i];
+    if (Number.isNaN(b)) continue;
+    const a = actual[i];
+    dot += a * b;
+    na += a * a;
+    nb += b * b;
+    const d = Math.abs(a - b);
+    if (!(d <= maxAbs)) maxAbs = d; // NaN in `actual` propagates as a failure
+  }
+  const cosine = na === 0 && nb === 0 ? 1 : dot / Math.sqrt(na * nb);
+  return { cosine: Number.isNaN(cosine) ? -1 : cosine, maxAbs };
+}
+
+/** For logits [rows, vocab]: how many compared rows have the same argmax. */
+export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, vocab: number): { agree: number; rows: number } {
+  let agree = 0, rows = 0;
+  for (let r = 0; r * vocab < expected.length; r++) {
+    if (Number.isNaN(expected[r * vocab])) continue;
+    rows++;
+    let ia = 0, ib = 0;
+    for (let i = 1; i < vocab; i++) {
+      if (actual[r * vocab + i] > actual[r * vocab + ia]) ia = i;
+      if (expected[r * vocab + i] > expected[r * vocab + ib]) ib = i;
+    }
+    if (ia === ib) agree++;
+  }
+  return { agree, rows };
+}
+
+/** Which layer an output or probe belongs to, for the per-layer table. */
+export function layerOf(name: string, last?: number): { layer: string; what: string } {
+  let m = /^(?:new_)?([kv])\.(\d+)$/.exec(name);
+  if (m) return { layer: m[2], what: `${m[1]} cache row` };
+  m = /^h\.(\d+)$/.exec(name);
+  if (m) return { layer: String(Number(m[1]) - 1), what: 'residual out' };
+  if (name === 'hidden_out') return { layer: last !== undefined ? String(last) : '-', what: 'shard output' };
+  return { layer: '-', what: name };
+}

@@ -1,0 +1,138 @@
+// Stage `oracle`: the teacher-forced gate. Every exported graph, at every traced step, is fed the
+// HF inputs through onnxruntime-node; each output (and the residual after each layer, through a
+// probe copy of the graph) is compared with HF by cosine, logits also by top-1. Fails with a
+// per-layer table saved as oracle-table.md / oracle.json.
+import { readFileSync, rmSync } from 'node:fs';
+import { writeFile } from 'node:fs/promises';
+import { join } from 'node:path';
+import * as ort from 'onnxruntime-node';
+import type { StageModule } from '../engine/stage.js';
+import type { FamilyId } from '../recipe/schema.js';
+import { getFamily } from '../families/index.js';
+import type { Family } from '../families/types.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/export-stage.js';
+import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { Trace } from './trace.js';
+import { writeProbeModel } from './probe.js';
+import { compare, layerOf, top1 } from './compare.js';
+
+export interface OracleParams {
+  family: FamilyId;
+  /** Which export inputs to check, each with its cosine threshold. */
+  variants: Array<{ input: string; minCosine: number }>;
+  /** Fraction of logit rows whose argmax must match HF. */
+  minTop1: number;
+}
+
+export interface OracleRow {
+  variant: string;
+  graph: string;
+  layer: string;
+  output: string;
+  what: string;
+  minCosine: number;
+  maxAbs: number;
+  worst: string;
+  ok: boolean;
+}
+
+interface Acc { minCosine: number; maxAbs: number; worst: string }
+
+async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string) {
+  const probeValues = Object.keys(entry.probes);
+  const model = probeValues.length ? writeProbeModel(join(dir, entry.file), probeValues, scratch) : join(dir, entry.file);
+  // 'basic': at higher levels ORT's CPU EP rewrites DequantizeLinear→MatMul into int8 kernels that
+  // also quantize activations, which is not what the graph says (nor what the HTP runs).
+  const session = await ort.InferenceSession.create(model, { graphOptimizationLevel: 'basic' });
+  const acc = new Map<string, Acc>();
+  const tops = { agree: 0, rows: 0 };
+  let cases = 0;
+  try {
+    for await (const c of family.gateCases(config, entry, trace, maxContext)) {
+      const feeds: Record<string, ort.Tensor> = {};
+      for (const [name, f] of Object.entries(c.feeds)) feeds[name] = new ort.Tensor(f.dtype, f.data, f.dims);
+      const out = await session.run(feeds);
+      for (const [name, expected] of Object.entries(c.expected)) {
+        const actual = out[name];
+        if (!actual) throw new Error(`${entry.file} has no output ${name}`);
+        const r = compare(actual.data as Float32Array, expected);
+        const a = acc.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
+        if (r.cosine < a.minCosine) { a.minCosine = r.cosine; a.worst = `prompt ${c.prompt} step ${c.step}`; }
+        a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
+        acc.set(name, a);
+        if (name === 'logits') {
+          const t = top1(actual.data as Float32Array, expected, trace.meta.vocab);
+          tops.agree += t.agree;
+          tops.rows += t.rows;
+        }
+      }
+      cases++;
+    }
+  } finally {
+    await session.release();
+  }
+  return { acc, tops, cases };
+}
+
+function markdownTable(rows: OracleRow[], failed: boolean): string {
+  const head = failed ? 'ORACLE GATE FAILED: rows marked ✗ are under their threshold.\n\n' : '';
+  const lines = ['| variant | graph | layer | output | min cosine | max abs err | worst at | |', '|---|---|---|---|---|---|---|---|'];
+  for (const r of rows) lines.push(`| ${r.variant} | ${r.graph} | ${r.layer} | ${r.output} (${r.what}) | ${r.minCosine.toFixed(7)} | ${r.maxAbs.toExponential(2)} | ${r.worst} | ${r.ok ? '✓' : '✗'} |`);
+  return head + lines.join('\n') + '\n';
+}
+
+export const stage: StageModule<OracleParams> = {
+  name: 'oracle',
+  version: '1',
+  async run(ctx) {
+    const { family: familyId, variants, minTop1 } = ctx.params;
+    const family = getFamily(familyId) as Family<unknown>;
+    const ref = readCheckpointRef(ctx.inputs.checkpoint);
+    const config = family.parseConfig(JSON.parse(readFileSync(join(ref.absDir, 'config.json'), 'utf8')), 'config.json');
+    const trace = await Trace.open(ctx.inputs.trace);
+    const rows: OracleRow[] = [];
+    const perGraph: Record<string, { minCosine: number; ok: boolean; top1?: string }> = {};
+    const scratch = join(ctx.out, '.scratch');
+    let ok = true;
+    try {
+      const graphs = variants.flatMap((v) => {
+        const manifest = JSON.parse(readFileSync(join(ctx.inputs[v.input], GRAPHS_JSON), 'utf8')) as ExportManifest;
+        return manifest.contexts.flatMap((c) => c.graphs.map((g) => ({ v, manifest, g })));
+      });
+      let done = 0;
+      for (const { v, manifest, g } of graphs) {
+        ctx.progress(done++, graphs.length, g.name);
+        const variant = `${v.input}:${manifest.scheme}`;
+        const r = await checkGraph(family, config, ctx.inputs[v.input], g, trace, manifest.maxContext, join(scratch, v.input));
+        if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
+        let graphMin = Infinity;
+        for (const [output, a] of r.acc) {
+          const { layer, what } = layerOf(Object.keys(g.probes).includes(output) ? g.probes[output].name : output, g.last);
+          const rowOk = a.minCosine >= v.minCosine;
+          rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ok: rowOk });
+          graphMin = Math.min(graphMin, a.minCosine);
+          ok &&= rowOk;
+        }
+        const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphMin >= v.minCosine };
+        if (r.tops.rows) {
+          entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
+          if (r.tops.agree < minTop1 * r.tops.rows) { entry.ok = false; ok = false; }
+        }
+        perGraph[`${variant}/${g.name}`] = entry;
+      }
+    } finally {
+      await trace.close();
+      rmSync(scratch, { recursive: true, force: true });
+    }
+    const num = (s: string) => (s === '-' ? Infinity : Number(s));
+    rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
+    await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify({ ok, graphs: perGraph, rows }, null, 2));
+    await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(rows, !ok));
+    const firstBad = rows.find((r) => !r.ok);
+    if (firstBad) ctx.log(`first miss: ${firstBad.variant} ${firstBad.graph} layer ${firstBad.layer} ${firstBad.output} cosine ${firstBad.minCosine}`);
+    return {
+      gate: { name: 'oracle', ok },
+      summary: { graphs: perGraph, ...(firstBad ? { firstMiss: { variant: firstBad.variant, graph: firstBad.graph, layer: firstBad.layer, output: firstBad.output, cosine: firstBad.minCosine } } : {}) },
+    };
+  },
+};

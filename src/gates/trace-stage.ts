@@ -1,0 +1,35 @@
+// Stage `trace`: the HF fp32 oracle (oracles/trace.py) over the recipe's prompts, one-token cached
+// decode, greedy; the tensors every gate compares against.
+import { writeFileSync, renameSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import type { StageModule } from '../engine/stage.js';
+import { runPython } from '../toolchain/python.js';
+import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { repoRoot } from '../paths.js';
+
+export interface TraceParams {
+  prompts: string[];
+  newTokens: number;
+  maxContext: number;
+  /** Hash of oracles/trace.py, so a changed oracle re-traces. */
+  script: string;
+}
+
+export const stage: StageModule<TraceParams> = {
+  name: 'trace',
+  version: '1',
+  async run(ctx) {
+    const ref = readCheckpointRef(ctx.inputs.checkpoint);
+    const promptsFile = join(ctx.out, 'prompts.json');
+    writeFileSync(promptsFile, JSON.stringify(ctx.params.prompts));
+    const tmp = join(ctx.out, 'trace-out');
+    const r = await runPython(join(repoRoot(), 'oracles', 'trace.py'), [
+      '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
+      '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
+    ]);
+    ctx.notePeakRss(r.peakRssBytes);
+    for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));
+    const info = JSON.parse(r.stdout.trim().split('\n').pop()!) as { steps: number; bytes: number };
+    return { summary: { prompts: ctx.params.prompts.length, steps: info.steps, bytes: info.bytes } };
+  },
+};
