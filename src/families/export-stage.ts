@@ -95,50 +95,61 @@ async function exportContext<C>(
   return { name, data, dataBytes: sink.size, graphs: built.map((b) => b.entry) };
 }
 
+export interface ExportProgress {
+  log(message: string): void;
+  progress(done: number, total: number, label?: string): void;
+}
+
+/** Exports every graph of a plan from a checkpoint directory into `out` (the stage's work, callable by benchmarks). */
+export async function runExport(p: ExportParams, checkpointDir: string, plan: ShardPlan, out: string, ui: ExportProgress): Promise<ExportManifest> {
+  const family = getFamily(p.family) as Family<unknown>;
+  const configFile = join(checkpointDir, 'config.json');
+  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const ckpt = await openCheckpoint(checkpointDir);
+  const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
+  const totalTensors = plan.shards.reduce((a, s) => a + (s.last - s.first + 1) * family.layerTensors(config, 0).length, 0) + 2;
+  let done = 0;
+  const tick = () => ui.progress(++done, totalTensors, 'tensors');
+  try {
+    const contexts: ContextEntry[] = [];
+    const lmHeadInside = plan.lmHead.placement === 'last-shard';
+    for (const s of plan.shards) {
+      const isLast = s.index === plan.shards.length - 1;
+      const calls = [...(p.prefillLength > 0 ? [{ graph: 'prefill', n: p.prefillLength }] : []), { graph: 'decode', n: 1 }];
+      contexts.push(await exportContext(out, `shard${s.index}`, ckpt, calls.map((c) => ({
+        graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
+        meta: { shard: s.index, first: s.first, last: s.last, isLast },
+        make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
+      })), tick));
+      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
+    }
+    if (!lmHeadInside) {
+      contexts.push(await exportContext(out, 'lm_head', ckpt, [{
+        graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
+      }], tick));
+    }
+    const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, contexts };
+    if (p.embedding) {
+      const emb = family.embedding(config);
+      const shape = emb.shape as [number, number];
+      ckpt.expectShape(emb.name, shape);
+      await writeEmbedding(ckpt, emb.name, shape, join(out, 'embedding.f16.bin'));
+      manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
+    }
+    await writeFile(join(out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
+    return manifest;
+  } finally {
+    await ckpt.close();
+  }
+}
+
 export const stage: StageModule<ExportParams> = {
   name: 'export',
   version: '1',
   async run(ctx) {
-    const p = ctx.params;
-    const family = getFamily(p.family) as Family<unknown>;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
-    const config = family.parseConfig(JSON.parse(readFileSync(join(ref.absDir, 'config.json'), 'utf8')), join(ref.absDir, 'config.json'));
-    const ckpt = await openCheckpoint(ref.absDir);
-    const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
-    const totalTensors = plan.shards.reduce((a, s) => a + (s.last - s.first + 1) * family.layerTensors(config, 0).length, 0) + 2;
-    let done = 0;
-    const tick = () => ctx.progress(++done, totalTensors, 'tensors');
-    try {
-      const contexts: ContextEntry[] = [];
-      const lmHeadInside = plan.lmHead.placement === 'last-shard';
-      for (const s of plan.shards) {
-        const isLast = s.index === plan.shards.length - 1;
-        const calls = [...(p.prefillLength > 0 ? [{ graph: 'prefill', n: p.prefillLength }] : []), { graph: 'decode', n: 1 }];
-        contexts.push(await exportContext(ctx.out, `shard${s.index}`, ckpt, calls.map((c) => ({
-          graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
-          meta: { shard: s.index, first: s.first, last: s.last, isLast },
-          make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-        })), tick));
-        ctx.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
-      }
-      if (!lmHeadInside) {
-        contexts.push(await exportContext(ctx.out, 'lm_head', ckpt, [{
-          graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-        }], tick));
-      }
-      const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, contexts };
-      if (p.embedding) {
-        const emb = family.embedding(config);
-        const shape = emb.shape as [number, number];
-        ckpt.expectShape(emb.name, shape);
-        await writeEmbedding(ckpt, emb.name, shape, join(ctx.out, 'embedding.f16.bin'));
-        manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
-      }
-      await writeFile(join(ctx.out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
-      return { summary: { scheme: p.scheme, contexts: contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })) } };
-    } finally {
-      await ckpt.close();
-    }
+    const m = await runExport(ctx.params, ref.absDir, plan, ctx.out, ctx);
+    return { summary: { scheme: m.scheme, contexts: m.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })) } };
   },
 };
