@@ -81,58 +81,82 @@ function markdownTable(rows: OracleRow[], failed: boolean): string {
   return head + lines.join('\n') + '\n';
 }
 
+export interface OracleResult {
+  ok: boolean;
+  rows: OracleRow[];
+  graphs: Record<string, { minCosine: number; ok: boolean; top1?: string }>;
+}
+
+/**
+ * Checks each variant's graphs against the trace. `variants` maps an export directory to its
+ * threshold; `scratch` holds probe copies (same filesystem as the exports, removed after).
+ */
+export async function runOracleGate(
+  familyId: FamilyId, checkpointDir: string, traceDir: string,
+  variants: Array<{ label: string; dir: string; minCosine: number }>, minTop1: number, scratch: string,
+  progress: (done: number, total: number, label?: string) => void = () => {},
+): Promise<OracleResult> {
+  const family = getFamily(familyId) as Family<unknown>;
+  const config = family.parseConfig(JSON.parse(readFileSync(join(checkpointDir, 'config.json'), 'utf8')), 'config.json');
+  const trace = await Trace.open(traceDir);
+  const rows: OracleRow[] = [];
+  const graphs: OracleResult['graphs'] = {};
+  let ok = true;
+  try {
+    const work = variants.flatMap((v) => {
+      const manifest = JSON.parse(readFileSync(join(v.dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+      return manifest.contexts.flatMap((c) => c.graphs.map((g) => ({ v, manifest, g })));
+    });
+    let done = 0;
+    for (const { v, manifest, g } of work) {
+      progress(done++, work.length, g.name);
+      const variant = `${v.label}:${manifest.scheme}`;
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
+      if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
+      let graphMin = Infinity;
+      for (const [output, a] of r.acc) {
+        const { layer, what } = layerOf(output in g.probes ? g.probes[output].name : output, g.last);
+        const rowOk = a.minCosine >= v.minCosine;
+        rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ok: rowOk });
+        graphMin = Math.min(graphMin, a.minCosine);
+        ok &&= rowOk;
+      }
+      const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphMin >= v.minCosine };
+      if (r.tops.rows) {
+        entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
+        if (r.tops.agree < minTop1 * r.tops.rows) { entry.ok = false; ok = false; }
+      }
+      graphs[`${variant}/${g.name}`] = entry;
+    }
+  } finally {
+    await trace.close();
+    rmSync(scratch, { recursive: true, force: true });
+  }
+  const num = (s: string) => (s === '-' ? Infinity : Number(s));
+  rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
+  return { ok, rows, graphs };
+}
+
+/** The first row under its threshold, in layer order: where the graph first leaves the oracle. */
+export function firstMiss(rows: OracleRow[]): OracleRow | undefined {
+  return rows.find((r) => !r.ok);
+}
+
 export const stage: StageModule<OracleParams> = {
   name: 'oracle',
   version: '1',
   async run(ctx) {
-    const { family: familyId, variants, minTop1 } = ctx.params;
-    const family = getFamily(familyId) as Family<unknown>;
+    const { family, variants, minTop1 } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
-    const config = family.parseConfig(JSON.parse(readFileSync(join(ref.absDir, 'config.json'), 'utf8')), 'config.json');
-    const trace = await Trace.open(ctx.inputs.trace);
-    const rows: OracleRow[] = [];
-    const perGraph: Record<string, { minCosine: number; ok: boolean; top1?: string }> = {};
-    const scratch = join(ctx.out, '.scratch');
-    let ok = true;
-    try {
-      const graphs = variants.flatMap((v) => {
-        const manifest = JSON.parse(readFileSync(join(ctx.inputs[v.input], GRAPHS_JSON), 'utf8')) as ExportManifest;
-        return manifest.contexts.flatMap((c) => c.graphs.map((g) => ({ v, manifest, g })));
-      });
-      let done = 0;
-      for (const { v, manifest, g } of graphs) {
-        ctx.progress(done++, graphs.length, g.name);
-        const variant = `${v.input}:${manifest.scheme}`;
-        const r = await checkGraph(family, config, ctx.inputs[v.input], g, trace, manifest.maxContext, join(scratch, v.input));
-        if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
-        let graphMin = Infinity;
-        for (const [output, a] of r.acc) {
-          const { layer, what } = layerOf(Object.keys(g.probes).includes(output) ? g.probes[output].name : output, g.last);
-          const rowOk = a.minCosine >= v.minCosine;
-          rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ok: rowOk });
-          graphMin = Math.min(graphMin, a.minCosine);
-          ok &&= rowOk;
-        }
-        const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphMin >= v.minCosine };
-        if (r.tops.rows) {
-          entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
-          if (r.tops.agree < minTop1 * r.tops.rows) { entry.ok = false; ok = false; }
-        }
-        perGraph[`${variant}/${g.name}`] = entry;
-      }
-    } finally {
-      await trace.close();
-      rmSync(scratch, { recursive: true, force: true });
-    }
-    const num = (s: string) => (s === '-' ? Infinity : Number(s));
-    rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
-    await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify({ ok, graphs: perGraph, rows }, null, 2));
-    await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(rows, !ok));
-    const firstBad = rows.find((r) => !r.ok);
-    if (firstBad) ctx.log(`first miss: ${firstBad.variant} ${firstBad.graph} layer ${firstBad.layer} ${firstBad.output} cosine ${firstBad.minCosine}`);
+    const result = await runOracleGate(family, ref.absDir, ctx.inputs.trace,
+      variants.map((v) => ({ label: v.input, dir: ctx.inputs[v.input], minCosine: v.minCosine })), minTop1, join(ctx.out, '.scratch'), ctx.progress);
+    await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify(result, null, 2));
+    await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(result.rows, !result.ok));
+    const bad = firstMiss(result.rows);
+    if (bad) ctx.log(`first miss: ${bad.variant} ${bad.graph} layer ${bad.layer} ${bad.output} cosine ${bad.minCosine}`);
     return {
-      gate: { name: 'oracle', ok },
-      summary: { graphs: perGraph, ...(firstBad ? { firstMiss: { variant: firstBad.variant, graph: firstBad.graph, layer: firstBad.layer, output: firstBad.output, cosine: firstBad.minCosine } } : {}) },
+      gate: { name: 'oracle', ok: result.ok },
+      summary: { graphs: result.graphs, ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine } } : {}) },
     };
   },
 };

@@ -1,0 +1,57 @@
+// One forge export+W8 of a checkpoint, exactly as `forge build`'s quantize stage runs it for
+// qwen3-4b on v81, in its own process so the driver can measure its wall time and peak RSS.
+//
+//   node --import tsx bench/run-export.ts CHECKPOINT_DIR OUT_DIR [--per-tensor]
+//
+// Prints one JSON line on stdout: seconds, maxRssBytes (process.resourceUsage), contexts, and with
+// --per-tensor the slowest tensors (time between consecutive tensors stored, graph building included).
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { runExport, type ExportParams } from '../src/families/export-stage.js';
+import { qwen3, parseQwen3Config } from '../src/families/qwen3.js';
+import { getArch } from '../src/arch/table.js';
+import { makePlan } from '../src/plan/shards.js';
+import { archSettings, loadRecipe } from '../src/recipe/load.js';
+
+const [ckptDir, out] = process.argv.slice(2);
+if (!ckptDir || !out) {
+  process.stderr.write('usage: run-export.ts CHECKPOINT_DIR OUT_DIR [--per-tensor]\n');
+  process.exit(2);
+}
+const perTensor = process.argv.includes('--per-tensor');
+
+const t0 = performance.now();
+const { recipe } = loadRecipe('qwen3-4b');
+const { settings } = archSettings(recipe, 'v81');
+const configFile = join(ckptDir, 'config.json');
+const config = parseQwen3Config(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+const plan = makePlan(qwen3, config, getArch('v81'), settings);
+const params: ExportParams = {
+  family: 'qwen3', scheme: settings.quant, lmHeadScheme: settings.lmHead.quant,
+  maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: true,
+};
+
+const ticks: Array<{ done: number; at: number; rss: number }> = [];
+let last = performance.now();
+const manifest = await runExport(params, ckptDir, plan, out, {
+  log: (m) => process.stderr.write(`${m}\n`),
+  progress: (done) => {
+    if (!perTensor) return;
+    const now = performance.now();
+    ticks.push({ done, at: now - last, rss: process.memoryUsage.rss() });
+    last = now;
+  },
+});
+const seconds = (performance.now() - t0) / 1000;
+const result: Record<string, unknown> = {
+  seconds,
+  maxRssBytes: process.resourceUsage().maxRSS * 1024,
+  params,
+  plan: { shards: plan.shards.map((s) => [s.first, s.last]), lmHead: plan.lmHead.placement },
+  contexts: manifest.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })),
+};
+if (perTensor) {
+  result.slowestTicks = [...ticks].sort((a, b) => b.at - a.at).slice(0, 15).map((t) => ({ tensor: t.done, ms: Math.round(t.at), rssMB: Math.round(t.rss / 1e6) }));
+  result.tickMsTotal = Math.round(ticks.reduce((a, t) => a + t.at, 0));
+}
+process.stdout.write(JSON.stringify(result) + '\n');

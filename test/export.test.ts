@@ -1,0 +1,104 @@
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, mkdtempSync, readFileSync, readdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { build } from '../src/build.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { cacheRoot } from '../src/paths.js';
+import { readModel, overwriteInitializer } from '../src/onnx/reader.js';
+import { checkModel } from '../src/onnx/check.js';
+import { venvPython } from '../src/toolchain/venv.js';
+import { openCheckpoint } from '../src/io/checkpoint.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { runExport, type ExportManifest } from '../src/families/export-stage.js';
+import { runOracleGate, firstMiss } from '../src/gates/oracle.js';
+import type { RunRecord } from '../src/engine/record.js';
+
+let record: RunRecord;
+const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
+const manifest = (dir: string) => JSON.parse(readFileSync(join(dir, 'graphs.json'), 'utf8')) as ExportManifest;
+
+beforeAll(async () => {
+  record = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-export-')), progress: silentProgress });
+  expect(record.ok).toBe(true);
+}, 600_000);
+
+describe('export', () => {
+  it('writes graphs that pass the full onnx.checker', async () => {
+    for (const id of ['export', 'quantize']) {
+      for (const file of readdirSync(entry(id)).filter((f) => f.endsWith('.onnx'))) await checkModel(join(entry(id), file), venvPython());
+    }
+  });
+
+  it('stores W8 weights as int8 [out, in] with one float32 scale per output row, dequantized on axis 0', () => {
+    const m = readModel(join(entry('quantize'), 'shard0.decode.onnx'));
+    const w = m.initializers().find((t) => t.name === 'model.layers.0.mlp.gate_proj.weight')!;
+    const scale = m.initializers().find((t) => t.name === 'model.layers.0.mlp.gate_proj.weight.scale')!;
+    expect(w.dtype).toBe('int8');
+    expect(scale).toMatchObject({ dtype: 'float32', dims: [w.dims[0]] });
+    const dq = m.nodes().find((n) => n.opType === 'DequantizeLinear' && n.inputs[0] === w.name)!;
+    expect(dq.attrs.axis).toBe(0);
+  });
+
+  it('keeps one copy of a shard\'s weights, shared by its prefill and decode graphs', () => {
+    const mf = manifest(entry('quantize'));
+    const shard = mf.contexts[0];
+    expect(shard.graphs.map((g) => g.name)).toEqual(['shard0.prefill', 'shard0.decode']);
+    const locations = (file: string) => new Set(readModel(join(entry('quantize'), file)).initializers().flatMap((t) => (t.external ? [t.external.location] : [])));
+    expect([...locations('shard0.prefill.onnx')]).toEqual(['shard0.data']);
+    expect([...locations('shard0.decode.onnx')]).toEqual(['shard0.data']);
+    const plan = JSON.parse(readFileSync(join(entry('plan'), 'plan.json'), 'utf8'));
+    // The plan's byte estimate is what lands on disk, less alignment padding and the small float tensors kept inline.
+    expect(shard.dataBytes).toBeGreaterThan(plan.shards[0].weightBytes * 0.9);
+    expect(shard.dataBytes).toBeLessThan(plan.shards[0].weightBytes * 1.5);
+  });
+
+  it('writes the embedding as a host f16 table equal to the checkpoint\'s', async () => {
+    const ckpt = await openCheckpoint(readCheckpointRef(entry('fetch')).absDir);
+    const want = await ckpt.readF16('model.embed_tokens.weight');
+    await ckpt.close();
+    const got = new Uint16Array(readFileSync(join(entry('quantize'), 'embedding.f16.bin')).buffer.slice(0));
+    expect(got).toEqual(want);
+  });
+
+  it('gives byte-identical graphs when run twice', async () => {
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    const plan = JSON.parse(readFileSync(join(entry('plan'), 'plan.json'), 'utf8'));
+    const params = { family: 'qwen3' as const, scheme: 'w8' as const, lmHeadScheme: 'fp16' as const, maxContext: 128, prefillLength: 8, embedding: true };
+    const ui = { log() {}, progress() {} };
+    const a = mkdtempSync(join(tmpdir(), 'forge-exp-a-'));
+    const b = mkdtempSync(join(tmpdir(), 'forge-exp-b-'));
+    await runExport(params, ckptDir, plan, a, ui);
+    await runExport(params, ckptDir, plan, b, ui);
+    for (const f of readdirSync(a)) expect(readFileSync(join(b, f)).equals(readFileSync(join(a, f))), f).toBe(true);
+  });
+});
+
+describe('oracle gate', () => {
+  it('passes the tiny twin with the figures in the run record', () => {
+    const g = record.gates.oracle as any;
+    expect(g.ok).toBe(true);
+    expect(g.graphs['export:fp32/shard0.decode'].minCosine).toBeGreaterThanOrEqual(0.99999);
+    expect(g.graphs['quantize:w8/shard0.decode'].minCosine).toBeGreaterThanOrEqual(0.999);
+    expect(g.graphs['export:fp32/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
+  });
+
+  it('fails on a copy with one perturbed layer, and names that layer first', async () => {
+    const work = mkdtempSync(join(tmpdir(), 'forge-corrupt-'));
+    const copy = join(work, 'export');
+    cpSync(entry('export'), copy, { recursive: true });
+    const name = 'model.layers.2.self_attn.o_proj.weight';
+    const m = readModel(join(copy, 'shard0.decode.onnx'));
+    const w = m.initializerData(name) as Float32Array;
+    const perturbed = Float32Array.from(w, (x, i) => (i % 3 === 0 ? -x : x));
+    overwriteInitializer(join(copy, 'shard0.decode.onnx'), name, perturbed);
+    const result = await runOracleGate('qwen3', readCheckpointRef(entry('fetch')).absDir, entry('trace'),
+      [{ label: 'export', dir: copy, minCosine: 0.99999 }], 1, join(work, 'scratch'));
+    expect(result.ok).toBe(false);
+    const miss = firstMiss(result.rows)!;
+    expect(miss).toMatchObject({ graph: 'shard0.decode', layer: '2', output: 'h.3' });
+    // Layers before it still match; the prefill graph shares the data file, so it fails too.
+    expect(result.rows.filter((r) => r.graph === 'shard0.decode' && Number(r.layer) < 2).every((r) => r.ok)).toBe(true);
+    expect(result.graphs['export:fp32/shard0.prefill'].ok).toBe(false);
+  });
+});
