@@ -4,7 +4,7 @@
 import { z } from 'zod';
 import { ConfigError, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
-import { kvDecoderCases } from './decoder-trace.js';
+import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { applyRope, cachedAttention, linear, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGlu } from './blocks.js';
 
 const ConfigSchema = z.object({
@@ -106,6 +106,7 @@ export const qwen3: Family<Qwen3Config> = {
     (x, layer, io) => qwen3Layer(g, c, 'model.layers', layer, x, io, w)),
   buildLmHead: (g, c, w) => lmHeadGraph(g, c.hidden, c.vocab, qwen3.lmHead(c).name, w),
   gateCases: (c, entry, trace, maxContext) => kvDecoderCases(entry, trace, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext }),
+  bindings: (c, entry, maxContext) => kvDecoderBindings(entry, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext }),
 };
 
 // ---- graphs ----------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ import type { ElemType } from '../onnx/dtype.js';
 import type { WeightStore } from '../quant/weights.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
-import type { GateCase } from './decoder-trace.js';
+import type { GateCase } from './kv-decoder.js';
+import type { Manifest, ManifestGraph } from '../bundle/manifest.js';
 
 /** How a tensor is stored once exported: matmul weights are quantized, the rest stay float. */
 export type TensorRole = 'matmul' | 'norm' | 'bias' | 'embedding' | 'conv' | 'other';
@@ -43,6 +44,14 @@ export interface Family<C> {
   buildLmHead(g: GraphBuilder, config: C, w: GraphWeights): Promise<GraphInterface>;
   /** Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs. */
   gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase>;
+  /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
+  bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
+}
+
+export interface GraphBindings {
+  inputs: ManifestGraph['inputs'];
+  outputs: ManifestGraph['outputs'];
+  state: Manifest['state'];
 }
 
 export interface ShardSpec {

@@ -3,6 +3,8 @@
 import { attentionMask } from './blocks.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
+import type { GraphBindings } from './types.js';
+import type { ManifestGraph } from '../bundle/manifest.js';
 
 export interface Feed {
   dtype: 'float32' | 'int32';
@@ -112,4 +114,30 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       yield { prompt: p, step: start, feeds, expected };
     }
   }
+}
+
+/** The state layout of a KV-cache decoder: how each graph input/output binds for the runtime. */
+export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout): GraphBindings {
+  const state: GraphBindings['state'] = [];
+  const cacheShape = [1, kv.kvHeads, kv.maxContext, kv.headDim];
+  const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
+    const m = /^past_([kv])\.(\d+)$/.exec(t.name);
+    if (m) {
+      const name = `kv.${m[2]}.${m[1]}`;
+      state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape, positionAxis: 2 });
+      return { ...t, bind: 'state', state: name };
+    }
+    if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
+    if (t.name === 'position') return { ...t, bind: 'positions' };
+    if (t.name === 'attn_mask') return { ...t, bind: 'mask' };
+    throw new Error(`${entry.name}: input ${t.name} has no binding`);
+  });
+  const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
+    const m = /^new_([kv])\.(\d+)$/.exec(t.name);
+    if (m) return { ...t, bind: 'state-rows', state: `kv.${m[2]}.${m[1]}`, axis: 2 };
+    if (t.name === 'hidden_out') return { ...t, bind: 'residual' };
+    if (t.name === 'logits') return { ...t, bind: 'logits' };
+    throw new Error(`${entry.name}: output ${t.name} has no binding`);
+  });
+  return { inputs, outputs, state };
 }

@@ -1,0 +1,114 @@
+// Puts a runnable bundle together: graph files, weight data, the host embedding, tokenizer files,
+// and manifest.json describing them with sha256s and the binding of every graph input/output.
+// Files are hard-linked when possible (a scratch bundle for a gate costs no copy), else copied.
+import { copyFileSync, existsSync, linkSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { sha256OfFile } from '../engine/hash.js';
+import type { HexagonArch } from '../arch/table.js';
+import type { Recipe } from '../recipe/schema.js';
+import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { getFamily } from '../families/index.js';
+import type { Family } from '../families/types.js';
+import { MASKED } from '../families/blocks.js';
+import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from './manifest.js';
+
+export const MANIFEST = 'manifest.json';
+const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
+
+function place(from: string, to: string): void {
+  if (existsSync(to)) return;
+  try {
+    linkSync(from, to);
+  } catch {
+    copyFileSync(from, to);
+  }
+}
+
+/** Token ids of the eos/bos a tokenizer config names, looked up in tokenizer.json. */
+function specialIds(checkpointDir: string): { bos: number | null; eos: number[]; chatTemplate: string | null } {
+  const tok = JSON.parse(readFileSync(join(checkpointDir, 'tokenizer.json'), 'utf8')) as { added_tokens?: Array<{ id: number; content: string }>; model: { vocab: Record<string, number> } };
+  const cfg = existsSync(join(checkpointDir, 'tokenizer_config.json')) ? JSON.parse(readFileSync(join(checkpointDir, 'tokenizer_config.json'), 'utf8')) : {};
+  const gen = existsSync(join(checkpointDir, 'generation_config.json')) ? JSON.parse(readFileSync(join(checkpointDir, 'generation_config.json'), 'utf8')) : {};
+  const idOf = (t: unknown): number | null => {
+    const content = typeof t === 'string' ? t : (t as { content?: string } | null)?.content;
+    if (!content) return null;
+    return tok.added_tokens?.find((a) => a.content === content)?.id ?? tok.model.vocab[content] ?? null;
+  };
+  const eos = new Set<number>();
+  for (const e of [gen.eos_token_id].flat()) if (typeof e === 'number') eos.add(e);
+  const cfgEos = idOf(cfg.eos_token);
+  if (cfgEos !== null) eos.add(cfgEos);
+  return { bos: cfg.add_bos_token ? idOf(cfg.bos_token) : null, eos: [...eos].sort((a, b) => a - b), chatTemplate: typeof cfg.chat_template === 'string' ? cfg.chat_template : null };
+}
+
+export interface AssembleInput {
+  recipe: Recipe;
+  arch: HexagonArch;
+  /** Export output holding graphs.json and the graphs it lists. */
+  graphsDir: string;
+  /** Where embedding.f16.bin lives (the deployable export writes it). */
+  embeddingDir: string;
+  checkpointDir: string;
+  maxNewTokens: number;
+}
+
+export async function assembleBundle(input: AssembleInput, out: string): Promise<Manifest> {
+  mkdirSync(out, { recursive: true });
+  const exp = JSON.parse(readFileSync(join(input.graphsDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  const emb = JSON.parse(readFileSync(join(input.embeddingDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  if (!emb.embedding) throw new Error(`${input.embeddingDir} has no host embedding table`);
+  const family = getFamily(input.recipe.family) as Family<unknown>;
+  const config = family.parseConfig(JSON.parse(readFileSync(join(input.checkpointDir, 'config.json'), 'utf8')), 'config.json');
+  const sha = async (f: string) => sha256OfFile(join(out, f));
+
+  const contexts: Manifest['contexts'] = [];
+  const state = new Map<string, Manifest['state'][number]>();
+  for (const c of exp.contexts) {
+    place(join(input.graphsDir, c.data), join(out, c.data));
+    const graphs: Manifest['contexts'][number]['graphs'] = [];
+    for (const g of c.graphs) {
+      place(join(input.graphsDir, g.file), join(out, g.file));
+      const b = family.bindings(config, g, exp.maxContext);
+      for (const s of b.state) state.set(s.name, s);
+      graphs.push({
+        name: g.name,
+        role: g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill',
+        tokens: g.n,
+        file: g.file,
+        sha256: await sha(g.file),
+        ...(g.first !== undefined ? { layers: [g.first, g.last!] as [number, number] } : {}),
+        inputs: b.inputs,
+        outputs: b.outputs,
+        quant: { weights: g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme, activations: 'float32' },
+      });
+    }
+    contexts.push({ name: c.name, files: [{ path: c.data, sha256: await sha(c.data), bytes: c.dataBytes }], graphs });
+  }
+  place(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
+  for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) place(join(input.checkpointDir, f), join(out, f));
+  const special = specialIds(input.checkpointDir);
+  const [vocab, hidden] = emb.embedding.shape;
+  const manifest: Manifest = {
+    format: MANIFEST_FORMAT,
+    version: MANIFEST_VERSION,
+    recipe: input.recipe.id,
+    arch: { id: input.arch.id, socModel: input.arch.socModel, dspArch: input.arch.dspArch },
+    hostOp: 'decoder_generate',
+    model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
+    contexts,
+    state: [...state.values()],
+    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await sha(emb.embedding.file), dtype: 'float16', shape: [vocab, hidden] }],
+    mask: { masked: MASKED, layout: 'past-then-new' },
+    tokenizer: {
+      file: 'tokenizer.json',
+      sha256: await sha('tokenizer.json'),
+      ...(existsSync(join(out, 'tokenizer_config.json')) ? { config: 'tokenizer_config.json' } : {}),
+      ...special,
+    },
+    limits: { maxContext: exp.maxContext },
+    generation: { maxNewTokens: input.maxNewTokens, greedy: true },
+  };
+  ManifestSchema.parse(manifest); // forge never writes a manifest the runtime would refuse
+  writeFileSync(join(out, MANIFEST), JSON.stringify(manifest, null, 2) + '\n');
+  return manifest;
+}
