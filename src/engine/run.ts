@@ -122,7 +122,8 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   }
   const records = new Map<string, StageRecord>();
   const entries = new Map<string, { dir: string; meta: EntryMeta }>();
-  let failure: PipelineResult['failure'];
+  // Failures by node, reported in pipeline order (not in the order parallel stages happened to fail).
+  const failures = new Map<string, string>();
   const done = new Map<string, Promise<EntryMeta | null>>();
 
   const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
@@ -169,13 +170,13 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
       opts.progress.end(node.id, status, seconds());
       const gate = meta.meta.outcome.gate;
-      if (gate && !gate.ok && !failure) failure = { stage: node.id, message: `gate ${gate.name} failed` };
+      if (gate && !gate.ok) failures.set(node.id, `gate ${gate.name} failed`);
       return meta.meta;
     } catch (e) {
       const message = (e as Error).message;
       records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), peakRssBytes: null, key, error: message });
       opts.progress.end(node.id, 'failed', seconds());
-      if (!failure) failure = { stage: node.id, message };
+      failures.set(node.id, message);
       return null;
     }
   };
@@ -189,5 +190,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   }
   await Promise.all(done.values());
   const stages = nodes.map((n) => records.get(n.id)!);
+  const first = nodes.find((n) => failures.has(n.id));
+  const failure = first ? { stage: first.id, message: failures.get(first.id)! } : undefined;
   return { ok: !failure && stages.every((s) => s.status === 'ran' || s.status === 'cached'), stages, entries, failure };
 }

@@ -1,0 +1,311 @@
+// Export+W8 benchmark on a synthetic full-size Qwen3-4B checkpoint (bf16, ~8 GB): forge's
+// export (the quantize stage of `forge build`, W8 weights, fp16 lm-head, f16 embedding table)
+// side by side, in one run, with (a) `cp` of the same checkpoint and (b) onnxruntime-genai's model
+// builder at int8 (its bench venv). Each contender runs in its own process under `/usr/bin/time -v`
+// (peak RSS = that process's "Maximum resident set size"); wall time is measured here around it.
+// Prints one JSON object with the figures and the ratios against the same run's baselines.
+//
+//   node --import tsx bench/export.ts [--skip-peer] [--keep] [--repeat N] [--peer-timeout-min M]
+//                                     [--peer-rss-cap-gb G] [--out-root DIR] [--checkpoint DIR]
+//
+// Done-when bounds (issue): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp.
+import { spawn, spawnSync } from 'node:child_process';
+import { createReadStream, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { cpus, totalmem, release } from 'node:os';
+import { join } from 'node:path';
+import { pipeline } from 'node:stream/promises';
+import { Writable } from 'node:stream';
+import { defaultCheckpointDir, ensureCheckpoint } from './gen-checkpoint.js';
+import { forgeHome, repoRoot } from '../src/paths.js';
+
+// ---- arguments -----------------------------------------------------------------------------
+
+const argv = process.argv.slice(2);
+const flag = (name: string) => argv.includes(name);
+const opt = (name: string, dflt: string) => {
+  const i = argv.indexOf(name);
+  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
+};
+const skipPeer = flag('--skip-peer');
+const keep = flag('--keep');
+const repeat = Math.max(1, Number(opt('--repeat', '1')));
+const peerTimeoutS = Number(opt('--peer-timeout-min', '45')) * 60;
+// The box has no swap: a peer that grows past this is stopped by us before the kernel's OOM
+// killer picks a victim (which could be anything else running on the machine).
+const peerRssCapBytes = Number(opt('--peer-rss-cap-gb', String(Math.max(4, totalmem() / 1e9 - 3)))) * 1e9;
+const outRoot = opt('--out-root', join(forgeHome(), 'bench', 'out'));
+const ckptDirArg = opt('--checkpoint', defaultCheckpointDir());
+const benchVenv = process.env.FORGE_BENCH_VENV ?? join(forgeHome(), 'bench-venv');
+const RSS_BOUND = 1.5e9;
+const TIME_BOUND = 2;
+
+const notes: string[] = [];
+const log = (m: string) => process.stderr.write(`[bench] ${m}\n`);
+
+// ---- helpers -------------------------------------------------------------------------------
+
+function dirBytes(path: string): { bytes: number; files: number } {
+  if (!existsSync(path)) return { bytes: 0, files: 0 };
+  let bytes = 0;
+  let files = 0;
+  for (const e of readdirSync(path, { withFileTypes: true })) {
+    const p = join(path, e.name);
+    if (e.isDirectory()) {
+      const sub = dirBytes(p);
+      bytes += sub.bytes;
+      files += sub.files;
+    } else if (e.isFile()) {
+      bytes += statSync(p).size;
+      files++;
+    }
+  }
+  return { bytes, files };
+}
+
+function freeBytes(path: string): number {
+  const r = spawnSync('df', ['-B1', '--output=avail', path], { encoding: 'utf8' });
+  return Number(r.stdout.trim().split('\n').pop());
+}
+
+/** Try to drop the page cache; false where not permitted (containers). */
+function dropCaches(): boolean {
+  spawnSync('sync');
+  const r = spawnSync('sh', ['-c', 'echo 3 > /proc/sys/vm/drop_caches'], { encoding: 'utf8' });
+  return r.status === 0;
+}
+
+/** Read every checkpoint file once so all contenders start from a page cache holding it. */
+async function warmCache(dir: string): Promise<void> {
+  for (const f of readdirSync(dir)) {
+    const p = join(dir, f);
+    if (!statSync(p).isFile()) continue;
+    await pipeline(createReadStream(p, { highWaterMark: 8 << 20 }), new Writable({ write: (_c, _e, cb) => cb() }));
+  }
+}
+
+/** Sum of RSS over a process group (pgid = leader pid), from /proc. */
+function groupRss(pgid: number): number {
+  let total = 0;
+  const page = 4096;
+  for (const d of readdirSync('/proc')) {
+    if (!/^\d+$/.test(d)) continue;
+    try {
+      const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      if (Number(fields[2]) !== pgid) continue; // field 5 (pgrp), counted from state
+      total += Number(readFileSync(`/proc/${d}/statm`, 'utf8').split(' ')[1]) * page;
+    } catch {
+      // process went away
+    }
+  }
+  return total;
+}
+
+interface Measured {
+  status: 'ok' | 'failed' | 'timed-out' | 'killed-rss-cap' | 'killed-signal';
+  seconds: number;
+  peakRssBytes: number | null;
+  /** Highest RSS summed over the process group, sampled every 0.5 s (cross-check, children included). */
+  sampledPeakGroupRssBytes: number;
+  userSeconds: number | null;
+  systemSeconds: number | null;
+  exitCode: number | null;
+  signal: string | null;
+  stdout: string;
+  stderrTail: string;
+}
+
+/** Runs `cmd` under /usr/bin/time -v in its own process group; measures wall time around it. */
+async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: number; logFile?: string } = {}): Promise<Measured> {
+  const timeFile = join(outRoot, `.time-${process.pid}.txt`);
+  rmSync(timeFile, { force: true });
+  const t0 = performance.now();
+  const child = spawn('/usr/bin/time', ['-v', '-o', timeFile, ...cmd], { cwd: repoRoot(), detached: true, stdio: ['ignore', 'pipe', 'pipe'] });
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (d: Buffer) => { stdout += d.toString(); });
+  child.stderr.on('data', (d: Buffer) => {
+    stderr += d.toString();
+    if (stderr.length > 1 << 20) stderr = stderr.slice(-(1 << 19));
+  });
+  let killedFor: 'timed-out' | 'killed-rss-cap' | null = null;
+  let sampled = 0;
+  const kill = (why: 'timed-out' | 'killed-rss-cap') => {
+    if (killedFor) return;
+    killedFor = why;
+    try { process.kill(-child.pid!, 'SIGKILL'); } catch { /* gone */ }
+  };
+  const poll = setInterval(() => {
+    const rss = groupRss(child.pid!);
+    if (rss > sampled) sampled = rss;
+    if (opts.rssCapBytes && rss > opts.rssCapBytes) kill('killed-rss-cap');
+  }, 500);
+  const timer = opts.timeoutS ? setTimeout(() => kill('timed-out'), opts.timeoutS * 1000) : null;
+  const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((res) => child.on('close', (c, s) => res([c, s])));
+  const seconds = (performance.now() - t0) / 1000;
+  clearInterval(poll);
+  if (timer) clearTimeout(timer);
+  if (opts.logFile) writeFileSync(opts.logFile, stderr);
+  const tv = existsSync(timeFile) ? readFileSync(timeFile, 'utf8') : '';
+  rmSync(timeFile, { force: true });
+  const num = (re: RegExp) => {
+    const m = tv.match(re);
+    return m ? Number(m[1]) : null;
+  };
+  const maxKb = num(/Maximum resident set size \(kbytes\): (\d+)/);
+  const exit = num(/Exit status: (\d+)/);
+  const sig = tv.match(/Command terminated by signal (\d+)/);
+  let status: Measured['status'] = killedFor ?? (sig ? 'killed-signal' : (exit ?? code) === 0 ? 'ok' : 'failed');
+  if (status === 'ok' && code !== 0) status = 'failed';
+  return {
+    status, seconds,
+    peakRssBytes: maxKb === null ? null : maxKb * 1024,
+    sampledPeakGroupRssBytes: sampled,
+    userSeconds: num(/User time \(seconds\): ([\d.]+)/),
+    systemSeconds: num(/System time \(seconds\): ([\d.]+)/),
+    exitCode: exit ?? code,
+    signal: sig ? `signal ${sig[1]}` : signal,
+    stdout,
+    stderrTail: stderr.split('\n').filter((l) => l.trim()).slice(-15).join('\n'),
+  };
+}
+
+const gb = (b: number | null | undefined) => (b == null ? null : Math.round((b / 1e9) * 1000) / 1000);
+const r3 = (x: number) => Math.round(x * 1000) / 1000;
+const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)];
+
+// ---- run -----------------------------------------------------------------------------------
+
+mkdirSync(outRoot, { recursive: true });
+const ckpt = await ensureCheckpoint(ckptDirArg, { log });
+if (!ckpt.reused) notes.push(`checkpoint generated in this run (${ckpt.seconds.toFixed(0)} s), cached at ${ckpt.dir}`);
+const need = ckpt.bytes * 2.2; // cp copy + forge (~0.65x) or peer output at a time, with margin
+if (freeBytes(outRoot) < need) throw new Error(`not enough disk under ${outRoot}: ${gb(freeBytes(outRoot))} GB free, want ${gb(need)} GB`);
+
+const canDrop = dropCaches();
+notes.push(canDrop
+  ? 'page cache dropped (sync; echo 3 > drop_caches) before each contender: cold reads'
+  : 'page cache could not be dropped here (drop_caches not permitted): the checkpoint was read once before each contender, so every contender reads it from page cache (warm)');
+const prepare = async () => {
+  if (canDrop) dropCaches();
+  else await warmCache(ckpt.dir);
+};
+
+const outDir = (name: string) => join(outRoot, name);
+const clean = (name: string) => rmSync(outDir(name), { recursive: true, force: true });
+
+type Figures = { seconds: number; peakRssBytes: number | null; bytesWritten: number; filesWritten: number; runs?: number[]; userSeconds?: number | null; systemSeconds?: number | null };
+
+async function contender(name: string, cmd: (out: string) => string[], mkOut: boolean): Promise<{ fig: Figures; last: Measured }> {
+  const secs: number[] = [];
+  let last: Measured | null = null;
+  let peak = 0;
+  let written = { bytes: 0, files: 0 };
+  for (let i = 0; i < repeat; i++) {
+    clean(name);
+    if (mkOut) mkdirSync(outDir(name), { recursive: true });
+    await prepare();
+    log(`${name}: run ${i + 1}/${repeat}`);
+    const m = await measure(cmd(outDir(name)), { logFile: join(outRoot, `${name}.log`) });
+    if (m.status !== 'ok') throw new Error(`${name} failed (${m.status}, exit ${m.exitCode}):\n${m.stderrTail}`);
+    secs.push(m.seconds);
+    peak = Math.max(peak, m.peakRssBytes ?? 0);
+    written = dirBytes(outDir(name));
+    last = m;
+    log(`${name}: ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(written.bytes)} GB written`);
+    if (!keep) clean(name);
+  }
+  return {
+    fig: { seconds: r3(median(secs)), peakRssBytes: peak, bytesWritten: written.bytes, filesWritten: written.files, userSeconds: last!.userSeconds, systemSeconds: last!.systemSeconds, ...(repeat > 1 ? { runs: secs.map(r3) } : {}) },
+    last: last!,
+  };
+}
+
+// (a) cp of the same bytes, fsynced like forge's commit() fsyncs its data files.
+const cp = await contender('cp', (out) => ['sh', '-c', 'cp -r --reflink=never "$1" "$2" && sync "$2"/*', 'sh', ckpt.dir, out], false);
+notes.push('cp = `cp -r --reflink=never CKPT OUT && sync OUT/*` (ext4: in-kernel copy_file_range; the sync matches forge fsyncing its data files)');
+
+// forge export+W8.
+const forge = await contender('forge', (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out], true);
+const forgeSelf = JSON.parse(forge.last.stdout.trim().split('\n').pop() ?? '{}') as { maxRssBytes?: number; contexts?: unknown; plan?: unknown };
+
+// (b) the peer: onnxruntime-genai model builder, int8, CPU.
+let peer: Record<string, unknown>;
+if (skipPeer) {
+  peer = { status: 'skipped' };
+} else {
+  const py = join(benchVenv, 'bin', 'python');
+  if (!existsSync(py)) {
+    peer = { status: 'not-installed', error: `${py} missing: create the bench venv (see bench/README.md)` };
+  } else {
+    const ver = spawnSync(py, ['-c', 'import onnxruntime_genai as g, transformers as t, torch; print(g.__version__, t.__version__, torch.__version__)'], { encoding: 'utf8' });
+    clean('peer');
+    await prepare();
+    const cacheDir = join(outDir('peer'), 'cache_dir');
+    const cmd = [py, '-m', 'onnxruntime_genai.models.builder', '-i', ckpt.dir, '-o', join(outDir('peer'), 'model'), '-p', 'int8', '-e', 'cpu', '-c', cacheDir];
+    log(`peer: ${cmd.join(' ')} (timeout ${peerTimeoutS / 60} min, RSS cap ${gb(peerRssCapBytes)} GB)`);
+    const m = await measure(cmd, { timeoutS: peerTimeoutS, rssCapBytes: peerRssCapBytes, logFile: join(outRoot, 'peer.log') });
+    const w = dirBytes(join(outDir('peer'), 'model'));
+    const c = dirBytes(cacheDir);
+    peer = {
+      status: m.status,
+      versions: ver.stdout.trim() || undefined,
+      command: cmd.join(' '),
+      seconds: r3(m.seconds),
+      peakRssBytes: m.peakRssBytes,
+      sampledPeakGroupRssBytes: m.sampledPeakGroupRssBytes,
+      userSeconds: m.userSeconds,
+      systemSeconds: m.systemSeconds,
+      bytesWritten: w.bytes,
+      filesWritten: w.files,
+      cacheDirBytesLeft: c.bytes,
+      ...(m.status !== 'ok' ? { exitCode: m.exitCode, signal: m.signal, error: m.stderrTail } : {}),
+    };
+    if (m.status === 'killed-rss-cap') notes.push(`peer stopped by this driver when its RSS passed ${gb(peerRssCapBytes)} GB (the machine has ${gb(totalmem())} GB and no swap: it would have been OOM-killed)`);
+    if (m.status === 'timed-out') notes.push(`peer stopped after the ${peerTimeoutS / 60}-minute timeout`);
+    log(`peer: ${m.status}, ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(w.bytes)} GB written`);
+    if (!keep) clean('peer');
+  }
+}
+
+// ---- report --------------------------------------------------------------------------------
+
+const forgeOverCpTime = forge.fig.seconds / cp.fig.seconds;
+const forgeRss = forge.fig.peakRssBytes ?? Infinity;
+const peerOk = peer.status === 'ok';
+const ratios: Record<string, number | null> = {
+  forgeOverCpTime: r3(forgeOverCpTime),
+  forgePeakRssGB: gb(forge.fig.peakRssBytes),
+  forgeOverPeerTime: peerOk ? r3(forge.fig.seconds / (peer.seconds as number)) : null,
+  forgeOverPeerPeakRss: peerOk && peer.peakRssBytes ? r3(forgeRss / (peer.peakRssBytes as number)) : null,
+  peerOverCpTime: peerOk ? r3((peer.seconds as number) / cp.fig.seconds) : null,
+  peerPeakRssGB: peerOk ? gb(peer.peakRssBytes as number) : null,
+  forgeThroughputGBps: r3(ckpt.bytes / 1e9 / forge.fig.seconds),
+  cpThroughputGBps: r3(ckpt.bytes / 1e9 / cp.fig.seconds),
+};
+const report = {
+  benchmark: 'export+W8, synthetic Qwen3-4B (bf16), forge vs cp vs onnxruntime-genai builder int8',
+  checkpoint: { dir: ckpt.dir, bytes: ckpt.bytes, files: ckpt.files, weightFiles: ckpt.weightFiles },
+  forge: { ...forge.fig, selfReportedMaxRssBytes: forgeSelf.maxRssBytes ?? null, plan: forgeSelf.plan, contexts: forgeSelf.contexts },
+  cp: cp.fig,
+  peer,
+  ratios,
+  bounds: {
+    peakRssLimitBytes: RSS_BOUND,
+    timeLimitOverCp: TIME_BOUND,
+    rssOk: forgeRss <= RSS_BOUND,
+    timeOk: forgeOverCpTime <= TIME_BOUND,
+    met: forgeRss <= RSS_BOUND && forgeOverCpTime <= TIME_BOUND,
+  },
+  notes: [
+    ...notes,
+    'peak RSS = /usr/bin/time -v "Maximum resident set size" of each contender process (the largest single process of its tree); seconds = wall time around it, process start-up included',
+    'forge = bench/run-export.ts: runExport() with the qwen3-4b recipe on v81 (W8 weights, fp16 lm-head, f16 embedding table, prefill 128 + decode graphs), as the quantize stage runs it',
+    repeat > 1 ? `cp and forge each ran ${repeat} times; seconds is the median` : 'one run per contender',
+  ],
+  machine: {
+    cpus: cpus().length, cpuModel: cpus()[0]?.model, memGB: gb(totalmem()), node: process.version, kernel: release(),
+    date: new Date().toISOString(),
+  },
+};
+process.stdout.write(JSON.stringify(report, null, 2) + '\n');

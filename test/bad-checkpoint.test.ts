@@ -1,0 +1,80 @@
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync, truncateSync, statSync, mkdirSync, existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { build } from '../src/build.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { runPython } from '../src/toolchain/python.js';
+import { encodeHeader } from '../src/io/safetensors-writer.js';
+
+// A build over a damaged checkpoint fails with one error naming the file and tensor, and writes no bundle.
+let work: string;
+let twin: string;
+let recipes: string;
+
+beforeAll(async () => {
+  work = mkdtempSync(join(tmpdir(), 'forge-bad-'));
+  twin = join(work, 'twin');
+  await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', 'qwen3', '--out', twin]);
+  recipes = join(work, 'recipes');
+}, 300_000);
+
+function localRecipe(id: string, dir: string) {
+  const r = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
+  r.id = id;
+  r.source = { kind: 'local', path: dir };
+  mkdirSync(join(recipes, id), { recursive: true });
+  writeFileSync(join(recipes, id, 'recipe.json'), JSON.stringify(r));
+}
+
+async function buildDamaged(id: string, damage: (dir: string) => void) {
+  const dir = join(work, id);
+  cpSync(twin, dir, { recursive: true });
+  damage(dir);
+  localRecipe(id, dir);
+  const prev = process.env.FORGE_RECIPES;
+  process.env.FORGE_RECIPES = recipes;
+  try {
+    const out = join(work, 'out', id);
+    const record = await build({ recipe: id, arch: 'v81', out, progress: silentProgress });
+    return { record, out };
+  } finally {
+    process.env.FORGE_RECIPES = prev;
+  }
+}
+
+describe('a damaged checkpoint', () => {
+  it('truncated: names the file, and no bundle is written', async () => {
+    const { record, out } = await buildDamaged('truncated', (d) => truncateSync(join(d, 'model.safetensors'), statSync(join(d, 'model.safetensors')).size - 1000));
+    expect(record.ok).toBe(false);
+    expect(record.error).toMatch(/model\.safetensors/);
+    expect(existsSync(join(out, 'plan.json'))).toBe(false);
+    expect(JSON.parse(readFileSync(join(out, 'build', 'run.json'), 'utf8')).ok).toBe(false);
+  });
+
+  it('a tensor missing: names the tensor', async () => {
+    const { record } = await buildDamaged('missing', (d) => {
+      // Rewrite the header so one layer's weight is renamed away.
+      const file = join(d, 'model.safetensors');
+      const bytes = readFileSync(file);
+      const n = Number(bytes.readBigUInt64LE(0));
+      const header = JSON.parse(bytes.subarray(8, 8 + n).toString('utf8'));
+      header['model.layers.1.mlp.up_proj.renamed'] = header['model.layers.1.mlp.up_proj.weight'];
+      delete header['model.layers.1.mlp.up_proj.weight'];
+      const h = encodeHeader(header);
+      writeFileSync(file, Buffer.concat([h, bytes.subarray(8 + n)]));
+    });
+    expect(record.ok).toBe(false);
+    expect(record.error).toMatch(/model\.layers\.1\.mlp\.up_proj\.weight/);
+  });
+
+  it('a tensor whose shape disagrees with config.json: names tensor, file and both shapes', async () => {
+    const { record } = await buildDamaged('shape', (d) => {
+      const cfg = JSON.parse(readFileSync(join(d, 'config.json'), 'utf8'));
+      cfg.intermediate_size += 8;
+      writeFileSync(join(d, 'config.json'), JSON.stringify(cfg));
+    });
+    expect(record.ok).toBe(false);
+    expect(record.error).toMatch(/tensor model\.layers\.0\.mlp\.gate_proj\.weight in file .*model\.safetensors has shape \[\d+,64\], config expects \[\d+,64\]/);
+  });
+});
