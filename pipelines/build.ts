@@ -18,7 +18,7 @@ const GB = 1_000_000_000;
 const src = (p: string) => join(repoRoot(), 'src', p);
 
 function fetchNode(recipe: Recipe): StageNode {
-  const params: FetchParams = { source: recipe.source };
+  const params: FetchParams = { source: recipe.source, family: recipe.family };
   let tools: string[] = [];
   if (recipe.source.kind === 'tiny') {
     params.factory = fileHash('oracles/make_twin.py');

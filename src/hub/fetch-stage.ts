@@ -5,7 +5,9 @@ import { readdirSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
-import type { Recipe } from '../recipe/schema.js';
+import type { FamilyId, Recipe } from '../recipe/schema.js';
+import { validateCheckpoint } from '../families/validate.js';
+import { isAbsolute } from 'node:path';
 import { runPython } from '../toolchain/python.js';
 import { repoRoot } from '../paths.js';
 import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
@@ -13,6 +15,8 @@ import { fetchHubSnapshot } from './download.js';
 
 export interface FetchParams {
   source: Recipe['source'];
+  /** The checkpoint is checked against this family's tensors before any other stage reads it. */
+  family: FamilyId;
   /** For local sources: relative path → [size, mtimeMs], so an edited checkpoint is a new key. */
   fingerprint?: Record<string, [number, number]>;
   /** For tiny twins: the factory's content hash, so a changed factory remakes the twin. */
@@ -63,7 +67,9 @@ export const stage: StageModule<FetchParams> = {
       const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
       ref = { dir, source, files: sizes(dir) };
     }
+    const checked = await validateCheckpoint(ctx.params.family, isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
-    return { summary: { files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
+    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
   },
 };

@@ -1,0 +1,32 @@
+// Checks a checkpoint against its family before anything else reads it: every header and index is
+// well-formed, config.json parses, and every tensor the graphs will read exists with the shape the
+// config implies. A damaged download fails here, with one error naming the file and tensor, rather
+// than deep inside the oracle or the export.
+import { readFileSync, existsSync } from 'node:fs';
+import { join } from 'node:path';
+import { openCheckpoint } from '../io/checkpoint.js';
+import type { FamilyId } from '../recipe/schema.js';
+import { getFamily } from './index.js';
+import type { Family, TensorSpec } from './types.js';
+
+export async function validateCheckpoint(familyId: FamilyId, dir: string): Promise<{ tensors: number }> {
+  const family = getFamily(familyId) as Family<unknown>;
+  const configFile = join(dir, 'config.json');
+  if (!existsSync(configFile)) throw new Error(`${configFile}: missing (every checkpoint needs its config.json)`);
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(configFile, 'utf8'));
+  } catch (e) {
+    throw new Error(`${configFile}: not valid JSON (${(e as Error).message})`);
+  }
+  const config = family.parseConfig(raw, configFile);
+  const specs: TensorSpec[] = [family.embedding(config), ...family.finalTensors(config), family.lmHead(config)];
+  for (let i = 0; i < family.numLayers(config); i++) specs.push(...family.layerTensors(config, i));
+  const ckpt = await openCheckpoint(dir);
+  try {
+    for (const t of specs) ckpt.expectShape(t.name, t.shape);
+  } finally {
+    await ckpt.close();
+  }
+  return { tensors: new Set(specs.map((t) => t.name)).size };
+}
