@@ -1,7 +1,10 @@
 // `forge build`: recipe × arch → pipeline → stage cache → output directory with its run record.
 // The output directory is replaced whole (built beside it, then swapped), so an interrupted build
 // never leaves a mix of old and new files.
-import { cpSync, existsSync, mkdirSync, rmSync, renameSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, renameSync, writeFileSync } from 'node:fs';
+import { reportHtml, reportMarkdown } from './bundle/report.js';
+import type { OracleRow } from './gates/oracle.js';
+import type { ShardPlan } from './plan/shards.js';
 import { dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
@@ -88,6 +91,13 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     if (entry) cpSync(entry.dir, join(staging, 'build'), { recursive: true, filter: (p) => !p.endsWith(`/${META}`) });
   }
   writeFileSync(join(staging, RUN_RECORD), JSON.stringify(record, null, 2) + '\n');
+  const readJson = <T>(id: string, file: string): T | undefined => {
+    const e = result.entries.get(id);
+    return e && existsSync(join(e.dir, file)) ? (JSON.parse(readFileSync(join(e.dir, file), 'utf8')) as T) : undefined;
+  };
+  const report = { record, oracleRows: readJson<{ rows: OracleRow[] }>('oracle', 'oracle.json')?.rows, plan: readJson<ShardPlan>('plan', 'plan.json') };
+  writeFileSync(join(staging, 'build', 'report.md'), reportMarkdown(report));
+  writeFileSync(join(staging, 'build', 'report.html'), reportHtml(report));
   mkdirSync(dirname(out), { recursive: true });
   const old = `${out}.old-${process.pid}`;
   if (existsSync(out)) renameSync(out, old);

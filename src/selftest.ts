@@ -5,12 +5,14 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { ensureVenv } from './toolchain/venv.js';
+import { ensureDebianPackages } from './toolchain/system-deps.js';
 import { repoRoot } from './paths.js';
 
 interface VitestJson { numPassedTests: number; numFailedTests: number; numPendingTests: number; numTodoTests: number; success: boolean }
 
 export async function runTests(args: string[]): Promise<number> {
   await ensureVenv();
+  await ensureDebianPackages({ chromium: 'chromium' }, (m) => process.stderr.write(`${m}\n`));
   const dir = mkdtempSync(join(tmpdir(), 'forge-test-'));
   const report = join(dir, 'vitest.json');
   const vitest = join(repoRoot(), 'node_modules', 'vitest', 'vitest.mjs');

@@ -1,0 +1,137 @@
+// The build report: report.md and a static report.html (no scripts, no external assets) with stage
+// timings, cache hits, gate tables, a per-layer cosine plot (inline SVG) and context sizes against
+// the arch ceiling. Everything shown comes from the run record and the gate outputs of that build.
+import type { RunRecord } from '../engine/record.js';
+import type { OracleRow } from '../gates/oracle.js';
+import type { ShardPlan } from '../plan/shards.js';
+
+export interface ReportInput {
+  record: RunRecord;
+  oracleRows?: OracleRow[];
+  plan?: ShardPlan;
+  /** Compiled context sizes, when a compile stage ran. */
+  contexts?: Array<{ name: string; bytes: number }>;
+}
+
+const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
+/** "Nines" of a cosine: 0.999 → 3. Readable on one axis from 0.99 to 0.9999999. */
+const nines = (c: number) => -Math.log10(Math.max(1 - c, 1e-12));
+
+interface Table { head: string[]; rows: string[][] }
+
+/** A gate's figures in one readable line: per-graph entries as "graph cos=… top1=…". */
+function figures(g: Record<string, unknown>): string {
+  const parts: string[] = [];
+  for (const [k, v] of Object.entries(g)) {
+    if (k === 'ok') continue;
+    if (k === 'graphs' && v && typeof v === 'object') {
+      for (const [name, e] of Object.entries(v as Record<string, { minCosine?: number; top1?: string; ok?: boolean }>)) {
+        parts.push(`${name}: cos ${e.minCosine?.toFixed(7) ?? '-'}${e.top1 ? `, top-1 ${e.top1}` : ''}${e.ok === false ? ' FAIL' : ''}`);
+      }
+    } else parts.push(`${k}: ${typeof v === 'object' ? JSON.stringify(v) : String(v)}`);
+  }
+  return parts.join('; ');
+}
+
+function tables(input: ReportInput): Array<{ title: string; table: Table }> {
+  const r = input.record;
+  const out: Array<{ title: string; table: Table }> = [];
+  out.push({
+    title: 'Stages',
+    table: { head: ['stage', 'status', 'seconds', 'peak RSS'], rows: r.stages.map((s) => [s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(cached)' : mb(s.peakRssBytes)]) },
+  });
+  out.push({
+    title: 'Gates',
+    table: {
+      head: ['gate', 'ok', 'figures'],
+      rows: Object.entries(r.gates).map(([name, g]) => [name, g.ok ? 'pass' : 'FAIL', figures(g)]),
+    },
+  });
+  if (input.oracleRows?.length) {
+    out.push({
+      title: 'Oracle gate, per layer (teacher-forced cosine against HF fp32)',
+      table: {
+        head: ['variant', 'graph', 'layer', 'output', 'min cosine', 'max abs err', 'worst at', 'ok'],
+        rows: input.oracleRows.map((x) => [x.variant, x.graph, x.layer, `${x.output} (${x.what})`, x.minCosine.toFixed(7), x.maxAbs.toExponential(2), x.worst, x.ok ? 'pass' : 'FAIL']),
+      },
+    });
+  }
+  if (input.plan) {
+    const p = input.plan;
+    const rows = p.shards.map((s) => [`shard${s.index} (layers ${s.first}-${s.last})`, mb(s.weightBytes), mb(p.ceilingBytes), `${((100 * s.weightBytes) / p.ceilingBytes).toFixed(0)}%`]);
+    if (p.lmHead.placement === 'separate') rows.push(['lm_head', mb(p.lmHead.bytes), mb(p.ceilingBytes), `${((100 * p.lmHead.bytes) / p.ceilingBytes).toFixed(0)}%`]);
+    out.push({ title: `Planned weight bytes per context vs the ${p.arch} ceiling`, table: { head: ['context', 'weights (plan)', 'ceiling', 'of ceiling'], rows } });
+  }
+  if (input.contexts?.length) {
+    const ceiling = input.plan?.ceilingBytes;
+    out.push({
+      title: 'Compiled context binaries',
+      table: { head: ['context', 'bytes', 'of ceiling'], rows: input.contexts.map((c) => [c.name, mb(c.bytes), ceiling ? `${((100 * c.bytes) / ceiling).toFixed(0)}%` : '-']) },
+    });
+  }
+  return out;
+}
+
+/** One polyline per (variant, graph) over layers: the minimum cosine of each layer's residual output. */
+export function cosinePlot(rows: OracleRow[]): string {
+  const series = new Map<string, Array<[number, number]>>();
+  for (const r of rows) {
+    if (r.what !== 'residual out') continue;
+    const key = `${r.variant} ${r.graph}`;
+    series.set(key, [...(series.get(key) ?? []), [Number(r.layer), nines(r.minCosine)]]);
+  }
+  if (!series.size) return '';
+  const W = 640, H = 240, L = 48, B = 28, T = 10;
+  const pts = [...series.values()].flat();
+  const maxX = Math.max(1, ...pts.map((p) => p[0]));
+  const maxY = Math.ceil(Math.max(6, ...pts.map((p) => p[1])));
+  const x = (v: number) => L + ((W - L - 10) * v) / maxX;
+  const y = (v: number) => T + (H - T - B) * (1 - v / maxY);
+  const colors = ['#1f77b4', '#d62728', '#2ca02c', '#9467bd', '#ff7f0e', '#8c564b'];
+  const lines = [...series.entries()].map(([name, p], i) => {
+    const c = colors[i % colors.length];
+    const sorted = p.sort((a, b) => a[0] - b[0]);
+    return `<polyline fill="none" stroke="${c}" stroke-width="2" points="${sorted.map(([a, b]) => `${x(a).toFixed(1)},${y(b).toFixed(1)}`).join(' ')}"><title>${esc(name)}</title></polyline>`
+      + `<text x="${W - 200}" y="${T + 14 * (i + 1)}" fill="${c}" font-size="11">${esc(name)}</text>`;
+  });
+  const yTicks = Array.from({ length: maxY + 1 }, (_, v) => `<text x="${L - 6}" y="${y(v) + 4}" font-size="10" text-anchor="end">${v}</text><line x1="${L}" x2="${W - 10}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>`);
+  const xTicks = Array.from({ length: maxX + 1 }, (_, v) => `<text x="${x(v)}" y="${H - B + 14}" font-size="10" text-anchor="middle">${v}</text>`);
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" role="img" aria-label="per-layer cosine">`
+    + `${yTicks.join('')}${xTicks.join('')}`
+    + `<text x="12" y="${T + (H - B) / 2}" font-size="11" transform="rotate(-90 12 ${T + (H - B) / 2})" text-anchor="middle">nines of cosine (−log10(1−cos))</text>`
+    + `<text x="${(W + L) / 2}" y="${H - 2}" font-size="11" text-anchor="middle">layer</text>${lines.join('')}</svg>`;
+}
+
+export function reportMarkdown(input: ReportInput): string {
+  const r = input.record;
+  const parts = [`# forge build report: ${r.recipe} for ${r.arch}`, '', `Result: **${r.ok ? 'ok' : `FAILED — ${r.error ?? ''}`}** in ${r.seconds.toFixed(1)} s. Cache: ${r.stages.filter((s) => s.status === 'cached').length} of ${r.stages.length} stages reused.`, ''];
+  for (const { title, table } of tables(input)) {
+    parts.push(`## ${title}`, '', `| ${table.head.join(' | ')} |`, `|${table.head.map(() => '---').join('|')}|`);
+    for (const row of table.rows) parts.push(`| ${row.map((c) => c.replace(/\|/g, '\\|')).join(' | ')} |`);
+    parts.push('');
+  }
+  parts.push('## Tools', '', ...Object.entries(r.tools).map(([k, v]) => `- ${k} ${v}`), '');
+  return parts.join('\n');
+}
+
+export function reportHtml(input: ReportInput): string {
+  const r = input.record;
+  const body = tables(input).map(({ title, table }) => {
+    const id = title.toLowerCase().startsWith('gates') ? ' id="gates"' : title.toLowerCase().startsWith('oracle') ? ' id="oracle"' : '';
+    const rows = table.rows.map((row) => `<tr>${row.map((c) => `<td${c === 'FAIL' ? ' class="fail"' : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n');
+    return `<h2>${esc(title)}</h2>\n<table${id}><thead><tr>${table.head.map((h) => `<th>${esc(h)}</th>`).join('')}</tr></thead><tbody>\n${rows}\n</tbody></table>`;
+  });
+  const plot = input.oracleRows ? cosinePlot(input.oracleRows) : '';
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>forge report: ${esc(r.recipe)} ${esc(r.arch)}</title>
+<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}td.fail{color:#b00;font-weight:bold}.ok{color:#070}.bad{color:#b00}</style>
+</head><body>
+<h1>forge build report: ${esc(r.recipe)} for ${esc(r.arch)}</h1>
+<p id="result" class="${r.ok ? 'ok' : 'bad'}">${r.ok ? 'ok' : `FAILED: ${esc(r.error ?? '')}`} in ${r.seconds.toFixed(1)} s</p>
+${plot ? `<h2>Per-layer cosine</h2>\n${plot}` : ''}
+${body.join('\n')}
+<h2>Tools</h2><ul>${Object.entries(r.tools).map(([k, v]) => `<li>${esc(k)} ${esc(v)}</li>`).join('')}</ul>
+</body></html>
+`;
+}
