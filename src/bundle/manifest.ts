@@ -28,6 +28,8 @@ const OutputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('logits') }).strict(), // [1, N, V]: the row of the last real token is read
   // New rows of a KV cache, N of them on `axis`, written into the state at the call's positions.
   z.object({ ...tensor, bind: z.literal('state-rows'), state: z.string().min(1), axis: z.number().int().nonnegative() }).strict(),
+  // The whole next value of a recurrent state (conv FIFO, delta-rule state): replaces it after the call.
+  z.object({ ...tensor, bind: z.literal('state-replace'), state: z.string().min(1) }).strict(),
 ]);
 
 export const GraphSchema = z.object({
@@ -58,7 +60,7 @@ export const ManifestSchema = z.object({
   version: z.literal(MANIFEST_VERSION),
   recipe: z.string().min(1),
   arch: z.object({ id: z.string(), socModel: z.number().int(), dspArch: z.string() }).strict(),
-  hostOp: z.enum(['decoder_generate']),
+  hostOp: z.enum(['decoder_generate', 'qwen3_5_generate']),
   model: z.object({
     family: z.string(),
     layers: z.number().int().positive(),
@@ -67,14 +69,18 @@ export const ManifestSchema = z.object({
   }).strict(),
   /** Contexts in execution order: shards (residual threaded through), then the lm-head. */
   contexts: z.array(ContextSchema).min(1),
-  state: z.array(z.object({
-    name: z.string().min(1),
-    kind: z.literal('kv-cache'),
-    dtype: z.literal('float32'),
-    shape,
-    /** The axis indexed by absolute position (cache slot). */
-    positionAxis: z.number().int().nonnegative(),
-  }).strict()),
+  state: z.array(z.discriminatedUnion('kind', [
+    z.object({
+      name: z.string().min(1),
+      kind: z.literal('kv-cache'),
+      dtype: z.literal('float32'),
+      shape,
+      /** The axis indexed by absolute position (cache slot). */
+      positionAxis: z.number().int().nonnegative(),
+    }).strict(),
+    // Carried whole from call to call and replaced by a graph output; zeros before the first token.
+    z.object({ name: z.string().min(1), kind: z.literal('recurrent'), dtype: z.literal('float32'), shape }).strict(),
+  ])),
   hostTables: z.array(z.object({
     name: z.literal('embedding'),
     file: relPath,

@@ -1,0 +1,182 @@
+#include "executor.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <stdexcept>
+
+namespace forge {
+namespace {
+
+bool is_file(const std::string& p) {
+  struct stat st;
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string dir_of(const std::string& p) {
+  size_t s = p.find_last_of('/');
+  return s == std::string::npos ? "." : p.substr(0, s);
+}
+
+ONNXTensorElementDataType ort_type(const std::string& dtype) {
+  if (dtype == "float32") return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT;
+  if (dtype == "float16") return ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT16;
+  if (dtype == "int32") return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32;
+  if (dtype == "int64") return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64;
+  if (dtype == "int8") return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT8;
+  if (dtype == "uint8") return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8;
+  if (dtype == "int16") return ONNX_TENSOR_ELEMENT_DATA_TYPE_INT16;
+  if (dtype == "uint16") return ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT16;
+  return ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL;
+}
+
+/** The session's real inputs/outputs must be the ones the manifest declares, in name, type and shape. */
+template <typename Spec>
+void check_io(const std::string& graph, const char* what, const std::vector<Spec>& specs,
+              const std::vector<std::string>& names, const std::vector<Ort::TypeInfo>& types) {
+  if (names.size() != specs.size())
+    throw std::runtime_error("graph '" + graph + "' has " + std::to_string(names.size()) + " " + what + ", the manifest declares " + std::to_string(specs.size()));
+  for (const Spec& s : specs) {
+    size_t i = 0;
+    while (i < names.size() && names[i] != s.name) i++;
+    if (i == names.size()) throw std::runtime_error("graph '" + graph + "' has no " + what + " named '" + s.name + "'");
+    auto info = types[i].GetTensorTypeAndShapeInfo();
+    if (info.GetElementType() != ort_type(s.dtype)) throw std::runtime_error("graph '" + graph + "' " + what + " '" + s.name + "' is not " + s.dtype);
+    std::vector<int64_t> shape = info.GetShape();
+    bool same = shape.size() == s.shape.size();
+    for (size_t d = 0; same && d < shape.size(); d++) same = shape[d] < 0 || shape[d] == s.shape[d];
+    if (!same) throw std::runtime_error("graph '" + graph + "' " + what + " '" + s.name + "' has a different shape than the manifest declares");
+  }
+}
+
+void check_session(Ort::Session& s, const Graph& g) {
+  Ort::AllocatorWithDefaultOptions alloc;
+  std::vector<std::string> in_names, out_names;
+  std::vector<Ort::TypeInfo> in_types, out_types;
+  for (size_t i = 0; i < s.GetInputCount(); i++) {
+    in_names.push_back(s.GetInputNameAllocated(i, alloc).get());
+    in_types.push_back(s.GetInputTypeInfo(i));
+  }
+  for (size_t i = 0; i < s.GetOutputCount(); i++) {
+    out_names.push_back(s.GetOutputNameAllocated(i, alloc).get());
+    out_types.push_back(s.GetOutputTypeInfo(i));
+  }
+  check_io(g.name, "inputs", g.inputs, in_names, in_types);
+  check_io(g.name, "outputs", g.outputs, out_names, out_types);
+}
+
+}  // namespace
+
+std::string qnn_ep_library_for(const std::string& backend) {
+  if (const char* env = std::getenv("FORGE_QNN_EP_LIB"); env && *env) return env;
+  return dir_of(backend) + "/libonnxruntime_providers_qnn.so";
+}
+
+GraphBinding::GraphBinding(Ort::Session& session, const Graph& graph)
+    : session_(session), graph_(graph), binding_(session),
+      cpu_(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault)) {}
+
+void GraphBinding::check_name(const std::string& name, bool input) const {
+  bool found = false;
+  if (input) {
+    for (const auto& i : graph_.inputs) found |= i.name == name;
+  } else {
+    for (const auto& o : graph_.outputs) found |= o.name == name;
+  }
+  if (!found) throw std::logic_error("graph '" + graph_.name + "' has no " + (input ? "input " : "output ") + name);
+}
+
+void GraphBinding::bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape) {
+  check_name(name, true);
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  values_.push_back(Ort::Value::CreateTensor<float>(cpu_, data, n, shape.data(), shape.size()));
+  binding_.BindInput(name.c_str(), values_.back());
+  bound_++;
+}
+
+void GraphBinding::bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape) {
+  check_name(name, true);
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  values_.push_back(Ort::Value::CreateTensor<int32_t>(cpu_, data, n, shape.data(), shape.size()));
+  binding_.BindInput(name.c_str(), values_.back());
+  bound_++;
+}
+
+void GraphBinding::bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape) {
+  check_name(name, false);
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  values_.push_back(Ort::Value::CreateTensor<float>(cpu_, data, n, shape.data(), shape.size()));
+  binding_.BindOutput(name.c_str(), values_.back());
+  bound_++;
+}
+
+void GraphBinding::run() {
+  if (bound_ != graph_.inputs.size() + graph_.outputs.size())
+    throw std::logic_error("graph '" + graph_.name + "' run with unbound inputs or outputs");
+  session_.Run(run_options_, binding_);
+}
+
+Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
+  Ort::SessionOptions so;
+  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
+  if (opts.intra_op_threads > 0) so.SetIntraOpNumThreads(opts.intra_op_threads);
+  if (opts.backend == "cpu") return so;
+
+  // QNN: the plugin EP, found before anything else so a missing piece fails with its name.
+  if (!is_file(opts.backend)) throw std::runtime_error("QNN backend library '" + opts.backend + "' does not exist");
+  std::string plugin = qnn_ep_library_for(opts.backend);
+  if (!is_file(plugin))
+    throw std::runtime_error("QNN EP plugin library '" + plugin + "' not found: set FORGE_QNN_EP_LIB to libonnxruntime_providers_qnn.so (the onnxruntime-qnn plugin) or put it next to the backend library");
+  if (opts.system_lib != "-") {
+    // The EP dlopens libQnnSystem.so by name; loading the given file first makes that name resolve to it.
+    if (!dlopen(opts.system_lib.c_str(), RTLD_NOW | RTLD_GLOBAL))
+      throw std::runtime_error("cannot load QNN system library '" + opts.system_lib + "': " + dlerror());
+  }
+  env_.RegisterExecutionProviderLibrary("forge_qnn", plugin);
+  std::vector<Ort::ConstEpDevice> qnn_devices;
+  for (const auto& d : env_.GetEpDevices())
+    if (std::string(d.EpName()) == "QNNExecutionProvider") qnn_devices.push_back(d);
+  if (qnn_devices.empty()) throw std::runtime_error("QNN EP plugin '" + plugin + "' registered but offers no QNNExecutionProvider device");
+  std::unordered_map<std::string, std::string> ep_options{{"backend_path", opts.backend}};
+  if (manifest_.soc_model > 0) ep_options["soc_model"] = std::to_string(manifest_.soc_model);
+  so.AppendExecutionProvider_V2(env_, qnn_devices, ep_options);
+  so.AddConfigEntry("session.disable_cpu_ep_fallback", "1");
+  so.AddConfigEntry("ep.share_ep_contexts", "1");  // prefill and decode wrappers share one context binary
+  qnn_ = true;
+  return so;
+}
+
+Executor::Executor(const Manifest& manifest, const ExecutorOptions& opts)
+    : manifest_(manifest), env_(ORT_LOGGING_LEVEL_WARNING, "forge") {
+  Ort::SessionOptions so = session_options(opts);
+  for (const Context& c : manifest.contexts) {
+    sessions_.emplace_back();
+    for (const Graph& g : c.graphs) {
+      std::string file;
+      if (qnn_) {
+        if (!g.qnn) throw std::runtime_error("graph '" + g.name + "' has no compiled QNN context (qnn.wrapper) in this bundle; run it with backend 'cpu'");
+        file = manifest.resolve(g.qnn->wrapper);
+      } else {
+        file = manifest.resolve(g.file);
+      }
+      try {
+        sessions_.back().push_back(std::make_unique<Ort::Session>(env_, file.c_str(), so));
+      } catch (const Ort::Exception& e) {
+        throw std::runtime_error("graph '" + g.name + "' (" + file + ") does not load: " + e.what());
+      }
+      check_session(*sessions_.back().back(), g);
+    }
+  }
+}
+
+Ort::Session& Executor::session(size_t context, size_t graph) { return *sessions_.at(context).at(graph); }
+
+std::unique_ptr<GraphBinding> Executor::bind(size_t context, size_t graph) {
+  return std::make_unique<GraphBinding>(session(context, graph), manifest_.contexts.at(context).graphs.at(graph));
+}
+
+}  // namespace forge
