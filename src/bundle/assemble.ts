@@ -93,7 +93,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     version: MANIFEST_VERSION,
     recipe: input.recipe.id,
     arch: { id: input.arch.id, socModel: input.arch.socModel, dspArch: input.arch.dspArch },
-    hostOp: 'decoder_generate',
+    hostOp: family.hostOp,
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],

@@ -93,6 +93,7 @@ export function qwen3LayerTensors(c: Qwen3Config, prefix: string): TensorSpec[] 
 
 export const qwen3: Family<Qwen3Config> = {
   id: 'qwen3',
+  hostOp: 'decoder_generate',
   parseConfig: parseQwen3Config,
   numLayers: (c) => c.layers,
   layerTensors: (c, i) => qwen3LayerTensors(c, `model.layers.${i}`),

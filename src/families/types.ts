@@ -27,6 +27,8 @@ export class ConfigError extends Error {
 
 export interface Family<C> {
   id: FamilyId;
+  /** The runtime host-op that drives this family's bundles (its decode loop lives in native/). */
+  hostOp: Manifest['hostOp'];
   /** Parses config.json (or the recipe's recorded copy); errors name the file and field. */
   parseConfig(raw: unknown, file: string): C;
   numLayers(config: C): number;
