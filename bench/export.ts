@@ -30,9 +30,10 @@ const skipPeer = flag('--skip-peer');
 const keep = flag('--keep');
 const repeat = Math.max(1, Number(opt('--repeat', '1')));
 const peerTimeoutS = Number(opt('--peer-timeout-min', '45')) * 60;
-// The box has no swap: a peer that grows past this is stopped by us before the kernel's OOM
-// killer picks a victim (which could be anything else running on the machine).
-const peerRssCapBytes = Number(opt('--peer-rss-cap-gb', String(Math.max(4, totalmem() / 1e9 - 3)))) * 1e9;
+// The box has no swap. By default the peer may grow until the kernel's OOM killer stops it (its
+// oom_score_adj is raised to 1000 so it, not a bystander, is the victim); --peer-rss-cap-gb G makes
+// this driver stop it first when its RSS passes G GB.
+const peerRssCapBytes = argv.includes('--peer-rss-cap-gb') ? Number(opt('--peer-rss-cap-gb', '0')) * 1e9 : 0;
 const outRoot = opt('--out-root', join(forgeHome(), 'bench', 'out'));
 const ckptDirArg = opt('--checkpoint', defaultCheckpointDir());
 const benchVenv = process.env.FORGE_BENCH_VENV ?? join(forgeHome(), 'bench-venv');
@@ -83,22 +84,43 @@ async function warmCache(dir: string): Promise<void> {
   }
 }
 
-/** Sum of RSS over a process group (pgid = leader pid), from /proc. */
-function groupRss(pgid: number): number {
-  let total = 0;
-  const page = 4096;
+/** Pids of a process group (pgid = leader pid), from /proc. */
+function groupPids(pgid: number): number[] {
+  const pids: number[] = [];
   for (const d of readdirSync('/proc')) {
     if (!/^\d+$/.test(d)) continue;
     try {
       const stat = readFileSync(`/proc/${d}/stat`, 'utf8');
       const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
-      if (Number(fields[2]) !== pgid) continue; // field 5 (pgrp), counted from state
-      total += Number(readFileSync(`/proc/${d}/statm`, 'utf8').split(' ')[1]) * page;
+      if (Number(fields[2]) === pgid) pids.push(Number(d)); // field 5 (pgrp), counted from state
+    } catch {
+      // process went away
+    }
+  }
+  return pids;
+}
+
+/** Sum of RSS over a process group. */
+function groupRss(pgid: number): number {
+  let total = 0;
+  for (const pid of groupPids(pgid)) {
+    try {
+      total += Number(readFileSync(`/proc/${pid}/statm`, 'utf8').split(' ')[1]) * 4096;
     } catch {
       // process went away
     }
   }
   return total;
+}
+
+/** The kernel's count of OOM kills so far (/proc/vmstat oom_kill), or null where unreadable. */
+function oomKills(): number | null {
+  try {
+    const m = readFileSync('/proc/vmstat', 'utf8').match(/^oom_kill (\d+)$/m);
+    return m ? Number(m[1]) : null;
+  } catch {
+    return null;
+  }
 }
 
 interface Measured {
@@ -111,6 +133,8 @@ interface Measured {
   systemSeconds: number | null;
   exitCode: number | null;
   signal: string | null;
+  /** OOM kills the kernel counted while it ran (any process: check `signal` too). */
+  oomKillsDuring: number | null;
   stdout: string;
   stderrTail: string;
 }
@@ -133,8 +157,11 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
   const kill = (why: 'timed-out' | 'killed-rss-cap') => {
     if (killedFor) return;
     killedFor = why;
-    try { process.kill(-child.pid!, 'SIGKILL'); } catch { /* gone */ }
+    // The measured command first, so /usr/bin/time (the group leader) still reports its figures.
+    for (const pid of groupPids(child.pid!)) if (pid !== child.pid) try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
+    setTimeout(() => { try { process.kill(-child.pid!, 'SIGKILL'); } catch { /* gone */ } }, 5000).unref();
   };
+  const oomBefore = oomKills();
   const poll = setInterval(() => {
     const rss = groupRss(child.pid!);
     if (rss > sampled) sampled = rss;
@@ -165,8 +192,10 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
     systemSeconds: num(/System time \(seconds\): ([\d.]+)/),
     exitCode: exit ?? code,
     signal: sig ? `signal ${sig[1]}` : signal,
+    oomKillsDuring: oomBefore === null ? null : (oomKills() ?? oomBefore) - oomBefore,
     stdout,
-    stderrTail: stderr.split('\n').filter((l) => l.trim()).slice(-15).join('\n'),
+    // Progress bars redraw with \r: keep the last state of each line only.
+    stderrTail: stderr.split('\n').map((l) => l.split('\r').filter((x) => x.trim()).pop() ?? '').filter((l) => l.trim()).slice(-15).join('\n'),
   };
 }
 
@@ -242,15 +271,17 @@ if (skipPeer) {
     clean('peer');
     await prepare();
     const cacheDir = join(outDir('peer'), 'cache_dir');
-    const cmd = [py, '-m', 'onnxruntime_genai.models.builder', '-i', ckpt.dir, '-o', join(outDir('peer'), 'model'), '-p', 'int8', '-e', 'cpu', '-c', cacheDir];
-    log(`peer: ${cmd.join(' ')} (timeout ${peerTimeoutS / 60} min, RSS cap ${gb(peerRssCapBytes)} GB)`);
+    const builder = [py, '-m', 'onnxruntime_genai.models.builder', '-i', ckpt.dir, '-o', join(outDir('peer'), 'model'), '-p', 'int8', '-e', 'cpu', '-c', cacheDir];
+    // exec keeps the builder the direct child of /usr/bin/time; oom_score_adj 1000 makes it the OOM victim.
+    const cmd = ['sh', '-c', 'echo 1000 > /proc/self/oom_score_adj; exec "$@"', 'sh', ...builder];
+    log(`peer: ${builder.join(' ')} (timeout ${peerTimeoutS / 60} min${peerRssCapBytes ? `, RSS cap ${gb(peerRssCapBytes)} GB` : ''})`);
     const m = await measure(cmd, { timeoutS: peerTimeoutS, rssCapBytes: peerRssCapBytes, logFile: join(outRoot, 'peer.log') });
     const w = dirBytes(join(outDir('peer'), 'model'));
     const c = dirBytes(cacheDir);
     peer = {
       status: m.status,
       versions: ver.stdout.trim() || undefined,
-      command: cmd.join(' '),
+      command: builder.join(' '),
       seconds: r3(m.seconds),
       peakRssBytes: m.peakRssBytes,
       sampledPeakGroupRssBytes: m.sampledPeakGroupRssBytes,
@@ -259,9 +290,10 @@ if (skipPeer) {
       bytesWritten: w.bytes,
       filesWritten: w.files,
       cacheDirBytesLeft: c.bytes,
-      ...(m.status !== 'ok' ? { exitCode: m.exitCode, signal: m.signal, error: m.stderrTail } : {}),
+      ...(m.status !== 'ok' ? { exitCode: m.exitCode, signal: m.signal, oomKillsDuring: m.oomKillsDuring, error: m.stderrTail } : {}),
     };
-    if (m.status === 'killed-rss-cap') notes.push(`peer stopped by this driver when its RSS passed ${gb(peerRssCapBytes)} GB (the machine has ${gb(totalmem())} GB and no swap: it would have been OOM-killed)`);
+    if (m.status === 'killed-rss-cap') notes.push(`peer stopped by this driver when its RSS passed ${gb(peerRssCapBytes)} GB (--peer-rss-cap-gb)`);
+    if (m.status === 'killed-signal' && m.signal === 'signal 9' && m.oomKillsDuring) notes.push(`peer killed by the kernel OOM killer (signal 9, /proc/vmstat oom_kill +${m.oomKillsDuring}; ${gb(totalmem())} GB RAM, no swap)`);
     if (m.status === 'timed-out') notes.push(`peer stopped after the ${peerTimeoutS / 60}-minute timeout`);
     log(`peer: ${m.status}, ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(w.bytes)} GB written`);
     if (!keep) clean('peer');
