@@ -6,6 +6,7 @@ import { planRecipe, formatPlan } from './plan/for-recipe.js';
 import { doctor, formatDoctor } from './toolchain/doctor.js';
 import { clean } from './clean.js';
 import { runTests } from './selftest.js';
+import { publishBundle } from './hub/publish.js';
 import { ARCH_IDS } from './arch/table.js';
 
 let verbose = process.argv.includes('--verbose');
@@ -69,6 +70,18 @@ program.command('build <recipe>')
       console.log(record.ok ? `ok: ${record.bundle}` : `FAILED: ${record.error}\nrun record: ${record.bundle}/build/run.json`);
     }
     if (!record.ok) process.exit(1);
+  });
+
+program.command('publish <bundle-dir>')
+  .description('upload a built bundle to the Hugging Face hub: one commit, only the files that changed; refuses a bundle whose gates did not all pass')
+  .requiredOption('--repo <org/name>', 'hub model repo (created if missing)')
+  .option('--dry-run', 'print the plan (upload / skip-unchanged, size per file) and write nothing')
+  .option('--private', 'create the repo private; refuses an existing public repo')
+  .option('--json', 'print the result as JSON')
+  .addHelpText('after', '\nHF_TOKEN (write access) authenticates and is never printed; HF_ENDPOINT selects another hub.')
+  .action(async (dir: string, o: { repo: string; dryRun?: boolean; private?: boolean; json?: boolean }) => {
+    const r = await publishBundle({ bundleDir: dir, repo: o.repo, dryRun: Boolean(o.dryRun), private: o.private, log: (m) => process.stderr.write(`${m}\n`) });
+    if (o.json) console.log(JSON.stringify(r));
   });
 
 program.command('doctor')

@@ -1,0 +1,249 @@
+// `forge publish`: a built bundle onto the hub, in one commit, only what changed.
+// Everything that can refuse does so before the first request: the run record must show a passing
+// build with every required gate passed, and every file must match SHA256SUMS. Then the hub's tree
+// at the branch head is compared by content (LFS sha256, or git blob id for regular files), so an
+// unchanged bundle makes no upload and no commit. The commit is pinned to the head it was compared
+// against (parentCommit), so a concurrent push makes it fail rather than lie about "unchanged".
+// Interrupted uploads resume for free: the LFS batch call answers "already have it" for objects that
+// arrived, and the library then skips them.
+import { existsSync, openAsBlob, readdirSync, readFileSync, statSync } from 'node:fs';
+import { join, relative } from 'node:path';
+import { commitIter, createRepo, listFiles, modelInfo, whoAmI, type CommitOperation, type ListFileEntry } from '@huggingface/hub';
+import type { RunRecord } from '../engine/record.js';
+import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hashFile, hubError, hubToken, hubUrl, redact, sha256File, statusOf } from './hub-client.js';
+
+export const SUMS_FILE = 'SHA256SUMS';
+const RUN_JSON = 'build/run.json';
+
+export interface PublishOptions {
+  bundleDir: string;
+  /** "org/name" */
+  repo: string;
+  dryRun?: boolean;
+  /** For a repo this creates; an existing repo keeps its visibility. Unset: the namespace's default. */
+  private?: boolean;
+  hubUrl?: string;
+  /** Defaults to HF_TOKEN. Never printed. */
+  accessToken?: string;
+  /** @default ['oracle', 'parity'] */
+  requiredGates?: string[];
+  /** @default 'main' */
+  branch?: string;
+  log?: (line: string) => void;
+}
+
+export interface PlanEntry {
+  path: string;
+  size: number;
+  sha256: string;
+  action: 'upload' | 'skip-unchanged';
+  /** For uploads: not on the hub yet, or there with other content. */
+  reason?: 'new' | 'changed';
+}
+
+export interface PublishResult {
+  repo: string;
+  url: string;
+  dryRun: boolean;
+  /** The repo did not exist (a dry run would create it; a real run did). */
+  createsRepo: boolean;
+  /** The branch head the plan was made against; null for a repo that does not exist yet. */
+  base: string | null;
+  plan: PlanEntry[];
+  /** Files on the hub that the bundle does not have; left as they are. */
+  remoteOnly: string[];
+  /** null when nothing was committed (dry run, or nothing changed). */
+  commit: { oid: string; url: string } | null;
+  uploadedBytes: number;
+}
+
+interface LocalFile { path: string; abs: string; size: number; sha256: string }
+
+/** The checks that need no network. Throws one error naming every problem found. */
+export async function checkBundle(bundleDir: string, requiredGates: string[] = ['oracle', 'parity']): Promise<{ files: LocalFile[]; record: RunRecord }> {
+  const refuse = (why: string) => new Error(`refusing to publish ${bundleDir}: ${why}`);
+  const runPath = join(bundleDir, RUN_JSON);
+  if (!existsSync(runPath)) throw refuse(`${RUN_JSON} is missing (publish only what forge build made)`);
+  let record: RunRecord;
+  try {
+    record = JSON.parse(readFileSync(runPath, 'utf8')) as RunRecord;
+  } catch {
+    throw refuse(`${RUN_JSON} is not valid JSON`);
+  }
+  const problems: string[] = [];
+  if (record.ok !== true) problems.push(`the build did not pass (${RUN_JSON} has ok: ${JSON.stringify(record.ok)}${record.error ? `: ${record.error}` : ''})`);
+  for (const g of requiredGates) {
+    const gate = record.gates?.[g];
+    if (!gate) problems.push(`gate ${g} is missing from ${RUN_JSON}`);
+    else if (gate.ok !== true) problems.push(`gate ${g} failed`);
+  }
+  if (problems.length) throw refuse(problems.join('; '));
+
+  const sumsPath = join(bundleDir, SUMS_FILE);
+  if (!existsSync(sumsPath)) throw refuse(`${SUMS_FILE} is missing`);
+  const listed = new Map<string, string>();
+  for (const [i, line] of readFileSync(sumsPath, 'utf8').split('\n').entries()) {
+    if (!line.trim()) continue;
+    const m = /^([0-9a-f]{64}) [ *](.+)$/.exec(line);
+    if (!m) throw refuse(`${SUMS_FILE} line ${i + 1} is not "<sha256>  <path>"`);
+    checkRelativePath(m[2]);
+    listed.set(m[2], m[1]);
+  }
+  const files: LocalFile[] = [];
+  for (const [path, want] of listed) {
+    const abs = join(bundleDir, path);
+    if (!existsSync(abs)) throw refuse(`${path} is listed in ${SUMS_FILE} but missing`);
+    const got = await sha256File(abs);
+    if (got !== want) throw refuse(`${path} does not match ${SUMS_FILE} (sha256 ${got.slice(0, 12)}…, listed ${want.slice(0, 12)}…)`);
+    if (!path.startsWith('build/')) files.push({ path, abs, size: statSync(abs).size, sha256: got });
+  }
+  const unlisted = walk(bundleDir).filter((p) => p !== SUMS_FILE && !p.startsWith('build/') && !listed.has(p));
+  if (unlisted.length) throw refuse(`not covered by ${SUMS_FILE}: ${unlisted.join(', ')}`);
+  files.push({ path: SUMS_FILE, abs: sumsPath, size: statSync(sumsPath).size, sha256: await sha256File(sumsPath) });
+  return { files: files.sort((a, b) => a.path.localeCompare(b.path)), record };
+}
+
+function walk(dir: string, base = dir): string[] {
+  return readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
+    e.isDirectory() ? walk(join(dir, e.name), base) : [relative(base, join(dir, e.name)).split('\\').join('/')]);
+}
+
+async function sameContent(local: LocalFile, remote: ListFileEntry): Promise<boolean> {
+  if (remote.lfs) return remote.lfs.oid === local.sha256 && remote.lfs.size === local.size;
+  if (remote.size !== local.size || !remote.oid) return false;
+  return (await hashFile(local.abs, gitBlobHasher(local.size))) === remote.oid;
+}
+
+export async function publishBundle(opts: PublishOptions): Promise<PublishResult> {
+  const log = opts.log ?? (() => {});
+  const repo = opts.repo;
+  if (!/^[\w.-]+\/[\w.-]+$/.test(repo)) throw new Error(`the repo must be "namespace/name", not ${JSON.stringify(repo)}`);
+  const dryRun = !!opts.dryRun;
+  const branch = opts.branch ?? 'main';
+  const { files, record } = await checkBundle(opts.bundleDir, opts.requiredGates ?? ['oracle', 'parity']);
+
+  const token = hubToken(opts.accessToken);
+  if (!dryRun && !token) throw new Error('publishing needs a hub token with write access: set HF_TOKEN');
+  checkTokenShape(token);
+  const base = hubUrl(opts.hubUrl);
+  const say = (m: string) => log(redact(m, token));
+  const common = { hubUrl: base, ...(token ? { accessToken: token } : {}) };
+  const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
+    try { return await f(); } catch (e) { throw hubError(e, what, token); }
+  };
+
+  if (token) {
+    const me = await call('checking the token', () => whoAmI({ hubUrl: base, accessToken: token }));
+    say(`hub ${base}: token accepted for ${me.name}`);
+  }
+
+  // The head first, then the tree at exactly that commit: the plan and the commit's parent agree.
+  let head: string | null = null;
+  try {
+    const info = await modelInfo({ ...common, name: repo, revision: branch, additionalFields: ['sha'] });
+    head = info.sha ?? null;
+    // Weights meant to stay private must not land in a public repo because it happened to exist.
+    if (opts.private === true && info.private === false) throw new Error(`refusing to publish to ${repo}: it is public and a private repo was asked for`);
+    if (opts.private === false && info.private === true) say(`note: ${repo} exists and is private; publishing does not change that`);
+  } catch (e) {
+    if (!statusOf(e)) throw e;
+    const s = statusOf(e);
+    // 404: no such repo. 401 without a token: private or absent, which a dry run cannot tell apart.
+    if (!(s === 404 || (s === 401 && !token))) throw hubError(e, `looking up ${repo}`, token);
+    if (s === 401) say(`no HF_TOKEN: ${repo} is not visible (absent, or private); planning as if it did not exist`);
+  }
+  const remote = new Map<string, ListFileEntry>();
+  if (head) {
+    await call(`listing ${repo}@${head.slice(0, 10)}`, async () => {
+      for await (const f of listFiles({ ...common, repo: { type: 'model', name: repo }, revision: head!, recursive: true })) {
+        if (f.type === 'file') remote.set(f.path, f);
+      }
+    });
+  }
+
+  const plan: PlanEntry[] = [];
+  for (const f of files) {
+    const r = remote.get(f.path);
+    const same = r ? await sameContent(f, r) : false;
+    plan.push({ path: f.path, size: f.size, sha256: f.sha256, action: same ? 'skip-unchanged' : 'upload', ...(same ? {} : { reason: r ? 'changed' : 'new' }) });
+  }
+  const local = new Set(files.map((f) => f.path));
+  const remoteOnly = [...remote.keys()].filter((p) => !local.has(p) && p !== '.gitattributes').sort();
+  const result: PublishResult = {
+    repo, url: `${base}/${repo}`, dryRun, createsRepo: head === null, base: head, plan, remoteOnly, commit: null, uploadedBytes: 0,
+  };
+  for (const line of formatPlan(result, opts.bundleDir).split('\n')) say(line);
+  const uploads = plan.filter((p) => p.action === 'upload');
+  if (dryRun) return result;
+  if (uploads.length === 0) {
+    say(`nothing to upload: ${repo} already has this bundle`);
+    return result;
+  }
+
+  if (head === null) {
+    await call(`creating ${repo}`, async () => {
+      try {
+        await createRepo({ ...common, accessToken: token!, repo: { type: 'model', name: repo }, ...(opts.private !== undefined ? { private: opts.private } : {}) });
+        say(`created ${opts.private ? 'private ' : ''}repo ${repo}`);
+      } catch (e) {
+        if (statusOf(e) !== 409) throw e; // made by someone else since we looked: commit onto it
+      }
+    });
+  }
+
+  const byPath = new Map(files.map((f) => [f.path, f]));
+  const operations: CommitOperation[] = await Promise.all(uploads.map(async (u) => ({
+    operation: 'addOrUpdate' as const, path: u.path, content: (await openAsBlob(byPath.get(u.path)!.abs)) as Blob,
+  })));
+  const gates = Object.entries(record.gates ?? {}).map(([n, g]) => `${n}: ${g.ok ? 'pass' : 'FAIL'}`).join(', ');
+  try {
+    const it = commitIter({
+      ...common,
+      repo: { type: 'model', name: repo },
+      branch,
+      operations,
+      title: `forge publish ${record.recipe}/${record.arch}`,
+      description: `Built by forge. Gates: ${gates}. Files are listed with their sha256 in ${SUMS_FILE}.`,
+      ...(head ? { parentCommit: head } : {}),
+    });
+    const done = new Set<string>();
+    let next = await it.next();
+    while (!next.done) {
+      const ev = next.value;
+      if (ev.event === 'phase' && ev.phase === 'uploadingLargeFiles') say('uploading large files (objects the hub already has are skipped)');
+      if (ev.event === 'phase' && ev.phase === 'committing') say('committing');
+      if (ev.event === 'fileProgress' && ev.state === 'uploading' && ev.progress === 1 && !done.has(ev.path)) {
+        done.add(ev.path);
+        say(`  sent ${ev.path}`);
+      }
+      next = await it.next();
+    }
+    const out = next.value;
+    if (!out) throw new Error('the hub returned no commit');
+    result.commit = { oid: out.commit.oid, url: out.commit.url };
+  } catch (e) {
+    const err = hubError(e, `uploading to ${repo}`, token);
+    err.message += '; nothing was committed (run again to resume: uploaded objects are not sent twice)';
+    throw err;
+  }
+  result.createsRepo = head === null;
+  result.uploadedBytes = uploads.reduce((a, u) => a + u.size, 0);
+  say(`committed ${result.commit.oid.slice(0, 10)}: ${uploads.length} file(s), ${formatBytes(result.uploadedBytes)} → ${result.url}`);
+  return result;
+}
+
+/** The plan as the CLI prints it: one line per file, then totals. */
+export function formatPlan(r: PublishResult, bundleDir?: string): string {
+  const target = r.createsRepo ? 'new repo' : `at ${r.base?.slice(0, 10)}`;
+  const lines = [`publish ${bundleDir ?? 'bundle'} → ${r.repo} (${target})${r.dryRun ? ' [dry run]' : ''}`];
+  const w = Math.max(...r.plan.map((p) => formatBytes(p.size).length));
+  for (const p of r.plan) {
+    const what = p.action === 'upload' ? `upload (${p.reason})`.padEnd(16) : 'skip-unchanged'.padEnd(16);
+    lines.push(`  ${what} ${formatBytes(p.size).padStart(w)}  ${p.path}`);
+  }
+  for (const p of r.remoteOnly) lines.push(`  ${'keep (hub only)'.padEnd(16)} ${''.padStart(w)}  ${p}`);
+  const up = r.plan.filter((p) => p.action === 'upload');
+  const bytes = up.reduce((a, p) => a + p.size, 0);
+  lines.push(`${up.length} to upload (${formatBytes(bytes)}), ${r.plan.length - up.length} unchanged${r.dryRun ? '; dry run: nothing written' : ''}`);
+  return lines.join('\n');
+}

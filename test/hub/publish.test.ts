@@ -1,0 +1,178 @@
+// `forge publish` against the loopback hub stand-in: what reaches the hub, and what never does.
+import { readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { formatPlan, publishBundle } from '../../src/hub/publish.js';
+import { BUNDLE_FILES, changeFile, makeBundle, sha256 } from './fixture.js';
+import { GOOD_TOKEN, HubStandin } from './standin.js';
+
+const REPO = 'forge-test/tiny-v81';
+let hub: HubStandin;
+let lines: string[];
+const log = (m: string) => { lines.push(m); };
+const saved = { ...process.env };
+
+beforeEach(async () => {
+  hub = await HubStandin.start();
+  lines = [];
+  process.env.HF_ENDPOINT = hub.url;
+  process.env.HF_TOKEN = GOOD_TOKEN;
+});
+afterEach(async () => {
+  await hub.close();
+  process.env = { ...saved };
+  expect(hub.unexpected).toEqual([]);
+});
+
+const puts = () => hub.requests.filter((r) => r.method === 'PUT');
+const commitsOf = (repo = REPO) => hub.repos.get(repo)?.commits ?? [];
+
+describe('publish', () => {
+  it('first publish creates the repo and uploads every file in one commit', async () => {
+    const dir = makeBundle();
+    const r = await publishBundle({ bundleDir: dir, repo: REPO, private: true, log });
+    expect(r.createsRepo).toBe(true);
+    expect(r.commit?.oid).toBe(hub.head(REPO)!.oid);
+    expect(hub.repos.get(REPO)!.private).toBe(true);
+    // The hub's initial commit, then ours: one commit for the whole bundle.
+    expect(commitsOf().map((c) => c.title)).toEqual(['initial commit', 'forge publish tiny/v81']);
+    const files = hub.head(REPO)!.files;
+    expect([...files.keys()].sort()).toEqual(['.gitattributes', ...BUNDLE_FILES, 'SHA256SUMS'].sort());
+    expect(files.has('build/run.json')).toBe(false);
+    for (const p of [...BUNDLE_FILES, 'SHA256SUMS']) {
+      const f = files.get(p)!;
+      const local = readFileSync(join(dir, p));
+      expect(f.lfs ? f.lfs.oid : undefined, p).toBe(f.lfs ? sha256(local) : undefined);
+      expect(f.lfs ? hub.lfs.get(f.lfs.oid) : f.content, p).toEqual(local);
+    }
+    // Binary files went through LFS, text files inline.
+    expect(files.get('model.onnx')!.lfs).toBeDefined();
+    expect(files.get('manifest.json')!.lfs).toBeUndefined();
+    expect(puts().length).toBe(3);
+    expect(r.plan.every((p) => p.action === 'upload' && p.reason === 'new')).toBe(true);
+    expect(lines.join('\n')).toMatch(/committed [0-9a-f]{10}: 7 file\(s\)/);
+    expect(lines.join('\n')).not.toContain(GOOD_TOKEN);
+  });
+
+  it('re-publishing an unchanged bundle uploads nothing and makes no commit; a changed file goes alone', async () => {
+    const dir = makeBundle();
+    await publishBundle({ bundleDir: dir, repo: REPO, log });
+    const before = hub.requests.length;
+    const r = await publishBundle({ bundleDir: dir, repo: REPO, log });
+    expect(r.commit).toBeNull();
+    expect(r.plan.every((p) => p.action === 'skip-unchanged')).toBe(true);
+    expect(hub.requests.slice(before).map((q) => `${q.method} ${q.path.split('/').slice(0, 3).join('/')}`))
+      .toEqual(['GET /api/whoami-v2', 'GET /api/models', 'GET /api/models']);
+    expect(commitsOf().length).toBe(2);
+    expect(lines.join('\n')).toContain('nothing to upload');
+
+    changeFile(dir, 'model.data');
+    const mark = hub.requests.length;
+    const r2 = await publishBundle({ bundleDir: dir, repo: REPO, log });
+    expect(r2.plan.filter((p) => p.action === 'upload').map((p) => [p.path, p.reason]).sort())
+      .toEqual([['SHA256SUMS', 'changed'], ['model.data', 'changed']]);
+    expect(hub.requests.slice(mark).filter((q) => q.method === 'PUT').length).toBe(1);
+    expect(commitsOf().length).toBe(3);
+    expect(hub.lfs.get(hub.head(REPO)!.files.get('model.data')!.lfs!.oid)).toEqual(readFileSync(join(dir, 'model.data')));
+  });
+
+  it('an interrupted upload resumes without sending the objects that arrived', async () => {
+    const dir = makeBundle();
+    const dataOid = sha256(readFileSync(join(dir, 'model.data')));
+    hub.faults.failUpload = { oid: dataOid, afterBytes: 64_000, afterStored: 2 };
+    await expect(publishBundle({ bundleDir: dir, repo: REPO, log })).rejects.toThrow(/nothing was committed \(run again to resume/);
+    expect(commitsOf().length).toBe(1); // just the repo's initial commit
+    expect(hub.lfs.size).toBe(2);
+    const firstPuts = puts().map((p) => p.path);
+
+    await publishBundle({ bundleDir: dir, repo: REPO, log });
+    const secondPuts = puts().map((p) => p.path).slice(firstPuts.length);
+    // Only the interrupted object travels again; the LFS batch said the others were there.
+    expect(secondPuts).toEqual([`/lfs-upload/${dataOid}`]);
+    expect(firstPuts.filter((p) => p !== `/lfs-upload/${dataOid}`).length).toBe(2);
+    expect(commitsOf().length).toBe(2);
+    expect(hub.head(REPO)!.files.get('model.data')!.lfs!.oid).toBe(dataOid);
+  });
+
+  it.each([
+    ['a failed gate', { gates: { oracle: { ok: false }, parity: { ok: true } } }, /refusing to publish .*v81: gate oracle failed$/],
+    ['a missing gate', { gates: { oracle: { ok: true } } }, /refusing to publish .*v81: gate parity is missing from build\/run.json$/],
+    ['a failed build', { ok: false }, /refusing to publish .*: the build did not pass/],
+    ['no run record', { noRunRecord: true }, /refusing to publish .*: build\/run.json is missing/],
+  ])('refuses %s before any request', async (_name, opts, msg) => {
+    const dir = makeBundle(opts);
+    await expect(publishBundle({ bundleDir: dir, repo: REPO, log })).rejects.toThrow(msg);
+    expect(hub.requests).toEqual([]);
+  });
+
+  it('refuses files that do not match SHA256SUMS, naming the file, before any request', async () => {
+    const dir = makeBundle();
+    writeFileSync(join(dir, 'model.onnx'), Buffer.from('tampered'));
+    await expect(publishBundle({ bundleDir: dir, repo: REPO, log })).rejects.toThrow(/model\.onnx does not match SHA256SUMS/);
+    const dir2 = makeBundle();
+    rmSync(join(dir2, 'tokenizer.json'));
+    await expect(publishBundle({ bundleDir: dir2, repo: REPO, log })).rejects.toThrow(/tokenizer\.json is listed in SHA256SUMS but missing/);
+    const dir3 = makeBundle();
+    writeFileSync(join(dir3, 'stray.bin'), 'x');
+    await expect(publishBundle({ bundleDir: dir3, repo: REPO, log })).rejects.toThrow(/not covered by SHA256SUMS: stray\.bin/);
+    expect(hub.requests).toEqual([]);
+  });
+
+  it('a bad token is one clear error, no commit, and its text appears nowhere', async () => {
+    const secret = 'hf_thisIsAVerySecretBadToken42';
+    const dir = makeBundle();
+    for (const via of ['option', 'env']) {
+      if (via === 'env') process.env.HF_TOKEN = secret;
+      const err = await publishBundle({ bundleDir: dir, repo: REPO, log, ...(via === 'option' ? { accessToken: secret } : {}) }).catch((e: Error) => e);
+      expect(err).toBeInstanceOf(Error);
+      expect((err as Error).message).toMatch(/^the hub refused the token \(401\) while checking the token: check HF_TOKEN$/);
+      const everything = [(err as Error).message, (err as Error).stack ?? '', ...lines].join('\n');
+      expect(everything).not.toContain(secret);
+      expect(everything).not.toContain(secret.slice(3, 12));
+    }
+    expect(hub.writes()).toEqual([]);
+    expect(hub.repos.size).toBe(0);
+    delete process.env.HF_TOKEN;
+    await expect(publishBundle({ bundleDir: dir, repo: REPO, log })).rejects.toThrow(/needs a hub token with write access: set HF_TOKEN/);
+  });
+
+  it('will not put a bundle meant to be private into an existing public repo', async () => {
+    const dir = makeBundle();
+    await publishBundle({ bundleDir: dir, repo: REPO, private: false, log });
+    changeFile(dir, 'model.onnx');
+    const mark = hub.requests.length;
+    await expect(publishBundle({ bundleDir: dir, repo: REPO, private: true, log })).rejects.toThrow(`refusing to publish to ${REPO}: it is public and a private repo was asked for`);
+    expect(hub.requests.slice(mark).every((q) => q.method === 'GET')).toBe(true);
+  });
+
+  it('a dry run without a token plans against what is publicly visible', async () => {
+    delete process.env.HF_TOKEN;
+    const dir = makeBundle();
+    const r = await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
+    expect(r.createsRepo).toBe(true);
+    expect(hub.requests.map((q) => `${q.method} ${q.status}`)).toEqual(['GET 401']);
+    expect(lines.join('\n')).toContain('is not visible (absent, or private)');
+  });
+
+  it('a dry run prints the plan and makes no write request', async () => {
+    const dir = makeBundle();
+    const r = await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
+    expect(r.createsRepo).toBe(true);
+    expect(hub.writes()).toEqual([]);
+    const text = lines.join('\n');
+    expect(text).toContain(`→ ${REPO} (new repo) [dry run]`);
+    expect(text).toMatch(/upload \(new\)\s+150\.0 KB {2}model\.onnx/);
+    expect(text).toContain('7 to upload (');
+
+    await publishBundle({ bundleDir: dir, repo: REPO, log });
+    changeFile(dir, 'README.md', Buffer.from('# changed\n'));
+    lines = [];
+    const mark = hub.requests.length;
+    const r2 = await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
+    expect(hub.requests.slice(mark).every((q) => q.method === 'GET')).toBe(true);
+    expect(commitsOf().length).toBe(2);
+    expect(formatPlan(r2)).toMatch(/skip-unchanged\s+150\.0 KB {2}model\.onnx/);
+    expect(formatPlan(r2)).toMatch(/upload \(changed\)\s+10 B {2}README\.md/);
+    expect(lines.join('\n')).toContain('2 to upload (');
+  });
+});
