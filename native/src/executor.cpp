@@ -66,6 +66,19 @@ void check_session(Ort::Session& s, const Graph& g) {
   check_io(g.name, "outputs", g.outputs, out_names, out_types);
 }
 
+/** ORT's own log goes to stderr, which would break the tool's one-line error contract: it is off
+ *  (fatal only) unless FORGE_ORT_LOG asks for verbose|info|warning|error, e.g. to see which nodes an
+ *  EP refused. The error that stops a run is always in the exception message. */
+OrtLoggingLevel ort_log_level() {
+  const char* v = std::getenv("FORGE_ORT_LOG");
+  std::string s = v ? v : "";
+  if (s == "verbose") return ORT_LOGGING_LEVEL_VERBOSE;
+  if (s == "info") return ORT_LOGGING_LEVEL_INFO;
+  if (s == "warning") return ORT_LOGGING_LEVEL_WARNING;
+  if (s == "error") return ORT_LOGGING_LEVEL_ERROR;
+  return ORT_LOGGING_LEVEL_FATAL;
+}
+
 }  // namespace
 
 std::string qnn_ep_library_for(const std::string& backend) {
@@ -136,10 +149,12 @@ Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
     if (!dlopen(opts.system_lib.c_str(), RTLD_NOW | RTLD_GLOBAL))
       throw std::runtime_error("cannot load QNN system library '" + opts.system_lib + "': " + dlerror());
   }
-  env_.RegisterExecutionProviderLibrary("forge_qnn", plugin);
+  // The plugin names its EP after the registration name, so register under the EP's usual name.
+  const std::string ep_name = "QNNExecutionProvider";
+  env_.RegisterExecutionProviderLibrary(ep_name.c_str(), plugin);
   std::vector<Ort::ConstEpDevice> qnn_devices;
   for (const auto& d : env_.GetEpDevices())
-    if (std::string(d.EpName()) == "QNNExecutionProvider") qnn_devices.push_back(d);
+    if (d.EpName() == ep_name) qnn_devices.push_back(d);
   if (qnn_devices.empty()) throw std::runtime_error("QNN EP plugin '" + plugin + "' registered but offers no QNNExecutionProvider device");
   std::unordered_map<std::string, std::string> ep_options{{"backend_path", opts.backend}};
   if (manifest_.soc_model > 0) ep_options["soc_model"] = std::to_string(manifest_.soc_model);
@@ -151,7 +166,7 @@ Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
 }
 
 Executor::Executor(const Manifest& manifest, const ExecutorOptions& opts)
-    : manifest_(manifest), env_(ORT_LOGGING_LEVEL_WARNING, "forge") {
+    : manifest_(manifest), env_(ort_log_level(), "forge") {
   Ort::SessionOptions so = session_options(opts);
   for (const Context& c : manifest.contexts) {
     sessions_.emplace_back();

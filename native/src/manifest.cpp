@@ -223,8 +223,9 @@ struct Parser {
     std::map<OutputBind, int> seen_out;
     for (size_t i = 0, n = outs.array(1); i < n; i++) {
       Node o = outs[i];
-      std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows"});
+      std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace"});
       if (bind == "state-rows") o.object({"name", "dtype", "shape", "bind", "state", "axis"});
+      else if (bind == "state-replace") o.object({"name", "dtype", "shape", "bind", "state"});
       else o.object({"name", "dtype", "shape", "bind"});
       GraphOutput go;
       static_cast<TensorSpec&>(go) = tensor(o);
@@ -235,22 +236,28 @@ struct Parser {
         go.bind = OutputBind::logits;
         expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");
       } else {
-        go.bind = OutputBind::state_rows;
+        go.bind = bind == "state-rows" ? OutputBind::state_rows : OutputBind::state_replace;
         go.state = state_ref(o.at("state"));
         const StateSpec& s = m.state[go.state];
-        go.axis = int(o.at("axis").integer(0));
-        if (go.axis != s.position_axis) o.at("axis").fail(std::to_string(go.axis) + " must be the position axis " + std::to_string(s.position_axis) + " of state '" + s.name + "'");
-        std::vector<int64_t> rows = s.shape;
-        rows[go.axis] = N;
-        expect_tensor(o, go, "float32", rows, "state '" + s.name + "' with tokens rows on the position axis");
+        if (go.bind == OutputBind::state_rows) {
+          if (s.kind != StateKind::kv_cache) o.at("state").fail("'" + s.name + "' is recurrent state: its output binds as state-replace");
+          go.axis = int(o.at("axis").integer(0));
+          if (go.axis != s.position_axis) o.at("axis").fail(std::to_string(go.axis) + " must be the position axis " + std::to_string(s.position_axis) + " of state '" + s.name + "'");
+          std::vector<int64_t> rows = s.shape;
+          rows[go.axis] = N;
+          expect_tensor(o, go, "float32", rows, "state '" + s.name + "' with tokens rows on the position axis");
+        } else {
+          if (s.kind != StateKind::recurrent) o.at("state").fail("'" + s.name + "' is a kv-cache: its output binds as state-rows");
+          expect_tensor(o, go, "float32", s.shape, "the shape of state '" + s.name + "'");
+        }
         if (!written_state.insert(go.state).second) o.at("state").fail("'" + s.name + "' is written twice");
         if (!read_state.count(go.state)) o.at("state").fail("'" + s.name + "' is written but not an input of this graph");
       }
-      if (go.bind != OutputBind::state_rows && seen_out[go.bind]++) o.at("bind").fail("'" + bind + "' is bound twice");
+      if (go.state < 0 && seen_out[go.bind]++) o.at("bind").fail("'" + bind + "' is bound twice");
       out.outputs.push_back(go);
     }
     for (int s : read_state)
-      if (!written_state.count(s)) ins.fail("state '" + m.state[s].name + "' is read but its new rows are not an output");
+      if (!written_state.count(s)) ins.fail("state '" + m.state[s].name + "' is read but its next value is not an output");
     if (out.role == GraphRole::lm_head) {
       if (out.inputs.size() != 1 || out.inputs[0].bind != InputBind::residual) ins.fail("an lm_head graph takes exactly one residual input");
       if (out.outputs.size() != 1 || out.outputs[0].bind != OutputBind::logits) outs.fail("an lm_head graph gives exactly one logits output");
@@ -349,7 +356,7 @@ struct Parser {
     m.arch_id = arch.at("id").str();
     m.soc_model = int(arch.at("socModel").integer());
     arch.at("dspArch").str();
-    m.host_op = r.at("hostOp").one_of({"decoder_generate"});
+    m.host_op = r.at("hostOp").one_of({"decoder_generate", "qwen3_5_generate"});
     Node model = r.at("model");
     model.object({"family", "layers", "hidden", "vocab"});
     m.family = model.at("family").str();
@@ -372,13 +379,20 @@ struct Parser {
     Node st = r.at("state");
     for (size_t i = 0, n = st.array(); i < n; i++) {
       Node s = st[i];
-      s.object({"name", "kind", "dtype", "shape", "positionAxis"});
-      StateSpec spec{s.at("name").str(), s.at("shape").shape(), int(s.at("positionAxis").integer(0))};
-      s.at("kind").one_of({"kv-cache"});
+      std::string kind = s.at("kind").one_of({"kv-cache", "recurrent"});
+      if (kind == "kv-cache") s.object({"name", "kind", "dtype", "shape", "positionAxis"});
+      else s.object({"name", "kind", "dtype", "shape"});
+      StateSpec spec;
+      spec.name = s.at("name").str();
+      spec.kind = kind == "kv-cache" ? StateKind::kv_cache : StateKind::recurrent;
+      spec.shape = s.at("shape").shape();
       s.at("dtype").one_of({"float32"});
-      if (spec.position_axis >= int(spec.shape.size())) s.at("positionAxis").fail(std::to_string(spec.position_axis) + " is not an axis of " + shape_str(spec.shape));
-      if (spec.shape[spec.position_axis] != m.max_context)
-        s.at("shape").fail(shape_str(spec.shape) + " has " + std::to_string(spec.shape[spec.position_axis]) + " slots on the position axis, limits.maxContext is " + std::to_string(m.max_context));
+      if (spec.kind == StateKind::kv_cache) {
+        spec.position_axis = int(s.at("positionAxis").integer(0));
+        if (spec.position_axis >= int(spec.shape.size())) s.at("positionAxis").fail(std::to_string(spec.position_axis) + " is not an axis of " + shape_str(spec.shape));
+        if (spec.shape[spec.position_axis] != m.max_context)
+          s.at("shape").fail(shape_str(spec.shape) + " has " + std::to_string(spec.shape[spec.position_axis]) + " slots on the position axis, limits.maxContext is " + std::to_string(m.max_context));
+      }
       if (!state_index.emplace(spec.name, int(i)).second) s.at("name").fail("'" + spec.name + "' is declared twice");
       m.state.push_back(spec);
     }

@@ -21,7 +21,8 @@ class ManifestError : public std::runtime_error {
 };
 
 enum class InputBind { residual, positions, mask, state };
-enum class OutputBind { residual, logits, state_rows };
+enum class OutputBind { residual, logits, state_rows, state_replace };
+enum class StateKind { kv_cache, recurrent };
 enum class GraphRole { prefill, decode, lm_head };
 
 struct TensorSpec {
@@ -37,7 +38,7 @@ struct GraphInput : TensorSpec {
 
 struct GraphOutput : TensorSpec {
   OutputBind bind;
-  int state = -1;  // index into Manifest::state when bind == state_rows
+  int state = -1;  // index into Manifest::state when bind == state_rows / state_replace
   int axis = 0;    // the rows axis of a state_rows output
 };
 
@@ -72,8 +73,9 @@ struct Context {
 
 struct StateSpec {
   std::string name;
+  StateKind kind = StateKind::kv_cache;
   std::vector<int64_t> shape;
-  int position_axis = 0;
+  int position_axis = -1;  // kv-cache: the axis indexed by absolute position; -1 for recurrent state
   size_t elements() const;
 };
 

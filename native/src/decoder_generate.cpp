@@ -1,0 +1,258 @@
+#include "decoder_generate.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <stdexcept>
+
+#include "half.h"
+
+namespace forge {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
+
+size_t count(const std::vector<int64_t>& shape) {
+  size_t n = 1;
+  for (int64_t d : shape) n *= size_t(d);
+  return n;
+}
+
+size_t graph_index(const Context& c, const Graph* g) { return size_t(g - c.graphs.data()); }
+
+}  // namespace
+
+struct RowsOut {
+  int state;
+  size_t outer, inner;  // elements before / after the rows axis
+  std::vector<float> buf;
+};
+
+struct Step {
+  std::unique_ptr<GraphBinding> binding;
+  std::vector<RowsOut> rows;
+};
+
+struct DecoderGenerate::Pass {
+  int n = 1;
+  std::vector<float> residual[2];
+  std::vector<int32_t> positions;
+  std::vector<float> mask;
+  int mask_visible = -1;  // decode: leading visible cache slots currently in the mask row
+  std::vector<Step> steps;
+  std::vector<float> lm_in, logits;
+  std::unique_ptr<GraphBinding> lm_head;  // null when the last shard gives the logits
+  int final_residual = 0;
+};
+
+DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : m_(manifest), exec_(executor) {
+  if (m_.host_op != "decoder_generate")
+    throw std::runtime_error("host-op '" + m_.host_op + "' is not implemented by this runtime (it runs decoder_generate)");
+  for (const StateSpec& s : m_.state)
+    if (s.kind != StateKind::kv_cache) throw std::runtime_error("decoder_generate carries kv-cache state only; '" + s.name + "' is recurrent");
+  // The embedding table is mapped, not read: a real vocab is hundreds of MB and only rows are touched.
+  std::string path = m_.resolve(m_.embedding_file);
+  int fd = open(path.c_str(), O_RDONLY);
+  if (fd < 0) throw std::runtime_error("cannot open the embedding table " + path);
+  embedding_bytes_ = size_t(m_.vocab) * m_.hidden * 2;
+  void* p = mmap(nullptr, embedding_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+  close(fd);
+  if (p == MAP_FAILED) throw std::runtime_error("cannot map the embedding table " + path);
+  embedding_ = static_cast<const uint16_t*>(p);
+
+  for (const StateSpec& s : m_.state) caches_.emplace_back(s.elements(), 0.0f);
+  decode_ = make_pass(GraphRole::decode, 1);
+  bool all_prefill = true;
+  int prefill_tokens = 0;
+  for (const Context& c : m_.contexts) {
+    if (c.graph(GraphRole::lm_head)) continue;
+    const Graph* p = c.graph(GraphRole::prefill);
+    if (!p || (prefill_tokens && p->tokens != prefill_tokens)) all_prefill = false;
+    else prefill_tokens = p->tokens;
+  }
+  if (all_prefill && prefill_tokens > 1) prefill_ = make_pass(GraphRole::prefill, prefill_tokens);
+}
+
+DecoderGenerate::~DecoderGenerate() {
+  if (embedding_) munmap(const_cast<uint16_t*>(embedding_), embedding_bytes_);
+}
+
+std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role, int n) {
+  auto pass = std::make_unique<Pass>();
+  const int64_t H = m_.hidden, C = m_.max_context, V = m_.vocab;
+  pass->n = n;
+  pass->residual[0].assign(size_t(n) * H, 0.0f);
+  pass->residual[1].assign(size_t(n) * H, 0.0f);
+  pass->positions.assign(size_t(n), 0);
+  pass->mask.assign(size_t(n) * (C + n), m_.mask_masked);
+  int shard = 0;
+  for (size_t ci = 0; ci < m_.contexts.size(); ci++) {
+    const Context& c = m_.contexts[ci];
+    if (const Graph* lm = c.graph(GraphRole::lm_head)) {
+      pass->lm_head = exec_.bind(ci, graph_index(c, lm));
+      pass->logits.assign(size_t(V), 0.0f);
+      // One token: the lm-head reads the final residual where the last shard wrote it (no copy).
+      float* in = pass->residual[shard % 2].data();
+      if (n > 1) {
+        pass->lm_in.assign(size_t(H), 0.0f);
+        in = pass->lm_in.data();
+      }
+      pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
+      pass->lm_head->bind_output(lm->outputs[0].name, pass->logits.data(), {1, 1, V});
+      continue;
+    }
+    const Graph* g = c.graph(role);
+    Step step;
+    step.binding = exec_.bind(ci, graph_index(c, g));
+    float* in = pass->residual[shard % 2].data();
+    float* out = pass->residual[(shard + 1) % 2].data();
+    for (const GraphInput& i : g->inputs) {
+      switch (i.bind) {
+        case InputBind::residual: step.binding->bind_input(i.name, in, i.shape); break;
+        case InputBind::positions: step.binding->bind_input(i.name, pass->positions.data(), i.shape); break;
+        case InputBind::mask: step.binding->bind_input(i.name, pass->mask.data(), i.shape); break;
+        case InputBind::state: step.binding->bind_input(i.name, caches_[i.state].data(), i.shape); break;
+      }
+    }
+    for (const GraphOutput& o : g->outputs) {
+      switch (o.bind) {
+        case OutputBind::residual: step.binding->bind_output(o.name, out, o.shape); break;
+        case OutputBind::logits:
+          pass->logits.assign(size_t(n) * V, 0.0f);
+          step.binding->bind_output(o.name, pass->logits.data(), o.shape);
+          break;
+        case OutputBind::state_rows: {
+          RowsOut r{o.state, 1, 1, std::vector<float>(count(o.shape))};
+          for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
+          for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
+          step.rows.push_back(std::move(r));
+          step.binding->bind_output(o.name, step.rows.back().buf.data(), o.shape);
+          break;
+        }
+        case OutputBind::state_replace: throw std::logic_error("recurrent state reached decoder_generate");
+      }
+    }
+    pass->steps.push_back(std::move(step));
+    shard++;
+  }
+  pass->final_residual = shard % 2;
+  return pass;
+}
+
+void DecoderGenerate::fill_mask(Pass& p, int start, int valid) {
+  const int C = m_.max_context, n = p.n, W = C + n;
+  const float masked = m_.mask_masked;
+  if (n == 1 && p.mask_visible >= 0 && start >= p.mask_visible) {
+    // Decode: the row only gains visible slots as the position advances.
+    std::fill(p.mask.begin() + p.mask_visible, p.mask.begin() + start, 0.0f);
+    p.mask_visible = start;
+    return;
+  }
+  // past-then-new: cache slot j < start visible; new token k visible to row r when k <= r and k is real.
+  for (int r = 0; r < n; r++) {
+    float* row = p.mask.data() + size_t(r) * W;
+    std::fill(row, row + W, masked);
+    std::fill(row, row + start, 0.0f);
+    for (int k = 0; k <= r && k < valid; k++) row[C + k] = 0.0f;
+  }
+  if (n == 1) p.mask_visible = start;
+}
+
+int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool want_token, double* run_ms) {
+  const int H = m_.hidden, C = m_.max_context, V = m_.vocab;
+  float* x = p.residual[0].data();
+  for (int r = 0; r < valid; r++) {
+    const uint16_t* row = embedding_ + size_t(ids[r]) * H;
+    for (int h = 0; h < H; h++) x[size_t(r) * H + h] = half_to_float(row[h]);
+  }
+  std::fill(x + size_t(valid) * H, x + size_t(p.n) * H, 0.0f);  // padding rows of a short chunk
+  for (int r = 0; r < p.n; r++) p.positions[r] = std::min(start + r, C - 1);
+  fill_mask(p, start, valid);
+
+  for (Step& s : p.steps) {
+    auto t0 = Clock::now();
+    s.binding->run();
+    *run_ms += ms_since(t0);
+    // Only the real rows enter the caches, at the call's positions.
+    for (const RowsOut& r : s.rows) {
+      float* cache = caches_[r.state].data();
+      for (size_t o = 0; o < r.outer; o++)
+        for (int k = 0; k < valid; k++)
+          std::memcpy(cache + (o * C + size_t(start + k)) * r.inner, r.buf.data() + (o * p.n + size_t(k)) * r.inner,
+                      r.inner * sizeof(float));
+    }
+  }
+  if (!want_token) return -1;
+  const float* logits = p.logits.data();
+  if (p.lm_head) {
+    if (p.n > 1) std::memcpy(p.lm_in.data(), p.residual[p.final_residual].data() + size_t(valid - 1) * H, size_t(H) * sizeof(float));
+    auto t0 = Clock::now();
+    p.lm_head->run();
+    *run_ms += ms_since(t0);
+  } else {
+    logits += size_t(valid - 1) * V;
+  }
+  return int(std::max_element(logits, logits + V) - logits);  // first maximum, as torch.argmax
+}
+
+GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const GenerateOptions& opts) {
+  const int C = m_.max_context, L = int(prompt.size());
+  if (L == 0) throw std::runtime_error("the prompt is empty");
+  if (opts.max_new_tokens < 1) throw std::runtime_error("max_new_tokens must be at least 1");
+  for (int id : prompt)
+    if (id < 0 || id >= m_.vocab) throw std::runtime_error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(m_.vocab) + ")");
+  // Every prompt token and every generated token but the last takes a cache slot.
+  if (L + opts.max_new_tokens - 1 > C)
+    throw std::runtime_error("prompt of " + std::to_string(L) + " tokens + " + std::to_string(opts.max_new_tokens) +
+                             " new tokens needs " + std::to_string(L + opts.max_new_tokens - 1) + " positions; the bundle's maxContext is " + std::to_string(C));
+  for (auto& c : caches_) std::fill(c.begin(), c.end(), 0.0f);
+  decode_->mask_visible = -1;
+
+  GenerateResult res;
+  double run_ms = 0;
+  auto t0 = Clock::now();
+  int next;
+  if (prefill_ && opts.use_prefill) {
+    res.used_prefill = true;
+    const int P = prefill_->n;
+    for (int s = 0;; s += P) {
+      int valid = std::min(P, L - s);
+      bool last = s + valid == L;
+      next = run(*prefill_, prompt.data() + s, s, valid, last, &run_ms);
+      if (last) break;
+    }
+  } else {
+    for (int t = 0; t < L; t++) next = run(*decode_, prompt.data() + t, t, 1, t == L - 1, &run_ms);
+  }
+  res.timings.prefill_ms = ms_since(t0);
+
+  double decode_ms = 0, decode_run_ms = 0;
+  for (;;) {
+    res.generated.push_back(next);
+    if (!opts.ignore_eos && std::find(m_.eos.begin(), m_.eos.end(), next) != m_.eos.end()) {
+      res.stopped_at_eos = true;
+      break;
+    }
+    if (int(res.generated.size()) == opts.max_new_tokens) break;
+    int pos = L + int(res.generated.size()) - 1;
+    auto s0 = Clock::now();
+    double step_run = 0;
+    next = run(*decode_, &res.generated.back(), pos, 1, true, &step_run);
+    decode_ms += ms_since(s0);
+    decode_run_ms += step_run;
+    res.timings.decode_steps++;
+  }
+  if (int n = res.timings.decode_steps) {
+    res.timings.decode_ms_per_token = decode_ms / n;
+    res.timings.host_overhead_ms_per_token = (decode_ms - decode_run_ms) / n;
+  }
+  return res;
+}
+
+}  // namespace forge

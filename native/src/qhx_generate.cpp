@@ -1,0 +1,125 @@
+// qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> <prompt>
+//              [--ids] [--json] [--ignore-eos] [--no-prefill]
+// Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
+// QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
+// The prompt is text, or token ids "1,2,3" (always with --ids; otherwise when it is only digits and
+// commas). Prints the generated ids and text; --json prints one JSON object instead:
+//   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend,
+//    timings: {prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
+// Any error: one line on stderr, exit status 1. Environment: FORGE_ORT_THREADS (intra-op threads),
+// FORGE_ORT_LOG (ORT's own log level), FORGE_QNN_EP_LIB (the QNN EP plugin library).
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "decoder_generate.h"
+#include "executor.h"
+#include "manifest.h"
+#include "prompt.h"
+#include "tokenizer.h"
+
+namespace {
+
+const char* kUsage =
+    "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> <prompt> "
+    "[--ids] [--json] [--ignore-eos] [--no-prefill]";
+
+std::string join_ids(const std::vector<int>& ids) {
+  std::string s;
+  for (size_t i = 0; i < ids.size(); i++) s += (i ? "," : "") + std::to_string(ids[i]);
+  return s;
+}
+
+int run(int argc, char** argv) {
+  std::vector<std::string> pos;
+  bool force_ids = false, as_json = false, ignore_eos = false, no_prefill = false;
+  for (int i = 1; i < argc; i++) {
+    std::string a = argv[i];
+    if (a == "--ids") force_ids = true;
+    else if (a == "--json") as_json = true;
+    else if (a == "--ignore-eos") ignore_eos = true;
+    else if (a == "--no-prefill") no_prefill = true;
+    else if (a == "--help" || a == "-h") { std::cout << kUsage << "\n"; return 0; }
+    else if (a.rfind("--", 0) == 0 && pos.size() != 5) throw std::runtime_error("unknown option " + a + "; " + kUsage);
+    else pos.push_back(a);
+  }
+  if (pos.size() != 6) throw std::runtime_error(kUsage);
+  const std::string &manifest_path = pos[0], &backend = pos[1], &system_lib = pos[2], &root = pos[3], &prompt = pos[5];
+  int max_new = 0;
+  try {
+    size_t used;
+    max_new = std::stoi(pos[4], &used);
+    if (used != pos[4].size() || max_new < 1) throw std::invalid_argument("");
+  } catch (const std::exception&) {
+    throw std::runtime_error("max_new_tokens '" + pos[4] + "' is not a positive integer");
+  }
+
+  forge::Manifest m = forge::load_manifest(manifest_path, root);
+  std::optional<forge::Tokenizer> tok;
+  std::string tok_error;
+  try {
+    tok.emplace(forge::Tokenizer::from_file(m.resolve(m.tokenizer_file)));
+  } catch (const std::exception& e) {
+    tok_error = e.what();
+  }
+  std::vector<int> ids;
+  if (force_ids || forge::looks_like_ids(prompt)) {
+    ids = forge::parse_ids(prompt);
+  } else {
+    if (!tok) throw std::runtime_error(tok_error);
+    ids = tok->encode(prompt);
+    if (m.bos) ids.insert(ids.begin(), *m.bos);
+  }
+
+  // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
+  const char* threads = std::getenv("FORGE_ORT_THREADS");
+  forge::Executor exec(m, forge::ExecutorOptions{backend, system_lib, threads ? std::atoi(threads) : 0});
+  forge::DecoderGenerate gen(m, exec);
+  forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill});
+  std::optional<std::string> text;
+  if (tok) text = tok->decode(r.generated);
+
+  if (as_json) {
+    nlohmann::json out{
+        {"prompt_ids", ids},
+        {"generated_ids", r.generated},
+        {"text", text ? nlohmann::json(*text) : nlohmann::json(nullptr)},
+        {"stopped_at_eos", r.stopped_at_eos},
+        {"prefill", r.used_prefill},
+        {"backend", exec.on_qnn() ? "qnn" : "cpu"},
+        {"timings",
+         {{"prefill_ms", r.timings.prefill_ms},
+          {"decode_ms_per_token", r.timings.decode_ms_per_token},
+          {"host_overhead_ms_per_token", r.timings.host_overhead_ms_per_token},
+          {"decode_steps", r.timings.decode_steps}}}};
+    // Generated text can hold U+FFFD from a split UTF-8 sequence: dump replaces, never throws.
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::cout << "prompt_ids: " << join_ids(ids) << "\n";
+    std::cout << "generated_ids: " << join_ids(r.generated) << "\n";
+    std::cout << "text: " << (text ? *text : "(no tokenizer: " + tok_error + ")") << "\n";
+    std::printf("prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", r.timings.prefill_ms,
+                r.timings.decode_ms_per_token, r.timings.host_overhead_ms_per_token);
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    for (char& c : msg)
+      if (c == '\n') c = ' ';
+    std::fprintf(stderr, "qhx_generate: %s\n", msg.c_str());
+    return 1;
+  }
+}

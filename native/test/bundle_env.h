@@ -1,0 +1,28 @@
+// Where the tests find the tiny bundle forge builds (test/helpers/make-bundle.ts): FORGE_TEST_BUNDLE
+// (the fp32 bundle dir) and FORGE_TEST_TRACE (the HF trace dir with trace.json). A test that needs
+// one FAILS when it is unset: the suite must never pass by not running its key checks.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace forge_test {
+
+/** The variable's value, or "" after recording a test failure that says how to set it. */
+std::string need_env(const char* name);
+
+struct TracePrompt {
+  std::string text;
+  std::vector<int> prompt_tokens, generated;
+};
+std::vector<TracePrompt> load_trace(const std::string& trace_dir);
+
+/** Runs a command; returns its exit status and fills stdout/stderr. */
+int run_command(const std::string& cmd, std::string* out, std::string* err);
+
+}  // namespace forge_test
+
+#define NEED_ENV(var, name)                       \
+  std::string var = forge_test::need_env(name);   \
+  if (var.empty()) return
