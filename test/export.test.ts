@@ -30,14 +30,20 @@ describe('export', () => {
     }
   });
 
-  it('stores W8 weights as int8 [out, in] with one float32 scale per output row, dequantized on axis 0', () => {
+  it('stores W8 weights as MatMulNBits(bits=8): uint8 codes [out, blocks, block] with one scale per output row', () => {
     const m = readModel(join(entry('quantize'), 'shard0.decode.onnx'));
-    const w = m.initializers().find((t) => t.name === 'model.layers.0.mlp.gate_proj.weight')!;
-    const scale = m.initializers().find((t) => t.name === 'model.layers.0.mlp.gate_proj.weight.scale')!;
-    expect(w.dtype).toBe('int8');
-    expect(scale).toMatchObject({ dtype: 'float32', dims: [w.dims[0]] });
-    const dq = m.nodes().find((n) => n.opType === 'DequantizeLinear' && n.inputs[0] === w.name)!;
-    expect(dq.attrs.axis).toBe(0);
+    const name = 'model.layers.0.mlp.gate_proj.weight';
+    const w = m.initializers().find((t) => t.name === name)!;
+    const scale = m.initializers().find((t) => t.name === `${name}.scale`)!;
+    expect(w.dtype).toBe('uint8');
+    const [out, blocks, block] = w.dims;
+    expect(out * blocks * block).toBe(out * 64); // in-features of the twin's MLP input: hidden 64
+    expect(scale).toMatchObject({ dtype: 'float32', dims: [out * blocks] });
+    const node = m.nodes().find((n) => n.opType === 'MatMulNBits' && n.inputs[1] === name)!;
+    expect(node).toMatchObject({ domain: 'com.microsoft', attrs: { bits: 8, K: 64, N: out, block_size: block } });
+    const s = m.initializerData(`${name}.scale`) as Float32Array;
+    for (let r = 0; r < out; r++) expect(new Set(s.subarray(r * blocks, (r + 1) * blocks)).size).toBe(1);
+    expect(m.nodes().some((n) => n.opType === 'DequantizeLinear')).toBe(false);
   });
 
   it('keeps one copy of a shard\'s weights, shared by its prefill and decode graphs', () => {

@@ -104,6 +104,11 @@ export function cachedAttention(g: GraphBuilder, q: string, k: string, v: string
   return g.op('Reshape', [ctx, g.constInt64([1, s.heads, s.n, s.headDim])]);
 }
 
+/** silu(gate) · up, the gated half of a SwiGLU MLP (the projections are the caller's linear layers). */
+export function swiGate(g: GraphBuilder, gate: string, up: string): string {
+  return g.op('Mul', [g.op('Mul', [gate, g.op('Sigmoid', [gate])]), up]);
+}
+
 /** down(silu(gate(x)) · up(x)). */
 export function swiGlu(g: GraphBuilder, x: string, w: { gate: string; up: string; down: string }, hidden: number, ffn: number, n: number): string {
   const gate = linear(g, x, w.gate, hidden, ffn, n);
@@ -127,4 +132,67 @@ export function attentionMask(ctx: number, n: number, start: number, valid = n):
     for (let k = 0; k <= r && k < valid; k++) m[r * (ctx + n) + ctx + k] = 0;
   }
   return m;
+}
+
+// ---- blocks for hybrid linear-attention decoders (Qwen3.5 GatedDeltaNet) ---------------------
+
+/**
+ * Partial rotary: rotate_half RoPE over the first `rotDim` dims of the last axis (pairs i, i+rotDim/2
+ * inside the rotated part), the remaining headDim-rotDim dims pass through. cs rows are [.., rotDim].
+ */
+export function applyPartialRope(g: GraphBuilder, x: string, cs: { cos: string; sin: string }, rotDim: number, headDim: number): string {
+  if (rotDim === headDim) return applyRope(g, x, cs);
+  const [rot, pass] = g.op('Split', [x, g.constInt64([rotDim, headDim - rotDim])], { axis: -1 }, 2);
+  return g.op('Concat', [applyRope(g, rot, cs), pass], { axis: -1 });
+}
+
+/** x·rsqrt(Σx² + eps) over the last axis (the FLA/HF `l2norm`). */
+export function l2Norm(g: GraphBuilder, x: string, eps: number): string {
+  const sum = g.op('ReduceSum', [g.op('Mul', [x, x]), g.constInt64([-1])], { keepdims: 1 });
+  return g.op('Mul', [x, g.op('Reciprocal', [g.op('Sqrt', [g.op('Add', [sum, g.constFloat32([eps], [])])])])]);
+}
+
+/** x·sigmoid(x). */
+export function silu(g: GraphBuilder, x: string): string {
+  return g.op('Mul', [x, g.op('Sigmoid', [x])]);
+}
+
+/** log(1+eˣ) in the overflow-free form max(x,0) + log(1+e^-|x|) (no Softplus op needed). */
+export function softplus(g: GraphBuilder, x: string): string {
+  const tail = g.op('Log', [g.op('Add', [g.op('Exp', [g.op('Neg', [g.op('Abs', [x])])]), g.constFloat32([1], [])])]);
+  return g.op('Add', [g.op('Relu', [x]), tail]);
+}
+
+/** Gated RMSNorm over the last axis with a plain weight: w·x·rsqrt(mean(x²)+eps)·silu(z). */
+export function gatedRmsNorm(g: GraphBuilder, x: string, z: string, w: string, eps: number): string {
+  return g.op('Mul', [rmsNorm(g, x, w, eps), silu(g, z)]);
+}
+
+/**
+ * One step of a causal depthwise conv over a FIFO (HF `causal_conv1d_update` layout): state
+ * [1, C, K] holds the last K inputs, oldest first; x [1, C, 1] is the new input; w [1, C, K] the taps
+ * (conv1d.weight [C, 1, K] reshaped). Returns the next state (drop the oldest column, append x) and
+ * the conv output Σ_j w[c, j]·next[c, j] as [1, C] (no activation).
+ */
+export function causalConvStep(g: GraphBuilder, state: string, x: string, w: string, kernel: number): { next: string; out: string } {
+  const kept = g.op('Slice', [state, g.constInt64([1]), g.constInt64([kernel]), g.constInt64([2])]);
+  const next = kernel > 1 ? g.op('Concat', [kept, x], { axis: 2 }) : x;
+  const out = g.op('ReduceSum', [g.op('Mul', [next, w]), g.constInt64([-1])], { keepdims: 0 });
+  return { next, out };
+}
+
+/**
+ * One token of the gated delta rule in float32. q, k [1, Hv, 1, dk] (already l2-normalised, q
+ * scaled, key heads repeated to the value heads), v [1, Hv, 1, dv], beta and decay (= exp(g))
+ * [1, Hv, 1, 1], state S [1, Hv, dk, dv]. S ← S·decay; u = kᵀS; δ = (v − u)·β; S ← S + k⊗δ;
+ * o = qᵀS. Returns the next state and o [1, Hv, 1, dv].
+ */
+export function gatedDeltaStep(g: GraphBuilder, s: { q: string; k: string; v: string; beta: string; decay: string; state: string }): { next: string; out: string } {
+  const decayed = g.op('Mul', [s.state, s.decay]);
+  const u = g.op('MatMul', [s.k, decayed]); // [1, Hv, 1, dv]
+  const delta = g.op('Mul', [g.op('Sub', [s.v, u]), s.beta]);
+  const kCol = g.op('Transpose', [s.k], { perm: [0, 1, 3, 2] }); // [1, Hv, dk, 1]
+  const next = g.op('Add', [decayed, g.op('Mul', [kCol, delta])]);
+  const out = g.op('MatMul', [s.q, next]);
+  return { next, out };
 }

@@ -5,7 +5,7 @@ import { z } from 'zod';
 import { ConfigError, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
-import { applyRope, cachedAttention, linear, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGlu } from './blocks.js';
+import { applyRope, cachedAttention, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 
 const ConfigSchema = z.object({
   model_type: z.literal('qwen3'),
@@ -120,26 +120,26 @@ export async function qwen3Layer(
   const { hidden: H, heads, kvHeads, headDim: d, ffn, eps } = c;
   const { n, ctx } = io;
   const p = `${prefix}.${layer}`;
-  const mm = (name: string, shape: [number, number]) => w.store.matmul(g, `${p}.${name}.weight`, shape, w.scheme);
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
   const norm = (name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]);
 
   const pastK = g.input(`past_k.${layer}`, 'float32', [1, kvHeads, ctx, d]);
   const pastV = g.input(`past_v.${layer}`, 'float32', [1, kvHeads, ctx, d]);
   const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps);
-  const q = splitHeads(g, linear(g, xn, await mm('self_attn.q_proj', [heads * d, H]), H, heads * d, n), heads, d, n);
-  const k = splitHeads(g, linear(g, xn, await mm('self_attn.k_proj', [kvHeads * d, H]), H, kvHeads * d, n), kvHeads, d, n);
-  const v = splitHeads(g, linear(g, xn, await mm('self_attn.v_proj', [kvHeads * d, H]), H, kvHeads * d, n), kvHeads, d, n);
+  const q = splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, n);
+  const k = splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, n);
+  const v = splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, n);
   const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps), io.rope);
   const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps), io.rope);
   const newK = g.output(kr, `new_k.${layer}`, { shape: [1, kvHeads, n, d] });
   const newV = g.output(v, `new_v.${layer}`, { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, io.mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
-  const o = linear(g, mergeHeads(g, attn, heads, d, n), await mm('self_attn.o_proj', [H, heads * d]), heads * d, H, n);
+  const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, o]);
   const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps);
-  const mlp = swiGlu(g, mlpIn, {
-    gate: await mm('mlp.gate_proj', [ffn, H]), up: await mm('mlp.up_proj', [ffn, H]), down: await mm('mlp.down_proj', [H, ffn]),
-  }, H, ffn, n);
+  const gate = await lin(mlpIn, 'mlp.gate_proj', [ffn, H]);
+  const up = await lin(mlpIn, 'mlp.up_proj', [ffn, H]);
+  const mlp = await lin(swiGate(g, gate, up), 'mlp.down_proj', [H, ffn]);
   const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
   const kv = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, ctx, d] });
   const kvNew = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, n, d] });
@@ -177,8 +177,7 @@ export async function denseDecoderShard(
   const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
   outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, n, H] });
   if (s.isLast && s.lmHeadInside) {
-    const head = await w.store.matmul(g, names.lmHead, [c.vocab, H], w.lmHeadScheme);
-    const logits = g.output(linear(g, hiddenOut, head, H, c.vocab, n), 'logits', { shape: [1, n, c.vocab] });
+    const logits = g.output(await w.store.linear(g, hiddenOut, names.lmHead, [c.vocab, H], w.lmHeadScheme, n), 'logits', { shape: [1, n, c.vocab] });
     outputs.push({ name: logits, dtype: f32, shape: [1, n, c.vocab] });
   }
   return { inputs, outputs, probes };
@@ -187,7 +186,6 @@ export async function denseDecoderShard(
 /** Final-normed hidden [1,1,H] → logits [1,1,V]. */
 export async function lmHeadGraph(g: GraphBuilder, hidden: number, vocab: number, weight: string, w: GraphWeights): Promise<GraphInterface> {
   const x = g.input('hidden', 'float32', [1, 1, hidden]);
-  const head = await w.store.matmul(g, weight, [vocab, hidden], w.lmHeadScheme);
-  const logits = g.output(linear(g, x, head, hidden, vocab, 1), 'logits', { shape: [1, 1, vocab] });
+  const logits = g.output(await w.store.linear(g, x, weight, [vocab, hidden], w.lmHeadScheme, 1), 'logits', { shape: [1, 1, vocab] });
   return { inputs: [{ name: x, dtype: 'float32', shape: [1, 1, hidden] }], outputs: [{ name: logits, dtype: 'float32', shape: [1, 1, vocab] }], probes: {} };
 }

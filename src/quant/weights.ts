@@ -1,10 +1,14 @@
 // How checkpoint tensors become graph weights under a quant scheme — the one place that decides the
-// ONNX form of a quantized weight. Each tensor is streamed row chunk by row chunk from safetensors
+// ONNX form of a quantized weight. W8 is com.microsoft MatMulNBits(bits=8): the QNN HTP compiles it
+// with int8 weights and float activations (a per-channel DequantizeLinear → Gemm, the obvious form,
+// is left on the CPU by the QNN EP, its weights never reaching the context binary — see the issue
+// notes for the size evidence). Each tensor is streamed row chunk by row chunk from safetensors
 // into a data file shared by every graph of a context (prefill and decode read the same bytes), and
 // each graph that uses it gets a reference plus the few nodes that turn it into float.
 import type { Checkpoint } from '../io/checkpoint.js';
 import { f32ToF16Array } from '../io/dtype.js';
-import type { GraphBuilder } from '../onnx/builder.js';
+import { MS_DOMAIN, type GraphBuilder } from '../onnx/builder.js';
+import { linear as gemmLinear } from '../families/blocks.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { QuantScheme } from '../recipe/schema.js';
@@ -15,6 +19,13 @@ interface Stored {
   dims: number[];
   ref: ExternalRef;
   scale?: { ref: ExternalRef; dims: number[] };
+  blockSize?: number;
+}
+
+/** MatMulNBits splits K into blocks with one scale each; one block size per tensor: the largest power of two ≤ 256 dividing K. */
+export function w8BlockSize(k: number, tensor: string): number {
+  for (let b = 256; b >= 16; b /= 2) if (k % b === 0) return b;
+  throw new Error(`tensor ${tensor}: in-features ${k} is not a multiple of 16, which W8 (MatMulNBits) needs`);
 }
 
 /** Row chunks of about this many f32 bytes: big enough for throughput, small enough for memory. */
@@ -45,17 +56,25 @@ export class WeightStore {
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
     let stored: Stored;
     if (scheme === 'w8') {
+      const blockSize = w8BlockSize(cols, name);
+      const blocks = cols / blockSize;
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendChunked(rows * cols, async (write) => {
         for await (const chunk of this.ckpt.iterRows(name, { rowsPerChunk })) {
           const q = new Int8Array(chunk.rowCount * cols);
           quantizeRows(chunk.data, cols, q, scales.subarray(chunk.rowStart, chunk.rowStart + chunk.rowCount));
-          write(new Uint8Array(q.buffer));
+          // MatMulNBits stores unsigned codes with an implicit zero point of 128: q + 128 = q XOR 0x80.
+          const u = new Uint8Array(q.buffer);
+          for (let i = 0; i < u.length; i++) u[i] ^= 0x80;
+          write(u);
         }
       });
-      const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
-      stored = { dtype: 'int8', dims, ref, scale: { ref: scaleRef, dims: [rows] } };
-      this.bytesWritten += rows * cols + rows * 4;
+      // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
+      const blockScales = new Float32Array(rows * blocks);
+      for (let r = 0; r < rows; r++) blockScales.fill(scales[r], r * blocks, (r + 1) * blocks);
+      const scaleRef = this.sink.append(new Uint8Array(blockScales.buffer));
+      stored = { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize };
+      this.bytesWritten += rows * cols + rows * blocks * 4;
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
@@ -74,17 +93,37 @@ export class WeightStore {
   }
 
   /**
-   * A linear layer's weight [out, in] as a float32 value for Gemm(transB=1).
-   * fp32: the tensor itself. fp16: Cast. w8: DequantizeLinear(int8, per-row float32 scale, axis 0),
-   * the weight-only form the QNN HTP folds into an int8 FullyConnected.
+   * A linear layer x [1, N, in] → [1, N, out] with the checkpoint weight `name` [out, in].
+   * fp32: Gemm(transB=1) on the tensor. fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
+   * rank-3 x (the QNN EP refuses rank 2 there).
    */
-  async matmul(g: GraphBuilder, name: string, shape: [number, number], scheme: QuantScheme): Promise<string> {
+  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
+    const [out, inDim] = shape;
     const s = await this.store(name, shape, scheme);
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
-    if (scheme === 'fp32') return w;
-    if (scheme === 'fp16') return g.op('Cast', [w], { to: 1 });
+    if (scheme !== 'w8') return gemmLinear(g, x, scheme === 'fp16' ? g.op('Cast', [w], { to: 1 }) : w, inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale!.dims, s.scale!.ref);
-    return g.op('DequantizeLinear', [w, scale], { axis: 0 });
+    const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: 8, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
+    return bias ? g.op('Add', [y, bias]) : y;
+  }
+
+  /**
+   * TRANSITIONAL (until every family calls linear()): the weight alone as a float value, W8 as the
+   * old DequantizeLinear form, which the QNN EP does not put on the HTP.
+   */
+  async matmul(g: GraphBuilder, name: string, shape: [number, number], scheme: QuantScheme): Promise<string> {
+    if (scheme !== 'w8') {
+      const s = await this.store(name, shape, scheme);
+      const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
+      return scheme === 'fp16' ? g.op('Cast', [w], { to: 1 }) : w;
+    }
+    const rows = await this.ckpt.readF32(name);
+    const q = new Int8Array(rows.length);
+    const scales = new Float32Array(shape[0]);
+    quantizeRows(rows, shape[1], q, scales);
+    const w = g.initializer(name, q, shape, 'int8');
+    const sc = g.initializer(`${name}.scale`, scales, [shape[0]], 'float32');
+    return g.op('DequantizeLinear', [w, sc], { axis: 0 });
   }
 
   /** A small float tensor (norm weight, bias) kept in float32, inline in each graph. */

@@ -1,0 +1,71 @@
+// The adb target: a real phone. Pushes the bundle, an Android build of qhx_generate and the QNN/ORT
+// libraries, runs greedily on the device's NPU, pulls the result. Refuses a missing device or one
+// whose SoC is not the bundle's arch (a v81 context binary does not load on v79). Every adb call has
+// a timeout. See docs/DEVICE.md for the first real run.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { $ } from 'zx';
+import type { HexagonArch } from '../arch/table.js';
+import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
+
+export interface AdbOptions {
+  serial: string;
+  arch: HexagonArch;
+  /** qhx_generate built for Android arm64 (see docs/DEVICE.md). */
+  runner: string;
+  /** Directory with libonnxruntime.so, libonnxruntime_providers_qnn.so, libQnnHtp.so, libQnnSystem.so and the arch's skel/stub libraries. */
+  libDir: string;
+  remoteRoot?: string;
+  timeoutSeconds?: number;
+  adb?: string;
+}
+
+export function adbTarget(o: AdbOptions): Target {
+  const adbBin = o.adb ?? process.env.ADB ?? 'adb';
+  const remote = o.remoteRoot ?? '/data/local/tmp/forge';
+  const timeout = `${o.timeoutSeconds ?? 300}s` as const;
+  const adb = async (args: string[], what: string) => {
+    const r = await $({ nothrow: true, quiet: true, timeout })`${adbBin} -s ${o.serial} ${args}`;
+    if (r.exitCode !== 0) {
+      const why = (r.stderr || r.stdout).trim().split('\n').pop() ?? '';
+      throw new Error(`adb ${what} on ${o.serial} failed (${r.signal ? `killed after ${timeout}` : `exit ${r.exitCode}`}): ${why}`);
+    }
+    return r.stdout.trim();
+  };
+  let checked = false;
+  const checkDevice = async () => {
+    if (checked) return;
+    const state = await adb(['get-state'], 'get-state').catch((e: Error) => {
+      throw new Error(`no device '${o.serial}' reachable over adb: ${e.message}`);
+    });
+    if (state !== 'device') throw new Error(`device '${o.serial}' is '${state}', not ready (adb get-state)`);
+    const soc = await adb(['shell', 'getprop', 'ro.soc.model'], 'getprop');
+    if (soc !== o.arch.soc) throw new Error(`device '${o.serial}' is ${soc || 'an unknown SoC'}, but this bundle is for ${o.arch.id} (${o.arch.soc}): context binaries are arch-pinned`);
+    checked = true;
+  };
+  return {
+    name: `adb:${o.serial}`,
+    async generate(req: GenerateRequest) {
+      await checkDevice();
+      await adb(['shell', 'rm', '-rf', remote, '&&', 'mkdir', '-p', `${remote}/bundle`, `${remote}/lib`], 'prepare');
+      await adb(['push', `${req.bundleDir}/.`, `${remote}/bundle`], 'push bundle');
+      await adb(['push', `${o.libDir}/.`, `${remote}/lib`], 'push libraries');
+      await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
+      const args = qhxArgs(`${remote}/bundle/manifest.json`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, req);
+      const env = `LD_LIBRARY_PATH=${remote}/lib ADSP_LIBRARY_PATH=${remote}/lib FORGE_QNN_EP_LIB=${remote}/lib/libonnxruntime_providers_qnn.so`;
+      await adb(['shell', `cd ${remote} && chmod 755 qhx_generate && ${env} ./qhx_generate ${args.join(' ')} > ${remote}/result.json 2> ${remote}/stderr.txt; echo $? > ${remote}/status`], 'run');
+      const local = mkdtempSync(join(tmpdir(), 'forge-adb-'));
+      try {
+        await adb(['pull', `${remote}/status`, join(local, 'status')], 'pull status');
+        await adb(['pull', `${remote}/stderr.txt`, join(local, 'stderr.txt')], 'pull stderr');
+        const status = readFileSync(join(local, 'status'), 'utf8').trim();
+        if (status !== '0') throw new Error(`qhx_generate on ${o.serial} exited ${status}: ${readFileSync(join(local, 'stderr.txt'), 'utf8').trim().split('\n').pop()}`);
+        await adb(['pull', `${remote}/result.json`, join(local, 'result.json')], 'pull result');
+        return parseQhxJson(readFileSync(join(local, 'result.json'), 'utf8'), `adb:${o.serial}`);
+      } finally {
+        rmSync(local, { recursive: true, force: true });
+      }
+    },
+  };
+}
