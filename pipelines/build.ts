@@ -12,6 +12,10 @@ import type { PlanParams } from '../src/plan/stage.js';
 import type { ExportParams } from '../src/families/export-stage.js';
 import type { TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
+import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
+import type { NativeParams } from '../src/gates/native-stage.js';
+import type { HexagonArch as Arch } from '../src/arch/table.js';
+import { listDirFiles } from '../src/hub/fetch-stage.js';
 import { repoRoot } from '../src/paths.js';
 
 const GB = 1_000_000_000;
@@ -46,6 +50,27 @@ function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
   return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], peakMemoryBytes: 4 * GB };
 }
 
+function nativeNode(): StageNode {
+  const dir = join(repoRoot(), 'native');
+  const h = createHash('sha256');
+  for (const f of listDirFiles(dir)) h.update(f).update('\0').update(readFileSync(join(dir, f)));
+  const params: NativeParams = { sources: h.digest('hex') };
+  return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800 };
+}
+
+function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
+  const params: ParityParams = {
+    recipe: { id: recipe.id, family: recipe.family }, arch: arch.id,
+    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch,
+    variants: ['export', 'quantize'], target,
+  };
+  return {
+    id: 'parity', module: src('gates/parity.ts'), params: params as any,
+    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native' },
+    tools: [], peakMemoryBytes: 3 * GB, timeoutSeconds: 3600,
+  };
+}
+
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
 function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant']): StageNode {
   const params: ExportParams = {
@@ -60,7 +85,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
   return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], peakMemoryBytes: 1.5 * GB };
 }
 
-export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings): Pipeline {
+export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, target: TargetSpec = { kind: 'host' }): Pipeline {
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config };
   return {
     nodes: [
@@ -70,8 +95,10 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       exportNode('export', recipe, settings, 'fp32'),
       exportNode('quantize', recipe, settings, settings.quant),
       oracleNode(recipe, settings),
+      nativeNode(),
+      parityNode(recipe, arch, target),
     ],
     publish: ['plan'],
-    reports: ['oracle'],
+    reports: ['oracle', 'parity'],
   };
 }

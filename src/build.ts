@@ -18,6 +18,7 @@ import { toolVersions } from './toolchain/versions.js';
 import { cacheRoot } from './paths.js';
 import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
 import type { Json } from './engine/stage.js';
+import type { TargetSpec } from './gates/parity.js';
 
 export interface BuildRequest {
   recipe: string;
@@ -29,6 +30,8 @@ export interface BuildRequest {
   memoryBudgetBytes?: number;
   progress?: Progress;
   verbose?: boolean;
+  /** Where the parity gate runs the bundle (default: this machine). */
+  target?: TargetSpec;
 }
 
 export function defaultOut(recipe: string, arch: string): string {
@@ -39,7 +42,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const { recipe } = loadRecipe(req.recipe);
   const { arch, settings } = archSettings(recipe, req.arch);
-  const pipeline = buildPipeline(recipe, arch, settings);
+  const pipeline = buildPipeline(recipe, arch, settings, req.target);
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   const tools = toolVersions();

@@ -8,6 +8,8 @@ import { clean } from './clean.js';
 import { runTests } from './selftest.js';
 import { publishBundle } from './hub/publish.js';
 import { ARCH_IDS } from './arch/table.js';
+import { resolve } from 'node:path';
+import type { TargetSpec } from './gates/parity.js';
 
 let verbose = process.argv.includes('--verbose');
 
@@ -62,8 +64,17 @@ program.command('build <recipe>')
   .option('--force <stage...>', 're-run these stages even when cached')
   .option('--jobs <n>', 'stages run at once (default: CPU count)', (v) => parseInt(v, 10))
   .option('--memory-budget <GB>', 'sum of declared stage peaks allowed at once (default 75% of RAM)', gbToBytes)
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number }) => {
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, verbose });
+  .addOption(new Option('--target <where>', 'where the parity gate runs the bundle').choices(['host', 'adb']).default('host'))
+  .option('--serial <serial>', 'adb device serial (with --target adb)')
+  .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
+  .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+    let target: TargetSpec = { kind: 'host' };
+    if (o.target === 'adb') {
+      if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
+      target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
+    }
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, verbose, target });
     if (o.json) console.log(JSON.stringify(record));
     else {
       for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(7)} ${s.seconds.toFixed(1)} s`);

@@ -42,8 +42,8 @@ function specialIds(checkpointDir: string): { bos: number | null; eos: number[];
 }
 
 export interface AssembleInput {
-  recipe: Recipe;
-  arch: HexagonArch;
+  recipe: Pick<Recipe, 'id' | 'family'>;
+  arch: Pick<HexagonArch, 'id' | 'socModel' | 'dspArch'>;
   /** Export output holding graphs.json and the graphs it lists. */
   graphsDir: string;
   /** Where embedding.f16.bin lives (the deployable export writes it). */
