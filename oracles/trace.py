@@ -68,9 +68,20 @@ def capture_attention(ctx):  # qwen3, qwen3_vl (text only): every layer is plain
 
 
 def capture_qwen3_5(ctx):
-    put_kv_rows(ctx)  # full-attention layers only
-    # HOOK POINT (qwen3_5 issue): LinearAttentionLayer.conv_states[0] [1, C, K] (conv FIFO) and
-    # .recurrent_states[0] [1, Hv, dk, dv] (delta-rule state) after the step.
+    """Full-attention layers: their new K/V rows. Linear-attention (GatedDeltaNet) layers: the whole
+    state after the step, in the layout the exported graphs take it (batch axis dropped, flattened
+    row-major by put()): conv.{i} = LinearAttentionLayer.conv_states[0] [1, C, K] (the FIFO of the
+    last K in_proj_qkv outputs, oldest first, the newest in column K-1) and rec.{i} =
+    .recurrent_states[0] [1, Hv, dk, dv] (delta-rule state S, fp32)."""
+    put_kv_rows(ctx)
+    for i, layer in enumerate(ctx.cache.layers):
+        if type(layer) is not cache_utils.LinearAttentionLayer:
+            continue
+        conv, rec = layer.conv_states[0], layer.recurrent_states[0]
+        if conv is None or rec is None or conv.dim() != 3 or rec.dim() != 4:
+            raise Unsupported(f"linear-attention layer {i}: state not initialised after the step")
+        ctx.put(f"conv.{i}", conv[0].float())
+        ctx.put(f"rec.{i}", rec[0].float())
 
 
 def capture_phimoe(ctx):
@@ -87,7 +98,7 @@ def capture_gemma4(ctx):
 FAMILIES = {  # model_type -> (capture, hooks, what is not captured yet)
     "qwen3": (capture_attention, None, None),
     "qwen3_vl": (capture_attention, None, None),
-    "qwen3_5": (capture_qwen3_5, None, "linear-attention conv/recurrent state"),
+    "qwen3_5": (capture_qwen3_5, None, None),
     "phimoe": (capture_phimoe, None, "router/expert selection"),
     "gemma4": (capture_gemma4, None, "per-layer (PLE) inputs"),
 }

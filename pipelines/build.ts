@@ -14,6 +14,7 @@ import type { TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
 import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
 import type { NativeParams } from '../src/gates/native-stage.js';
+import type { CompileParams } from '../src/toolchain/qnn/compile-stage.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { listDirFiles } from '../src/hub/fetch-stage.js';
 import { repoRoot } from '../src/paths.js';
@@ -71,6 +72,18 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   };
 }
 
+function compileNode(arch: Arch): StageNode {
+  const fake = process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
+  const params: CompileParams = {
+    arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb, contextCeilingBytes: arch.contextCeilingBytes, maxContexts: arch.maxContexts },
+    fp16: true,
+    timeoutSeconds: 3600,
+    ...(fake ? { fakeHtpLimitBytes: Number(fake) } : {}),
+  };
+  // The oracle gate is an input: graphs that left the oracle are not worth an hour of compiling.
+  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize', oracle: 'oracle' }, tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
+}
+
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
 function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant']): StageNode {
   const params: ExportParams = {
@@ -85,8 +98,15 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
   return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], peakMemoryBytes: 1.5 * GB };
 }
 
-export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, target: TargetSpec = { kind: 'host' }): Pipeline {
-  const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config };
+export interface PipelineOptions {
+  target?: TargetSpec;
+  /** Set when re-planning after an HTP memory failure. */
+  ceilingBytes?: number;
+}
+
+export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
+  const target = opts.target ?? { kind: 'host' };
+  const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
   return {
     nodes: [
       fetchNode(recipe),
@@ -95,6 +115,7 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       exportNode('export', recipe, settings, 'fp32'),
       exportNode('quantize', recipe, settings, settings.quant),
       oracleNode(recipe, settings),
+      compileNode(arch),
       nativeNode(),
       parityNode(recipe, arch, target),
     ],

@@ -12,7 +12,8 @@ import { loadRecipe, archSettings } from './recipe/load.js';
 import { buildPipeline } from '../pipelines/build.js';
 import { StageCache, META } from './engine/cache.js';
 import { Scheduler } from './engine/scheduler.js';
-import { runPipeline } from './engine/run.js';
+import { runPipeline, type PipelineResult } from './engine/run.js';
+import { MEMORY_FAILURE } from './toolchain/qnn/compile-stage.js';
 import { defaultProgress, type Progress } from './engine/progress.js';
 import { toolVersions } from './toolchain/versions.js';
 import { cacheRoot } from './paths.js';
@@ -34,6 +35,16 @@ export interface BuildRequest {
   target?: TargetSpec;
 }
 
+/** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
+function smallerCeiling(result: PipelineResult, current: number): number | null {
+  const plan = result.entries.get('plan');
+  if (!plan) return null;
+  const p = JSON.parse(readFileSync(join(plan.dir, 'plan.json'), 'utf8')) as ShardPlan;
+  const biggest = Math.max(...p.shards.map((s) => s.weightBytes));
+  const next = Math.floor(Math.min(current, biggest) * 0.6);
+  return next > 0 ? next : null;
+}
+
 export function defaultOut(recipe: string, arch: string): string {
   return resolve('out', recipe, arch);
 }
@@ -42,21 +53,32 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const { recipe } = loadRecipe(req.recipe);
   const { arch, settings } = archSettings(recipe, req.arch);
-  const pipeline = buildPipeline(recipe, arch, settings, req.target);
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   const tools = toolVersions();
-  const result = await runPipeline(pipeline, {
-    cache: new StageCache(cacheRoot()),
-    scheduler: new Scheduler({
-      concurrency: req.jobs ?? cpus().length,
-      memoryBudgetBytes: req.memoryBudgetBytes ?? Math.floor(totalmem() * 0.75),
-    }),
-    progress,
-    toolVersions: tools,
-    until: req.until,
-    force: req.force,
-  }).finally(() => progress.close());
+  const cache = new StageCache(cacheRoot());
+  const scheduler = new Scheduler({
+    concurrency: req.jobs ?? cpus().length,
+    memoryBudgetBytes: req.memoryBudgetBytes ?? Math.floor(totalmem() * 0.75),
+  });
+  // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
+  const replans: Array<{ reason: string; ceilingBytes: number }> = [];
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target });
+  let result: PipelineResult;
+  try {
+  result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
+  while (result.failure?.stage === 'compile' && result.failure.message.includes(MEMORY_FAILURE) && replans.length < 2) {
+    const ceilingBytes = smallerCeiling(result, arch.contextCeilingBytes);
+    if (!ceilingBytes) break;
+    replans.push({ reason: result.failure.message, ceilingBytes });
+    progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
+    process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
+    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes });
+    result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
+  }
+  } finally {
+    progress.close();
+  }
 
   const gates: Record<string, GateRecord> = {};
   const summaries: Record<string, Json> = {};
@@ -71,6 +93,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     ok: result.ok,
     ...(result.failure ? { error: `${result.failure.stage}: ${result.failure.message}` } : {}),
     stages: result.stages,
+    ...(replans.length ? { replans } : {}),
     gates,
     summaries,
     tools,

@@ -13,6 +13,8 @@ export interface RunRecord {
   ok: boolean;
   error?: string;
   stages: StageRecord[];
+  /** Re-plans after the compile ran out of HTP memory (at most two). */
+  replans?: Array<{ reason: string; ceilingBytes: number }>;
   gates: Record<string, GateRecord>;
   /** Small per-stage summaries (plan sizes, fetched bytes …). */
   summaries: Record<string, Json>;

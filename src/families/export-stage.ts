@@ -107,7 +107,8 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const ckpt = await openCheckpoint(checkpointDir);
   const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
-  const totalTensors = plan.shards.reduce((a, s) => a + (s.last - s.first + 1) * family.layerTensors(config, 0).length, 0) + 2;
+  let totalTensors = 2;
+  for (const s of plan.shards) for (let i = s.first; i <= s.last; i++) totalTensors += family.layerTensors(config, i).length;
   let done = 0;
   const tick = () => ui.progress(++done, totalTensors, 'tensors');
   try {

@@ -44,6 +44,8 @@ export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, voc
 export function layerOf(name: string, last?: number): { layer: string; what: string } {
   let m = /^(?:new_)?([kv])\.(\d+)$/.exec(name);
   if (m) return { layer: m[2], what: `${m[1]} cache row` };
+  m = /^new_(conv|rec)_state\.(\d+)$/.exec(name);
+  if (m) return { layer: m[2], what: m[1] === 'conv' ? 'conv state' : 'recurrent state' };
   m = /^h\.(\d+)$/.exec(name);
   if (m) return { layer: String(Number(m[1]) - 1), what: 'residual out' };
   if (name === 'hidden_out') return { layer: last !== undefined ? String(last) : '-', what: 'shard output' };

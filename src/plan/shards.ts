@@ -10,6 +10,8 @@ export interface ShardPlan {
   arch: string;
   socModel: number;
   ceilingBytes: number;
+  /** Present after a re-plan: the lower ceiling the layer shards were cut under. */
+  shardCeilingBytes?: number;
   quant: ArchSettings['quant'];
   layers: number;
   shards: Array<{ index: number; first: number; last: number; weightBytes: number; graphs: string[] }>;
@@ -49,13 +51,15 @@ function balancedSplit(costs: number[], k: number, extraLast: number): { max: nu
   return { max: best[k][n], cuts };
 }
 
-export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings): ShardPlan {
+/** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
+export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): ShardPlan {
   const n = family.numLayers(config);
   const layerBytes = Array.from({ length: n }, (_, i) => sumBytes(family.layerTensors(config, i), s.quant));
   const head = family.lmHead(config);
   const headBytes = storedBytes(head, s.lmHead.quant) + sumBytes(family.finalTensors(config), s.lmHead.quant);
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
-  const ceiling = arch.contextCeilingBytes;
+  const archCeiling = arch.contextCeilingBytes;
+  const ceiling = Math.min(archCeiling, shardCeilingBytes ?? Infinity);
   const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
   const graphs = s.prefillLength > 0 ? ['prefill', 'decode'] : ['decode'];
 
@@ -85,8 +89,8 @@ export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: 
     if (weightBytes > ceiling) throw new PlanError(`shard ${index} (layers ${first}-${last}) stores ${mb(weightBytes)}, over the ${arch.id} ceiling of ${mb(ceiling)}`);
     return { index, first, last, weightBytes, graphs };
   });
-  if (s.lmHead.placement === 'separate' && headBytes > ceiling) {
-    throw new PlanError(`the lm-head stores ${mb(headBytes)} (${s.lmHead.quant}), over the ${arch.id} ceiling of ${mb(ceiling)}: quantize it (lmHead.quant 'w8')`);
+  if (s.lmHead.placement === 'separate' && headBytes > archCeiling) {
+    throw new PlanError(`the lm-head stores ${mb(headBytes)} (${s.lmHead.quant}), over the ${arch.id} ceiling of ${mb(archCeiling)}: quantize it (lmHead.quant 'w8')`);
   }
   const contexts = shards.length + (s.lmHead.placement === 'separate' ? 1 : 0);
   if (contexts > arch.maxContexts) throw new PlanError(`the plan needs ${contexts} contexts, over the ${arch.id} limit of ${arch.maxContexts}`);
@@ -94,7 +98,8 @@ export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: 
   return {
     arch: arch.id,
     socModel: arch.socModel,
-    ceilingBytes: ceiling,
+    ceilingBytes: archCeiling,
+    ...(ceiling < archCeiling ? { shardCeilingBytes: ceiling } : {}),
     quant: s.quant,
     layers: n,
     shards,

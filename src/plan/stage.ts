@@ -17,6 +17,8 @@ export interface PlanParams {
   settings: ArchSettings;
   /** The recipe's recorded config, when it has one. */
   expectedConfig?: Record<string, unknown>;
+  /** A lower per-context ceiling than the arch's, after a compile ran out of HTP memory (re-plan). */
+  ceilingBytes?: number;
 }
 
 export const stage: StageModule<PlanParams> = {
@@ -29,7 +31,7 @@ export const stage: StageModule<PlanParams> = {
     const raw = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
     if (expectedConfig) checkConfigMatches(raw, expectedConfig, file);
     const family = getFamily(familyId);
-    const plan = makePlan(family, family.parseConfig(raw, file), getArch(arch), settings);
+    const plan = makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes);
     await writeFile(join(ctx.out, 'plan.json'), JSON.stringify(plan, null, 2));
     return { summary: { shards: plan.shards.length, contexts: plan.contexts, totalContextBytes: plan.totalContextBytes } };
   },

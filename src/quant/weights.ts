@@ -107,25 +107,6 @@ export class WeightStore {
     return bias ? g.op('Add', [y, bias]) : y;
   }
 
-  /**
-   * TRANSITIONAL (until every family calls linear()): the weight alone as a float value, W8 as the
-   * old DequantizeLinear form, which the QNN EP does not put on the HTP.
-   */
-  async matmul(g: GraphBuilder, name: string, shape: [number, number], scheme: QuantScheme): Promise<string> {
-    if (scheme !== 'w8') {
-      const s = await this.store(name, shape, scheme);
-      const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
-      return scheme === 'fp16' ? g.op('Cast', [w], { to: 1 }) : w;
-    }
-    const rows = await this.ckpt.readF32(name);
-    const q = new Int8Array(rows.length);
-    const scales = new Float32Array(shape[0]);
-    quantizeRows(rows, shape[1], q, scales);
-    const w = g.initializer(name, q, shape, 'int8');
-    const sc = g.initializer(`${name}.scale`, scales, [shape[0]], 'float32');
-    return g.op('DequantizeLinear', [w, sc], { axis: 0 });
-  }
-
   /** A small float tensor (norm weight, bias) kept in float32, inline in each graph. */
   async small(g: GraphBuilder, name: string, shape: number[], transform?: (x: Float32Array) => Float32Array): Promise<string> {
     this.shapeOf(name, shape);

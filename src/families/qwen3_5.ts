@@ -1,0 +1,488 @@
+// Qwen3.5 (GatedDeltaNet hybrid), model_type "qwen3_5". The text decoder is nested in
+// `text_config` and its weights live under `model.language_model.*` (the checkpoint also carries a
+// vision tower and MTP weights, which forge does not read). What is special:
+//  - RMSNorm is x·rsqrt(mean x²+eps)·(1+w) (weights stored centred on 0), also for q_norm/k_norm;
+//    the gated norm inside linear attention uses a plain w: w·norm(o)·silu(z).
+//  - Three of every four layers are linear attention (Qwen3_5GatedDeltaNet): a causal depthwise
+//    conv over a FIFO of the last K in_proj_qkv outputs, then the gated delta rule on a recurrent
+//    state S [Hv, dk, dv]. Both are carried from token to token as explicit graph state
+//    (conv_state.{i} [1, C, K] in HF's LinearAttentionLayer.conv_states layout, rec_state.{i}
+//    [1, Hv, dk, dv]), and the whole next value comes back (new_conv_state.{i}, new_rec_state.{i}).
+//    The state math stays float32 in every scheme (only matmul weights are quantized).
+//  - Full-attention layers: q_proj gives [H, 2·d] per head (first d = query, second d = an output
+//    gate applied as attn·sigmoid(gate) before o_proj); partial rotary (the first
+//    d·partial_rotary_factor dims, rotate_half pairing inside them); GQA over an explicit KV cache.
+//    M-RoPE with equal text/height/width positions (text tokens) is plain 1-D RoPE.
+//  - Decode graphs only (N = 1): a prefill graph would have to run the chunked delta rule; recipes
+//    set prefillLength 0 (decode over the prompt), and buildShard refuses N > 1.
+import { z } from 'zod';
+import { ConfigError, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import type { GraphBuilder } from '../onnx/builder.js';
+import type { Trace } from '../gates/trace.js';
+import type { GraphEntry } from './export-stage.js';
+import type { Feed, GateCase } from './kv-decoder.js';
+import type { ManifestGraph } from '../bundle/manifest.js';
+import {
+  applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
+  rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
+} from './blocks.js';
+import { lmHeadGraph } from './qwen3.js';
+
+const LAYER_TYPES = ['linear_attention', 'full_attention'] as const;
+type LayerType = (typeof LAYER_TYPES)[number];
+
+const TextConfigSchema = z.object({
+  model_type: z.literal('qwen3_5_text').optional(),
+  hidden_size: z.number().int().positive(),
+  intermediate_size: z.number().int().positive(),
+  num_hidden_layers: z.number().int().positive(),
+  num_attention_heads: z.number().int().positive(),
+  num_key_value_heads: z.number().int().positive(),
+  head_dim: z.number().int().positive().default(256), // HF's default for this family
+  vocab_size: z.number().int().positive(),
+  rms_norm_eps: z.number().positive(),
+  hidden_act: z.string().default('silu'),
+  max_position_embeddings: z.number().int().positive(),
+  attention_bias: z.boolean().default(false),
+  tie_word_embeddings: z.boolean().optional(),
+  linear_conv_kernel_dim: z.number().int().positive(),
+  linear_num_key_heads: z.number().int().positive(),
+  linear_num_value_heads: z.number().int().positive(),
+  linear_key_head_dim: z.number().int().positive(),
+  linear_value_head_dim: z.number().int().positive(),
+  layer_types: z.array(z.enum(LAYER_TYPES)).optional(),
+  full_attention_interval: z.number().int().positive().optional(),
+  // transformers >= 5 writes rope_parameters; older configs write rope_theta / partial_rotary_factor flat.
+  rope_parameters: z.object({
+    rope_theta: z.number().positive(),
+    rope_type: z.string().default('default'),
+    partial_rotary_factor: z.number().positive().max(1).optional(),
+    mrope_section: z.array(z.number().int().nonnegative()).optional(),
+    mrope_interleaved: z.boolean().optional(),
+  }).passthrough().optional(),
+  rope_theta: z.number().positive().optional(),
+  partial_rotary_factor: z.number().positive().max(1).optional(),
+}).passthrough();
+
+const ConfigSchema = z.object({
+  model_type: z.literal('qwen3_5'),
+  text_config: TextConfigSchema,
+  // HF ties the lm-head by the top-level flag of Qwen3_5ForConditionalGeneration.
+  tie_word_embeddings: z.boolean().optional(),
+}).passthrough();
+
+export interface Qwen35Config {
+  hidden: number;
+  ffn: number;
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  /** Rotated dims at the front of each full-attention head (head_dim · partial_rotary_factor). */
+  rotaryDim: number;
+  vocab: number;
+  eps: number;
+  ropeTheta: number;
+  tied: boolean;
+  maxPositions: number;
+  layerTypes: LayerType[];
+  linear: {
+    kHeads: number;
+    vHeads: number;
+    kDim: number;
+    vDim: number;
+    convKernel: number;
+    /** Conv channels = in_proj_qkv rows: q and k (kHeads·kDim each) then v (vHeads·vDim). */
+    convDim: number;
+  };
+}
+
+export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
+  const r = ConfigSchema.safeParse(raw);
+  if (!r.success) {
+    const i = r.error.issues[0];
+    throw new ConfigError(file, i.path.join('.') || '(root)', i.message);
+  }
+  const t = r.data.text_config;
+  const f = (name: string) => `text_config.${name}`;
+  const ropeTheta = t.rope_parameters?.rope_theta ?? t.rope_theta;
+  if (ropeTheta === undefined) throw new ConfigError(file, f('rope_parameters.rope_theta'), 'missing (neither rope_parameters nor rope_theta is set)');
+  if (t.rope_parameters && t.rope_parameters.rope_type !== 'default') {
+    throw new ConfigError(file, f('rope_parameters.rope_type'), `'${t.rope_parameters.rope_type}' is not supported (only default RoPE)`);
+  }
+  // HF's config class defaults the factor to 0.25 for configs that predate it.
+  const factor = t.rope_parameters?.partial_rotary_factor ?? t.partial_rotary_factor ?? 0.25;
+  const rotaryDim = Math.floor(t.head_dim * factor);
+  if (rotaryDim < 2 || rotaryDim % 2 !== 0) {
+    throw new ConfigError(file, f('rope_parameters.partial_rotary_factor'), `${factor} of head_dim ${t.head_dim} gives ${rotaryDim} rotated dims (need an even number >= 2)`);
+  }
+  if (t.hidden_act !== 'silu') throw new ConfigError(file, f('hidden_act'), `'${t.hidden_act}' is not supported (only silu)`);
+  if (t.attention_bias) throw new ConfigError(file, f('attention_bias'), 'Qwen3.5 graphs are built without attention biases');
+  if (t.num_attention_heads % t.num_key_value_heads !== 0) {
+    throw new ConfigError(file, f('num_key_value_heads'), `${t.num_key_value_heads} does not divide num_attention_heads ${t.num_attention_heads}`);
+  }
+  if (t.linear_num_value_heads % t.linear_num_key_heads !== 0) {
+    throw new ConfigError(file, f('linear_num_key_heads'), `${t.linear_num_key_heads} does not divide linear_num_value_heads ${t.linear_num_value_heads}`);
+  }
+  const n = t.num_hidden_layers;
+  let layerTypes: LayerType[];
+  if (t.layer_types) {
+    if (t.layer_types.length !== n) throw new ConfigError(file, f('layer_types'), `${t.layer_types.length} entries for ${n} layers`);
+    layerTypes = t.layer_types;
+  } else {
+    const every = t.full_attention_interval ?? 4;
+    layerTypes = Array.from({ length: n }, (_, i) => ((i + 1) % every === 0 ? 'full_attention' : 'linear_attention'));
+  }
+  const { linear_num_key_heads: kHeads, linear_num_value_heads: vHeads, linear_key_head_dim: kDim, linear_value_head_dim: vDim } = t;
+  return {
+    hidden: t.hidden_size,
+    ffn: t.intermediate_size,
+    layers: n,
+    heads: t.num_attention_heads,
+    kvHeads: t.num_key_value_heads,
+    headDim: t.head_dim,
+    rotaryDim,
+    vocab: t.vocab_size,
+    eps: t.rms_norm_eps,
+    ropeTheta,
+    tied: r.data.tie_word_embeddings ?? t.tie_word_embeddings ?? false,
+    maxPositions: t.max_position_embeddings,
+    layerTypes,
+    linear: { kHeads, vHeads, kDim, vDim, convKernel: t.linear_conv_kernel_dim, convDim: 2 * kHeads * kDim + vHeads * vDim },
+  };
+}
+
+const PREFIX = 'model.language_model';
+const layerPrefix = (i: number) => `${PREFIX}.layers.${i}`;
+const isFull = (c: Qwen35Config, i: number) => c.layerTypes[i] === 'full_attention';
+
+export function qwen35LayerTensors(c: Qwen35Config, i: number): TensorSpec[] {
+  const { hidden: h, ffn } = c;
+  const p = layerPrefix(i);
+  const common: TensorSpec[] = [
+    { name: `${p}.input_layernorm.weight`, shape: [h], role: 'norm' },
+    { name: `${p}.post_attention_layernorm.weight`, shape: [h], role: 'norm' },
+    { name: `${p}.mlp.gate_proj.weight`, shape: [ffn, h], role: 'matmul' },
+    { name: `${p}.mlp.up_proj.weight`, shape: [ffn, h], role: 'matmul' },
+    { name: `${p}.mlp.down_proj.weight`, shape: [h, ffn], role: 'matmul' },
+  ];
+  if (isFull(c, i)) {
+    const { heads, kvHeads, headDim: d } = c;
+    return [
+      ...common,
+      { name: `${p}.self_attn.q_proj.weight`, shape: [heads * d * 2, h], role: 'matmul' },
+      { name: `${p}.self_attn.k_proj.weight`, shape: [kvHeads * d, h], role: 'matmul' },
+      { name: `${p}.self_attn.v_proj.weight`, shape: [kvHeads * d, h], role: 'matmul' },
+      { name: `${p}.self_attn.o_proj.weight`, shape: [h, heads * d], role: 'matmul' },
+      { name: `${p}.self_attn.q_norm.weight`, shape: [d], role: 'norm' },
+      { name: `${p}.self_attn.k_norm.weight`, shape: [d], role: 'norm' },
+    ];
+  }
+  const { vHeads, vDim, convDim, convKernel } = c.linear;
+  return [
+    ...common,
+    { name: `${p}.linear_attn.in_proj_qkv.weight`, shape: [convDim, h], role: 'matmul' },
+    { name: `${p}.linear_attn.in_proj_z.weight`, shape: [vHeads * vDim, h], role: 'matmul' },
+    { name: `${p}.linear_attn.in_proj_b.weight`, shape: [vHeads, h], role: 'matmul' },
+    { name: `${p}.linear_attn.in_proj_a.weight`, shape: [vHeads, h], role: 'matmul' },
+    { name: `${p}.linear_attn.conv1d.weight`, shape: [convDim, 1, convKernel], role: 'conv' },
+    { name: `${p}.linear_attn.dt_bias`, shape: [vHeads], role: 'other' },
+    { name: `${p}.linear_attn.A_log`, shape: [vHeads], role: 'other' },
+    { name: `${p}.linear_attn.norm.weight`, shape: [vDim], role: 'norm' },
+    { name: `${p}.linear_attn.out_proj.weight`, shape: [h, vHeads * vDim], role: 'matmul' },
+  ];
+}
+
+// ---- state layout -----------------------------------------------------------------------------
+
+/** The per-layer state a graph exchanges, by graph input name. */
+function stateShapes(c: Qwen35Config, maxContext: number) {
+  const { vHeads, kDim, vDim, convDim, convKernel } = c.linear;
+  return {
+    conv: [1, convDim, convKernel],
+    rec: [1, vHeads, kDim, vDim],
+    kvCache: [1, c.kvHeads, maxContext, c.headDim],
+    kvRow: [1, c.kvHeads, 1, c.headDim],
+  };
+}
+
+export const qwen3_5: Family<Qwen35Config> = {
+  id: 'qwen3_5',
+  hostOp: 'qwen3_5_generate',
+  parseConfig: parseQwen35Config,
+  numLayers: (c) => c.layers,
+  layerTensors: qwen35LayerTensors,
+  embedding: (c) => ({ name: `${PREFIX}.embed_tokens.weight`, shape: [c.vocab, c.hidden], role: 'embedding' }),
+  finalTensors: (c) => [{ name: `${PREFIX}.norm.weight`, shape: [c.hidden], role: 'norm' }],
+  lmHead: (c) => (c.tied
+    ? { name: `${PREFIX}.embed_tokens.weight`, shape: [c.vocab, c.hidden], role: 'matmul' }
+    : { name: 'lm_head.weight', shape: [c.vocab, c.hidden], role: 'matmul' }),
+  buildShard: (g, c, s, w) => qwen35Shard(g, c, s, w),
+  buildLmHead: (g, c, w) => lmHeadGraph(g, c.hidden, c.vocab, qwen3_5.lmHead(c).name, w),
+  gateCases: (c, entry, trace, maxContext) => qwen35Cases(c, entry, trace, maxContext),
+  bindings: (c, entry, maxContext) => qwen35Bindings(c, entry, maxContext),
+};
+
+// ---- graphs -----------------------------------------------------------------------------------
+
+/** (1+w) as stored: Qwen3.5 norm weights are centred on 0. */
+const onePlus = (x: Float32Array) => Float32Array.from(x, (v) => 1 + v);
+
+interface LayerIO {
+  rope?: { cos: string; sin: string };
+  mask?: string;
+  ctx: number;
+}
+
+interface LayerResult {
+  out: string;
+  inputs: TensorIO[];
+  outputs: TensorIO[];
+}
+
+/** One GatedDeltaNet token mixer step (N = 1) on the normed input xn [1, 1, H]; returns [1, 1, H]. */
+async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn: string, w: GraphWeights, io: { inputs: TensorIO[]; outputs: TensorIO[] }): Promise<string> {
+  const { hidden: H, eps } = c;
+  const { kHeads: Hk, vHeads: Hv, kDim: dk, vDim: dv, convDim: C, convKernel: K } = c.linear;
+  const p = `${layerPrefix(layer)}.linear_attn`;
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1);
+  const shapes = stateShapes(c, 0);
+  const f32 = 'float32' as const;
+
+  const convIn = g.input(`conv_state.${layer}`, f32, shapes.conv);
+  const recIn = g.input(`rec_state.${layer}`, f32, shapes.rec);
+  io.inputs.push({ name: convIn, dtype: f32, shape: shapes.conv }, { name: recIn, dtype: f32, shape: shapes.rec });
+
+  const qkv = await lin(xn, 'in_proj_qkv', [C, H]);
+  const z = await lin(xn, 'in_proj_z', [Hv * dv, H]);
+  const b = await lin(xn, 'in_proj_b', [Hv, H]);
+  const a = await lin(xn, 'in_proj_a', [Hv, H]);
+
+  // Causal depthwise conv over the FIFO, then SiLU.
+  const taps = g.op('Reshape', [await w.store.small(g, `${p}.conv1d.weight`, [C, 1, K]), g.constInt64([1, C, K])]);
+  const conv = causalConvStep(g, convIn, g.op('Reshape', [qkv, g.constInt64([1, C, 1])]), taps, K);
+  const convOut = g.output(conv.next, `new_conv_state.${layer}`, { shape: shapes.conv });
+  io.outputs.push({ name: convOut, dtype: f32, shape: shapes.conv });
+  const mixed = silu(g, conv.out); // [1, C]
+  const [q0, k0, v0] = g.op('Split', [mixed, g.constInt64([Hk * dk, Hk * dk, Hv * dv])], { axis: 1 }, 3);
+
+  // l2-normalised q and k (eps 1e-6, as HF/FLA), q / sqrt(dk); key head ⌊h·Hk/Hv⌋ serves value head h.
+  const heads = (x: string) => {
+    const n = l2Norm(g, g.op('Reshape', [x, g.constInt64([1, Hk, 1, dk])]), 1e-6);
+    if (Hk === Hv) return n;
+    const r = Hv / Hk;
+    return g.op('Reshape', [g.op('Expand', [n, g.constInt64([1, Hk, r, dk])]), g.constInt64([1, Hv, 1, dk])]);
+  };
+  const q = g.op('Div', [heads(q0), g.constFloat32([Math.sqrt(dk)], [])]);
+  const k = heads(k0);
+  const v = g.op('Reshape', [v0, g.constInt64([1, Hv, 1, dv])]);
+
+  // β = sigmoid(b); g = -exp(A_log)·softplus(a + dt_bias); the state decays by exp(g).
+  const perHead = g.constInt64([1, Hv, 1, 1]);
+  const beta = g.op('Reshape', [g.op('Sigmoid', [b]), perHead]);
+  const dtBias = await w.store.small(g, `${p}.dt_bias`, [Hv]);
+  const aLog = await w.store.small(g, `${p}.A_log`, [Hv]);
+  const gate = g.op('Mul', [g.op('Neg', [g.op('Exp', [aLog])]), softplus(g, g.op('Add', [a, dtBias]))]);
+  const decay = g.op('Reshape', [g.op('Exp', [gate]), perHead]);
+
+  const step = gatedDeltaStep(g, { q, k, v, beta, decay, state: recIn });
+  const recOut = g.output(step.next, `new_rec_state.${layer}`, { shape: shapes.rec });
+  io.outputs.push({ name: recOut, dtype: f32, shape: shapes.rec });
+
+  // Per-head gated RMSNorm with z (plain weight), then out_proj.
+  const o = g.op('Reshape', [step.out, g.constInt64([1, 1, Hv, dv])]);
+  const zh = g.op('Reshape', [z, g.constInt64([1, 1, Hv, dv])]);
+  const normed = gatedRmsNorm(g, o, zh, await w.store.small(g, `${p}.norm.weight`, [dv]), eps);
+  return lin(g.op('Reshape', [normed, g.constInt64([1, 1, Hv * dv])]), 'out_proj', [H, Hv * dv]);
+}
+
+/** Gated full attention over the KV cache (N = 1) on the normed input xn [1, 1, H]; returns [1, 1, H]. */
+async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn: string, w: GraphWeights, lio: LayerIO, io: { inputs: TensorIO[]; outputs: TensorIO[] }): Promise<string> {
+  const { hidden: H, heads, kvHeads, headDim: d, eps } = c;
+  const n = 1;
+  const p = `${layerPrefix(layer)}.self_attn`;
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
+  const norm = (name: string) => w.store.small(g, `${p}.${name}.weight`, [d], onePlus);
+  const shapes = stateShapes(c, lio.ctx);
+  const f32 = 'float32' as const;
+
+  const pastK = g.input(`past_k.${layer}`, f32, shapes.kvCache);
+  const pastV = g.input(`past_v.${layer}`, f32, shapes.kvCache);
+  io.inputs.push({ name: pastK, dtype: f32, shape: shapes.kvCache }, { name: pastV, dtype: f32, shape: shapes.kvCache });
+
+  // q_proj rows are [head][query d | gate d].
+  const qg = g.op('Reshape', [await lin(xn, 'q_proj', [heads * d * 2, H]), g.constInt64([1, n, heads, 2 * d])]);
+  const [q0, gate0] = g.op('Split', [qg, g.constInt64([d, d])], { axis: -1 }, 2);
+  const q = g.op('Transpose', [q0], { perm: [0, 2, 1, 3] });
+  const gate = g.op('Reshape', [gate0, g.constInt64([1, n, heads * d])]);
+  const k = splitHeads(g, await lin(xn, 'k_proj', [kvHeads * d, H]), kvHeads, d, n);
+  const v = splitHeads(g, await lin(xn, 'v_proj', [kvHeads * d, H]), kvHeads, d, n);
+  const qr = applyPartialRope(g, rmsNorm(g, q, await norm('q_norm'), eps), lio.rope!, c.rotaryDim, d);
+  const kr = applyPartialRope(g, rmsNorm(g, k, await norm('k_norm'), eps), lio.rope!, c.rotaryDim, d);
+  const newK = g.output(kr, `new_k.${layer}`, { shape: shapes.kvRow });
+  const newV = g.output(v, `new_v.${layer}`, { shape: shapes.kvRow });
+  io.outputs.push({ name: newK, dtype: f32, shape: shapes.kvRow }, { name: newV, dtype: f32, shape: shapes.kvRow });
+  const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, lio.mask!, { heads, kvHeads, headDim: d, n, ctx: lio.ctx, scale: 1 / Math.sqrt(d) });
+  const gated = g.op('Mul', [mergeHeads(g, attn, heads, d, n), g.op('Sigmoid', [gate])]);
+  return lin(gated, 'o_proj', [H, heads * d]);
+}
+
+/** One decoder layer (token mixer by layer type, then the SwiGLU MLP); returns the residual output h.{layer+1}. */
+async function qwen35Layer(g: GraphBuilder, c: Qwen35Config, layer: number, x: string, w: GraphWeights, lio: LayerIO): Promise<LayerResult> {
+  const { hidden: H, ffn, eps } = c;
+  const p = layerPrefix(layer);
+  const io = { inputs: [] as TensorIO[], outputs: [] as TensorIO[] };
+  const xn = rmsNorm(g, x, await w.store.small(g, `${p}.input_layernorm.weight`, [H], onePlus), eps);
+  const mixed = isFull(c, layer)
+    ? await fullAttention(g, c, layer, xn, w, lio, io)
+    : await linearAttention(g, c, layer, xn, w, io);
+  const h1 = g.op('Add', [x, mixed]);
+  const mlpIn = rmsNorm(g, h1, await w.store.small(g, `${p}.post_attention_layernorm.weight`, [H], onePlus), eps);
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.mlp.${name}.weight`, shape, w.scheme, 1);
+  const mlp = await lin(swiGate(g, await lin(mlpIn, 'gate_proj', [ffn, H]), await lin(mlpIn, 'up_proj', [ffn, H])), 'down_proj', [H, ffn]);
+  const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
+  return { out, ...io };
+}
+
+/** A decode shard: hidden_in [1,1,H] (+ position and mask when it holds a full-attention layer) and every layer's state. */
+export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec, w: GraphWeights): Promise<GraphInterface> {
+  if (s.n !== 1) {
+    throw new Error(`qwen3_5: only decode graphs (1 token per call) are built, not ${s.n}: linear-attention layers step their recurrent state one token at a time; set prefillLength 0 in the recipe (decode over the prompt)`);
+  }
+  const { hidden: H } = c;
+  const ctx = s.maxContext;
+  const f32 = 'float32' as const;
+  const x0 = g.input('hidden_in', f32, [1, 1, H]);
+  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, 1, H] }];
+  const outputs: TensorIO[] = [];
+  const probes: Record<string, TensorIO> = {};
+  const lio: LayerIO = { ctx };
+  const layers = Array.from({ length: s.last - s.first + 1 }, (_, k) => s.first + k);
+  if (layers.some((i) => isFull(c, i))) {
+    // Positions and the mask only matter to full-attention layers; a linear-only shard takes neither.
+    const position = g.input('position', 'int32', [1]);
+    const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
+    const tables = ropeTables(ctx, c.rotaryDim, c.ropeTheta);
+    lio.rope = ropeGather(g, position, {
+      cos: g.initializer('rope.cos', tables.cos, [ctx, c.rotaryDim]), sin: g.initializer('rope.sin', tables.sin, [ctx, c.rotaryDim]),
+    }, 1, c.rotaryDim);
+    lio.mask = mask;
+    inputs.push({ name: position, dtype: 'int32', shape: [1] }, { name: mask, dtype: f32, shape: [1, 1, 1, ctx + 1] });
+  }
+  let x = x0;
+  for (const i of layers) {
+    const r = await qwen35Layer(g, c, i, x, w, lio);
+    inputs.push(...r.inputs);
+    outputs.push(...r.outputs);
+    x = r.out;
+    if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, 1, H] };
+  }
+  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H], onePlus), c.eps);
+  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
+  outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, 1, H] });
+  if (s.isLast && s.lmHeadInside) {
+    const logits = g.output(await w.store.linear(g, hiddenOut, qwen3_5.lmHead(c).name, [c.vocab, H], w.lmHeadScheme, 1), 'logits', { shape: [1, 1, c.vocab] });
+    outputs.push({ name: logits, dtype: f32, shape: [1, 1, c.vocab] });
+  }
+  return { inputs, outputs, probes };
+}
+
+// ---- trace → graph inputs ---------------------------------------------------------------------
+
+/**
+ * Teacher-forced decode calls: at step t every graph gets HF's residual entering its first layer,
+ * the KV rows of steps < t for full-attention layers, and for linear-attention layers the conv and
+ * recurrent state HF held after step t-1 (zeros at t = 0); it must give back step t's residuals,
+ * KV rows and the states HF held after step t.
+ */
+export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
+  const H = trace.meta.hidden;
+  const shapes = stateShapes(c, maxContext);
+  const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    const steps = trace.meta.prompts[p].steps;
+    if (entry.kind === 'lm_head') {
+      for (let t = 0; t < steps; t++) {
+        yield { prompt: p, step: t, feeds: { hidden: f(await trace.get(p, t, 'final'), [1, 1, H]) }, expected: { logits: await trace.get(p, t, 'logits') } };
+      }
+      continue;
+    }
+    if (entry.n !== 1) throw new Error(`${entry.name}: qwen3_5 graphs take one token per call, this one takes ${entry.n}`);
+    const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
+    const full = layers.filter((i) => isFull(c, i));
+    const linearLayers = layers.filter((i) => !isFull(c, i));
+    const takesPosition = entry.inputs.some((i) => i.name === 'position');
+    const { kvHeads: kv, headDim: d } = c;
+    const caches = new Map(full.map((i) => [i, { k: new Float32Array(kv * maxContext * d), v: new Float32Array(kv * maxContext * d) }]));
+    const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
+    for (let t = 0; t < steps; t++) {
+      if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
+      const feeds: Record<string, Feed> = { hidden_in: f(await trace.get(p, t, `h.${entry.first}`), [1, 1, H]) };
+      const expected: Record<string, Float32Array> = {};
+      if (takesPosition) {
+        feeds.position = { dtype: 'int32', data: Int32Array.of(t), dims: [1] };
+        feeds.attn_mask = f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]);
+      }
+      for (const i of full) {
+        const cache = caches.get(i)!;
+        feeds[`past_k.${i}`] = f(cache.k, shapes.kvCache);
+        feeds[`past_v.${i}`] = f(cache.v, shapes.kvCache);
+        expected[`new_k.${i}`] = await trace.get(p, t, `k.${i}`);
+        expected[`new_v.${i}`] = await trace.get(p, t, `v.${i}`);
+      }
+      for (const i of linearLayers) {
+        feeds[`conv_state.${i}`] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `conv.${i}`), shapes.conv);
+        feeds[`rec_state.${i}`] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `rec.${i}`), shapes.rec);
+        expected[`new_conv_state.${i}`] = await trace.get(p, t, `conv.${i}`);
+        expected[`new_rec_state.${i}`] = await trace.get(p, t, `rec.${i}`);
+      }
+      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
+      expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
+      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await trace.get(p, t, 'logits');
+      yield { prompt: p, step: t, feeds, expected };
+      // The cache as HF has it before step t+1: slot t holds step t's row. The feeds above were
+      // consumed by the run before this generator resumes, so writing into them is safe.
+      for (const i of full) {
+        const cache = caches.get(i)!;
+        for (const [what, buf] of [['k', cache.k], ['v', cache.v]] as const) {
+          const row = await trace.get(p, t, `${what}.${i}`);
+          for (let h = 0; h < kv; h++) buf.set(row.subarray(h * d, (h + 1) * d), (h * maxContext + t) * d);
+        }
+      }
+    }
+  }
+}
+
+/** How the runtime binds each input/output: KV caches by rows, conv/recurrent states replaced whole. */
+export function qwen35Bindings(c: Qwen35Config, entry: GraphEntry, maxContext: number): GraphBindings {
+  const state: GraphBindings['state'] = [];
+  const shapes = stateShapes(c, maxContext);
+  const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
+    let m = /^past_([kv])\.(\d+)$/.exec(t.name);
+    if (m) {
+      const name = `kv.${m[2]}.${m[1]}`;
+      state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: shapes.kvCache, positionAxis: 2 });
+      return { ...t, bind: 'state', state: name };
+    }
+    m = /^(conv|rec)_state\.(\d+)$/.exec(t.name);
+    if (m) {
+      const name = `${m[1]}.${m[2]}`;
+      state.push({ name, kind: 'recurrent', dtype: 'float32', shape: m[1] === 'conv' ? shapes.conv : shapes.rec });
+      return { ...t, bind: 'state', state: name };
+    }
+    if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
+    if (t.name === 'position') return { ...t, bind: 'positions' };
+    if (t.name === 'attn_mask') return { ...t, bind: 'mask' };
+    throw new Error(`${entry.name}: input ${t.name} has no binding`);
+  });
+  const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
+    let m = /^new_([kv])\.(\d+)$/.exec(t.name);
+    if (m) return { ...t, bind: 'state-rows', state: `kv.${m[2]}.${m[1]}`, axis: 2 };
+    m = /^new_(conv|rec)_state\.(\d+)$/.exec(t.name);
+    if (m) return { ...t, bind: 'state-replace', state: `${m[1]}.${m[2]}` };
+    if (t.name === 'hidden_out') return { ...t, bind: 'residual' };
+    if (t.name === 'logits') return { ...t, bind: 'logits' };
+    throw new Error(`${entry.name}: output ${t.name} has no binding`);
+  });
+  return { inputs, outputs, state };
+}

@@ -1,0 +1,64 @@
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { build } from '../src/build.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { cacheRoot } from '../src/paths.js';
+import { toolVersions } from '../src/toolchain/versions.js';
+import { cacheKey } from '../src/engine/run.js';
+import type { RunRecord } from '../src/engine/record.js';
+
+const compiled = (r: RunRecord) => JSON.parse(readFileSync(join(cacheRoot(), 'compile', r.stages.find((s) => s.name === 'compile')!.key!, 'compile.json'), 'utf8'));
+
+describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () => {
+  it('builds v79 and v81 binaries that report their own soc_model, and differ', async () => {
+    const r81 = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-c81-')), progress: silentProgress });
+    const r79 = await build({ recipe: 'tiny-qwen3', arch: 'v79', out: mkdtempSync(join(tmpdir(), 'forge-c79-')), progress: silentProgress });
+    expect(r81.ok && r79.ok).toBe(true);
+    const c81 = compiled(r81);
+    const c79 = compiled(r79);
+    expect(c81.contexts.map((c: any) => c.name)).toEqual(['shard0', 'lm_head']);
+    expect(c81.contexts[0].graphs.map((g: any) => g.graph)).toEqual(['shard0.prefill', 'shard0.decode']); // one weight-shared context
+    expect(c81.contexts[0].target).toMatchObject({ socModel: 87, dspArch: 'v81' });
+    expect(c79.contexts[0].target).toMatchObject({ socModel: 69, dspArch: 'v79' });
+    const bin = (r: RunRecord, c: any) => readFileSync(join(cacheRoot(), 'compile', r.stages.find((s) => s.name === 'compile')!.key!, c.bin));
+    expect(bin(r81, c81.contexts[0]).equals(bin(r79, c79.contexts[0]))).toBe(false);
+    expect(r81.summaries.compile).toMatchObject({ qairt: '2.51.0' });
+    expect(r81.tools['onnxruntime-qnn']).toBe('2.7.0');
+  });
+
+  it('re-plans with smaller shards when a compile runs out of HTP memory, and says so', async () => {
+    process.env.FORGE_FAKE_HTP_LIMIT_BYTES = '200000';
+    try {
+      const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-replan-')), progress: silentProgress });
+      expect(r.ok).toBe(true);
+      expect(r.replans).toHaveLength(1);
+      expect(r.replans![0].reason).toMatch(/HTP memory failure compiling shard0/);
+      expect((r.summaries.plan as any).shards).toBeGreaterThan(1);
+      expect((r.gates.parity as any).ok).toBe(true);
+    } finally {
+      delete process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
+    }
+  });
+
+  it('gives up after two re-plans', async () => {
+    process.env.FORGE_FAKE_HTP_LIMIT_BYTES = '1000';
+    try {
+      const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-replan2-')), progress: silentProgress });
+      expect(r.ok).toBe(false);
+      expect(r.replans).toHaveLength(2);
+      expect(r.error).toMatch(/HTP memory failure/);
+    } finally {
+      delete process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
+    }
+  });
+
+  it('keys the compile on the QNN EP version: a new onnxruntime-qnn recompiles', () => {
+    const base = { stage: 'compile', version: '1', code: 'c', params: {}, inputs: { quantize: 'q' } };
+    const tools = toolVersions();
+    const a = cacheKey({ ...base, tools: { 'onnxruntime-qnn': tools['onnxruntime-qnn'] } });
+    const b = cacheKey({ ...base, tools: { 'onnxruntime-qnn': '2.8.0' } });
+    expect(a).not.toBe(b);
+  });
+});
