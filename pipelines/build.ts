@@ -15,6 +15,9 @@ import type { OracleParams } from '../src/gates/oracle.js';
 import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
 import type { NativeParams } from '../src/gates/native-stage.js';
 import type { CompileParams } from '../src/toolchain/qnn/compile-stage.js';
+import type { BundleParams } from '../src/bundle/bundle-stage.js';
+import type { EmulationParams } from '../src/gates/emulation.js';
+import { getFamily } from '../src/families/index.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { listDirFiles } from '../src/hub/fetch-stage.js';
 import { repoRoot } from '../src/paths.js';
@@ -84,6 +87,36 @@ function compileNode(arch: Arch): StageNode {
   return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize', oracle: 'oracle' }, tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
 }
 
+/**
+ * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity. Tiny twins only
+ * (the simulator takes ~0.15 s per call even for them) and host-ops the runtime has.
+ */
+function emulationNode(recipe: Recipe, arch: Arch): StageNode | null {
+  if (recipe.source.kind !== 'tiny' || getFamily(recipe.family).hostOp !== 'decoder_generate') return null;
+  const params: EmulationParams = {
+    recipe: { id: recipe.id, family: recipe.family },
+    arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
+    fp16: true, minCosine: recipe.gates.oracle.w8MinCosine, minTop1: recipe.gates.oracle.minTop1,
+    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch,
+    simulateScript: fileHash('oracles/qnn_simulate.py'),
+  };
+  return {
+    id: 'emulation', module: src('gates/emulation.ts'), params: params as any,
+    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: 'quantize', native: 'native' },
+    tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800,
+  };
+}
+
+function bundleNode(recipe: Recipe, arch: Arch, gates: string[]): StageNode {
+  const params: BundleParams = { recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens };
+  return {
+    id: 'bundle', module: src('bundle/bundle-stage.ts'), params: params as any,
+    // Every gate is an input: a bundle exists only when all of them passed.
+    inputs: { checkpoint: 'fetch', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])) },
+    tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], peakMemoryBytes: 1 * GB,
+  };
+}
+
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
 function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant']): StageNode {
   const params: ExportParams = {
@@ -107,6 +140,7 @@ export interface PipelineOptions {
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
+  const emulation = emulationNode(recipe, arch);
   return {
     nodes: [
       fetchNode(recipe),
@@ -118,8 +152,10 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       compileNode(arch),
       nativeNode(),
       parityNode(recipe, arch, target),
+      ...(emulation ? [emulation] : []),
+      bundleNode(recipe, arch, emulation ? ['emulation'] : []),
     ],
-    publish: ['plan'],
-    reports: ['oracle', 'parity'],
+    publish: ['bundle'],
+    reports: ['plan', 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
   };
 }

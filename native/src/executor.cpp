@@ -176,6 +176,7 @@ Executor::Executor(const Manifest& manifest, const ExecutorOptions& opts)
         if (!g.qnn) throw std::runtime_error("graph '" + g.name + "' has no compiled QNN context (qnn.wrapper) in this bundle; run it with backend 'cpu'");
         file = manifest.resolve(g.qnn->wrapper);
       } else {
+        if (g.file.empty()) throw std::runtime_error("graph '" + g.name + "' ships only a compiled QNN context (a device bundle); run it with a QNN backend library, not 'cpu'");
         file = manifest.resolve(g.file);
       }
       try {

@@ -160,7 +160,10 @@ struct Parser {
   }
 
   Graph graph(const Node& g) {
-    g.object({"name", "role", "tokens", "file", "sha256", "inputs", "outputs", "quant"}, {"qnn", "layers"});
+    // A device bundle ships only compiled contexts: `file` (the ONNX graph, for the CPU EP) is optional when `qnn` is there.
+    g.object({"name", "role", "tokens", "inputs", "outputs", "quant"}, {"qnn", "layers", "file", "sha256"});
+    if (!g.has("file") && !g.has("qnn")) g.fail("needs an ONNX graph (file) or a compiled context (qnn)");
+    if (g.has("file") != g.has("sha256")) g.fail("'file' and 'sha256' go together");
     Graph out;
     out.name = g.at("name").str();
     std::string role = g.at("role").one_of({"prefill", "decode", "lm_head"});
@@ -169,8 +172,10 @@ struct Parser {
     if (out.role != GraphRole::prefill && out.tokens != 1) g.at("tokens").fail("a " + role + " graph takes 1 token, not " + std::to_string(out.tokens));
     if (out.role == GraphRole::prefill && out.tokens < 2) g.at("tokens").fail("a prefill graph takes more than 1 token");
     if (out.tokens > m.max_context) g.at("tokens").fail(std::to_string(out.tokens) + " exceeds limits.maxContext " + std::to_string(m.max_context));
-    out.file = g.at("file").rel_path();
-    out.sha256 = g.at("sha256").sha256();
+    if (g.has("file")) {
+      out.file = g.at("file").rel_path();
+      out.sha256 = g.at("sha256").sha256();
+    }
     if (g.has("qnn")) {
       Node q = g.at("qnn");
       q.object({"wrapper", "sha256", "binary"});
@@ -294,7 +299,7 @@ struct Parser {
         Node gn = gs[gi];
         Graph g = graph(gn);
         if (!roles.insert(g.role).second) gn.at("role").fail("a context has at most one graph of each role");
-        files.check(gn.at("sha256"), g.file, g.sha256);
+        if (!g.file.empty()) files.check(gn.at("sha256"), g.file, g.sha256);
         if (g.qnn) {
           files.check(gn.at("qnn").at("sha256"), g.qnn->wrapper, g.qnn->sha256);
           files.exists(gn.at("qnn").at("binary"), g.qnn->binary);

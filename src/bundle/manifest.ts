@@ -37,16 +37,18 @@ export const GraphSchema = z.object({
   /** prefill: N tokens per call; decode: 1; lm_head: final-normed hidden → logits. */
   role: z.enum(['prefill', 'decode', 'lm_head']),
   tokens: z.number().int().positive(),
-  /** ONNX graph (CPU EP on the host). */
-  file: relPath,
-  sha256,
+  /** ONNX graph (CPU EP on the host); a device bundle ships only `qnn`. */
+  file: relPath.optional(),
+  sha256: sha256.optional(),
   /** Compiled QNN context, when the bundle has one for this graph. */
   qnn: z.object({ wrapper: relPath, sha256, binary: relPath }).strict().optional(),
   layers: z.tuple([z.number().int().nonnegative(), z.number().int().nonnegative()]).optional(),
   inputs: z.array(InputSchema).min(1),
   outputs: z.array(OutputSchema).min(1),
   quant: z.object({ weights: z.enum(['fp32', 'fp16', 'w8']), activations: z.literal('float32') }).strict(),
-}).strict();
+}).strict()
+  .refine((g) => g.file !== undefined || g.qnn !== undefined, 'a graph needs an ONNX file or a compiled context (qnn)')
+  .refine((g) => (g.file === undefined) === (g.sha256 === undefined), "'file' and 'sha256' go together");
 
 export const ContextSchema = z.object({
   name: z.string().min(1),

@@ -3,11 +3,12 @@
 // `_ctx.onnx` EPContext wrapper. Checks after compiling: every binary under the arch's per-context
 // ceiling, the context count within the arch's limit, and the target the binary reports equal to
 // the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
-import { readFileSync } from 'node:fs';
+import { copyFileSync, linkSync, mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
 import { basename, join, relative } from 'node:path';
 import type { StageModule } from '../../engine/stage.js';
-import { GRAPHS_JSON, type ExportManifest } from '../../families/export-stage.js';
+import { GRAPHS_JSON, type ContextEntry, type ExportManifest } from '../../families/export-stage.js';
 import { compileContext, QnnCompileError, type CompileReport } from './compile.js';
 
 export interface CompileParams {
@@ -35,6 +36,53 @@ export interface CompiledContext {
 /** The marker build.ts looks for to re-plan with smaller shards. */
 export const MEMORY_FAILURE = 'HTP memory failure';
 
+/** Hard-links the graphs into a directory fixed by the quantize entry's key (see below). */
+function stableSource(quantizeDir: string): string {
+  const src = join(tmpdir(), 'forge-qnn-src', basename(quantizeDir));
+  rmSync(src, { recursive: true, force: true });
+  mkdirSync(src, { recursive: true });
+  for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
+    try {
+      linkSync(join(quantizeDir, f), join(src, f));
+    } catch {
+      copyFileSync(join(quantizeDir, f), join(src, f));
+    }
+  }
+  return src;
+}
+
+async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
+  if (p.fakeHtpLimitBytes !== undefined && c.dataBytes > p.fakeHtpLimitBytes) {
+    throw new Error(`${MEMORY_FAILURE} compiling ${c.name} (${c.dataBytes} bytes of weights; simulated by FORGE_FAKE_HTP_LIMIT_BYTES=${p.fakeHtpLimitBytes})`);
+  }
+  let r: CompileReport;
+  try {
+    r = await compileContext({
+      graphs: c.graphs.map((g) => join(src, g.file)),
+      outDir: join(out, c.name), contextName: c.name,
+      arch: { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb },
+      fp16: p.fp16, timeoutSeconds: p.timeoutSeconds,
+    });
+  } catch (e) {
+    if (e instanceof QnnCompileError && e.kind === 'memory') throw new Error(`${MEMORY_FAILURE} compiling ${c.name}: ${e.message}`);
+    throw e;
+  }
+  if (r.target.socModel !== null && r.target.socModel !== p.arch.socModel) throw new Error(`${c.name}.bin reports soc_model ${r.target.socModel}, ${p.arch.id} needs ${p.arch.socModel}`);
+  if (r.target.dspArch !== null && r.target.dspArch !== p.arch.dspArch) throw new Error(`${c.name}.bin reports arch ${r.target.dspArch}, ${p.arch.id} needs ${p.arch.dspArch}`);
+  if (r.bytes > p.arch.contextCeilingBytes) {
+    throw new Error(`${MEMORY_FAILURE}: ${c.name}.bin is ${r.bytes} bytes, over the ${p.arch.id} per-context ceiling of ${p.arch.contextCeilingBytes}`);
+  }
+  log(`${c.name}: ${r.bytes} bytes for soc_model ${r.target.socModel} (${r.target.dspArch}) in ${r.compileSeconds.toFixed(1)} s`);
+  return {
+    peak: r.peakRssBytes,
+    entry: {
+      name: c.name, bin: `${c.name}/${c.name}.bin`, bytes: r.bytes,
+      graphs: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), wrapper: relative(out, w.path) })),
+      target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion,
+    },
+  };
+}
+
 export const stage: StageModule<CompileParams> = {
   name: 'compile',
   version: '1',
@@ -42,44 +90,21 @@ export const stage: StageModule<CompileParams> = {
     const p = ctx.params;
     const exp = JSON.parse(readFileSync(join(ctx.inputs.quantize, GRAPHS_JSON), 'utf8')) as ExportManifest;
     if (exp.contexts.length > p.arch.maxContexts) throw new Error(`${exp.contexts.length} contexts, over the ${p.arch.id} limit of ${p.arch.maxContexts}`);
+    // ORT names a compiled partition after a hash that covers the source model's path, and the name
+    // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
+    // depend on where the cache is), so clean builds in different caches agree.
+    const src = stableSource(ctx.inputs.quantize);
     const compiled: CompiledContext[] = [];
-    let peak = 0;
-    let done = 0;
-    for (const c of exp.contexts) {
-      ctx.progress(done++, exp.contexts.length, c.name);
-      if (p.fakeHtpLimitBytes !== undefined && c.dataBytes > p.fakeHtpLimitBytes) {
-        throw new Error(`${MEMORY_FAILURE} compiling ${c.name} (${c.dataBytes} bytes of weights; simulated by FORGE_FAKE_HTP_LIMIT_BYTES=${p.fakeHtpLimitBytes})`);
+    try {
+      for (const [i, c] of exp.contexts.entries()) {
+        ctx.progress(i, exp.contexts.length, c.name);
+        const r = await compileOne(c, src, ctx.out, p, ctx.log);
+        ctx.notePeakRss(r.peak);
+        compiled.push(r.entry);
       }
-      let r: CompileReport;
-      try {
-        r = await compileContext({
-          graphs: c.graphs.map((g) => join(ctx.inputs.quantize, g.file)),
-          outDir: join(ctx.out, c.name), contextName: c.name,
-          arch: { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb },
-          fp16: p.fp16, timeoutSeconds: p.timeoutSeconds,
-        });
-      } catch (e) {
-        if (e instanceof QnnCompileError && e.kind === 'memory') throw new Error(`${MEMORY_FAILURE} compiling ${c.name}: ${e.message}`);
-        throw e;
-      }
-      peak = Math.max(peak, r.peakRssBytes);
-      if (r.target.socModel !== null && r.target.socModel !== p.arch.socModel) {
-        throw new Error(`${c.name}.bin reports soc_model ${r.target.socModel}, ${p.arch.id} needs ${p.arch.socModel}`);
-      }
-      if (r.target.dspArch !== null && r.target.dspArch !== p.arch.dspArch) {
-        throw new Error(`${c.name}.bin reports arch ${r.target.dspArch}, ${p.arch.id} needs ${p.arch.dspArch}`);
-      }
-      if (r.bytes > p.arch.contextCeilingBytes) {
-        throw new Error(`${MEMORY_FAILURE}: ${c.name}.bin is ${r.bytes} bytes, over the ${p.arch.id} per-context ceiling of ${p.arch.contextCeilingBytes}`);
-      }
-      compiled.push({
-        name: c.name, bin: `${c.name}/${c.name}.bin`, bytes: r.bytes,
-        graphs: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), wrapper: relative(ctx.out, w.path) })),
-        target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion,
-      });
-      ctx.log(`${c.name}: ${r.bytes} bytes for soc_model ${r.target.socModel} (${r.target.dspArch}) in ${r.compileSeconds.toFixed(1)} s`);
+    } finally {
+      rmSync(src, { recursive: true, force: true });
     }
-    ctx.notePeakRss(peak);
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
     return { summary: { contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
   },

@@ -1,0 +1,89 @@
+// The model card (the bundle's README.md), generated from the recipe and the gate outputs of the
+// build. Every figure in it was measured in that build; a figure that was not measured is named as
+// such (device numbers appear only when the parity gate ran on a device).
+import type { HexagonArch } from '../arch/table.js';
+import type { Recipe } from '../recipe/schema.js';
+import type { OracleResult } from '../gates/oracle.js';
+import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
+import type { Manifest } from './manifest.js';
+
+export interface CardFacts {
+  recipe: { id: string; family: string; source: Recipe['source']; card: Recipe['card'] };
+  arch: HexagonArch;
+  manifest: Manifest;
+  compiled: CompiledContext[];
+  oracle: OracleResult;
+  parity: { ok: boolean; target: string; matched: number; total: number; variants: Record<string, { matched: number; total: number; timings: Record<string, number> }>; firstDivergence: unknown };
+  tools: Record<string, string>;
+  /** The x86 HTP simulator gate, when it ran (tiny twins). */
+  emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number } };
+}
+
+const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
+
+function role(file: string, f: CardFacts): string {
+  if (file === 'manifest.json') return 'manifest: the runtime contract (graphs, bindings, state, limits)';
+  if (file === 'README.md') return 'this model card';
+  if (file === 'SHA256SUMS') return 'checksums (`sha256sum -c SHA256SUMS`)';
+  if (file.endsWith('_ctx.onnx')) return `EPContext wrapper of graph ${file.replace(/_ctx\.onnx$/, '')}`;
+  if (file.endsWith('.bin') && f.manifest.hostTables.some((t) => t.file === file)) return `host embedding table, f16 [${f.manifest.hostTables[0].shape.join(', ')}]`;
+  if (file.endsWith('.bin')) return `QNN context binary for ${f.arch.id} (soc_model ${f.arch.socModel})`;
+  if (file === f.manifest.tokenizer.file) return 'tokenizer';
+  if (file === f.manifest.tokenizer.config) return 'tokenizer config and chat template';
+  return '';
+}
+
+function source(s: Recipe['source']): string {
+  if (s.kind === 'hub') return `[${s.repo}](https://huggingface.co/${s.repo}) at revision \`${s.revision}\``;
+  if (s.kind === 'tiny') return `a tiny random-weight ${s.twin} twin made by forge (oracles/make_twin.py)`;
+  return 'a local checkpoint';
+}
+
+export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
+  const { recipe, arch, manifest } = f;
+  const lines: string[] = [];
+  lines.push(`# ${recipe.card.title} — ${arch.id} (${arch.soc}, ${arch.marketingName})`, '');
+  lines.push(`Built by forge from ${source(recipe.source)}, recipe \`${recipe.id}\`, family \`${recipe.family}\`, host-op \`${manifest.hostOp}\`.`, '');
+  lines.push(`**Arch-pinned:** the context binaries are compiled for soc_model ${arch.socModel} (${arch.dspArch}); they do not load on another Hexagon arch. Max context ${manifest.limits.maxContext} tokens. License: ${recipe.card.license}.`, '');
+  lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
+  for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
+    lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);
+  }
+  lines.push('', '## Run it', '', '```sh');
+  lines.push(`adb push . /data/local/tmp/${recipe.id}`);
+  lines.push(`adb shell "cd /data/local/tmp/${recipe.id} && LD_LIBRARY_PATH=\\$PWD ADSP_LIBRARY_PATH=\\$PWD \\`);
+  lines.push(`  ./qhx_generate manifest.json libQnnHtp.so libQnnSystem.so . ${manifest.generation.maxNewTokens} 'The capital of France is'"`);
+  lines.push('```', '', 'The runner and the QNN/ORT libraries are not part of the bundle; see forge\'s docs/DEVICE.md.', '');
+  lines.push('## Gates, as measured in this build', '');
+  lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
+  lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');
+  for (const [g, e] of Object.entries(f.oracle.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
+  lines.push('', `**Parity** (greedy, free-running, on \`${f.parity.target}\`): ${f.parity.matched}/${f.parity.total} tokens equal to Hugging Face.`, '');
+  const onDevice = f.parity.target.startsWith('adb:');
+  // Host timings vary run to run and say nothing about a phone: they stay in build/report.md, so the
+  // card (and the bundle) is the same for the same inputs. Device timings are the point of a device run.
+  lines.push(onDevice ? '| graphs | tokens | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens |', onDevice ? '|---|---|---|---|---|' : '|---|---|');
+  for (const [v, r] of Object.entries(f.parity.variants)) {
+    const name = v === 'quantize' ? `shipped (${manifest.contexts[0].graphs[0].quant.weights})` : 'fp32 reference';
+    lines.push(onDevice
+      ? `| ${name} | ${r.matched}/${r.total} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
+      : `| ${name} | ${r.matched}/${r.total} |`);
+  }
+  lines.push('', onDevice
+    ? `Timings measured on the device ${f.parity.target.slice(4)}.`
+    : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');
+  if (f.emulation) {
+    lines.push(`**Emulation** (these context binaries, on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity ${f.emulation.parity.matched}/${f.emulation.parity.total}.`, '');
+    lines.push('| graph | min cosine vs HF | top-1 |', '|---|---|---|');
+    for (const [g, e] of Object.entries(f.emulation.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
+    lines.push('');
+  }
+  lines.push('**Compiled contexts**', '', '| context | bytes | of the per-context ceiling | reported target |', '|---|---|---|---|');
+  for (const c of f.compiled) lines.push(`| ${c.name} | ${mb(c.bytes)} | ${((100 * c.bytes) / arch.contextCeilingBytes).toFixed(1)}% | soc_model ${c.target.socModel}, ${c.target.dspArch} |`);
+  const qairt = f.compiled[0]?.qairtVersion;
+  lines.push('', '## Toolchain', '', ...Object.entries(f.tools).sort().map(([k, v]) => `- ${k} ${v}`), ...(qairt ? [`- QAIRT (inside onnxruntime-qnn) ${qairt}`] : []), '');
+  lines.push('## Caveats', '');
+  for (const c of recipe.card.caveats) lines.push(`- ${c}`);
+  lines.push('- Activations run in fp16 on the HTP (`enable_htp_fp16_precision`); the oracle and parity gates above ran the same graphs in float32 on the CPU.');
+  return lines.join('\n') + '\n';
+}
