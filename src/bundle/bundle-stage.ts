@@ -23,6 +23,17 @@ export interface BundleParams {
 
 export const SUMS = 'SHA256SUMS';
 
+function emulationFacts(file: string): NonNullable<CardFacts['emulation']> {
+  const e = JSON.parse(readFileSync(file, 'utf8'));
+  const sim = e.simulator;
+  return {
+    ok: e.ok,
+    simulator: `x86 HTP simulator (soc_model ${sim.socModel}, ${sim.dspArch}, QAIRT ${sim.qairt}${sim.fp16 ? ', fp16 activations' : ''})`,
+    graphs: e.oracle.graphs,
+    parity: { matched: e.parity.matched, total: e.parity.total },
+  };
+}
+
 export const stage: StageModule<BundleParams> = {
   name: 'bundle',
   version: '1',
@@ -58,7 +69,7 @@ export const stage: StageModule<BundleParams> = {
       oracle: JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')),
       parity: JSON.parse(readFileSync(join(ctx.inputs.parity, 'parity.json'), 'utf8')),
       tools: ctx.tools,
-      ...(ctx.inputs.emulation ? { emulation: JSON.parse(readFileSync(join(ctx.inputs.emulation, 'emulation.json'), 'utf8')) } : {}),
+      ...(ctx.inputs.emulation ? { emulation: emulationFacts(join(ctx.inputs.emulation, 'emulation.json')) } : {}),
     };
     const files = (await listFiles(ctx.out, new Set(['.assemble']))).filter((f) => !f.startsWith('.assemble/') && f !== 'meta.json');
     const sizes = Object.fromEntries(await Promise.all(files.map(async (f) => [f, readFileSync(join(ctx.out, f)).length] as const)));

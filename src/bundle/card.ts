@@ -73,7 +73,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`
     : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');
   if (f.emulation) {
-    lines.push(`**Emulation** (these context binaries, on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity ${f.emulation.parity.matched}/${f.emulation.parity.total}.`, '');
+    lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity ${f.emulation.parity.matched}/${f.emulation.parity.total}.`, '');
     lines.push('| graph | min cosine vs HF | top-1 |', '|---|---|---|');
     for (const [g, e] of Object.entries(f.emulation.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
     lines.push('');
