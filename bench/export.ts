@@ -6,10 +6,11 @@
 // Prints one JSON object with the figures and the ratios against the same run's baselines.
 //
 //   node --import tsx bench/export.ts [--skip-peer] [--keep] [--repeat N] [--peer-timeout-min M]
-//                                     [--peer-rss-cap-gb G] [--out-root DIR] [--checkpoint DIR]
+//                                     [--peer-rss-cap-gb G (0: none)] [--out-root DIR] [--checkpoint DIR]
 //
 // Done-when bounds (issue): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp.
 import { spawn, spawnSync } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { createReadStream, existsSync, mkdirSync, readdirSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { cpus, totalmem, release } from 'node:os';
 import { join } from 'node:path';
@@ -30,10 +31,14 @@ const skipPeer = flag('--skip-peer');
 const keep = flag('--keep');
 const repeat = Math.max(1, Number(opt('--repeat', '1')));
 const peerTimeoutS = Number(opt('--peer-timeout-min', '45')) * 60;
-// The box has no swap. By default the peer may grow until the kernel's OOM killer stops it (its
-// oom_score_adj is raised to 1000 so it, not a bystander, is the victim); --peer-rss-cap-gb G makes
-// this driver stop it first when its RSS passes G GB.
-const peerRssCapBytes = argv.includes('--peer-rss-cap-gb') ? Number(opt('--peer-rss-cap-gb', '0')) * 1e9 : 0;
+// The box has no swap. A peer that outgrows RAM is not OOM-killed promptly: part of its RSS is the
+// mmapped checkpoint, which the kernel keeps evicting and re-reading, so it thrashes and stalls the
+// whole machine (seen: 17 min at 24.5 GB RSS on a 24 GiB box, no OOM kill). So this driver stops it
+// when the machine's MemAvailable falls under --peer-min-avail-gb (default 0.75; 0 = never), or
+// when its RSS passes --peer-rss-cap-gb (default: no cap). Its oom_score_adj is 1000 either way,
+// so if the OOM killer does act, the peer and not a bystander is its victim.
+const peerRssCapBytes = Number(opt('--peer-rss-cap-gb', '0')) * 1e9;
+const peerMinAvailBytes = Number(opt('--peer-min-avail-gb', '0.75')) * 1e9;
 const outRoot = opt('--out-root', join(forgeHome(), 'bench', 'out'));
 const ckptDirArg = opt('--checkpoint', defaultCheckpointDir());
 const benchVenv = process.env.FORGE_BENCH_VENV ?? join(forgeHome(), 'bench-venv');
@@ -113,6 +118,28 @@ function groupRss(pgid: number): number {
   return total;
 }
 
+/** MemAvailable from /proc/meminfo, in bytes. */
+function memAvailable(): number {
+  const m = readFileSync('/proc/meminfo', 'utf8').match(/^MemAvailable:\s+(\d+) kB$/m);
+  return m ? Number(m[1]) * 1024 : Infinity;
+}
+
+/** RssAnon and RssFile (mapped file pages, e.g. an mmapped checkpoint) summed over a process group. */
+function groupRssSplit(pgid: number): { anon: number; file: number } {
+  let anon = 0;
+  let file = 0;
+  for (const pid of groupPids(pgid)) {
+    try {
+      const st = readFileSync(`/proc/${pid}/status`, 'utf8');
+      anon += Number(st.match(/^RssAnon:\s+(\d+)/m)?.[1] ?? 0) * 1024;
+      file += Number(st.match(/^RssFile:\s+(\d+)/m)?.[1] ?? 0) * 1024;
+    } catch {
+      // process went away
+    }
+  }
+  return { anon, file };
+}
+
 /** The kernel's count of OOM kills so far (/proc/vmstat oom_kill), or null where unreadable. */
 function oomKills(): number | null {
   try {
@@ -124,11 +151,16 @@ function oomKills(): number | null {
 }
 
 interface Measured {
-  status: 'ok' | 'failed' | 'timed-out' | 'killed-rss-cap' | 'killed-signal';
+  status: 'ok' | 'failed' | 'timed-out' | 'killed-rss-cap' | 'killed-low-memory' | 'killed-signal';
   seconds: number;
   peakRssBytes: number | null;
   /** Highest RSS summed over the process group, sampled every 0.5 s (cross-check, children included). */
   sampledPeakGroupRssBytes: number;
+  /** Peak sampled anonymous RSS (private memory) and file-backed RSS (mapped files), summed over the group. */
+  sampledPeakAnonBytes: number;
+  sampledPeakFileBytes: number;
+  /** Lowest MemAvailable of the machine seen while it ran. */
+  minMemAvailableBytes: number;
   userSeconds: number | null;
   systemSeconds: number | null;
   exitCode: number | null;
@@ -140,7 +172,7 @@ interface Measured {
 }
 
 /** Runs `cmd` under /usr/bin/time -v in its own process group; measures wall time around it. */
-async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: number; logFile?: string } = {}): Promise<Measured> {
+async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: number; minAvailBytes?: number; logFile?: string } = {}): Promise<Measured> {
   const timeFile = join(outRoot, `.time-${process.pid}.txt`);
   rmSync(timeFile, { force: true });
   const t0 = performance.now();
@@ -152,9 +184,13 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
     stderr += d.toString();
     if (stderr.length > 1 << 20) stderr = stderr.slice(-(1 << 19));
   });
-  let killedFor: 'timed-out' | 'killed-rss-cap' | null = null;
+  type Why = 'timed-out' | 'killed-rss-cap' | 'killed-low-memory';
+  let killedFor: Why | null = null;
   let sampled = 0;
-  const kill = (why: 'timed-out' | 'killed-rss-cap') => {
+  let peakAnon = 0;
+  let peakFile = 0;
+  let minAvail = Infinity;
+  const kill = (why: Why) => {
     if (killedFor) return;
     killedFor = why;
     // The measured command first, so /usr/bin/time (the group leader) still reports its figures.
@@ -165,7 +201,13 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
   const poll = setInterval(() => {
     const rss = groupRss(child.pid!);
     if (rss > sampled) sampled = rss;
+    const split = groupRssSplit(child.pid!);
+    peakAnon = Math.max(peakAnon, split.anon);
+    peakFile = Math.max(peakFile, split.file);
+    const avail = memAvailable();
+    minAvail = Math.min(minAvail, avail);
     if (opts.rssCapBytes && rss > opts.rssCapBytes) kill('killed-rss-cap');
+    if (opts.minAvailBytes && avail < opts.minAvailBytes) kill('killed-low-memory');
   }, 500);
   const timer = opts.timeoutS ? setTimeout(() => kill('timed-out'), opts.timeoutS * 1000) : null;
   const [code, signal] = await new Promise<[number | null, NodeJS.Signals | null]>((res) => child.on('close', (c, s) => res([c, s])));
@@ -188,6 +230,9 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
     status, seconds,
     peakRssBytes: maxKb === null ? null : maxKb * 1024,
     sampledPeakGroupRssBytes: sampled,
+    sampledPeakAnonBytes: peakAnon,
+    sampledPeakFileBytes: peakFile,
+    minMemAvailableBytes: minAvail,
     userSeconds: num(/User time \(seconds\): ([\d.]+)/),
     systemSeconds: num(/System time \(seconds\): ([\d.]+)/),
     exitCode: exit ?? code,
@@ -195,8 +240,28 @@ async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBytes?: n
     oomKillsDuring: oomBefore === null ? null : (oomKills() ?? oomBefore) - oomBefore,
     stdout,
     // Progress bars redraw with \r: keep the last state of each line only.
-    stderrTail: stderr.split('\n').map((l) => l.split('\r').filter((x) => x.trim()).pop() ?? '').filter((l) => l.trim()).slice(-15).join('\n'),
+    stderrTail: stderr.split('\n').map((l) => l.split('\r').filter((x) => x.trim()).pop() ?? '').filter((l) => l.trim() && !l.includes('skip to quantize')).slice(-8).join('\n'),
   };
+}
+
+/** sha256 over src/ (paths and contents): which forge code a run measured, even uncommitted. */
+function srcHash(): string {
+  const h = createHash('sha256');
+  const walk = (dir: string) => {
+    for (const e of readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+      const p = join(dir, e.name);
+      if (e.isDirectory()) walk(p);
+      else if (e.isFile()) h.update(p).update('\0').update(readFileSync(p)).update('\0');
+    }
+  };
+  walk(join(repoRoot(), 'src'));
+  return h.digest('hex').slice(0, 16);
+}
+
+function gitState(): { head: string | null; dirtySrc: string[] } {
+  const head = spawnSync('git', ['rev-parse', '--short', 'HEAD'], { cwd: repoRoot(), encoding: 'utf8' });
+  const st = spawnSync('git', ['status', '--porcelain', '--', 'src'], { cwd: repoRoot(), encoding: 'utf8' });
+  return { head: head.status === 0 ? head.stdout.trim() : null, dirtySrc: st.status === 0 ? st.stdout.split('\n').filter(Boolean).map((l) => l.slice(3)) : [] };
 }
 
 const gb = (b: number | null | undefined) => (b == null ? null : Math.round((b / 1e9) * 1000) / 1000);
@@ -223,6 +288,7 @@ const prepare = async () => {
 const outDir = (name: string) => join(outRoot, name);
 const clean = (name: string) => rmSync(outDir(name), { recursive: true, force: true });
 
+const srcHashes: string[] = [];
 type Figures = { seconds: number; peakRssBytes: number | null; bytesWritten: number; filesWritten: number; runs?: number[]; userSeconds?: number | null; systemSeconds?: number | null };
 
 async function contender(name: string, cmd: (out: string) => string[], mkOut: boolean): Promise<{ fig: Figures; last: Measured }> {
@@ -231,6 +297,7 @@ async function contender(name: string, cmd: (out: string) => string[], mkOut: bo
   let peak = 0;
   let written = { bytes: 0, files: 0 };
   for (let i = 0; i < repeat; i++) {
+    if (name === 'forge') srcHashes.push(srcHash());
     clean(name);
     if (mkOut) mkdirSync(outDir(name), { recursive: true });
     await prepare();
@@ -256,6 +323,7 @@ notes.push('cp = `cp -r --reflink=never CKPT OUT && sync OUT/*` (ext4: in-kernel
 
 // forge export+W8.
 const forge = await contender('forge', (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out], true);
+if (new Set(srcHashes).size > 1) notes.push(`src/ changed between forge runs (hashes ${srcHashes.join(', ')}): the runs measured different code`);
 const forgeSelf = JSON.parse(forge.last.stdout.trim().split('\n').pop() ?? '{}') as { maxRssBytes?: number; contexts?: unknown; plan?: unknown };
 
 // (b) the peer: onnxruntime-genai model builder, int8, CPU.
@@ -274,8 +342,9 @@ if (skipPeer) {
     const builder = [py, '-m', 'onnxruntime_genai.models.builder', '-i', ckpt.dir, '-o', join(outDir('peer'), 'model'), '-p', 'int8', '-e', 'cpu', '-c', cacheDir];
     // exec keeps the builder the direct child of /usr/bin/time; oom_score_adj 1000 makes it the OOM victim.
     const cmd = ['sh', '-c', 'echo 1000 > /proc/self/oom_score_adj; exec "$@"', 'sh', ...builder];
-    log(`peer: ${builder.join(' ')} (timeout ${peerTimeoutS / 60} min${peerRssCapBytes ? `, RSS cap ${gb(peerRssCapBytes)} GB` : ''})`);
-    const m = await measure(cmd, { timeoutS: peerTimeoutS, rssCapBytes: peerRssCapBytes, logFile: join(outRoot, 'peer.log') });
+    log(`peer: ${builder.join(' ')} (timeout ${peerTimeoutS / 60} min${peerRssCapBytes ? `, RSS cap ${gb(peerRssCapBytes)} GB` : ''}${peerMinAvailBytes ? `, stopped if MemAvailable < ${gb(peerMinAvailBytes)} GB` : ''})`);
+    const m = await measure(cmd, { timeoutS: peerTimeoutS, rssCapBytes: peerRssCapBytes, minAvailBytes: peerMinAvailBytes, logFile: join(outRoot, 'peer.log') });
+    const lastStep = m.stderrTail.split('\n').reverse().find((l) => /start to quantize|complete quantization|Saving|save/i.test(l));
     const w = dirBytes(join(outDir('peer'), 'model'));
     const c = dirBytes(cacheDir);
     peer = {
@@ -285,14 +354,18 @@ if (skipPeer) {
       seconds: r3(m.seconds),
       peakRssBytes: m.peakRssBytes,
       sampledPeakGroupRssBytes: m.sampledPeakGroupRssBytes,
+      sampledPeakAnonBytes: m.sampledPeakAnonBytes,
+      sampledPeakFileBytes: m.sampledPeakFileBytes,
+      minMemAvailableBytes: m.minMemAvailableBytes,
       userSeconds: m.userSeconds,
       systemSeconds: m.systemSeconds,
       bytesWritten: w.bytes,
       filesWritten: w.files,
       cacheDirBytesLeft: c.bytes,
-      ...(m.status !== 'ok' ? { exitCode: m.exitCode, signal: m.signal, oomKillsDuring: m.oomKillsDuring, error: m.stderrTail } : {}),
+      ...(m.status !== 'ok' ? { exitCode: m.exitCode, signal: m.signal, oomKillsDuring: m.oomKillsDuring, lastStep, error: m.stderrTail } : {}),
     };
     if (m.status === 'killed-rss-cap') notes.push(`peer stopped by this driver when its RSS passed ${gb(peerRssCapBytes)} GB (--peer-rss-cap-gb)`);
+    if (m.status === 'killed-low-memory') notes.push(`peer stopped by this driver when the machine's MemAvailable fell under ${gb(peerMinAvailBytes)} GB (${gb(totalmem())} GB RAM, no swap; --peer-min-avail-gb): past that it thrashes rather than being OOM-killed`);
     if (m.status === 'killed-signal' && m.signal === 'signal 9' && m.oomKillsDuring) notes.push(`peer killed by the kernel OOM killer (signal 9, /proc/vmstat oom_kill +${m.oomKillsDuring}; ${gb(totalmem())} GB RAM, no swap)`);
     if (m.status === 'timed-out') notes.push(`peer stopped after the ${peerTimeoutS / 60}-minute timeout`);
     log(`peer: ${m.status}, ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(w.bytes)} GB written`);
@@ -305,6 +378,8 @@ if (skipPeer) {
 const forgeOverCpTime = forge.fig.seconds / cp.fig.seconds;
 const forgeRss = forge.fig.peakRssBytes ?? Infinity;
 const peerOk = peer.status === 'ok';
+const peerStopped = ['killed-rss-cap', 'killed-low-memory', 'killed-signal', 'timed-out'].includes(peer.status as string);
+const peerPeakSeen = Math.max((peer.peakRssBytes as number | null) ?? 0, (peer.sampledPeakGroupRssBytes as number | undefined) ?? 0);
 const ratios: Record<string, number | null> = {
   forgeOverCpTime: r3(forgeOverCpTime),
   forgePeakRssGB: gb(forge.fig.peakRssBytes),
@@ -312,13 +387,19 @@ const ratios: Record<string, number | null> = {
   forgeOverPeerPeakRss: peerOk && peer.peakRssBytes ? r3(forgeRss / (peer.peakRssBytes as number)) : null,
   peerOverCpTime: peerOk ? r3((peer.seconds as number) / cp.fig.seconds) : null,
   peerPeakRssGB: peerOk ? gb(peer.peakRssBytes as number) : null,
+  // A peer stopped before finishing still bounds the comparison: it used at least this much.
+  ...(peerStopped ? {
+    peerPeakRssGBAtLeast: gb(peerPeakSeen),
+    forgeOverPeerPeakRssAtMost: r3(forgeRss / peerPeakSeen),
+    peerSecondsAtLeast: peer.seconds as number,
+  } : {}),
   forgeThroughputGBps: r3(ckpt.bytes / 1e9 / forge.fig.seconds),
   cpThroughputGBps: r3(ckpt.bytes / 1e9 / cp.fig.seconds),
 };
 const report = {
   benchmark: 'export+W8, synthetic Qwen3-4B (bf16), forge vs cp vs onnxruntime-genai builder int8',
   checkpoint: { dir: ckpt.dir, bytes: ckpt.bytes, files: ckpt.files, weightFiles: ckpt.weightFiles },
-  forge: { ...forge.fig, selfReportedMaxRssBytes: forgeSelf.maxRssBytes ?? null, plan: forgeSelf.plan, contexts: forgeSelf.contexts },
+  forge: { ...forge.fig, code: { ...gitState(), srcHash: srcHashes[srcHashes.length - 1] }, selfReportedMaxRssBytes: forgeSelf.maxRssBytes ?? null, plan: forgeSelf.plan, contexts: forgeSelf.contexts },
   cp: cp.fig,
   peer,
   ratios,

@@ -83,8 +83,9 @@ function compileNode(arch: Arch): StageNode {
     timeoutSeconds: 3600,
     ...(fake ? { fakeHtpLimitBytes: Number(fake) } : {}),
   };
-  // The oracle gate is an input: graphs that left the oracle are not worth an hour of compiling.
-  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize', oracle: 'oracle' }, tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
+  // After the oracle gate: graphs that left the oracle are not worth an hour of compiling (but the
+  // gate's figures are not an input, so a new prompt does not recompile).
+  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
 }
 
 /**

@@ -57,7 +57,7 @@ export function selectNodes(p: Pipeline, until?: string): StageNode[] {
   const visit = (id: string) => {
     if (keep.has(id)) return;
     keep.add(id);
-    for (const dep of Object.values(byId.get(id)!.inputs)) visit(dep);
+    for (const dep of [...Object.values(byId.get(id)!.inputs), ...(byId.get(id)!.after ?? [])]) visit(dep);
   };
   visit(until);
   return p.nodes.filter((n) => keep.has(n.id));
@@ -128,9 +128,11 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
 
   const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
     const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, id, await done.get(id)!] as const));
+    const order = await Promise.all((node.after ?? []).map((id) => done.get(id)!));
     const t0 = performance.now();
     const seconds = () => (performance.now() - t0) / 1000;
-    if (upstream.some(([, , m]) => m === null || (m.outcome.gate && !m.outcome.gate.ok))) {
+    const blocked = (m: EntryMeta | null) => m === null || (m.outcome.gate !== undefined && !m.outcome.gate.ok);
+    if (upstream.some(([, , m]) => blocked(m)) || order.some(blocked)) {
       records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, peakRssBytes: null });
       return null;
     }
@@ -183,7 +185,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
 
   // Nodes are listed in dependency order; each awaits its inputs, so independent ones overlap.
   for (const node of nodes) {
-    for (const dep of Object.values(node.inputs)) {
+    for (const dep of [...Object.values(node.inputs), ...(node.after ?? [])]) {
       if (!done.has(dep)) throw new Error(`stage ${node.id} reads '${dep}', which is not an earlier stage`);
     }
     done.set(node.id, runNode(node));

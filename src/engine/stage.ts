@@ -41,6 +41,11 @@ export interface StageNode {
   params: Json;
   /** Input name → id of the upstream node whose output it reads. */
   inputs: Record<string, string>;
+  /**
+   * Nodes that must have finished (and, if gates, passed) first, without their output entering
+   * this node's key: e.g. compile waits for the oracle gate but does not re-run when its figures move.
+   */
+  after?: string[];
   /** Tool names whose versions enter the cache key (see toolchain/versions). */
   tools: string[];
   /** Expected peak memory, so the scheduler keeps the sum under the budget. */

@@ -21,7 +21,7 @@ export async function planRecipe(id: string, archId: string, verbose = false): P
   try {
     const record = await build({ recipe: id, arch: archId, out, until: 'plan', progress: verbose ? lineProgress() : silentProgress });
     if (!record.ok) throw new Error(record.error ?? 'planning failed');
-    return JSON.parse(readFileSync(join(out, 'plan.json'), 'utf8')) as ShardPlan;
+    return JSON.parse(readFileSync(join(out, 'build', 'plan.json'), 'utf8')) as ShardPlan;
   } finally {
     rmSync(out, { recursive: true, force: true });
   }

@@ -2,8 +2,15 @@
 // weights int8, activations 16-bit/float). Rows are quantized independently, so a weight streams
 // through in row chunks and is never whole in memory.
 
-/** q = round(w / s) with s = max|w_row| / 127; an all-zero row gets s = 1 (DequantizeLinear needs s > 0). */
-export function quantizeRows(rows: Float32Array, cols: number, q: Int8Array, scales: Float32Array): void {
+// Adding and subtracting 1.5·2^52 rounds a float64 to the nearest integer, ties to even (the FPU's
+// default rounding) — exactly numpy/torch rounding, at a quarter of Math.round's cost plus a tie fix.
+const ROUND = 6755399441055744;
+
+/**
+ * q = round(w / s) with s = max|w_row| / 127, clamped to ±127, plus `zeroPoint` (128 gives the
+ * unsigned codes MatMulNBits stores). An all-zero row gets s = 1 (DequantizeLinear needs s > 0).
+ */
+export function quantizeRows(rows: Float32Array, cols: number, q: Int8Array | Uint8Array, scales: Float32Array, zeroPoint = 0): void {
   const n = rows.length / cols;
   for (let r = 0; r < n; r++) {
     const base = r * cols;
@@ -15,11 +22,9 @@ export function quantizeRows(rows: Float32Array, cols: number, q: Int8Array, sca
     const s = max > 0 ? Math.fround(max / 127) : 1;
     scales[r] = s;
     for (let c = 0; c < cols; c++) {
-      // Round half to even, like numpy/torch, so a reference quantizer in Python agrees exactly.
-      const x = rows[base + c] / s;
-      let v = Math.round(x);
-      if (Math.abs(x % 1) === 0.5 && v % 2 !== 0) v -= 1;
-      q[base + c] = v > 127 ? 127 : v < -127 ? -127 : v;
+      let v = rows[base + c] / s + ROUND - ROUND;
+      v = v > 127 ? 127 : v < -127 ? -127 : v;
+      q[base + c] = v + zeroPoint;
     }
   }
 }

@@ -59,14 +59,16 @@ export class WeightStore {
       const blockSize = w8BlockSize(cols, name);
       const blocks = cols / blockSize;
       const scales = new Float32Array(rows);
+      // One reused input and output buffer per tensor: no garbage per chunk.
+      const f32 = new Float32Array(rowsPerChunk * cols);
+      const codes = new Uint8Array(rowsPerChunk * cols);
       const ref = await this.sink.appendChunked(rows * cols, async (write) => {
-        for await (const chunk of this.ckpt.iterRows(name, { rowsPerChunk })) {
-          const q = new Int8Array(chunk.rowCount * cols);
-          quantizeRows(chunk.data, cols, q, scales.subarray(chunk.rowStart, chunk.rowStart + chunk.rowCount));
-          // MatMulNBits stores unsigned codes with an implicit zero point of 128: q + 128 = q XOR 0x80.
-          const u = new Uint8Array(q.buffer);
-          for (let i = 0; i < u.length; i++) u[i] ^= 0x80;
-          write(u);
+        for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+          const n = Math.min(rowsPerChunk, rows - r0);
+          const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+          // MatMulNBits stores unsigned codes with an implicit zero point of 128.
+          quantizeRows(data, cols, codes, scales.subarray(r0, r0 + n), 128);
+          write(codes.subarray(0, n * cols));
         }
       });
       // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
