@@ -6,7 +6,7 @@ import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
 import { readModel, overwriteInitializer } from '../src/onnx/reader.js';
-import { checkModel } from '../src/onnx/check.js';
+import { checkExportedGraphs } from './helpers/check-graphs.js';
 import { venvPython } from '../src/toolchain/venv.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
@@ -25,9 +25,7 @@ beforeAll(async () => {
 
 describe('export', () => {
   it('writes graphs that pass the full onnx.checker', async () => {
-    for (const id of ['export', 'quantize']) {
-      for (const file of readdirSync(entry(id)).filter((f) => f.endsWith('.onnx'))) await checkModel(join(entry(id), file), venvPython());
-    }
+    for (const id of ['export', 'quantize']) expect(await checkExportedGraphs(entry(id))).toBeGreaterThan(0);
   });
 
   it('stores W8 weights as MatMulNBits(bits=8): uint8 codes [out, blocks, block] with one scale per output row', () => {

@@ -6,7 +6,7 @@ import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
 import { readModel, overwriteInitializer } from '../src/onnx/reader.js';
-import { checkModel } from '../src/onnx/check.js';
+import { checkExportedGraphs } from './helpers/check-graphs.js';
 import { venvPython } from '../src/toolchain/venv.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ExportManifest } from '../src/families/export-stage.js';
@@ -55,9 +55,7 @@ describe('qwen3_5 export', () => {
   });
 
   it('writes graphs that pass the full onnx.checker', async () => {
-    for (const id of ['export', 'quantize']) {
-      for (const file of readdirSync(entry(id)).filter((f) => f.endsWith('.onnx'))) await checkModel(join(entry(id), file), venvPython());
-    }
+    for (const id of ['export', 'quantize']) expect(await checkExportedGraphs(entry(id))).toBeGreaterThan(0);
   });
 
   it('quantizes only matmul weights under W8: conv taps, A_log, dt_bias and norms stay float32, no fp16 anywhere in the state math', () => {

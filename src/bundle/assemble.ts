@@ -1,7 +1,8 @@
 // Puts a runnable bundle together: graph files, weight data, the host embedding, tokenizer files,
 // and manifest.json describing them with sha256s and the binding of every graph input/output.
 // Files are hard-linked when possible (a scratch bundle for a gate costs no copy), else copied.
-import { copyFileSync, existsSync, linkSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { linkOrCopy } from '../io/files.js';
 import { join } from 'node:path';
 import { sha256OfFile } from '../engine/hash.js';
 import type { HexagonArch } from '../arch/table.js';
@@ -15,14 +16,7 @@ import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
 
-function place(from: string, to: string): void {
-  if (existsSync(to)) return;
-  try {
-    linkSync(from, to);
-  } catch {
-    copyFileSync(from, to);
-  }
-}
+const place = linkOrCopy;
 
 /** Token ids of the eos/bos a tokenizer config names, looked up in tokenizer.json. */
 function specialIds(checkpointDir: string): { bos: number | null; eos: number[]; chatTemplate: string | null } {

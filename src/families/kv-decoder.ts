@@ -116,8 +116,12 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
   }
 }
 
-/** The state layout of a KV-cache decoder: how each graph input/output binds for the runtime. */
-export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout): GraphBindings {
+/**
+ * The state layout of a KV-cache decoder: how each graph input/output binds for the runtime.
+ * `recurrentShape` adds whole-tensor recurrent states (`conv_state.i`, `rec_state.i` → `conv.i`,
+ * `rec.i`, replaced after each call) for hybrids such as Qwen3.5.
+ */
+export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: 'conv' | 'rec') => number[]): GraphBindings {
   const state: GraphBindings['state'] = [];
   const cacheShape = [1, kv.kvHeads, kv.maxContext, kv.headDim];
   const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
@@ -125,6 +129,12 @@ export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout): GraphBinding
     if (m) {
       const name = `kv.${m[2]}.${m[1]}`;
       state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape, positionAxis: 2 });
+      return { ...t, bind: 'state', state: name };
+    }
+    const r = recurrentShape && /^(conv|rec)_state\.(\d+)$/.exec(t.name);
+    if (r) {
+      const name = `${r[1]}.${r[2]}`;
+      state.push({ name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(r[1] as 'conv' | 'rec') });
       return { ...t, bind: 'state', state: name };
     }
     if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
@@ -135,6 +145,8 @@ export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout): GraphBinding
   const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
     const m = /^new_([kv])\.(\d+)$/.exec(t.name);
     if (m) return { ...t, bind: 'state-rows', state: `kv.${m[2]}.${m[1]}`, axis: 2 };
+    const r = recurrentShape && /^new_(conv|rec)_state\.(\d+)$/.exec(t.name);
+    if (r) return { ...t, bind: 'state-replace', state: `${r[1]}.${r[2]}` };
     if (t.name === 'hidden_out') return { ...t, bind: 'residual' };
     if (t.name === 'logits') return { ...t, bind: 'logits' };
     throw new Error(`${entry.name}: output ${t.name} has no binding`);

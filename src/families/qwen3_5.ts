@@ -20,8 +20,7 @@ import { ConfigError, type Family, type GraphBindings, type GraphInterface, type
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
-import type { Feed, GateCase } from './kv-decoder.js';
-import type { ManifestGraph } from '../bundle/manifest.js';
+import { kvDecoderBindings, type Feed, type GateCase } from './kv-decoder.js';
 import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
@@ -455,34 +454,7 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
 
 /** How the runtime binds each input/output: KV caches by rows, conv/recurrent states replaced whole. */
 export function qwen35Bindings(c: Qwen35Config, entry: GraphEntry, maxContext: number): GraphBindings {
-  const state: GraphBindings['state'] = [];
   const shapes = stateShapes(c, maxContext);
-  const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
-    let m = /^past_([kv])\.(\d+)$/.exec(t.name);
-    if (m) {
-      const name = `kv.${m[2]}.${m[1]}`;
-      state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: shapes.kvCache, positionAxis: 2 });
-      return { ...t, bind: 'state', state: name };
-    }
-    m = /^(conv|rec)_state\.(\d+)$/.exec(t.name);
-    if (m) {
-      const name = `${m[1]}.${m[2]}`;
-      state.push({ name, kind: 'recurrent', dtype: 'float32', shape: m[1] === 'conv' ? shapes.conv : shapes.rec });
-      return { ...t, bind: 'state', state: name };
-    }
-    if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
-    if (t.name === 'position') return { ...t, bind: 'positions' };
-    if (t.name === 'attn_mask') return { ...t, bind: 'mask' };
-    throw new Error(`${entry.name}: input ${t.name} has no binding`);
-  });
-  const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
-    let m = /^new_([kv])\.(\d+)$/.exec(t.name);
-    if (m) return { ...t, bind: 'state-rows', state: `kv.${m[2]}.${m[1]}`, axis: 2 };
-    m = /^new_(conv|rec)_state\.(\d+)$/.exec(t.name);
-    if (m) return { ...t, bind: 'state-replace', state: `${m[1]}.${m[2]}` };
-    if (t.name === 'hidden_out') return { ...t, bind: 'residual' };
-    if (t.name === 'logits') return { ...t, bind: 'logits' };
-    throw new Error(`${entry.name}: output ${t.name} has no binding`);
-  });
-  return { inputs, outputs, state };
+  const [, kvHeads, , headDim] = shapes.kvCache;
+  return kvDecoderBindings(entry, { kvHeads, headDim, maxContext }, (kind) => (kind === 'conv' ? shapes.conv : shapes.rec));
 }

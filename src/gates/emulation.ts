@@ -9,7 +9,8 @@
 //     free-running and greedy over the traced prompts; its tokens must equal HF's.
 // A step that cannot run fails the stage with its exact error. Only a host that has no simulator at
 // all (not x86_64 Linux, or a wheel without libQnnHtp.so) gives {ok: false, ran: false, reason}.
-import { copyFileSync, existsSync, linkSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { linkOrCopy } from '../io/files.js';
 import { writeFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
@@ -333,14 +334,7 @@ export async function simulateGraph<C>(o: {
   return g;
 }
 
-function place(from: string, to: string): void {
-  if (existsSync(to)) return;
-  try {
-    linkSync(from, to);
-  } catch {
-    copyFileSync(from, to);
-  }
-}
+const place = linkOrCopy;
 
 /**
  * Gives every graph of an assembled bundle its compiled context: wrapper and binary go to `qnn/`

@@ -3,7 +3,8 @@
 // outputs. The copy lives in a scratch directory beside hard links to the weights: ORT refuses
 // external data reached through a symlink that leaves the model's directory. `scratch` should be
 // on the same filesystem as the model (else the weights are copied).
-import { copyFileSync, existsSync, linkSync, mkdirSync, writeFileSync } from 'node:fs';
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { linkOrCopy } from '../io/files.js';
 import { basename, dirname, join } from 'node:path';
 import { OnnxModel } from '../onnx/reader.js';
 import { onnx } from '../onnx/proto.js';
@@ -21,12 +22,7 @@ export function writeProbeModel(modelPath: string, values: string[], scratch: st
   for (const t of graph.initializer ?? []) for (const e of t.externalData ?? []) if (e.key === 'location') locations.add(e.value!);
   for (const loc of locations) {
     const link = join(scratch, loc);
-    if (existsSync(link)) continue;
-    try {
-      linkSync(join(dirname(modelPath), loc), link);
-    } catch {
-      copyFileSync(join(dirname(modelPath), loc), link);
-    }
+    linkOrCopy(join(dirname(modelPath), loc), link);
   }
   const out = join(scratch, basename(modelPath));
   writeFileSync(out, onnx.ModelProto.encode(model.proto).finish());

@@ -3,7 +3,8 @@
 // `_ctx.onnx` EPContext wrapper. Checks after compiling: every binary under the arch's per-context
 // ceiling, the context count within the arch's limit, and the target the binary reports equal to
 // the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
-import { copyFileSync, linkSync, mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { linkOrCopy } from '../../io/files.js';
 import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
 import { basename, join, relative } from 'node:path';
@@ -42,11 +43,7 @@ function stableSource(quantizeDir: string): string {
   rmSync(src, { recursive: true, force: true });
   mkdirSync(src, { recursive: true });
   for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
-    try {
-      linkSync(join(quantizeDir, f), join(src, f));
-    } catch {
-      copyFileSync(join(quantizeDir, f), join(src, f));
-    }
+    linkOrCopy(join(quantizeDir, f), join(src, f));
   }
   return src;
 }
