@@ -16,6 +16,7 @@ import { runPipeline, type PipelineResult } from './engine/run.js';
 import { MEMORY_FAILURE } from './toolchain/qnn/compile-stage.js';
 import { defaultProgress, type Progress } from './engine/progress.js';
 import { toolVersions } from './toolchain/versions.js';
+import { ensureVenv } from './toolchain/venv.js';
 import { cacheRoot } from './paths.js';
 import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
 import type { Json } from './engine/stage.js';
@@ -56,6 +57,9 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   const tools = toolVersions();
+  // Every build traces with the Python oracle: set its environment up here, where the user sees it,
+  // rather than silently inside the first stage that needs it.
+  await ensureVenv();
   const cache = new StageCache(cacheRoot());
   const scheduler = new Scheduler({
     concurrency: req.jobs ?? cpus().length,
