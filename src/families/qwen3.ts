@@ -2,7 +2,7 @@
 // k_norm) before RoPE; GQA; head_dim set explicitly (128 on 4B, not hidden/heads); no biases;
 // SiLU-gated MLP; Qwen3-4B ties the lm-head to the embedding.
 import { z } from 'zod';
-import { ConfigError, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import { ConfigError, parseConfigWith, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { applyRope, cachedAttention, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
@@ -41,12 +41,8 @@ export interface Qwen3Config {
 }
 
 export function parseQwen3Config(raw: unknown, file: string): Qwen3Config {
-  const r = ConfigSchema.safeParse(raw);
-  if (!r.success) {
-    const i = r.error.issues[0];
-    throw new ConfigError(file, i.path.join('.') || '(root)', i.message);
-  }
-  const c = r.data;
+  const parsed = parseConfigWith(ConfigSchema, raw, file);
+  const c = parsed;
   const ropeTheta = c.rope_parameters?.rope_theta ?? c.rope_theta;
   if (ropeTheta === undefined) throw new ConfigError(file, 'rope_parameters.rope_theta', 'missing (neither rope_parameters nor rope_theta is set)');
   if (c.rope_parameters && c.rope_parameters.rope_type !== 'default') {

@@ -16,7 +16,7 @@
 //  - Decode graphs only (N = 1): a prefill graph would have to run the chunked delta rule; recipes
 //    set prefillLength 0 (decode over the prompt), and buildShard refuses N > 1.
 import { z } from 'zod';
-import { ConfigError, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import { ConfigError, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
@@ -97,12 +97,8 @@ export interface Qwen35Config {
 }
 
 export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
-  const r = ConfigSchema.safeParse(raw);
-  if (!r.success) {
-    const i = r.error.issues[0];
-    throw new ConfigError(file, i.path.join('.') || '(root)', i.message);
-  }
-  const t = r.data.text_config;
+  const parsed = parseConfigWith(ConfigSchema, raw, file);
+  const t = parsed.text_config;
   const f = (name: string) => `text_config.${name}`;
   const ropeTheta = t.rope_parameters?.rope_theta ?? t.rope_theta;
   if (ropeTheta === undefined) throw new ConfigError(file, f('rope_parameters.rope_theta'), 'missing (neither rope_parameters nor rope_theta is set)');
@@ -144,7 +140,7 @@ export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
     vocab: t.vocab_size,
     eps: t.rms_norm_eps,
     ropeTheta,
-    tied: r.data.tie_word_embeddings ?? t.tie_word_embeddings ?? false,
+    tied: parsed.tie_word_embeddings ?? t.tie_word_embeddings ?? false,
     maxPositions: t.max_position_embeddings,
     layerTypes,
     linear: { kHeads, vHeads, kDim, vDim, convKernel: t.linear_conv_kernel_dim, convDim: 2 * kHeads * kDim + vHeads * vDim },

@@ -25,6 +25,16 @@ export class ConfigError extends Error {
   }
 }
 
+/** Parses a config with a zod schema; the first problem becomes a ConfigError naming file and field. */
+export function parseConfigWith<T>(schema: { safeParse(raw: unknown): { success: true; data: T } | { success: false; error: { issues: Array<{ path: PropertyKey[]; message: string }> } } }, raw: unknown, file: string): T {
+  const r = schema.safeParse(raw);
+  if (!r.success) {
+    const i = r.error.issues[0];
+    throw new ConfigError(file, i.path.map(String).join('.') || '(root)', i.message);
+  }
+  return r.data;
+}
+
 export interface Family<C> {
   id: FamilyId;
   /** The runtime host-op that drives this family's bundles (its decode loop lives in native/). */
