@@ -38,8 +38,9 @@ export interface CompiledContext {
 export const MEMORY_FAILURE = 'HTP memory failure';
 
 /** Hard-links the graphs into a directory fixed by the quantize entry's key (see below). */
-function stableSource(quantizeDir: string): string {
-  const src = join(tmpdir(), 'forge-qnn-src', basename(quantizeDir));
+function stableSource(quantizeDir: string, archId: string): string {
+  // Per arch too: builds for v79 and v81 of the same graphs may compile at the same time.
+  const src = join(tmpdir(), 'forge-qnn-src', `${basename(quantizeDir)}-${archId}`);
   rmSync(src, { recursive: true, force: true });
   mkdirSync(src, { recursive: true });
   for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
@@ -90,7 +91,7 @@ export const stage: StageModule<CompileParams> = {
     // ORT names a compiled partition after a hash that covers the source model's path, and the name
     // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
     // depend on where the cache is), so clean builds in different caches agree.
-    const src = stableSource(ctx.inputs.quantize);
+    const src = stableSource(ctx.inputs.quantize, p.arch.id);
     const compiled: CompiledContext[] = [];
     try {
       for (const [i, c] of exp.contexts.entries()) {
