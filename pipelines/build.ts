@@ -19,7 +19,7 @@ import type { BundleParams } from '../src/bundle/bundle-stage.js';
 import type { EmulationParams } from '../src/gates/emulation.js';
 import { getFamily } from '../src/families/index.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
-import { listDirFiles } from '../src/hub/fetch-stage.js';
+import { nativeSourceHash } from '../src/toolchain/native.js';
 import { repoRoot } from '../src/paths.js';
 
 const GB = 1_000_000_000;
@@ -55,10 +55,7 @@ function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
 }
 
 function nativeNode(): StageNode {
-  const dir = join(repoRoot(), 'native');
-  const h = createHash('sha256');
-  for (const f of listDirFiles(dir)) h.update(f).update('\0').update(readFileSync(join(dir, f)));
-  const params: NativeParams = { sources: h.digest('hex') };
+  const params: NativeParams = { sources: nativeSourceHash() };
   return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800 };
 }
 
@@ -92,8 +89,9 @@ function compileNode(arch: Arch): StageNode {
  * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity. Tiny twins only
  * (the simulator takes ~0.15 s per call even for them) and host-ops the runtime has.
  */
-function emulationNode(recipe: Recipe, arch: Arch): StageNode | null {
-  if (recipe.source.kind !== 'tiny' || getFamily(recipe.family).hostOp !== 'decoder_generate') return null;
+function emulationNode(recipe: Recipe, arch: Arch): StageNode | string {
+  if (recipe.source.kind !== 'tiny') return 'the x86 HTP simulator takes ~0.15 s per call even for a tiny twin: run only for tiny recipes';
+  if (getFamily(recipe.family).hostOp !== 'decoder_generate') return `the runtime has no ${getFamily(recipe.family).hostOp} host-op yet`;
   const params: EmulationParams = {
     recipe: { id: recipe.id, family: recipe.family },
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
@@ -141,7 +139,8 @@ export interface PipelineOptions {
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
-  const emulation = emulationNode(recipe, arch);
+  const emu = emulationNode(recipe, arch);
+  const emulation = typeof emu === 'string' ? null : emu;
   return {
     nodes: [
       fetchNode(recipe),
@@ -158,5 +157,6 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
     ],
     publish: ['bundle'],
     reports: ['plan', 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
+    ...(typeof emu === 'string' ? { gatesNotRun: { emulation: emu } } : {}),
   };
 }

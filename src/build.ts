@@ -99,6 +99,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     stages: result.stages,
     ...(replans.length ? { replans } : {}),
     gates,
+    ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),
     summaries,
     tools,
     bundle: out,

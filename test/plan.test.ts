@@ -21,9 +21,9 @@ describe('shard plan', () => {
     expect(plan.hostTables).toEqual([{ name: 'embedding', dtype: 'f16', bytes: 151936 * 2560 * 2 }]);
   });
 
-  it('counts bytes from the tensors: a W8 matmul is one byte per weight plus a float32 scale per row', () => {
+  it('counts bytes from the tensors: a W8 matmul is one byte per weight plus a float32 scale per 256-wide block of a row', () => {
     const perLayer = sumBytes(qwen3.layerTensors(config, 0), 'w8');
-    const matmul = (o: number, i: number) => o * i + o * 4;
+    const matmul = (o: number, i: number) => o * i + o * (i / 256) * 4; // 2560, 4096 and 9728 are multiples of 256
     const expected = matmul(4096, 2560) + 2 * matmul(1024, 2560) + matmul(2560, 4096) + 2 * matmul(9728, 2560) + matmul(2560, 9728) + 4 * (2560 * 2 + 128 * 2);
     expect(perLayer).toBe(expected);
     const plan = makePlan(qwen3, config, v81, settings());

@@ -54,6 +54,10 @@ describe('qwen3_5 export', () => {
     expect(io['new_k.7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
+  it('says in the run record that the emulation gate did not run, and why', () => {
+    expect(record.gatesNotRun).toEqual({ emulation: expect.stringMatching(/no qwen3_5_generate host-op/) });
+  });
+
   it('writes graphs that pass the full onnx.checker', async () => {
     for (const id of ['export', 'quantize']) expect(await checkExportedGraphs(entry(id))).toBeGreaterThan(0);
   });
@@ -157,7 +161,7 @@ describe('qwen3_5 plan and config', () => {
   it('cuts Qwen3.5-4B W8 for v81 into two 16-layer decode shards of ~1.8 GB, lm-head fp16 apart, embedding on the host', async () => {
     const plan = await planRecipe('qwen3.5-4b', 'v81');
     expect(plan.shards.map((s) => [s.first, s.last, s.graphs])).toEqual([[0, 15, ['decode']], [16, 31, ['decode']]]);
-    const mm = (o: number, i: number) => o * i + o * 4; // int8 weights + a float32 scale per row
+    const mm = (o: number, i: number) => o * i + o * (i / 256) * 4; // int8 codes + a float32 scale per 256-wide block of a row (2560, 4096, 9216 are multiples of 256)
     const mlp = 2 * mm(9216, 2560) + mm(2560, 9216) + 2 * 2560 * 4;
     const linear = mlp + mm(8192, 2560) + mm(4096, 2560) + 2 * mm(32, 2560) + mm(2560, 4096) + 8192 * 4 * 4 + 2 * 32 * 4 + 128 * 4;
     const full = mlp + mm(8192, 2560) + 2 * mm(1024, 2560) + mm(2560, 4096) + 2 * 256 * 4;

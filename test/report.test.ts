@@ -47,6 +47,7 @@ describe('build report', () => {
   it('writes the same tables in markdown', () => {
     const md = reportMarkdown({ record, oracleRows: rows });
     expect(md).toContain('| oracle | FAIL |');
+    expect(reportMarkdown({ record: { ...record, gatesNotRun: { emulation: 'tiny recipes only' } } })).toContain('| emulation | not run | tiny recipes only |');
     expect(md).toContain('| quantize:w8 | shard0.decode | 2 | h.3 (residual out) | 0.9123000 |');
   });
 });

@@ -11,12 +11,12 @@ import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { MASKED } from '../families/blocks.js';
+import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from './manifest.js';
 
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
 
-const place = linkOrCopy;
 
 /** Token ids of the eos/bos a tokenizer config names, looked up in tokenizer.json. */
 function specialIds(checkpointDir: string): { bos: number | null; eos: number[]; chatTemplate: string | null } {
@@ -44,6 +44,11 @@ export interface AssembleInput {
   embeddingDir: string;
   checkpointDir: string;
   maxNewTokens: number;
+  /**
+   * A device bundle: the compile stage's output directory and what it compiled. Each context ships
+   * as its binary and each graph as its EPContext wrapper, instead of the ONNX graphs and weights.
+   */
+  compiled?: { dir: string; contexts: CompiledContext[] };
 }
 
 export async function assembleBundle(input: AssembleInput, out: string): Promise<Manifest> {
@@ -58,28 +63,40 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   const contexts: Manifest['contexts'] = [];
   const state = new Map<string, Manifest['state'][number]>();
   for (const c of exp.contexts) {
-    place(join(input.graphsDir, c.data), join(out, c.data));
+    const cc = input.compiled?.contexts.find((x) => x.name === c.name);
+    if (input.compiled && !cc) throw new Error(`context ${c.name} was not compiled`);
+    const weights = cc ? { path: `${c.name}.bin`, bytes: cc.bytes } : { path: c.data, bytes: c.dataBytes };
+    linkOrCopy(cc ? join(input.compiled!.dir, cc.bin) : join(input.graphsDir, c.data), join(out, weights.path));
     const graphs: Manifest['contexts'][number]['graphs'] = [];
     for (const g of c.graphs) {
-      place(join(input.graphsDir, g.file), join(out, g.file));
+      let files: { file: string; sha256: string } | { qnn: { wrapper: string; sha256: string; binary: string } };
+      if (cc) {
+        const w = cc.graphs.find((x) => x.graph === g.name);
+        if (!w) throw new Error(`graph ${g.name} has no compiled wrapper`);
+        const wrapper = `${g.name}_ctx.onnx`;
+        linkOrCopy(join(input.compiled!.dir, w.wrapper), join(out, wrapper));
+        files = { qnn: { wrapper, sha256: await sha(wrapper), binary: weights.path } };
+      } else {
+        linkOrCopy(join(input.graphsDir, g.file), join(out, g.file));
+        files = { file: g.file, sha256: await sha(g.file) };
+      }
       const b = family.bindings(config, g, exp.maxContext);
       for (const s of b.state) state.set(s.name, s);
       graphs.push({
         name: g.name,
         role: g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill',
         tokens: g.n,
-        file: g.file,
-        sha256: await sha(g.file),
+        ...files,
         ...(g.first !== undefined ? { layers: [g.first, g.last!] as [number, number] } : {}),
         inputs: b.inputs,
         outputs: b.outputs,
         quant: { weights: g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme, activations: 'float32' },
       });
     }
-    contexts.push({ name: c.name, files: [{ path: c.data, sha256: await sha(c.data), bytes: c.dataBytes }], graphs });
+    contexts.push({ name: c.name, files: [{ ...weights, sha256: await sha(weights.path) }], graphs });
   }
-  place(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
-  for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) place(join(input.checkpointDir, f), join(out, f));
+  linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
+  for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
   const special = specialIds(input.checkpointDir);
   const [vocab, hidden] = emb.embedding.shape;
   const manifest: Manifest = {

@@ -45,7 +45,10 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
     title: 'Gates',
     table: {
       head: ['gate', 'ok', 'figures'],
-      rows: Object.entries(r.gates).map(([name, g]) => [name, g.ok ? 'pass' : 'FAIL', figures(g)]),
+      rows: [
+        ...Object.entries(r.gates).map(([name, g]) => [name, g.ok ? 'pass' : 'FAIL', figures(g)]),
+        ...Object.entries(r.gatesNotRun ?? {}).map(([name, why]) => [name, 'not run', why]),
+      ],
     },
   });
   if (input.oracleRows?.length) {

@@ -16,6 +16,8 @@ export interface RunRecord {
   /** Re-plans after the compile ran out of HTP memory (at most two). */
   replans?: Array<{ reason: string; ceilingBytes: number }>;
   gates: Record<string, GateRecord>;
+  /** Gates this build did not run, with why. */
+  gatesNotRun?: Record<string, string>;
   /** Small per-stage summaries (plan sizes, fetched bytes …). */
   summaries: Record<string, Json>;
   tools: Record<string, string>;

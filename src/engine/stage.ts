@@ -60,15 +60,6 @@ export interface Pipeline {
   publish: string[];
   /** Node ids whose outputs (gate tables …) are copied into build/ beside the run record, even when the build failed. */
   reports?: string[];
-}
-
-export class StageError extends Error {
-  constructor(
-    readonly stage: string,
-    message: string,
-    readonly detail?: string,
-  ) {
-    super(`stage ${stage} failed: ${message}`);
-    this.name = 'StageError';
-  }
+  /** Gates this pipeline does not run, each with the reason: the run record says so rather than leaving them out silently. */
+  gatesNotRun?: Record<string, string>;
 }

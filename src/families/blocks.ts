@@ -7,10 +7,6 @@
 // is FullyConnected's native layout on the HTP and lets weights stream row by row.
 import type { GraphBuilder } from '../onnx/builder.js';
 
-export interface Dims {
-  n: number;
-}
-
 /** RMSNorm over the last axis: x·rsqrt(mean(x²)+eps)·w. `w` is a value (already 1+w where a family needs that). */
 export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number): string {
   const sq = g.op('Mul', [x, x]);
@@ -109,13 +105,6 @@ export function swiGate(g: GraphBuilder, gate: string, up: string): string {
   return g.op('Mul', [g.op('Mul', [gate, g.op('Sigmoid', [gate])]), up]);
 }
 
-/** down(silu(gate(x)) · up(x)). */
-export function swiGlu(g: GraphBuilder, x: string, w: { gate: string; up: string; down: string }, hidden: number, ffn: number, n: number): string {
-  const gate = linear(g, x, w.gate, hidden, ffn, n);
-  const up = linear(g, x, w.up, hidden, ffn, n);
-  const act = g.op('Mul', [gate, g.op('Sigmoid', [gate])]);
-  return linear(g, g.op('Mul', [act, up]), w.down, ffn, hidden, n);
-}
 
 /** Additive mask value for hidden slots: finite in fp16 so the HTP never sees -inf − -inf. */
 export const MASKED = -65504;

@@ -99,7 +99,7 @@ export const qwen3: Family<Qwen3Config> = {
     ? { name: 'model.embed_tokens.weight', shape: [c.vocab, c.hidden], role: 'matmul' }
     : { name: 'lm_head.weight', shape: [c.vocab, c.hidden], role: 'matmul' }),
   buildShard: (g, c, s, w) => denseDecoderShard(g, c, s, w,
-    { layerPrefix: 'model.layers', finalNorm: 'model.norm.weight', lmHead: qwen3.lmHead(c).name },
+    { finalNorm: 'model.norm.weight', lmHead: qwen3.lmHead(c).name },
     (x, layer, io) => qwen3Layer(g, c, 'model.layers', layer, x, io, w)),
   buildLmHead: (g, c, w) => lmHeadGraph(g, c.hidden, c.vocab, qwen3.lmHead(c).name, w),
   gateCases: (c, entry, trace, maxContext) => kvDecoderCases(entry, trace, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext }),
@@ -145,7 +145,7 @@ export async function qwen3Layer(
 /** The common frame of a dense decoder shard: hidden/position/mask inputs, layers, final norm. */
 export async function denseDecoderShard(
   g: GraphBuilder, c: { hidden: number; headDim: number; ropeTheta: number; eps: number; vocab: number }, s: ShardSpec, w: GraphWeights,
-  names: { layerPrefix: string; finalNorm: string; lmHead: string },
+  names: { finalNorm: string; lmHead: string },
   layerFn: (x: string, layer: number, io: { rope: { cos: string; sin: string }; mask: string; n: number; ctx: number }) => Promise<{ out: string; inputs: TensorIO[]; outputs: TensorIO[] }>,
 ): Promise<GraphInterface> {
   const { n, maxContext: ctx } = s;

@@ -132,15 +132,8 @@ export interface EmulationNotRun {
 
 export type EmulationResult = EmulationRan | EmulationNotRun;
 
-export interface EmulationInput {
-  recipe: { id: string; family: FamilyId };
-  arch: HtpArch;
-  fp16: boolean;
-  minCosine?: number;
-  minTop1: number;
-  tokens: number;
-  minMatch: number;
-  timeoutSeconds?: number;
+/** The stage's params (less the cache-key-only script hash) plus where things are. */
+export interface EmulationInput extends Omit<EmulationParams, 'simulateScript'> {
   /** The fetched checkpoint (config.json, tokenizer files). */
   checkpointDir: string;
   traceDir: string;
@@ -334,7 +327,6 @@ export async function simulateGraph<C>(o: {
   return g;
 }
 
-const place = linkOrCopy;
 
 /**
  * Gives every graph of an assembled bundle its compiled context: wrapper and binary go to `qnn/`
@@ -351,8 +343,8 @@ export async function attachQnnContexts(bundleDir: string, compiled: Map<string,
       if (!q) throw new Error(`graph ${g.name} of ${path} has no compiled context`);
       const wrapper = `qnn/${basename(q.wrapper)}`;
       const binary = `qnn/${basename(q.bin)}`;
-      place(q.wrapper, join(bundleDir, wrapper));
-      place(q.bin, join(bundleDir, binary));
+      linkOrCopy(q.wrapper, join(bundleDir, wrapper));
+      linkOrCopy(q.bin, join(bundleDir, binary));
       g.qnn = { wrapper, sha256: await sha256OfFile(join(bundleDir, wrapper)), binary };
     }
   }
@@ -472,10 +464,10 @@ export const stage: StageModule<EmulationParams> = {
   name: 'emulation',
   version: '1',
   async run(ctx) {
-    const p = ctx.params;
+    const { simulateScript: _keyOnly, ...p } = ctx.params;
     const native = JSON.parse(readFileSync(join(ctx.inputs.native, 'native.json'), 'utf8')) as NativeRecord;
     const result = await runEmulation({
-      recipe: p.recipe, arch: p.arch, fp16: p.fp16, minCosine: p.minCosine, minTop1: p.minTop1, tokens: p.tokens, minMatch: p.minMatch, timeoutSeconds: p.timeoutSeconds,
+      ...p,
       checkpointDir: readCheckpointRef(ctx.inputs.checkpoint).absDir,
       traceDir: ctx.inputs.trace,
       graphsDir: ctx.inputs.quantize,

@@ -2,6 +2,7 @@
 // form a scheme takes on the HTP (see quant/w8.ts) and its size are decided in one place.
 import type { QuantScheme } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
+import { w8BlockSize } from './w8.js';
 
 const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
@@ -11,7 +12,8 @@ export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
   switch (scheme) {
     case 'fp32': return n * 4;
     case 'fp16': return n * 2;
-    case 'w8': return n + t.shape[0] * 4; // int8 weights + one float32 scale per output channel
+    // int8 codes + one float32 scale per MatMulNBits block (each row's scale, repeated per block)
+    case 'w8': return n + t.shape[0] * (t.shape[1] / w8BlockSize(t.shape[1], t.name)) * 4;
   }
 }
 

@@ -35,3 +35,9 @@ export function dequantizeRows(q: Int8Array, scales: Float32Array, cols: number)
   for (let i = 0; i < q.length; i++) out[i] = q[i] * scales[Math.floor(i / cols)];
   return out;
 }
+
+/** MatMulNBits splits K into blocks with one scale each; one block size per tensor: the largest power of two ≤ 256 dividing K. */
+export function w8BlockSize(k: number, tensor: string): number {
+  for (let b = 256; b >= 16; b /= 2) if (k % b === 0) return b;
+  throw new Error(`tensor ${tensor}: in-features ${k} is not a multiple of 16, which W8 (MatMulNBits) needs`);
+}

@@ -12,7 +12,7 @@ import { linear as gemmLinear } from '../families/blocks.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { QuantScheme } from '../recipe/schema.js';
-import { quantizeRows } from './w8.js';
+import { quantizeRows, w8BlockSize } from './w8.js';
 
 interface Stored {
   dtype: ElemType;
@@ -22,11 +22,6 @@ interface Stored {
   blockSize?: number;
 }
 
-/** MatMulNBits splits K into blocks with one scale each; one block size per tensor: the largest power of two ≤ 256 dividing K. */
-export function w8BlockSize(k: number, tensor: string): number {
-  for (let b = 256; b >= 16; b /= 2) if (k % b === 0) return b;
-  throw new Error(`tensor ${tensor}: in-features ${k} is not a multiple of 16, which W8 (MatMulNBits) needs`);
-}
 
 /** Row chunks of about this many f32 bytes: big enough for throughput, small enough for memory. */
 const CHUNK_BYTES = 8 << 20;

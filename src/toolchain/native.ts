@@ -34,12 +34,17 @@ function sourceFiles(dir: string): string[] {
   return out;
 }
 
-/** Hash of every file under native/ (path + bytes), where it lives (paths are compiled in) and the deps. */
-function buildKey(deps: Record<string, string>): string {
+/** Hash of every file under native/ (path + bytes): what the runtime is made of. */
+export function nativeSourceHash(): string {
   const h = createHash('sha256');
   const root = nativeDir();
-  h.update(`root ${root}\n`);
   for (const f of sourceFiles(root)) h.update(`${relative(root, f)}\n`).update(readFileSync(f));
+  return h.digest('hex');
+}
+
+/** The sources, where they live (paths are compiled in) and the deps. */
+function buildKey(deps: Record<string, string>): string {
+  const h = createHash('sha256').update(`root ${nativeDir()}\n${nativeSourceHash()}\n`);
   for (const k of Object.keys(deps).sort()) h.update(`${k}=${deps[k]}\n`);
   return h.digest('hex').slice(0, 16);
 }
