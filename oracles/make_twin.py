@@ -11,6 +11,7 @@ Output is byte-identical across runs: fixed seeds, deterministic BPE training, s
 import argparse
 import hashlib
 import json
+import math
 import os
 import shutil
 import sys
@@ -270,6 +271,24 @@ def perturb(model, seed):
             t.add_(torch.randn(t.shape, generator=g, dtype=torch.float32).to(t.dtype) * std)
 
 
+@torch.no_grad()
+def trained_like_decay(model, seed):
+    """GatedDeltaNet decay g = -exp(A_log)*softplus(a + dt_bias). HF's init (A up to 16, dt_bias 1)
+    makes every head forget its state at each step (exp(g) ~ e^-20), which no trained model does:
+    the readout then rests on one q.k product near zero and int8/fp16 noise dominates it. Draw
+    dt_bias the way Mamba-style models are initialised and stay (dt in [1e-3, 1e-1], log-uniform),
+    so state carries across steps as in a real checkpoint."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        if name.endswith("linear_attn.dt_bias"):
+            u = torch.rand(p.shape, generator=g)
+            dt = torch.exp(u * (math.log(1e-1) - math.log(1e-3)) + math.log(1e-3))
+            p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
+
+
+DYNAMICS = {"qwen3_5": trained_like_decay}
+
+
 def build(family, tmp):
     style_name, cfg_fn, auto_name, seed, gen_eos = FAMILIES[family]
     style = TOKENIZER_STYLES[style_name]
@@ -279,6 +298,8 @@ def build(family, tmp):
     transformers.set_seed(seed)
     model = getattr(transformers, auto_name).from_config(config, dtype=torch.float32)
     perturb(model, seed + 1)
+    if family in DYNAMICS:
+        DYNAMICS[family](model, seed + 2)
     gc = model.generation_config
     gc.eos_token_id = [tok.convert_tokens_to_ids(t) for t in gen_eos]
     gc.pad_token_id = tok.pad_token_id

@@ -17,7 +17,6 @@ import type { NativeParams } from '../src/gates/native-stage.js';
 import type { CompileParams } from '../src/toolchain/qnn/compile-stage.js';
 import type { BundleParams } from '../src/bundle/bundle-stage.js';
 import type { EmulationParams } from '../src/gates/emulation.js';
-import { getFamily } from '../src/families/index.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { nativeSourceHash } from '../src/toolchain/native.js';
 import { repoRoot } from '../src/paths.js';
@@ -59,10 +58,16 @@ function nativeNode(): StageNode {
   return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800 };
 }
 
+/** A recipe's lowered W8 parity threshold and its reason, when it has one. */
+function w8Parity(recipe: Recipe): { w8?: { minMatch: number; why: string } } {
+  const p = recipe.gates.parity;
+  return p.w8MinMatch !== undefined && p.w8MinMatch < p.minMatch ? { w8: { minMatch: p.w8MinMatch, why: p.w8Why! } } : {};
+}
+
 function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   const params: ParityParams = {
     recipe: { id: recipe.id, family: recipe.family }, arch: arch.id,
-    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch,
+    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch, ...w8Parity(recipe),
     variants: ['export', 'quantize'], target,
   };
   return {
@@ -87,16 +92,15 @@ function compileNode(arch: Arch): StageNode {
 
 /**
  * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity. Tiny twins only
- * (the simulator takes ~0.15 s per call even for them) and host-ops the runtime has.
+ * (the simulator takes ~0.15 s per call even for them).
  */
 function emulationNode(recipe: Recipe, arch: Arch): StageNode | string {
   if (recipe.source.kind !== 'tiny') return 'the x86 HTP simulator takes ~0.15 s per call even for a tiny twin: run only for tiny recipes';
-  if (getFamily(recipe.family).hostOp !== 'decoder_generate') return `the runtime has no ${getFamily(recipe.family).hostOp} host-op yet`;
   const params: EmulationParams = {
     recipe: { id: recipe.id, family: recipe.family },
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
     fp16: true, minCosine: recipe.gates.oracle.w8MinCosine, minTop1: recipe.gates.oracle.minTop1,
-    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch,
+    tokens: recipe.gates.parity.tokens, minMatch: w8Parity(recipe).w8?.minMatch ?? recipe.gates.parity.minMatch,
     simulateScript: fileHash('oracles/qnn_simulate.py'),
   };
   return {

@@ -11,8 +11,26 @@ import { ensureDebianPackages } from './toolchain/system-deps.js';
 import { ensureNative, nativeTestEnv, runNativeTests } from './toolchain/native.js';
 import { repoRoot } from './paths.js';
 
-interface VitestJson { numPassedTests: number; numFailedTests: number; numPendingTests: number; numTodoTests: number }
-interface Counts { passed: number; failed: number; skipped: number }
+interface VitestJson {
+  numPassedTests: number; numFailedTests: number; numPendingTests: number; numTodoTests: number;
+  testResults: { name: string; status: string; message?: string; assertionResults: { fullName: string; status: string; failureMessages?: string[] }[] }[];
+}
+interface Counts { passed: number; failed: number; skipped: number; failures: string[] }
+
+/** The first lines of a failure: enough to name the cause in a CI log that keeps only its tail. */
+const firstLines = (text: string, n = 12) => text.split('\n').slice(0, n).map((l) => `    ${l}`).join('\n');
+
+function vitestFailures(r: VitestJson): string[] {
+  const out: string[] = [];
+  for (const file of r.testResults) {
+    const rel = file.name.replace(`${repoRoot()}/`, '');
+    const failed = file.assertionResults.filter((a) => a.status === 'failed');
+    for (const a of failed) out.push(`vitest ${rel} > ${a.fullName}\n${firstLines(a.failureMessages?.[0] ?? '')}`);
+    // A file that failed without a failing test (import error, hook failure) has only a message.
+    if (!failed.length && file.status === 'failed') out.push(`vitest ${rel}\n${firstLines(file.message ?? '')}`);
+  }
+  return out;
+}
 
 const log = (m: string) => process.stderr.write(`${m}\n`);
 
@@ -25,25 +43,27 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
   });
   try {
     const r = JSON.parse(readFileSync(report, 'utf8')) as VitestJson;
-    return { code, passed: r.numPassedTests, failed: r.numFailedTests, skipped: r.numPendingTests + r.numTodoTests };
+    return { code, passed: r.numPassedTests, failed: r.numFailedTests, skipped: r.numPendingTests + r.numTodoTests, failures: vitestFailures(r) };
   } catch {
-    return { code: code || 1, passed: 0, failed: 1, skipped: 0 };
+    return { code: code || 1, passed: 0, failed: 1, skipped: 0, failures: [`vitest wrote no report (${report}); exit code ${code}`] };
   }
 }
 
-/** The ctest suite needs a real tiny bundle (fp32 and W8) and its HF trace. */
+/** The ctest suite needs real tiny bundles (Qwen3 fp32 and W8, Qwen3.5 fp32) and their HF traces. */
 async function ctest(dir: string): Promise<Counts & { code: number }> {
   const build = await ensureNative();
   const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')}`;
-  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as { fp32: string; w8: string; trace: string };
+  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as { fp32: string; w8: string; trace: string; hybrid: string; hybridTrace: string };
   const r = await runNativeTests(build, nativeTestEnv(bundles));
-  process.stdout.write(r.output);
+  // A green run prints one line per test (and the parity figures); a red one prints everything.
+  process.stdout.write(r.ok ? r.output.split('\n').filter((l) => /Test +#|tests passed|parity|Skipped$/.test(l)).join('\n') + '\n' : r.output);
   const m = /(\d+)% tests passed, (\d+) tests failed out of (\d+)/.exec(r.output);
-  if (!m) return { code: 1, passed: 0, failed: 1, skipped: 0 };
+  if (!m) return { code: 1, passed: 0, failed: 1, skipped: 0, failures: ['ctest printed no summary line'] };
   const failed = Number(m[2]);
   const total = Number(m[3]);
   const skipped = (r.output.match(/\*\*\*Skipped|Not Run|Disabled/g) ?? []).length;
-  return { code: r.ok ? 0 : 1, passed: total - failed - skipped, failed, skipped };
+  const failures = [...r.output.matchAll(/Test +#\d+: (\S+) \.+\*{3}(?:Failed|Exception|Timeout)/g)].map((f) => `ctest ${f[1]}`);
+  return { code: r.ok ? 0 : 1, passed: total - failed - skipped, failed, skipped, failures };
 }
 
 export async function runTests(args: string[]): Promise<number> {
@@ -53,9 +73,11 @@ export async function runTests(args: string[]): Promise<number> {
   try {
     const v = await vitest(args, dir);
     // A filtered run (file or -t arguments) is for a developer; the native suite runs on full runs.
-    const c = args.length ? { code: 0, passed: 0, failed: 0, skipped: 0 } : await ctest(dir);
+    const c = args.length ? { code: 0, passed: 0, failed: 0, skipped: 0, failures: [] } : await ctest(dir);
     const passed = v.passed + c.passed;
     const failed = v.failed + c.failed;
+    const failures = [...v.failures, ...c.failures];
+    if (failures.length) console.log(`forge: failed:\n${failures.map((f) => `  ${f}`).join('\n')}`);
     console.log(`forge: vitest ${v.passed} passed, ${v.failed} failed; ctest ${c.passed} passed, ${c.failed} failed`);
     console.log(`forge: ${passed} passed, ${failed} failed, ${v.skipped + c.skipped} skipped`);
     if (passed === 0) {

@@ -88,11 +88,10 @@ describe('forge build', () => {
 
   it('refuses a checkpoint whose config differs from the one the recipe recorded, leaving no plan behind', async () => {
     const twinOut = join(work, 'out-twin');
-    await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', twinOut]);
-    const cacheFetch = join(process.env.FORGE_CACHE!, 'fetch');
-    const { readdirSync } = await import('node:fs');
-    const entry = readdirSync(cacheFetch).find((n) => /^[0-9a-f]{64}$/.test(n))!;
-    const modelDir = join(cacheFetch, entry, 'model');
+    const twin = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', twinOut])).stdout);
+    // This build's own fetch entry: the shared test cache also holds other twins' checkpoints.
+    const entry = twin.stages.find((s: { name: string }) => s.name === 'fetch').key;
+    const modelDir = join(process.env.FORGE_CACHE!, 'fetch', entry, 'model');
     editRecipe('tiny-qwen3', (r) => {
       r.source = { kind: 'local', path: modelDir };
       r.config = { model_type: 'qwen3', hidden_size: 4096 };

@@ -24,6 +24,22 @@ size_t count(const std::vector<int64_t>& shape) {
   return n;
 }
 
+/**
+ * Index of the first maximum, as torch.argmax. Not std::max_element: it re-reads the best value
+ * through the iterator on each element (~3.5 ns/element here), which made this the larger part of
+ * the host overhead over a 248k vocab (bench/host-overhead.ts); a register max is ~5x faster.
+ */
+int argmax(const float* x, int n) {
+  float best = x[0];
+  int at = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > best) {
+      best = x[i];
+      at = i;
+    }
+  return at;
+}
+
 size_t graph_index(const Context& c, const Graph* g) { return size_t(g - c.graphs.data()); }
 
 }  // namespace
@@ -35,7 +51,9 @@ struct RowsOut {
 };
 
 struct Step {
-  std::unique_ptr<GraphBinding> binding;
+  // binding[f] reads recurrent states from buffer f and writes buffer 1 - f; binding[1] is null for
+  // a graph without recurrent state.
+  std::unique_ptr<GraphBinding> binding[2];
   std::vector<RowsOut> rows;
 };
 
@@ -52,10 +70,23 @@ struct DecoderGenerate::Pass {
 };
 
 DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : m_(manifest), exec_(executor) {
-  if (m_.host_op != "decoder_generate")
-    throw std::runtime_error("host-op '" + m_.host_op + "' is not implemented by this runtime (it runs decoder_generate)");
-  for (const StateSpec& s : m_.state)
-    if (s.kind != StateKind::kv_cache) throw std::runtime_error("decoder_generate carries kv-cache state only; '" + s.name + "' is recurrent");
+  const bool hybrid = m_.host_op == "qwen3_5_generate";
+  if (!hybrid && m_.host_op != "decoder_generate")
+    throw std::runtime_error("host-op '" + m_.host_op + "' is not implemented by this runtime (it runs decoder_generate and qwen3_5_generate)");
+  for (const StateSpec& s : m_.state) {
+    if (s.kind != StateKind::recurrent) continue;
+    if (!hybrid) throw std::runtime_error("decoder_generate carries kv-cache state only; '" + s.name + "' is recurrent (a qwen3_5_generate bundle?)");
+    recurrent_ = true;
+  }
+  if (hybrid) {
+    bool lm_head = false;
+    for (const Context& c : m_.contexts) {
+      if (c.graph(GraphRole::prefill))
+        throw std::runtime_error("qwen3_5_generate decodes over the prompt, but context '" + c.name + "' has a prefill graph");
+      lm_head |= c.graph(GraphRole::lm_head) != nullptr;
+    }
+    if (!lm_head) throw std::runtime_error("qwen3_5_generate runs the lm-head as its own context, and the manifest has none");
+  }
   // The embedding table is mapped, not read: a real vocab is hundreds of MB and only rows are touched.
   std::string path = m_.resolve(m_.embedding_file);
   int fd = open(path.c_str(), O_RDONLY);
@@ -66,7 +97,10 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) :
   if (p == MAP_FAILED) throw std::runtime_error("cannot map the embedding table " + path);
   embedding_ = static_cast<const uint16_t*>(p);
 
-  for (const StateSpec& s : m_.state) caches_.emplace_back(s.elements(), 0.0f);
+  for (const StateSpec& s : m_.state) {
+    caches_.emplace_back(s.elements(), 0.0f);
+    shadows_.emplace_back(s.kind == StateKind::recurrent ? s.elements() : 0, 0.0f);
+  }
   decode_ = make_pass(GraphRole::decode, 1);
   bool all_prefill = true;
   int prefill_tokens = 0;
@@ -109,33 +143,39 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
     }
     const Graph* g = c.graph(role);
     Step step;
-    step.binding = exec_.bind(ci, graph_index(c, g));
     float* in = pass->residual[shard % 2].data();
     float* out = pass->residual[(shard + 1) % 2].data();
-    for (const GraphInput& i : g->inputs) {
-      switch (i.bind) {
-        case InputBind::residual: step.binding->bind_input(i.name, in, i.shape); break;
-        case InputBind::positions: step.binding->bind_input(i.name, pass->positions.data(), i.shape); break;
-        case InputBind::mask: step.binding->bind_input(i.name, pass->mask.data(), i.shape); break;
-        case InputBind::state: step.binding->bind_input(i.name, caches_[i.state].data(), i.shape); break;
-      }
-    }
     for (const GraphOutput& o : g->outputs) {
-      switch (o.bind) {
-        case OutputBind::residual: step.binding->bind_output(o.name, out, o.shape); break;
-        case OutputBind::logits:
-          pass->logits.assign(size_t(n) * V, 0.0f);
-          step.binding->bind_output(o.name, pass->logits.data(), o.shape);
-          break;
-        case OutputBind::state_rows: {
-          RowsOut r{o.state, 1, 1, std::vector<float>(count(o.shape))};
-          for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
-          for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
-          step.rows.push_back(std::move(r));
-          step.binding->bind_output(o.name, step.rows.back().buf.data(), o.shape);
-          break;
+      if (o.bind == OutputBind::logits) pass->logits.assign(size_t(n) * V, 0.0f);
+      if (o.bind != OutputBind::state_rows) continue;
+      RowsOut r{o.state, 1, 1, std::vector<float>(count(o.shape))};
+      for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
+      for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
+      step.rows.push_back(std::move(r));
+    }
+    bool replaces = std::any_of(g->outputs.begin(), g->outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::state_replace; });
+    for (int f = 0; f < (replaces ? 2 : 1); f++) {
+      auto& b = step.binding[f];
+      b = exec_.bind(ci, graph_index(c, g));
+      auto buffer = [&](int state, int which) {  // a recurrent state's buffer 0 or 1; a KV cache has one
+        return (which && m_.state[state].kind == StateKind::recurrent ? shadows_ : caches_)[state].data();
+      };
+      for (const GraphInput& i : g->inputs) {
+        switch (i.bind) {
+          case InputBind::residual: b->bind_input(i.name, in, i.shape); break;
+          case InputBind::positions: b->bind_input(i.name, pass->positions.data(), i.shape); break;
+          case InputBind::mask: b->bind_input(i.name, pass->mask.data(), i.shape); break;
+          case InputBind::state: b->bind_input(i.name, buffer(i.state, f), i.shape); break;
         }
-        case OutputBind::state_replace: throw std::logic_error("recurrent state reached decoder_generate");
+      }
+      size_t rows = 0;
+      for (const GraphOutput& o : g->outputs) {
+        switch (o.bind) {
+          case OutputBind::residual: b->bind_output(o.name, out, o.shape); break;
+          case OutputBind::logits: b->bind_output(o.name, pass->logits.data(), o.shape); break;
+          case OutputBind::state_rows: b->bind_output(o.name, step.rows[rows++].buf.data(), o.shape); break;
+          case OutputBind::state_replace: b->bind_output(o.name, buffer(o.state, 1 - f), o.shape); break;
+        }
       }
     }
     pass->steps.push_back(std::move(step));
@@ -176,8 +216,9 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   fill_mask(p, start, valid);
 
   for (Step& s : p.steps) {
+    GraphBinding& b = s.binding[1] && flip_ ? *s.binding[1] : *s.binding[0];
     auto t0 = Clock::now();
-    s.binding->run();
+    b.run();
     *run_ms += ms_since(t0);
     // Only the real rows enter the caches, at the call's positions.
     for (const RowsOut& r : s.rows) {
@@ -188,6 +229,8 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
                       r.inner * sizeof(float));
     }
   }
+  // Every recurrent state was just written to its other buffer: the next call reads that one.
+  if (recurrent_) flip_ ^= 1;
   if (!want_token) return -1;
   const float* logits = p.logits.data();
   if (p.lm_head) {
@@ -198,7 +241,7 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   } else {
     logits += size_t(valid - 1) * V;
   }
-  return int(std::max_element(logits, logits + V) - logits);  // first maximum, as torch.argmax
+  return argmax(logits, V);
 }
 
 GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const GenerateOptions& opts) {
@@ -212,6 +255,8 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
     throw std::runtime_error("prompt of " + std::to_string(L) + " tokens + " + std::to_string(opts.max_new_tokens) +
                              " new tokens needs " + std::to_string(L + opts.max_new_tokens - 1) + " positions; the bundle's maxContext is " + std::to_string(C));
   for (auto& c : caches_) std::fill(c.begin(), c.end(), 0.0f);
+  for (auto& c : shadows_) std::fill(c.begin(), c.end(), 0.0f);
+  flip_ = 0;
   decode_->mask_visible = -1;
 
   GenerateResult res;

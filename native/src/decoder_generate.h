@@ -1,14 +1,19 @@
-// The decoder_generate host-op: greedy generation over a KV-cache decoder split into shards.
-// It is the ONLY implementation of the decode loop (TypeScript calls the runtime for it):
-//   embedding lookup (f16 host table → f32 rows) → shards in manifest order, threading the residual
-//   → lm-head (or the last shard's logits) on the last real row → argmax.
-// The prompt goes through the prefill graphs in chunks of their token count (the last chunk
-// padded) when every shard has one, else token by token through the decode graphs ("decode over
-// the prompt"; also forced by GenerateOptions::use_prefill = false). New K/V rows come back as
-// state-rows outputs and only the real rows are written into the caches at the call's positions.
+// The generation host-ops: greedy generation over a decoder split into shards. This is the ONLY
+// implementation of the decode loop (TypeScript calls the runtime for it), and it serves both:
+//   decoder_generate   dense decoders (Qwen3): KV caches; batched prefill when every shard has a
+//                      prefill graph, else decode over the prompt.
+//   qwen3_5_generate   hybrids (Qwen3.5): KV caches for the full-attention layers plus recurrent
+//                      state (conv FIFO, delta-rule state) that each call replaces whole; decode
+//                      over the prompt (a prefill would need the chunked delta rule), lm-head separate.
+// One token: embedding lookup (f16 host table → f32 rows) → shards in manifest order, threading the
+// residual, each updating only its own layers' state → lm-head (or the last shard's logits) on the
+// last real row → argmax. New K/V rows come back as state-rows outputs and only the real rows are
+// written into the caches at the call's positions. A recurrent state has two buffers: a call reads
+// one and writes the other, and the next call swaps them, so its update is never copied.
 //
-// Every buffer (caches, residuals, positions, mask, rows, logits) is allocated once here and bound
-// to the graphs once; a decode step allocates nothing and copies no state.
+// Every buffer (caches, states, residuals, positions, mask, rows, logits) is allocated once here and
+// bound to the graphs once (two bindings for a graph with recurrent state, one per buffer
+// direction); a decode step allocates nothing and copies no state.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -58,6 +63,9 @@ class DecoderGenerate {
   const uint16_t* embedding_ = nullptr;
   size_t embedding_bytes_ = 0;
   std::vector<std::vector<float>> caches_;
+  std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
+  int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_
+  bool recurrent_ = false;
   std::unique_ptr<Pass> decode_, prefill_;
 };
 

@@ -267,8 +267,12 @@ struct Parser {
       if (out.inputs.size() != 1 || out.inputs[0].bind != InputBind::residual) ins.fail("an lm_head graph takes exactly one residual input");
       if (out.outputs.size() != 1 || out.outputs[0].bind != OutputBind::logits) outs.fail("an lm_head graph gives exactly one logits output");
     } else {
+      // Positions and the mask serve attention over a KV cache; a shard of recurrent layers only
+      // (Qwen3.5's linear attention) takes neither.
+      bool reads_kv = false;
+      for (int s : read_state) reads_kv |= m.state[s].kind == StateKind::kv_cache;
       for (InputBind b : {InputBind::residual, InputBind::positions, InputBind::mask})
-        if (!seen[b]) ins.fail(std::string("a ") + (out.role == GraphRole::prefill ? "prefill" : "decode") + " graph needs a " +
+        if (!seen[b] && (b == InputBind::residual || reads_kv)) ins.fail(std::string("a ") + (out.role == GraphRole::prefill ? "prefill" : "decode") + " graph needs a " +
                                (b == InputBind::residual ? "residual" : b == InputBind::positions ? "positions" : "mask") + " input");
       if (!seen_out[OutputBind::residual] && !seen_out[OutputBind::logits]) outs.fail("needs a residual or logits output");
     }

@@ -157,12 +157,72 @@ TEST(Tool, ErrorsAreOneLineAndExitOne) {
 TEST(Generate, OtherHostOpsAreRefusedClearly) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
   forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  m.host_op = "qwen3_5_generate";
+  m.host_op = "phimoe_generate";
   forge::Executor exec(m, forge::ExecutorOptions{});
   try {
     forge::DecoderGenerate gen(m, exec);
     FAIL() << "expected a refusal";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("host-op 'qwen3_5_generate' is not implemented"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("host-op 'phimoe_generate' is not implemented"), std::string::npos) << e.what();
+  }
+}
+
+// qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches
+// for the full-attention layers, a shard of linear-attention layers only, decode over the prompt.
+TEST(Hybrid, Fp32GreedyParityWithHF) {
+  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");
+  auto l = load(bundle);
+  ASSERT_EQ(l->manifest.host_op, "qwen3_5_generate");
+  ASSERT_FALSE(l->gen->has_prefill());
+  auto prompts = forge_test::load_trace(trace);
+  ASSERT_FALSE(prompts.empty());
+  for (size_t p = 0; p < prompts.size(); p++) {
+    const auto& tp = prompts[p];
+    auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+    size_t same = matching_prefix(r.generated, tp.generated);
+    std::printf("[ parity   ] qwen3_5 fp32 prompt %zu '%s': %zu/%zu tokens equal HF\n", p, tp.text.c_str(), same, tp.generated.size());
+    EXPECT_EQ(r.generated, tp.generated) << "prompt " << p << " diverges from HF at token " << same;
+  }
+}
+
+TEST(Hybrid, RecurrentStateStartsFreshEachCall) {
+  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");
+  auto l = load(bundle);
+  auto prompts = forge_test::load_trace(trace);
+  ASSERT_GE(prompts.size(), 2u);
+  // An odd number of steps leaves the state in its second buffer; the next call must still start from zeros.
+  auto first = l->gen->generate(prompts[0].prompt_tokens, {7, true, true});
+  auto other = l->gen->generate(prompts[1].prompt_tokens, {int(prompts[1].generated.size()), true, true});
+  auto again = l->gen->generate(prompts[0].prompt_tokens, {7, true, true});
+  EXPECT_EQ(other.generated, prompts[1].generated);
+  EXPECT_EQ(first.generated, again.generated);
+}
+
+TEST(Hybrid, DecoderGenerateRefusesRecurrentState) {
+  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
+  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
+  m.host_op = "decoder_generate";
+  forge::Executor exec(m, forge::ExecutorOptions{});
+  try {
+    forge::DecoderGenerate gen(m, exec);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("is recurrent"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Hybrid, RefusesAPrefillGraph) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
+  m.host_op = "qwen3_5_generate";
+  forge::Executor exec(m, forge::ExecutorOptions{});
+  // The dense tiny bundle has prefill graphs: qwen3_5_generate names the first context that has one.
+  try {
+    forge::DecoderGenerate gen(m, exec);
+    FAIL() << "expected a refusal";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("decodes over the prompt, but context"), std::string::npos) << e.what();
   }
 }

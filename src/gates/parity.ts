@@ -23,6 +23,8 @@ export interface ParityParams {
   arch: string;
   tokens: number;
   minMatch: number;
+  /** Threshold for the `quantize` (W8) variant when the recipe lowers it, with its reason. */
+  w8?: { minMatch: number; why: string };
   /** Export inputs whose graphs are run (each assembled into a bundle). */
   variants: string[];
   target: TargetSpec;
@@ -97,12 +99,15 @@ export const stage: StageModule<ParityParams> = {
     }
     const matched = Object.values(variants).reduce((a, v) => a + v.matched, 0);
     const total = Object.values(variants).reduce((a, v) => a + v.total, 0);
-    const ok = Object.values(variants).every((v) => v.matched >= p.minMatch * v.total);
+    const threshold = (v: string) => (v === 'quantize' && p.w8 ? p.w8.minMatch : p.minMatch);
+    const ok = Object.entries(variants).every(([k, v]) => v.matched >= threshold(k) * v.total);
     const first = Object.entries(variants).find(([, v]) => v.firstDivergence);
     const summary = {
       target: target.name, matched, total,
       variants: Object.fromEntries(Object.entries(variants).map(([k, v]) => [k, { matched: v.matched, total: v.total, timings: v.timings }])),
       firstDivergence: first ? { variant: first[0], ...first[1].firstDivergence! } : null,
+      thresholds: Object.fromEntries(Object.keys(variants).map((k) => [k, threshold(k)])),
+      ...(p.w8 ? { w8Why: p.w8.why } : {}),
     };
     await writeFile(join(ctx.out, 'parity.json'), JSON.stringify({ ok, ...summary, detail: variants }, null, 2));
     return { gate: { name: 'parity', ok }, summary: JSON.parse(JSON.stringify(summary)) };

@@ -67,7 +67,15 @@ export const GateSettingsSchema = z.object({
     tokens: z.number().int().positive().default(64),
     /** Fraction of tokens that must match HF greedy; 1 means N/N. */
     minMatch: z.number().min(0).max(1).default(1),
-  }).strict().default({ tokens: 64, minMatch: 1 }),
+    /**
+     * The same for the W8 (deployable) graphs, when a recipe knows they cannot hold N/N; it must say
+     * why in `w8Why` (printed with the gate's figures). Defaults to minMatch.
+     */
+    w8MinMatch: z.number().min(0).max(1).optional(),
+    w8Why: z.string().min(1).optional(),
+  }).strict()
+    .refine((p) => p.w8MinMatch === undefined || p.w8MinMatch >= p.minMatch || p.w8Why !== undefined, { message: 'a w8MinMatch below minMatch needs w8Why: the reason the W8 graphs cannot hold it', path: ['w8Why'] })
+    .default({ tokens: 64, minMatch: 1 }),
 }).strict();
 
 export const CardSchema = z.object({

@@ -1,6 +1,7 @@
-// Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests:
+// Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, and an
+// fp32 bundle of tiny-qwen3.5 (the hybrid host-op):
 //   node --import tsx test/helpers/make-bundle.ts <out-dir>
-// Prints {"w8": dir, "fp32": dir, "trace": dir} as JSON.
+// Prints {"w8": dir, "fp32": dir, "trace": dir, "hybrid": dir, "hybridTrace": dir} as JSON.
 import { join } from 'node:path';
 import { build } from '../../src/build.js';
 import { silentProgress } from '../../src/engine/progress.js';
@@ -10,12 +11,20 @@ import { assembleBundle } from '../../src/bundle/assemble.js';
 import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
 
 const out = process.argv[2];
-const record = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: join(out, 'build'), progress: silentProgress });
-if (!record.ok) throw new Error(record.error);
-const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
-const { recipe } = loadRecipe('tiny-qwen3');
-const { arch } = archSettings(recipe, 'v81');
-const base = { recipe, arch, embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: recipe.gates.parity.tokens };
-await assembleBundle({ ...base, graphsDir: entry('quantize') }, join(out, 'w8'));
-await assembleBundle({ ...base, graphsDir: entry('export') }, join(out, 'fp32'));
-console.log(JSON.stringify({ w8: join(out, 'w8'), fp32: join(out, 'fp32'), trace: entry('trace') }));
+
+/** Builds `recipeId` (through `until`, or fully) and assembles bundles of the given graph stages. */
+async function bundles(recipeId: string, until: string | undefined, variants: Record<string, 'export' | 'quantize'>) {
+  const record = await build({ recipe: recipeId, arch: 'v81', out: join(out, 'build', recipeId), progress: silentProgress, ...(until ? { until } : {}) });
+  if (!record.ok) throw new Error(record.error);
+  const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
+  const { recipe } = loadRecipe(recipeId);
+  const { arch } = archSettings(recipe, 'v81');
+  const base = { recipe, arch, embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: recipe.gates.parity.tokens };
+  for (const [dir, stage] of Object.entries(variants)) await assembleBundle({ ...base, graphsDir: entry(stage) }, join(out, dir));
+  return entry('trace');
+}
+
+const trace = await bundles('tiny-qwen3', undefined, { w8: 'quantize', fp32: 'export' });
+// Up to the oracle gate (it needs trace, export and quantize): the parity gate would run this very runtime.
+const hybridTrace = await bundles('tiny-qwen3.5', 'oracle', { hybrid: 'export' });
+console.log(JSON.stringify({ w8: join(out, 'w8'), fp32: join(out, 'fp32'), trace, hybrid: join(out, 'hybrid'), hybridTrace }));
