@@ -54,7 +54,7 @@ describe('qwen3_5 export', () => {
     expect(io['new_k.7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
-  it('runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 on every prompt, W8 reported with the recipe's reason', () => {
+  it("runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 on every prompt, W8 reported with the recipe's reason", () => {
     expect(record.gatesNotRun).toBeUndefined();
     const parity = record.gates.parity as any;
     expect(parity).toMatchObject({ ok: true, target: 'host', variants: { export: { matched: 128, total: 128 } }, thresholds: { export: 1, quantize: 0 } });
@@ -62,7 +62,7 @@ describe('qwen3_5 export', () => {
     expect(parity.variants.quantize.total).toBe(128);
   });
 
-  it('compiles the three contexts for the arch and passes the simulator's teacher-forced gate', () => {
+  it("compiles the three contexts for the arch and passes the simulator's teacher-forced gate", () => {
     const compile = record.summaries.compile as any;
     expect(compile.contexts.map((c: any) => c.name)).toEqual(['shard0', 'shard1', 'lm_head']);
     for (const c of compile.contexts) expect(c).toMatchObject({ dspArch: 'v81', socModel: 87 });

@@ -38,6 +38,13 @@ describe('recipes', () => {
     expectInvalid((r) => (r.surprise = 1), 'surprise');
   });
 
+  it('lets a recipe lower the W8 parity threshold only with a stated reason', () => {
+    expectInvalid((r) => (r.gates.parity.w8MinMatch = 0.5), 'gates.parity.w8Why');
+    const r = base();
+    Object.assign(r.gates.parity, { w8MinMatch: 0.5, w8Why: 'a reason' });
+    expect(parseRecipe(r, 'recipes/x/recipe.json').gates.parity).toMatchObject({ minMatch: 1, w8MinMatch: 0.5, w8Why: 'a reason' });
+  });
+
   it('validates per-arch settings, naming the arch block', () => {
     expectInvalid((r) => (r.arch.v81 = { maxContext: -5 }), 'arch.v81.maxContext');
     expectInvalid((r) => (r.arch.v79 = { lmHead: { placement: 'middle' } }), 'arch.v79.lmHead');

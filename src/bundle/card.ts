@@ -13,7 +13,7 @@ export interface CardFacts {
   manifest: Manifest;
   compiled: CompiledContext[];
   oracle: OracleResult;
-  parity: { ok: boolean; target: string; matched: number; total: number; variants: Record<string, { matched: number; total: number; timings: Record<string, number> }>; firstDivergence: unknown };
+  parity: { ok: boolean; target: string; matched: number; total: number; variants: Record<string, { matched: number; total: number; timings: Record<string, number> }>; firstDivergence: unknown; thresholds?: Record<string, number>; w8Why?: string };
   tools: Record<string, string>;
   /** The x86 HTP simulator gate, when it ran (tiny twins). */
   emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number } };
@@ -69,6 +69,9 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
       ? `| ${name} | ${r.matched}/${r.total} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
       : `| ${name} | ${r.matched}/${r.total} |`);
   }
+  const w8Required = f.parity.thresholds?.quantize;
+  if (f.parity.w8Why && w8Required !== undefined)
+    lines.push('', `The shipped graphs' parity is required at ${Math.round(w8Required * 100)}% (not N/N) by this recipe: ${f.parity.w8Why}.`);
   lines.push('', onDevice
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`
     : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');
