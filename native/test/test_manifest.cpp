@@ -94,6 +94,8 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"lm-head first", [](json& j) { std::swap(j["contexts"][0], j["contexts"][1]); }, "contexts[0]: the lm-head comes before layers 0..3 are run"},
       {"no logits", [](json& j) { j["contexts"].erase(1); }, "contexts: no context gives logits"},
       {"greedy", [](json& j) { j["generation"]["greedy"] = false; }, "generation.greedy: must be true"},
+      // Only a graph that reads no KV cache (Qwen3.5's linear-attention shard) may go without a mask.
+      {"kv graph without mask", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"].erase(2); }, "contexts[0].graphs[1].inputs: a decode graph needs a mask input"},
   };
   for (const Mutation& mu : mutations) {
     json doc = good;
