@@ -8,7 +8,6 @@ import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import type { FamilyId, QuantScheme } from '../recipe/schema.js';
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
-import { f32ToF16Array } from '../io/dtype.js';
 import { GraphBuilder } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
 import { writeModel } from '../onnx/writer.js';
@@ -59,25 +58,26 @@ export interface ExportManifest {
 
 export const GRAPHS_JSON = 'graphs.json';
 
+/** The host embedding table: the tensor's fp16 form, alone in its file. */
 async function writeEmbedding(ckpt: Checkpoint, name: string, shape: [number, number], file: string): Promise<void> {
   const sink = new ExternalDataWriter(file, { align: 1 });
-  await sink.appendChunked(shape[0] * shape[1] * 2, async (write) => {
-    for await (const chunk of ckpt.iterRows(name)) {
-      const h = f32ToF16Array(chunk.data);
-      write(new Uint8Array(h.buffer, h.byteOffset, h.byteLength));
-    }
-  });
-  sink.commit();
+  try {
+    await new WeightStore(ckpt, sink).fp16(name, shape);
+    await sink.commitAsync();
+  } catch (e) {
+    sink.abort();
+    throw e;
+  }
 }
 
 /** Builds every graph of one context into `out`, sharing one data file. */
 async function exportContext<C>(
   out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
-  onTensor: () => void,
+  onTensor: () => void, f16Copies: Map<string, ExternalDataWriter>,
 ): Promise<ContextEntry> {
   const data = `${name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
-  const store = new WeightStore(ckpt, sink, onTensor);
+  const store = new WeightStore(ckpt, sink, onTensor, f16Copies);
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
     for (const b of builds) {
@@ -86,7 +86,7 @@ async function exportContext<C>(
       built.push({ g, entry: { name: b.graph, file: `${b.graph}.onnx`, kind: b.kind, n: b.n, ...b.meta, ...iface } });
     }
     // Data first, then the models that point into it.
-    sink.commit();
+    await sink.commitAsync();
   } catch (e) {
     sink.abort();
     throw e;
@@ -111,6 +111,12 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   for (const s of plan.shards) for (let i = s.first; i <= s.last; i++) totalTensors += family.layerTensors(config, i).length;
   let done = 0;
   const tick = () => ui.progress(++done, totalTensors, 'tensors');
+  // A tied fp16 lm-head is the embedding table's bytes: written to both files in one conversion.
+  const emb = p.embedding ? family.embedding(config) : undefined;
+  const f16Copies = new Map<string, ExternalDataWriter>();
+  const embFile = join(out, 'embedding.f16.bin');
+  const embCopy = emb && p.lmHeadScheme === 'fp16' && family.lmHead(config).name === emb.name ? new ExternalDataWriter(embFile, { align: 1 }) : undefined;
+  if (embCopy) f16Copies.set(emb!.name, embCopy);
   try {
     const contexts: ContextEntry[] = [];
     const lmHeadInside = plan.lmHead.placement === 'last-shard';
@@ -121,25 +127,30 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
         graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
         meta: { shard: s.index, first: s.first, last: s.last, isLast },
         make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-      })), tick));
+      })), tick, f16Copies));
       ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
     }
     if (!lmHeadInside) {
       contexts.push(await exportContext(out, 'lm_head', ckpt, [{
         graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-      }], tick));
+      }], tick, f16Copies));
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, contexts };
-    if (p.embedding) {
-      const emb = family.embedding(config);
+    if (emb) {
       const shape = emb.shape as [number, number];
       ckpt.expectShape(emb.name, shape);
-      await writeEmbedding(ckpt, emb.name, shape, join(out, 'embedding.f16.bin'));
+      // WeightStore drops the entry once it has written the copy (along a bf16 lm-head).
+      if (embCopy && !f16Copies.has(emb.name)) await embCopy.commitAsync();
+      else {
+        embCopy?.abort();
+        await writeEmbedding(ckpt, emb.name, shape, embFile);
+      }
       manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
     }
     await writeFile(join(out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
     return manifest;
   } finally {
+    embCopy?.abort(); // no-op once committed
     await ckpt.close();
   }
 }

@@ -66,6 +66,8 @@ export interface Checkpoint {
   /** Rows are slices along the first dimension (elements, for a 1-D tensor). */
   rowCount(name: string): number;
   readRowsRaw(name: string, rowStart: number, rowCount: number): Promise<Buffer>;
+  /** Fill caller-owned `dst` (a whole number of rows) with the raw bytes of rows from `rowStart`: no conversion, no allocation. */
+  readRowsRawInto(name: string, rowStart: number, dst: Uint8Array): Promise<Uint8Array>;
   readRows(name: string, rowStart: number, rowCount: number): Promise<Float32Array>;
   readRowsF16(name: string, rowStart: number, rowCount: number): Promise<Uint16Array>;
   /** Fill caller-owned `dst` (a whole number of rows) with rows from `rowStart`, as f32: no allocation. */
@@ -282,6 +284,17 @@ class CheckpointImpl implements Checkpoint {
     const { start, count } = this.rowElements(name, rowStart, rowCount);
     const size = DTYPE_BYTES[info.dtype];
     return file.readRange(name, start * size, count * size);
+  }
+
+  async readRowsRawInto(name: string, rowStart: number, dst: Uint8Array): Promise<Uint8Array> {
+    const { file, info } = this.locate(name);
+    const rowBytes = info.shape.slice(1).reduce((a, d) => a * d, 1) * DTYPE_BYTES[info.dtype];
+    if (rowBytes === 0 || dst.byteLength % rowBytes !== 0) {
+      throw CheckpointError.at(file.path, name, `destination of ${dst.byteLength} bytes is not a whole number of ${rowBytes}-byte rows`);
+    }
+    const { start } = this.rowElements(name, rowStart, dst.byteLength / rowBytes);
+    await file.readRangeInto(name, start * DTYPE_BYTES[info.dtype], dst);
+    return dst;
   }
 
   async readRows(name: string, rowStart: number, rowCount: number): Promise<Float32Array> {

@@ -1,4 +1,4 @@
-import { closeSync, fsyncSync, openSync, renameSync, rmSync, writeSync } from 'node:fs';
+import { close, closeSync, fdatasync, fsync, fsyncSync, openSync, renameSync, rmSync, write, writeSync } from 'node:fs';
 import { basename, dirname, resolve } from 'node:path';
 
 export interface ExternalDataWriterOptions {
@@ -26,6 +26,24 @@ export const DEFAULT_THRESHOLD = 1024;
 const CHUNK = 1 << 30;
 const ZEROS = new Uint8Array(1 << 16);
 
+// appendStream starts an fdatasync in the background every this many bytes, so the disk writes
+// while the caller computes instead of all at the final fsync (the kernel would otherwise hold
+// gigabytes of dirty pages until its own 30 s expiry).
+const FLUSH_EVERY = 256 << 20;
+
+/** One positional write in the libuv pool, looping over short writes. */
+function writeAt(fd: number, src: Uint8Array, position: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    const step = (done: number): void => {
+      if (done >= src.byteLength) return resolve();
+      write(fd, src, done, Math.min(src.byteLength - done, CHUNK), position + done, (err, n) => (err ? reject(err) : step(done + n)));
+    };
+    step(0);
+  });
+}
+
+const promised = (f: (cb: (err: Error | null) => void) => void) => new Promise<void>((res, rej) => f((err) => (err ? rej(err) : res())));
+
 let tmpCounter = 0;
 export function tempPathFor(path: string): string {
   return `${path}.tmp-${process.pid}-${++tmpCounter}`;
@@ -46,6 +64,12 @@ export class ExternalDataWriter {
   private tmp: string | null = null;
   private end = 0;
   private state: 'open' | 'committed' | 'aborted' = 'open';
+  /** Writes and flushes still in the pool; each already has a catch, so none goes unhandled. */
+  private readonly pending = new Set<Promise<void>>();
+  private streaming = false;
+  private flushing = false;
+  private unflushed = 0;
+  private flushError: Error | undefined;
 
   constructor(path: string, opts: ExternalDataWriterOptions = {}) {
     this.path = resolve(path);
@@ -75,6 +99,7 @@ export class ExternalDataWriter {
 
   append(bytes: Uint8Array): ExternalRef {
     if (this.state !== 'open') throw new Error(`external data writer for ${this.path} is ${this.state}`);
+    if (this.streaming) throw new Error(`external data writer for ${this.path}: append during appendStream`);
     if (this.fd === null) {
       this.tmp = tempPathFor(this.path);
       this.fd = openSync(this.tmp, 'w');
@@ -102,6 +127,49 @@ export class ExternalDataWriter {
     return { ...ref, length: total };
   }
 
+  /**
+   * appendChunked with asynchronous writes, so reading and computing the next chunk overlap
+   * writing this one: `write` reserves the chunk's place at once and returns when its bytes are
+   * in the file; the caller must not reuse the chunk's memory before then, and must have awaited
+   * every write by the time `fill` resolves. No other append may run meanwhile.
+   */
+  async appendStream(total: number, fill: (write: (chunk: Uint8Array) => Promise<void>) => Promise<void>): Promise<ExternalRef> {
+    const ref = this.append(new Uint8Array(0));
+    let written = 0;
+    this.streaming = true;
+    try {
+      await fill((chunk) => {
+        if (written + chunk.byteLength > total) throw new Error(`tensor at offset ${ref.offset} of ${this.path}: more than ${total} bytes written`);
+        const at = this.end;
+        this.end += chunk.byteLength;
+        written += chunk.byteLength;
+        const done = this.track(writeAt(this.fd!, chunk, at));
+        this.unflushed += chunk.byteLength;
+        if (this.unflushed >= FLUSH_EVERY && !this.flushing) {
+          this.unflushed = 0;
+          this.flushing = true;
+          const fd = this.fd!;
+          this.track(promised((cb) => fdatasync(fd, cb))).then(
+            () => (this.flushing = false),
+            (e: Error) => (this.flushError ??= e),
+          );
+        }
+        return done;
+      });
+    } finally {
+      this.streaming = false;
+    }
+    if (written !== total) throw new Error(`tensor at offset ${ref.offset} of ${this.path}: ${written} bytes written, ${total} declared`);
+    return { ...ref, length: total };
+  }
+
+  private track(p: Promise<void>): Promise<void> {
+    this.pending.add(p);
+    const forget = () => void this.pending.delete(p);
+    p.then(forget, forget);
+    return p;
+  }
+
   private writeAll(src: Uint8Array, total: number): void {
     let done = 0;
     while (done < total) {
@@ -116,6 +184,7 @@ export class ExternalDataWriter {
   /** Flush and move the data file to its final name. With nothing appended, no file is kept. */
   commit(): void {
     if (this.state !== 'open') throw new Error(`external data writer for ${this.path} is ${this.state}`);
+    if (this.pending.size) throw new Error(`external data writer for ${this.path}: commit() with writes in flight (use commitAsync)`);
     this.state = 'committed';
     if (this.fd === null) {
       rmSync(this.path, { force: true }); // a stale file from an earlier export would mislead
@@ -127,12 +196,45 @@ export class ExternalDataWriter {
     renameSync(this.tmp!, this.path);
   }
 
+  /** commit() that waits for writes in flight and does its fsync in the pool, off the main thread. */
+  async commitAsync(): Promise<void> {
+    if (this.state !== 'open') throw new Error(`external data writer for ${this.path} is ${this.state}`);
+    try {
+      await Promise.all(this.pending);
+      if (this.flushError) throw this.flushError;
+      if (this.fd !== null) {
+        const fd = this.fd;
+        await promised((cb) => fsync(fd, cb));
+      }
+    } catch (e) {
+      this.abort();
+      throw e;
+    }
+    if (this.state !== 'open') throw new Error(`external data writer for ${this.path} is ${this.state}`);
+    this.state = 'committed';
+    if (this.fd === null) {
+      rmSync(this.path, { force: true });
+      return;
+    }
+    const fd = this.fd;
+    this.fd = null;
+    await promised((cb) => close(fd, cb));
+    renameSync(this.tmp!, this.path);
+  }
+
   /** Drop everything written; the final path is left untouched. */
   abort(): void {
     if (this.state !== 'open') return;
     this.state = 'aborted';
-    if (this.fd !== null) closeSync(this.fd);
+    const fd = this.fd;
+    const tmp = this.tmp;
     this.fd = null;
-    if (this.tmp) rmSync(this.tmp, { force: true });
+    const drop = () => {
+      if (fd !== null) closeSync(fd);
+      if (tmp) rmSync(tmp, { force: true });
+    };
+    // Closing under a write in flight could hand its fd number to another file: wait for them.
+    if (this.pending.size) void Promise.allSettled(this.pending).then(drop);
+    else drop();
   }
 }

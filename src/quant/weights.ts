@@ -13,6 +13,7 @@ import type { ElemType } from '../onnx/dtype.js';
 import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
+import { Bf16W8 } from './w8-simd.js';
 
 interface Stored {
   dtype: ElemType;
@@ -25,17 +26,71 @@ interface Stored {
 
 /** Row chunks of about this many f32 bytes: big enough for throughput, small enough for memory. */
 const CHUNK_BYTES = 8 << 20;
+/** bf16 sources stream in chunks of this many checkpoint bytes, this many reads ahead of the one converted. */
+const RAW_CHUNK_BYTES = 4 << 20;
+const READS_AHEAD = 2;
+
+type Write = (chunk: Uint8Array) => Promise<void>;
 
 export class WeightStore {
   private readonly stored = new Map<string, Stored>();
+  private work: Bf16W8 | undefined;
   /** Bytes of weights written, by scheme — the plan's estimate is checked against it. */
   bytesWritten = 0;
 
+  /**
+   * `f16Copies`: tensors whose fp16 form also goes, whole, to a sink of its own (the tied
+   * embedding's host table: converted once for both). An entry is removed once written.
+   */
   constructor(
     private readonly ckpt: Checkpoint,
     private readonly sink: ExternalDataWriter,
     private readonly onTensor: (name: string) => void = () => {},
+    private readonly f16Copies: Map<string, ExternalDataWriter> = new Map(),
   ) {}
+
+  /** Input and output regions of at least `bytes` each, reused tensor after tensor. */
+  private workspace(bytes: number): Bf16W8 {
+    if (!this.work || this.work.regions[0].byteLength < bytes) {
+      const size = Math.max(RAW_CHUNK_BYTES, bytes);
+      this.work = new Bf16W8(new Array(READS_AHEAD + 1 + 2).fill(size));
+    }
+    return this.work;
+  }
+
+  /**
+   * Streams a bf16 tensor's rows through `convert` (input region → bytes in an output region) to
+   * `writes`: the reads of the next chunks and the writes of the previous one overlap converting
+   * this one.
+   */
+  private async streamBf16(name: string, rows: number, cols: number, writes: Write[], convert: (src: Uint16Array, out: Uint8Array, r0: number) => Uint8Array): Promise<void> {
+    const regions = this.workspace(cols * 2).regions;
+    const ins = regions.slice(0, READS_AHEAD + 1);
+    const outs = regions.slice(READS_AHEAD + 1);
+    const rowsPerChunk = Math.max(1, Math.floor(ins[0].byteLength / (cols * 2)));
+    const chunks = Math.ceil(rows / rowsPerChunk);
+    // Chunk i lands in ins[i % ins.length]: issued once chunk i − ins.length is converted.
+    const read = (i: number) => {
+      const r0 = i * rowsPerChunk;
+      return this.ckpt.readRowsRawInto(name, r0, ins[i % ins.length].subarray(0, Math.min(rowsPerChunk, rows - r0) * cols * 2));
+    };
+    const reading: Array<Promise<Uint8Array>> = [];
+    for (let i = 0; i < Math.min(READS_AHEAD, chunks); i++) reading.push(read(i));
+    const writing: Array<Promise<unknown>> = outs.map(() => Promise.resolve());
+    try {
+      for (let i = 0; i < chunks; i++) {
+        const bytes = await reading.shift()!;
+        if (i + READS_AHEAD < chunks) reading.push(read(i + READS_AHEAD));
+        await writing[i % outs.length];
+        const out = convert(new Uint16Array(bytes.buffer, bytes.byteOffset, bytes.byteLength / 2), outs[i % outs.length], i * rowsPerChunk);
+        writing[i % outs.length] = Promise.all(writes.map((w) => w(out)));
+      }
+      await Promise.all(writing);
+    } catch (e) {
+      await Promise.allSettled([...reading, ...writing]);
+      throw e;
+    }
+  }
 
   private shapeOf(name: string, expected: number[]): number[] {
     return [...this.ckpt.expectShape(name, expected).shape];
@@ -49,10 +104,34 @@ export class WeightStore {
     const rows = dims.length > 1 ? dims[0] : 1;
     const cols = dims.reduce((a, b) => a * b, 1) / rows;
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
+    const bf16 = this.ckpt.info(name).dtype === 'BF16';
     let stored: Stored;
-    if (scheme === 'w8') {
+    if (scheme === 'w8' && bf16) {
       const blockSize = w8BlockSize(cols, name);
-      const blocks = cols / blockSize;
+      const scales = new Float32Array(rows);
+      const ref = await this.sink.appendStream(rows * cols, (write) =>
+        this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
+          const codes = out.subarray(0, src.length);
+          // MatMulNBits stores unsigned codes with an implicit zero point of 128.
+          this.work!.quantize(src, cols, codes, scales.subarray(r0, r0 + src.length / cols), 128);
+          return codes;
+        }),
+      );
+      stored = this.w8Scales(name, rows, cols, blockSize, scales, ref);
+    } else if (scheme === 'fp16' && bf16) {
+      const copy = this.f16Copies.get(name);
+      const toF16 = (write: Write[]) =>
+        this.streamBf16(name, rows, cols, write, (src, out) => {
+          this.work!.toF16(src, new Uint16Array(out.buffer, out.byteOffset, src.length));
+          return out.subarray(0, src.byteLength);
+        });
+      const ref = await this.sink.appendStream(rows * cols * 2, (write) =>
+        copy ? copy.appendStream(rows * cols * 2, (w2) => toF16([write, w2])).then(() => void this.f16Copies.delete(name)) : toF16([write]),
+      );
+      stored = { dtype: 'float16', dims, ref };
+      this.bytesWritten += rows * cols * 2;
+    } else if (scheme === 'w8') {
+      const blockSize = w8BlockSize(cols, name);
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
       const f32 = new Float32Array(rowsPerChunk * cols);
@@ -66,12 +145,7 @@ export class WeightStore {
           write(codes.subarray(0, n * cols));
         }
       });
-      // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
-      const blockScales = new Float32Array(rows * blocks);
-      for (let r = 0; r < rows; r++) blockScales.fill(scales[r], r * blocks, (r + 1) * blocks);
-      const scaleRef = this.sink.append(new Uint8Array(blockScales.buffer));
-      stored = { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize };
-      this.bytesWritten += rows * cols + rows * blocks * 4;
+      stored = this.w8Scales(name, rows, cols, blockSize, scales, ref);
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
@@ -87,6 +161,22 @@ export class WeightStore {
     this.stored.set(key, stored);
     this.onTensor(name);
     return stored;
+  }
+
+  /** A tensor's fp16 form alone, e.g. into a sink of its own (the host embedding table). */
+  async fp16(name: string, shape: number[]): Promise<void> {
+    await this.store(name, shape, 'fp16');
+  }
+
+  /** Appends a W8 tensor's block scales after its codes. */
+  private w8Scales(name: string, rows: number, cols: number, blockSize: number, scales: Float32Array, ref: ExternalRef): Stored {
+    const blocks = cols / blockSize;
+    // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
+    const blockScales = new Float32Array(rows * blocks);
+    for (let r = 0; r < rows; r++) blockScales.fill(scales[r], r * blocks, (r + 1) * blocks);
+    const scaleRef = this.sink.append(new Uint8Array(blockScales.buffer));
+    this.bytesWritten += rows * cols + rows * blocks * 4;
+    return { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize };
   }
 
   /**

@@ -133,6 +133,19 @@ describe('reading rows', () => {
       tensor: 'model.embed_tokens.weight',
       pattern: /not a whole number of 4-value rows/,
     });
+    const raw = new Uint8Array(16);
+    expect(await ckpt.readRowsRawInto('model.embed_tokens.weight', 2, raw)).toBe(raw);
+    expect(new Uint16Array(raw.buffer)).toEqual(f32ToBf16Array(EMBEDDING.subarray(8, 16)));
+    await expectCheckpointError(ckpt.readRowsRawInto('model.embed_tokens.weight', 0, new Uint8Array(6)), {
+      file: join(dir, 'model-00001-of-00002.safetensors'),
+      tensor: 'model.embed_tokens.weight',
+      pattern: /not a whole number of 8-byte rows/,
+    });
+    await expectCheckpointError(ckpt.readRowsRawInto('model.embed_tokens.weight', 4, new Uint8Array(16)), {
+      file: join(dir, 'model-00001-of-00002.safetensors'),
+      tensor: 'model.embed_tokens.weight',
+      pattern: /outside shape/,
+    });
     await ckpt.close();
   });
 

@@ -1,0 +1,67 @@
+// The bf16 fast path of WeightStore (raw rows → SIMD W8 / f16, reads and writes pipelined) must
+// write the bytes the f32 path writes for the same values: a bf16 checkpoint and its f32 widening
+// go through the two paths and their data files are compared.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { describe, expect, it } from 'vitest';
+import { openCheckpoint } from '../../src/io/checkpoint.js';
+import { bf16ToF32Array, f32ToBf16Array } from '../../src/io/dtype.js';
+import { writeSafetensors } from '../../src/io/safetensors-writer.js';
+import { GraphBuilder } from '../../src/onnx/builder.js';
+import { ExternalDataWriter } from '../../src/onnx/external.js';
+import { WeightStore } from '../../src/quant/weights.js';
+import { tempDir } from '../io/helpers.js';
+
+// [rows, cols]: one chunk, several chunks (4 MiB of bf16 each: more than the reads kept ahead), the narrowest W8 row.
+const TENSORS: Array<[string, number, number, 'w8' | 'fp16']> = [
+  ['small', 48, 64, 'w8'],
+  ['big', 3000, 2048, 'w8'],
+  ['narrow', 24, 16, 'w8'],
+  ['emb', 1500, 1536, 'fp16'],
+];
+
+function values(rows: number, cols: number, seed: number): Uint16Array {
+  const f = new Float32Array(rows * cols);
+  let x = seed;
+  for (let i = 0; i < f.length; i++) {
+    x = (x * 1664525 + 1013904223) >>> 0;
+    f[i] = (x / 2 ** 32 - 0.5) * 0.04 * (1 + (i % 3));
+  }
+  for (let c = 0; c < cols; c++) f[c] = 0; // an all-zero row
+  f[cols] = 127; // a row on exact half steps (scale 1)
+  for (let c = 1; c < cols; c++) f[cols + c] = (c % 200) - 100 + 0.5;
+  return f32ToBf16Array(f);
+}
+
+async function exportWith(dir: string, dtype: 'BF16' | 'F32'): Promise<{ data: Buffer; copy: Buffer }> {
+  const tensors = TENSORS.map(([name, rows, cols], i) => {
+    const bits = values(rows, cols, i + 1);
+    return { name, dtype, shape: [rows, cols], data: dtype === 'BF16' ? bits : bf16ToF32Array(bits) };
+  });
+  await writeSafetensors(join(dir, 'model.safetensors'), tensors);
+  const ckpt = await openCheckpoint(dir);
+  const sink = new ExternalDataWriter(join(dir, 'w.data'));
+  const copy = new ExternalDataWriter(join(dir, 'emb.f16.bin'), { align: 1 });
+  const copies = new Map([['emb', copy]]);
+  const store = new WeightStore(ckpt, sink, () => {}, copies);
+  const g = new GraphBuilder('t');
+  const x = g.input('x', 'float32', [1, 1, 64]);
+  for (const [name, rows, cols, scheme] of TENSORS) await store.linear(g, x, name, [rows, cols], scheme, 1);
+  await sink.commitAsync();
+  if (copies.has('emb')) copy.abort(); // the f32 path makes no copy
+  else await copy.commitAsync();
+  await ckpt.close();
+  return { data: readFileSync(join(dir, 'w.data')), copy: dtype === 'BF16' ? readFileSync(join(dir, 'emb.f16.bin')) : Buffer.alloc(0) };
+}
+
+describe('WeightStore on bf16 checkpoints', () => {
+  it('writes the same W8 codes, scales and f16 bytes as the f32 path, and the tied copy equal to the stored fp16 tensor', async () => {
+    const bf16 = await exportWith(await tempDir(), 'BF16');
+    const f32 = await exportWith(await tempDir(), 'F32');
+    expect(bf16.data.length).toBe(f32.data.length);
+    expect(bf16.data.equals(f32.data)).toBe(true);
+    // emb is stored last, at the end of the data file.
+    expect(bf16.copy.length).toBe(1500 * 1536 * 2);
+    expect(bf16.copy.equals(bf16.data.subarray(bf16.data.length - bf16.copy.length))).toBe(true);
+  }, 60_000);
+});
