@@ -1,11 +1,12 @@
-// Export+W8 benchmark on a synthetic full-size Qwen3-4B checkpoint (bf16, ~8 GB): forge's
+// Export+W8 benchmark on a synthetic full-size checkpoint of a recipe's model (bf16; qwen3-4b by
+// default, ~8 GB, or --recipe qwen3.5-4b): forge's
 // export (the quantize stage of `forge build`, W8 weights, fp16 lm-head, f16 embedding table)
 // side by side, in one run, with (a) `cp` of the same checkpoint and (b) onnxruntime-genai's model
 // builder at int8 (its bench venv). Each contender runs in its own process under `/usr/bin/time -v`
 // (peak RSS = that process's "Maximum resident set size"); wall time is measured here around it.
 // Prints one JSON object with the figures and the ratios against the same run's baselines.
 //
-//   node --import tsx bench/export.ts [--skip-peer] [--keep] [--repeat N] [--peer-timeout-min M]
+//   node --import tsx bench/export.ts [--recipe qwen3-4b|qwen3.5-4b] [--skip-peer] [--keep] [--repeat N] [--peer-timeout-min M]
 //                                     [--peer-rss-cap-gb G (0: none)] [--out-root DIR] [--checkpoint DIR]
 //
 // Done-when bounds (issue): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp.
@@ -40,7 +41,8 @@ const peerTimeoutS = Number(opt('--peer-timeout-min', '45')) * 60;
 const peerRssCapBytes = Number(opt('--peer-rss-cap-gb', '0')) * 1e9;
 const peerMinAvailBytes = Number(opt('--peer-min-avail-gb', '0.75')) * 1e9;
 const outRoot = opt('--out-root', join(forgeHome(), 'bench', 'out'));
-const ckptDirArg = opt('--checkpoint', defaultCheckpointDir());
+const recipeId = opt('--recipe', 'qwen3-4b');
+const ckptDirArg = opt('--checkpoint', defaultCheckpointDir(recipeId));
 const benchVenv = process.env.FORGE_BENCH_VENV ?? join(forgeHome(), 'bench-venv');
 const RSS_BOUND = 1.5e9;
 const TIME_BOUND = 2;
@@ -271,7 +273,7 @@ const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor((xs.le
 // ---- run -----------------------------------------------------------------------------------
 
 mkdirSync(outRoot, { recursive: true });
-const ckpt = await ensureCheckpoint(ckptDirArg, { log });
+const ckpt = await ensureCheckpoint(ckptDirArg, { recipe: recipeId, log });
 if (!ckpt.reused) notes.push(`checkpoint generated in this run (${ckpt.seconds.toFixed(0)} s), cached at ${ckpt.dir}`);
 const need = ckpt.bytes * 2.2; // cp copy + forge (~0.65x) or peer output at a time, with margin
 if (freeBytes(outRoot) < need) throw new Error(`not enough disk under ${outRoot}: ${gb(freeBytes(outRoot))} GB free, want ${gb(need)} GB`);
@@ -322,7 +324,7 @@ const cp = await contender('cp', (out) => ['sh', '-c', 'cp -r --reflink=never "$
 notes.push('cp = `cp -r --reflink=never CKPT OUT && sync OUT/*` (ext4: in-kernel copy_file_range; the sync matches forge fsyncing its data files)');
 
 // forge export+W8.
-const forge = await contender('forge', (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out], true);
+const forge = await contender('forge', (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out, '--recipe', recipeId], true);
 if (new Set(srcHashes).size > 1) notes.push(`src/ changed between forge runs (hashes ${srcHashes.join(', ')}): the runs measured different code`);
 const forgeSelf = JSON.parse(forge.last.stdout.trim().split('\n').pop() ?? '{}') as { maxRssBytes?: number; contexts?: unknown; plan?: unknown };
 
@@ -413,7 +415,7 @@ const report = {
   notes: [
     ...notes,
     'peak RSS = /usr/bin/time -v "Maximum resident set size" of each contender process (the largest single process of its tree); seconds = wall time around it, process start-up included',
-    'forge = bench/run-export.ts: runExport() with the qwen3-4b recipe on v81 (W8 weights, fp16 lm-head, f16 embedding table, prefill 128 + decode graphs), as the quantize stage runs it',
+    `forge = bench/run-export.ts: runExport() with the ${recipeId} recipe on v81 (W8 weights, fp16 lm-head, f16 embedding table, the recipe\'s prefill + decode graphs), as the quantize stage runs it`,
     repeat > 1 ? `cp and forge each ran ${repeat} times; seconds is the median` : 'one run per contender',
   ],
   machine: {

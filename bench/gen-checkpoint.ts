@@ -1,11 +1,12 @@
-// Synthetic full-size Qwen3-4B checkpoint for benchmarks: the real tensor names, shapes, dtype
-// (bf16) and HF sharded layout (model-0000k-of-0000n.safetensors of at most 4 GB each plus
-// model.safetensors.index.json, like Qwen/Qwen3-4B ships), filled with deterministic pseudo-random
-// values of a realistic scale: matmul weights and the embedding ~ N(0, 0.02), norm weights
-// ~ 1 + N(0, 0.05). About 8 GB. Cached under $FORGE_HOME/bench/qwen3-4b-synthetic with a
-// completion marker, so later runs reuse it.
+// Synthetic full-size checkpoint of a recipe's model for benchmarks (qwen3-4b: Qwen3-4B, ~8 GB;
+// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB): the real tensor names and shapes (from the
+// family module and the recipe's recorded config), dtype (bf16) and HF sharded layout
+// (model-0000k-of-0000n.safetensors of at most 4 GB each plus model.safetensors.index.json),
+// filled with deterministic pseudo-random values of a realistic scale: matmul weights, the
+// embedding and other tensors ~ N(0, 0.02), norm weights ~ 1 + N(0, 0.05). Cached under
+// $FORGE_HOME/bench/<recipe>-synthetic with a completion marker, so later runs reuse it.
 //
-//   node --import tsx bench/gen-checkpoint.ts [--out DIR] [--force]
+//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b] [--out DIR] [--force]
 //
 // Values come from a table of 65,536 bf16 quantiles of the normal distribution indexed by a
 // xorshift32 stream (two values per 32-bit draw): exact-shape normal values at ~1 ns per element,
@@ -15,7 +16,7 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, copyFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { SafetensorsWriter } from '../src/io/safetensors-writer.js';
-import { qwen3, parseQwen3Config } from '../src/families/qwen3.js';
+import { getFamily } from '../src/families/index.js';
 import type { TensorSpec as FamilyTensorSpec } from '../src/families/types.js';
 import { loadRecipe } from '../src/recipe/load.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
@@ -26,8 +27,30 @@ const MARKER = '.forge-bench-complete.json';
 const MAX_SHARD_BYTES = 4e9;
 const CHUNK_ELEMENTS = 4 << 20; // 8 MB of bf16 per write
 
-export function defaultCheckpointDir(): string {
-  return join(forgeHome(), 'bench', 'qwen3-4b-synthetic');
+/**
+ * Recipes a synthetic checkpoint can be made for: what their HF config.json holds beyond the
+ * recipe's recorded fields, and their generation_config.json when one matters.
+ */
+const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Record<string, unknown> }> = {
+  'qwen3-4b': {
+    config: {
+      architectures: ['Qwen3ForCausalLM'], attention_dropout: 0.0, bos_token_id: 151643, eos_token_id: 151645,
+      hidden_act: 'silu', initializer_range: 0.02, max_window_layers: 36, rope_scaling: null, sliding_window: null,
+      torch_dtype: 'bfloat16', transformers_version: '4.51.0', use_cache: true,
+    },
+    generation: {
+      bos_token_id: 151643, do_sample: true, eos_token_id: [151645, 151643], pad_token_id: 151643,
+      temperature: 0.6, top_k: 20, top_p: 0.95, transformers_version: '4.51.0',
+    },
+  },
+  // Text only: the real checkpoint also carries the vision tower, which the export does not read
+  // (leaving it out makes cp's job smaller, so the ratio stricter).
+  'qwen3.5-4b': { config: { architectures: ['Qwen3_5ForConditionalGeneration'], torch_dtype: 'bfloat16' } },
+};
+export const BENCH_RECIPES = Object.keys(EXTRAS);
+
+export function defaultCheckpointDir(recipe = 'qwen3-4b'): string {
+  return join(forgeHome(), 'bench', `${recipe}-synthetic`);
 }
 
 // ---- values --------------------------------------------------------------------------------
@@ -95,32 +118,21 @@ interface Gen {
   bytes: number;
 }
 
-function qwen3_4bConfig(): Record<string, unknown> {
-  const cfg = loadRecipe('qwen3-4b').recipe.config as Record<string, unknown>;
-  // What Qwen/Qwen3-4B's config.json holds beyond the recipe's fields, so transformers loads it.
-  return {
-    architectures: ['Qwen3ForCausalLM'],
-    ...cfg,
-    attention_dropout: 0.0,
-    bos_token_id: 151643,
-    eos_token_id: 151645,
-    hidden_act: 'silu',
-    initializer_range: 0.02,
-    max_window_layers: 36,
-    rope_scaling: null,
-    sliding_window: null,
-    torch_dtype: 'bfloat16',
-    transformers_version: '4.51.0',
-    use_cache: true,
-  };
+function recipeConfig(recipeId: string): { config: Record<string, unknown>; family: string } {
+  const extras = EXTRAS[recipeId]?.config;
+  if (!extras) throw new Error(`no synthetic checkpoint for recipe '${recipeId}' (known: ${BENCH_RECIPES.join(', ')})`);
+  const { recipe } = loadRecipe(recipeId);
+  return { config: { ...extras, ...(recipe.config as Record<string, unknown>) }, family: recipe.family };
 }
 
-function tensorsInOrder(config: Record<string, unknown>): Gen[] {
-  const c = parseQwen3Config(config, 'recipes/qwen3-4b/recipe.json');
-  const specs: FamilyTensorSpec[] = [qwen3.embedding(c)];
-  for (let i = 0; i < qwen3.numLayers(c); i++) specs.push(...qwen3.layerTensors(c, i));
-  specs.push(...qwen3.finalTensors(c));
-  if (!c.tied) specs.push(qwen3.lmHead(c));
+function tensorsInOrder(recipeId: string, familyId: string, config: Record<string, unknown>): Gen[] {
+  const family = getFamily(familyId as Parameters<typeof getFamily>[0]);
+  const c = family.parseConfig(config, `recipes/${recipeId}/recipe.json`);
+  const specs: FamilyTensorSpec[] = [family.embedding(c)];
+  for (let i = 0; i < family.numLayers(c); i++) specs.push(...family.layerTensors(c, i));
+  specs.push(...family.finalTensors(c));
+  const head = family.lmHead(c);
+  if (head.name !== specs[0].name) specs.push(head);
   return specs.map((s) => ({
     name: s.name,
     shape: [...s.shape],
@@ -199,18 +211,19 @@ function describe(dir: string, reused: boolean, seconds: number): CheckpointInfo
 }
 
 /** The cached synthetic checkpoint, generated first when missing or incomplete. */
-export async function ensureCheckpoint(dir = defaultCheckpointDir(), opts: { force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
+export async function ensureCheckpoint(dir: string, opts: { recipe?: string; force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
+  const recipeId = opts.recipe ?? 'qwen3-4b';
   const log = opts.log ?? ((m: string) => process.stderr.write(`${m}\n`));
   const marker = join(dir, MARKER);
   if (!opts.force && existsSync(marker)) {
-    const m = JSON.parse(readFileSync(marker, 'utf8')) as { version: number };
-    if (m.version === GENERATOR_VERSION) return describe(dir, true, 0);
+    const m = JSON.parse(readFileSync(marker, 'utf8')) as { version: number; recipe?: string };
+    if (m.version === GENERATOR_VERSION && (m.recipe ?? 'qwen3-4b') === recipeId) return describe(dir, true, 0);
   }
   const t0 = performance.now();
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
-  const config = qwen3_4bConfig();
-  const tensors = tensorsInOrder(config);
+  const { config, family } = recipeConfig(recipeId);
+  const tensors = tensorsInOrder(recipeId, family, config);
   const shards = shardsOf(tensors);
   const n = shards.length;
   const pad = (k: number) => String(k).padStart(5, '0');
@@ -227,20 +240,18 @@ export async function ensureCheckpoint(dir = defaultCheckpointDir(), opts: { for
   const sortedMap = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
   writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: total }, weight_map: sortedMap }, null, 2) + '\n');
   writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2) + '\n');
-  writeFileSync(join(dir, 'generation_config.json'), JSON.stringify({
-    bos_token_id: 151643, do_sample: true, eos_token_id: [151645, 151643], pad_token_id: 151643,
-    temperature: 0.6, top_k: 20, top_p: 0.95, transformers_version: '4.51.0',
-  }, null, 2) + '\n');
+  const generation = EXTRAS[recipeId].generation;
+  if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
   copyTwinTokenizer(dir, log);
   const seconds = (performance.now() - t0) / 1000;
-  writeFileSync(marker, JSON.stringify({ version: GENERATOR_VERSION, totalSize: total, shards: n, seconds }) + '\n');
+  writeFileSync(marker, JSON.stringify({ version: GENERATOR_VERSION, recipe: recipeId, totalSize: total, shards: n, seconds }) + '\n');
   return describe(dir, false, seconds);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
   const args = process.argv.slice(2);
-  const outAt = args.indexOf('--out');
-  const dir = outAt >= 0 ? args[outAt + 1] : defaultCheckpointDir();
-  const info = await ensureCheckpoint(dir, { force: args.includes('--force') });
+  const at = (flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
+  const recipe = at('--recipe') ?? 'qwen3-4b';
+  const info = await ensureCheckpoint(at('--out') ?? defaultCheckpointDir(recipe), { recipe, force: args.includes('--force') });
   process.stdout.write(JSON.stringify(info, null, 2) + '\n');
 }

@@ -1,14 +1,15 @@
-// One forge export+W8 of a checkpoint, exactly as `forge build`'s quantize stage runs it for
-// qwen3-4b on v81, in its own process so the driver can measure its wall time and peak RSS.
+// One forge export+W8 of a checkpoint, exactly as `forge build`'s quantize stage runs it for a
+// recipe (default qwen3-4b) on v81, in its own process so the driver can measure its wall time and
+// peak RSS.
 //
-//   node --import tsx bench/run-export.ts CHECKPOINT_DIR OUT_DIR [--per-tensor]
+//   node --import tsx bench/run-export.ts CHECKPOINT_DIR OUT_DIR [--recipe ID] [--per-tensor]
 //
 // Prints one JSON line on stdout: seconds, maxRssBytes (process.resourceUsage), contexts, and with
 // --per-tensor the slowest tensors (time between consecutive tensors stored, graph building included).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { runExport, type ExportParams } from '../src/families/export-stage.js';
-import { qwen3, parseQwen3Config } from '../src/families/qwen3.js';
+import { getFamily } from '../src/families/index.js';
 import { getArch } from '../src/arch/table.js';
 import { makePlan } from '../src/plan/shards.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
@@ -19,15 +20,18 @@ if (!ckptDir || !out) {
   process.exit(2);
 }
 const perTensor = process.argv.includes('--per-tensor');
+const recipeAt = process.argv.indexOf('--recipe');
+const recipeId = recipeAt > 0 ? process.argv[recipeAt + 1] : 'qwen3-4b';
 
 const t0 = performance.now();
-const { recipe } = loadRecipe('qwen3-4b');
+const { recipe } = loadRecipe(recipeId);
 const { settings } = archSettings(recipe, 'v81');
+const family = getFamily(recipe.family);
 const configFile = join(ckptDir, 'config.json');
-const config = parseQwen3Config(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
-const plan = makePlan(qwen3, config, getArch('v81'), settings);
+const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+const plan = makePlan(family, config, getArch('v81'), settings);
 const params: ExportParams = {
-  family: 'qwen3', scheme: settings.quant, lmHeadScheme: settings.lmHead.quant,
+  family: recipe.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant,
   maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: true,
 };
 
