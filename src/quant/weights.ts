@@ -13,7 +13,7 @@ import type { ElemType } from '../onnx/dtype.js';
 import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
-import { Bf16W8 } from './w8-simd.js';
+import type { Bf16W8 } from './w8-simd.js';
 
 interface Stored {
   dtype: ElemType;
@@ -49,10 +49,15 @@ export class WeightStore {
     private readonly f16Copies: Map<string, ExternalDataWriter> = new Map(),
   ) {}
 
-  /** Input and output regions of at least `bytes` each, reused tensor after tensor. */
-  private workspace(bytes: number): Bf16W8 {
+  /**
+   * Input and output regions of at least `bytes` each, reused tensor after tensor. The kernels'
+   * module is loaded here, on first use: compiling them (wabt) costs ~0.1 s that only an export
+   * should pay, not every forge command that imports this file.
+   */
+  private async workspace(bytes: number): Promise<Bf16W8> {
     if (!this.work || this.work.regions[0].byteLength < bytes) {
       const size = Math.max(RAW_CHUNK_BYTES, bytes);
+      const { Bf16W8 } = await import('./w8-simd.js');
       this.work = new Bf16W8(new Array(READS_AHEAD + 1 + 2).fill(size));
     }
     return this.work;
@@ -64,7 +69,7 @@ export class WeightStore {
    * this one.
    */
   private async streamBf16(name: string, rows: number, cols: number, writes: Write[], convert: (src: Uint16Array, out: Uint8Array, r0: number) => Uint8Array): Promise<void> {
-    const regions = this.workspace(cols * 2).regions;
+    const regions = (await this.workspace(cols * 2)).regions;
     const ins = regions.slice(0, READS_AHEAD + 1);
     const outs = regions.slice(READS_AHEAD + 1);
     const rowsPerChunk = Math.max(1, Math.floor(ins[0].byteLength / (cols * 2)));

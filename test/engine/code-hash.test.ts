@@ -1,0 +1,23 @@
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { codeFiles } from '../../src/engine/code-hash.js';
+
+describe("a stage's code, for its cache key", () => {
+  it('follows local imports (static, type-only and dynamic) and files read as code, not unrelated modules', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-code-hash-'));
+    const put = (name: string, text: string) => writeFileSync(join(dir, name), text);
+    put('stage.ts', "import { b } from './b.js';\nimport type { T } from './types.js';\nexport const s = () => import('./lazy.js');\n");
+    put('b.ts', "export const b = new URL('./kernels.wat', import.meta.url);\nimport x from 'some-package';\n");
+    put('types.ts', 'export type T = number;\n');
+    put('lazy.ts', 'export const l = 1;\n');
+    put('kernels.wat', '(module)\n');
+    put('unrelated.ts', 'export const u = 1;\n');
+    expect(codeFiles(join(dir, 'stage.ts')).map((f) => f.slice(dir.length + 1))).toEqual(['b.ts', 'kernels.wat', 'lazy.ts', 'stage.ts', 'types.ts']);
+  });
+
+  it('covers the W8 kernels the export stage compiles from WebAssembly text', () => {
+    expect(codeFiles('src/families/export-stage.ts')).toEqual(expect.arrayContaining([expect.stringMatching(/src\/quant\/w8-simd\.wat$/)]));
+  });
+});
