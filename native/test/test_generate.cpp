@@ -40,22 +40,39 @@ std::string ids_csv(const std::vector<int>& ids) {
   return s;
 }
 
+/** Runs every traced prompt greedily and expects HF's tokens exactly; prints the match counts. */
+void expect_parity_with_hf(const char* label, Loaded& l, const std::string& trace) {
+  auto prompts = forge_test::load_trace(trace);
+  ASSERT_FALSE(prompts.empty());
+  for (size_t p = 0; p < prompts.size(); p++) {
+    const auto& tp = prompts[p];
+    auto r = l.gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+    size_t same = matching_prefix(r.generated, tp.generated);
+    std::printf("[ parity   ] %s prompt %zu '%s': %zu/%zu tokens equal HF (prefill %s)\n", label, p, tp.text.c_str(), same,
+                tp.generated.size(), r.used_prefill ? "yes" : "no");
+    EXPECT_EQ(r.generated, tp.generated) << label << " prompt " << p << " diverges from HF at token " << same;
+  }
+}
+
+/** The bundle's manifest with another host-op must be refused when the loop is built, naming `why`. */
+void expect_refused_as(const std::string& bundle, const std::string& host_op, const std::string& why) {
+  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
+  m.host_op = host_op;
+  forge::Executor exec(m, forge::ExecutorOptions{});
+  try {
+    forge::DecoderGenerate gen(m, exec);
+    FAIL() << "expected " << host_op << " to be refused";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 
 TEST(Generate, Fp32GreedyParityWithHF) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
   NEED_ENV(trace, "FORGE_TEST_TRACE");
-  auto l = load(bundle);
-  auto prompts = forge_test::load_trace(trace);
-  ASSERT_FALSE(prompts.empty());
-  for (size_t p = 0; p < prompts.size(); p++) {
-    const auto& tp = prompts[p];
-    auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
-    size_t same = matching_prefix(r.generated, tp.generated);
-    std::printf("[ parity   ] fp32 prompt %zu '%s': %zu/%zu tokens equal HF (prefill %s)\n", p, tp.text.c_str(), same,
-                tp.generated.size(), r.used_prefill ? "yes" : "no");
-    EXPECT_EQ(r.generated, tp.generated) << "prompt " << p << " diverges from HF at token " << same;
-  }
+  expect_parity_with_hf("fp32", *load(bundle), trace);
 }
 
 TEST(Generate, W8MatchCountReported) {
@@ -156,15 +173,7 @@ TEST(Tool, ErrorsAreOneLineAndExitOne) {
 
 TEST(Generate, OtherHostOpsAreRefusedClearly) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
-  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  m.host_op = "phimoe_generate";
-  forge::Executor exec(m, forge::ExecutorOptions{});
-  try {
-    forge::DecoderGenerate gen(m, exec);
-    FAIL() << "expected a refusal";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("host-op 'phimoe_generate' is not implemented"), std::string::npos) << e.what();
-  }
+  expect_refused_as(bundle, "phimoe_generate", "host-op 'phimoe_generate' is not implemented");
 }
 
 // qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches
@@ -175,15 +184,7 @@ TEST(Hybrid, Fp32GreedyParityWithHF) {
   auto l = load(bundle);
   ASSERT_EQ(l->manifest.host_op, "qwen3_5_generate");
   ASSERT_FALSE(l->gen->has_prefill());
-  auto prompts = forge_test::load_trace(trace);
-  ASSERT_FALSE(prompts.empty());
-  for (size_t p = 0; p < prompts.size(); p++) {
-    const auto& tp = prompts[p];
-    auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
-    size_t same = matching_prefix(r.generated, tp.generated);
-    std::printf("[ parity   ] qwen3_5 fp32 prompt %zu '%s': %zu/%zu tokens equal HF\n", p, tp.text.c_str(), same, tp.generated.size());
-    EXPECT_EQ(r.generated, tp.generated) << "prompt " << p << " diverges from HF at token " << same;
-  }
+  expect_parity_with_hf("qwen3_5 fp32", *l, trace);
 }
 
 TEST(Hybrid, RecurrentStateStartsFreshEachCall) {
@@ -202,27 +203,11 @@ TEST(Hybrid, RecurrentStateStartsFreshEachCall) {
 
 TEST(Hybrid, DecoderGenerateRefusesRecurrentState) {
   NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
-  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  m.host_op = "decoder_generate";
-  forge::Executor exec(m, forge::ExecutorOptions{});
-  try {
-    forge::DecoderGenerate gen(m, exec);
-    FAIL() << "expected a refusal";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("is recurrent"), std::string::npos) << e.what();
-  }
+  expect_refused_as(bundle, "decoder_generate", "is recurrent");
 }
 
 TEST(Hybrid, RefusesAPrefillGraph) {
-  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
-  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  m.host_op = "qwen3_5_generate";
-  forge::Executor exec(m, forge::ExecutorOptions{});
   // The dense tiny bundle has prefill graphs: qwen3_5_generate names the first context that has one.
-  try {
-    forge::DecoderGenerate gen(m, exec);
-    FAIL() << "expected a refusal";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("decodes over the prompt, but context"), std::string::npos) << e.what();
-  }
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  expect_refused_as(bundle, "qwen3_5_generate", "decodes over the prompt, but context");
 }

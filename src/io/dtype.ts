@@ -38,10 +38,6 @@ export function isDType(value: unknown): value is DType {
   return typeof value === 'string' && Object.prototype.hasOwnProperty.call(DTYPE_BYTES, value);
 }
 
-export function dtypeBytes(dtype: DType): number {
-  return DTYPE_BYTES[dtype];
-}
-
 type TypedArrayCtor<T> = {
   new (buffer: ArrayBufferLike, byteOffset: number, length: number): T;
   readonly BYTES_PER_ELEMENT: number;
@@ -314,7 +310,7 @@ function lookupToF32(bytes: Uint8Array, table: Uint32Array, dst: Float32Array): 
 }
 
 /** Number of elements that `byteLength` bytes of `dtype` hold (throws if not whole). */
-export function elementCount(dtype: DType, byteLength: number): number {
+function elementCount(dtype: DType, byteLength: number): number {
   const size = DTYPE_BYTES[dtype];
   if (byteLength % size !== 0) throw new RangeError(`${byteLength} bytes is not a whole number of ${dtype} elements`);
   return byteLength / size;
