@@ -17,7 +17,8 @@ import { pipeline } from 'node:stream/promises';
 import type { ReadableStream as WebReadableStream } from 'node:stream/web';
 import lockfile from 'proper-lockfile';
 import { fileDownloadInfo, listFiles } from '@huggingface/hub';
-import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hashFile, hubError, hubToken, hubUrl, isOffline, redact } from './hub-client.js';
+import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, isOffline, redact } from './hub-client.js';
+import { hashFile } from '../engine/hash.js';
 
 export interface HubFile {
   path: string;

@@ -67,12 +67,6 @@ export function gitBlobHasher(size: number): Hash {
   return createHash('sha1').update(`blob ${size}\0`);
 }
 
-export async function hashFile(path: string, hash: Hash): Promise<string> {
-  for await (const chunk of createReadStream(path)) hash.update(chunk as Buffer);
-  return hash.digest('hex');
-}
-
-export const sha256File = (path: string) => hashFile(path, createHash('sha256'));
 
 export function formatBytes(n: number): string {
   const units = ['B', 'KB', 'MB', 'GB', 'TB'];

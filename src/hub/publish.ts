@@ -10,7 +10,8 @@ import { existsSync, openAsBlob, readdirSync, readFileSync, statSync } from 'nod
 import { join, relative } from 'node:path';
 import { commitIter, createRepo, listFiles, modelInfo, whoAmI, type CommitOperation, type ListFileEntry } from '@huggingface/hub';
 import type { RunRecord } from '../engine/record.js';
-import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hashFile, hubError, hubToken, hubUrl, redact, sha256File, statusOf } from './hub-client.js';
+import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, redact, statusOf } from './hub-client.js';
+import { hashFile, sha256OfFile } from '../engine/hash.js';
 
 export const SUMS_FILE = 'SHA256SUMS';
 const RUN_JSON = 'build/run.json';
@@ -93,13 +94,13 @@ export async function checkBundle(bundleDir: string, requiredGates: string[] = [
   for (const [path, want] of listed) {
     const abs = join(bundleDir, path);
     if (!existsSync(abs)) throw refuse(`${path} is listed in ${SUMS_FILE} but missing`);
-    const got = await sha256File(abs);
+    const got = await sha256OfFile(abs);
     if (got !== want) throw refuse(`${path} does not match ${SUMS_FILE} (sha256 ${got.slice(0, 12)}…, listed ${want.slice(0, 12)}…)`);
     if (!path.startsWith('build/')) files.push({ path, abs, size: statSync(abs).size, sha256: got });
   }
   const unlisted = walk(bundleDir).filter((p) => p !== SUMS_FILE && !p.startsWith('build/') && !listed.has(p));
   if (unlisted.length) throw refuse(`not covered by ${SUMS_FILE}: ${unlisted.join(', ')}`);
-  files.push({ path: SUMS_FILE, abs: sumsPath, size: statSync(sumsPath).size, sha256: await sha256File(sumsPath) });
+  files.push({ path: SUMS_FILE, abs: sumsPath, size: statSync(sumsPath).size, sha256: await sha256OfFile(sumsPath) });
   return { files: files.sort((a, b) => a.path.localeCompare(b.path)), record };
 }
 
