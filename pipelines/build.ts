@@ -2,8 +2,6 @@
 // params, reading which outputs. Each stage gets only the recipe fields it uses, so changing a
 // field re-runs just the stages downstream of it.
 import { join } from 'node:path';
-import { createHash } from 'node:crypto';
-import { readFileSync } from 'node:fs';
 import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
 import type { ArchSettings, Recipe } from '../src/recipe/schema.js';
@@ -28,7 +26,6 @@ function fetchNode(recipe: Recipe): StageNode {
   const params: FetchParams = { source: recipe.source, family: recipe.family };
   let tools: string[] = [];
   if (recipe.source.kind === 'tiny') {
-    params.factory = fileHash('oracles/make_twin.py');
     tools = ['python-env'];
   } else if (recipe.source.kind === 'local') {
     params.fingerprint = fingerprintDir(recipe.source.path);
@@ -36,10 +33,8 @@ function fetchNode(recipe: Recipe): StageNode {
   return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, peakMemoryBytes: 2 * GB };
 }
 
-const fileHash = (p: string) => createHash('sha256').update(readFileSync(join(repoRoot(), p))).digest('hex');
-
 function traceNode(recipe: Recipe, s: ArchSettings): StageNode {
-  const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext, script: fileHash('oracles/trace.py') };
+  const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], peakMemoryBytes: 4 * GB };
 }
 
@@ -101,7 +96,6 @@ function emulationNode(recipe: Recipe, arch: Arch): StageNode | string {
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
     fp16: true, minCosine: recipe.gates.oracle.w8MinCosine, minTop1: recipe.gates.oracle.minTop1,
     tokens: recipe.gates.parity.tokens, minMatch: w8Parity(recipe).w8?.minMatch ?? recipe.gates.parity.minMatch,
-    simulateScript: fileHash('oracles/qnn_simulate.py'),
   };
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,

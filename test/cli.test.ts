@@ -1,6 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { promisify } from 'node:util';
@@ -105,6 +105,21 @@ describe('forge build', () => {
     expect(statuses(rec)).toMatchObject({ fetch: 'ran', plan: 'failed', export: 'skipped', quantize: 'skipped', oracle: 'skipped' });
     expect(existsSync(join(out, 'plan.json'))).toBe(false);
     expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8')).ok).toBe(false);
+  });
+
+  it('re-plans a local checkpoint edited in place, even when every file keeps its size', async () => {
+    const twin = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'out-twin2')])).stdout);
+    const modelDir = join(work, 'local-model');
+    cpSync(join(process.env.FORGE_CACHE!, 'fetch', twin.stages.find((s: { name: string }) => s.name === 'fetch').key, 'model'), modelDir, { recursive: true });
+    const recipe = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
+    mkdirSync(join(recipes, 'local-qwen3'));
+    writeFileSync(join(recipes, 'local-qwen3', 'recipe.json'), JSON.stringify({ ...recipe, id: 'local-qwen3', source: { kind: 'local', path: modelDir } }));
+    const plan = async () => statuses(lastJson((await forge(['build', 'local-qwen3', '--arch', 'v81', '--until', 'plan', '--json', '--out', join(work, 'out-local')], { FORGE_RECIPES: recipes })).stdout));
+    expect(await plan()).toEqual({ fetch: 'ran', plan: 'ran' });
+    expect(await plan()).toEqual({ fetch: 'cached', plan: 'cached' });
+    const config = join(modelDir, 'config.json');
+    utimesSync(config, new Date(), new Date(Date.now() + 5000)); // same bytes, a later mtime: as an edit in place looks
+    expect(await plan()).toEqual({ fetch: 'ran', plan: 'ran' });
   });
 
   it('gives one clear line, without a stack trace, for an unknown arch or an invalid recipe', async () => {

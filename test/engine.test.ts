@@ -106,7 +106,7 @@ describe('stage cache', () => {
     expect(readdirSync(join(cacheRoot, 'a')).filter((n) => !n.startsWith('.') && !n.endsWith('.lock') && n !== 'logs')).toEqual([]);
   });
 
-  it('stops downstream stages when a gate fails, and reports the gate', async () => {
+  it('stops downstream stages when a gate fails, and reports the gate, also when the failed gate comes from the cache', async () => {
     const p: Pipeline = {
       nodes: [
         write('a', { text: 'A' }),
@@ -120,6 +120,11 @@ describe('stage cache', () => {
     expect(r.failure).toEqual({ stage: 'g', message: 'gate demo failed' });
     expect(r.entries.get('g')!.meta.outcome.gate).toEqual({ name: 'demo', ok: false });
     expect(r.stages.map((s) => s.status)).toEqual(['ran', 'ran', 'skipped']);
+    for (const again of [await run(p), await run(p, { until: 'g' })]) {
+      expect(again.ok).toBe(false);
+      expect(again.failure).toEqual({ stage: 'g', message: 'gate demo failed' });
+      expect(again.stages.find((s) => s.name === 'g')!.status).toBe('cached');
+    }
   });
 
   it('kills a stage that runs past its timeout', async () => {

@@ -141,11 +141,17 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
     const key = cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
     const inputs = Object.fromEntries(upstream.map(([name, id, m]) => [name, opts.cache.entryDir(id, m!.key)]));
+    // A gate's verdict is part of its entry: a cached failed gate fails this build too.
+    const failedGate = (m: EntryMeta) => {
+      const gate = m.outcome.gate;
+      if (gate && !gate.ok) failures.set(node.id, `gate ${gate.name} failed`);
+    };
     const hit = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
     if (hit) {
       records.set(node.id, { name: node.id, status: 'cached', seconds: seconds(), peakRssBytes: null, key });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: hit });
       opts.progress.end(node.id, 'cached', seconds());
+      failedGate(hit);
       return hit;
     }
     try {
@@ -171,8 +177,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       records.set(node.id, { name: node.id, status, seconds: seconds(), peakRssBytes: meta.ran ? meta.meta.peakRssBytes : null, key });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
       opts.progress.end(node.id, status, seconds());
-      const gate = meta.meta.outcome.gate;
-      if (gate && !gate.ok) failures.set(node.id, `gate ${gate.name} failed`);
+      failedGate(meta.meta);
       return meta.meta;
     } catch (e) {
       const message = (e as Error).message;

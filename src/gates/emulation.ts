@@ -9,6 +9,7 @@
 //     free-running and greedy over the traced prompts; its tokens must equal HF's.
 // A step that cannot run fails the stage with its exact error. Only a host that has no simulator at
 // all (not x86_64 Linux, or a wheel without libQnnHtp.so) gives {ok: false, ran: false, reason}.
+import { fileURLToPath } from 'node:url';
 import { mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { linkOrCopy } from '../io/files.js';
 import { writeFile } from 'node:fs/promises';
@@ -29,7 +30,6 @@ import { toFloat32 } from '../io/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
 import { compileContext, runWithTimeout, type CompileReport } from '../toolchain/qnn/compile.js';
 import { ensureVenv } from '../toolchain/venv.js';
-import { repoRoot } from '../paths.js';
 import { parseQhxJson, qhxArgs, type Target } from '../targets/target.js';
 import { checkParity, type VariantResult } from './parity.js';
 import type { NativeRecord } from './native-stage.js';
@@ -60,8 +60,6 @@ export interface EmulationParams {
   minMatch: number;
   /** Limit for each compile, simulator process and qhx_generate call (default 600 s). */
   timeoutSeconds?: number;
-  /** sha256 of oracles/qnn_simulate.py, so an edited runner is a new cache key (not read otherwise). */
-  simulateScript?: string;
 }
 
 /** Where the simulator is: what `oracles/qnn_simulate.py info` says. */
@@ -133,7 +131,7 @@ export interface EmulationNotRun {
 export type EmulationResult = EmulationRan | EmulationNotRun;
 
 /** The stage's params (less the cache-key-only script hash) plus where things are. */
-export interface EmulationInput extends Omit<EmulationParams, 'simulateScript'> {
+export interface EmulationInput extends EmulationParams {
   /** The fetched checkpoint (config.json, tokenizer files). */
   checkpointDir: string;
   traceDir: string;
@@ -152,7 +150,7 @@ export interface EmulationInput extends Omit<EmulationParams, 'simulateScript'> 
 }
 
 export function qnnSimulateScript(): string {
-  return join(repoRoot(), 'oracles', 'qnn_simulate.py');
+  return fileURLToPath(new URL('../../oracles/qnn_simulate.py', import.meta.url));
 }
 
 /** The last meaningful stderr lines of a helper (its own "qnn_simulate:" line when there is one). */
@@ -464,7 +462,7 @@ export const stage: StageModule<EmulationParams> = {
   name: 'emulation',
   version: '1',
   async run(ctx) {
-    const { simulateScript: _keyOnly, ...p } = ctx.params;
+    const p = ctx.params;
     const native = JSON.parse(readFileSync(join(ctx.inputs.native, 'native.json'), 'utf8')) as NativeRecord;
     const result = await runEmulation({
       ...p,

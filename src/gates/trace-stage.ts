@@ -1,18 +1,16 @@
 // Stage `trace`: the HF fp32 oracle (oracles/trace.py) over the recipe's prompts, one-token cached
 // decode, greedy; the tensors every gate compares against.
+import { fileURLToPath } from 'node:url';
 import { writeFileSync, renameSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import { runPython } from '../toolchain/python.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
-import { repoRoot } from '../paths.js';
 
 export interface TraceParams {
   prompts: string[];
   newTokens: number;
   maxContext: number;
-  /** Hash of oracles/trace.py, so a changed oracle re-traces. */
-  script: string;
 }
 
 export const stage: StageModule<TraceParams> = {
@@ -23,7 +21,7 @@ export const stage: StageModule<TraceParams> = {
     const promptsFile = join(ctx.out, 'prompts.json');
     writeFileSync(promptsFile, JSON.stringify(ctx.params.prompts));
     const tmp = join(ctx.out, 'trace-out');
-    const r = await runPython(join(repoRoot(), 'oracles', 'trace.py'), [
+    const r = await runPython(fileURLToPath(new URL('../../oracles/trace.py', import.meta.url)), [
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
     ]);

@@ -10,6 +10,11 @@ export interface CheckpointRef {
   source: Recipe['source'];
   /** Relative path → size of every file, as seen when fetched. */
   files: Record<string, number>;
+  /**
+   * Local checkpoints: relative path → [size, mtimeMs]. The weights stay outside the cache, so this
+   * is what makes an edit in place (even one that keeps every size) a new input downstream.
+   */
+  fingerprint?: Record<string, [number, number]>;
 }
 
 export const CHECKPOINT_REF = 'checkpoint.json';

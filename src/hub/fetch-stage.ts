@@ -1,6 +1,7 @@
 // Stage `fetch`: the checkpoint, from one of three places. A tiny twin is made here by the oracle
 // environment (seeded, byte-identical every time); a local directory is referenced with a
 // fingerprint of its files in the params; a hub revision is downloaded into the standard HF cache.
+import { fileURLToPath } from 'node:url';
 import { readdirSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join, relative } from 'node:path';
@@ -9,7 +10,6 @@ import type { FamilyId, Recipe } from '../recipe/schema.js';
 import { validateCheckpoint } from '../families/validate.js';
 import { isAbsolute } from 'node:path';
 import { runPython } from '../toolchain/python.js';
-import { repoRoot } from '../paths.js';
 import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
 import { fetchHubSnapshot } from './download.js';
 
@@ -19,8 +19,6 @@ export interface FetchParams {
   family: FamilyId;
   /** For local sources: relative path → [size, mtimeMs], so an edited checkpoint is a new key. */
   fingerprint?: Record<string, [number, number]>;
-  /** For tiny twins: the factory's content hash, so a changed factory remakes the twin. */
-  factory?: string;
 }
 
 export function listDirFiles(dir: string): string[] {
@@ -54,7 +52,7 @@ export const stage: StageModule<FetchParams> = {
     if (source.kind === 'tiny') {
       const modelDir = join(ctx.out, 'model');
       ctx.log(`making the tiny ${source.twin} twin`);
-      const r = await runPython(join(repoRoot(), 'oracles', 'make_twin.py'), ['--family', source.twin, '--out', modelDir]);
+      const r = await runPython(fileURLToPath(new URL('../../oracles/make_twin.py', import.meta.url)), ['--family', source.twin, '--out', modelDir]);
       ctx.notePeakRss(r.peakRssBytes);
       ref = { dir: 'model', source, files: sizes(modelDir) };
     } else if (source.kind === 'local') {
@@ -62,7 +60,7 @@ export const stage: StageModule<FetchParams> = {
       if (JSON.stringify(now) !== JSON.stringify(ctx.params.fingerprint)) {
         throw new Error(`local checkpoint ${source.path} changed while the build was starting; run again`);
       }
-      ref = { dir: source.path, source, files: sizes(source.path) };
+      ref = { dir: source.path, source, files: sizes(source.path), fingerprint: now };
     } else {
       const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
       ref = { dir, source, files: sizes(dir) };

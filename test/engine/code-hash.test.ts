@@ -17,7 +17,12 @@ describe("a stage's code, for its cache key", () => {
     expect(codeFiles(join(dir, 'stage.ts')).map((f) => f.slice(dir.length + 1))).toEqual(['b.ts', 'kernels.wat', 'lazy.ts', 'stage.ts', 'types.ts']);
   });
 
-  it('covers the W8 kernels the export stage compiles from WebAssembly text', () => {
-    expect(codeFiles('src/families/export-stage.ts')).toEqual(expect.arrayContaining([expect.stringMatching(/src\/quant\/w8-simd\.wat$/)]));
+  it('covers the files stages run as code: the W8 kernels, and each oracle script', () => {
+    const uses = (stage: string) => codeFiles(stage).map((f) => f.split('/').slice(-2).join('/')).filter((f) => /\.(wat|py)$/.test(f));
+    expect(uses('src/families/export-stage.ts')).toEqual(['quant/w8-simd.wat']);
+    expect(uses('src/hub/fetch-stage.ts')).toEqual(['oracles/make_twin.py']);
+    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/trace.py']);
+    expect(uses('src/toolchain/qnn/compile-stage.ts')).toEqual(['oracles/qnn_compile.py']);
+    expect(uses('src/gates/emulation.ts')).toEqual(['oracles/qnn_compile.py', 'oracles/qnn_simulate.py']);
   });
 });

@@ -2,11 +2,11 @@
 // onnxruntime + onnxruntime-qnn pair (onnxruntime-node cannot load the QNN plugin EP), driven as a
 // Python helper (oracles/qnn_compile.py) under a wall-clock limit. See that file for what is checked
 // before a compile counts as done: onnxruntime-qnn fails silently in several ways.
+import { fileURLToPath } from 'node:url';
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, readFile, rm } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { $ } from 'zx';
-import { repoRoot } from '../../paths.js';
 import { ensureVenv, venvPython } from '../venv.js';
 
 /** The HTP a context is built for (a subset of HexagonArch). */
@@ -85,7 +85,7 @@ export class QnnCompileError extends Error {
 }
 
 export function qnnCompileScript(): string {
-  return join(repoRoot(), 'oracles', 'qnn_compile.py');
+  return fileURLToPath(new URL('../../../oracles/qnn_compile.py', import.meta.url));
 }
 
 const FIX_TOOLCHAIN = 'the Python environment lacks the QNN compiler: run `./forge doctor`, and if qnn-aot is MISSING delete the venv it names so the next build re-creates it from oracles/requirements.txt (onnxruntime==1.29.0 + onnxruntime-qnn==2.7.0, Linux x86_64, Python >= 3.11)';
