@@ -59,15 +59,20 @@ function w8Parity(recipe: Recipe): { w8?: { minMatch: number; why: string } } {
   return p.w8MinMatch !== undefined && p.w8MinMatch < p.minMatch ? { w8: { minMatch: p.w8MinMatch, why: p.w8Why! } } : {};
 }
 
+/**
+ * On the host, parity runs the fp32 reference and the shipped graphs as ONNX on the CPU. A phone
+ * runs only compiled contexts, so there it runs the shipped graphs as the compile stage built them.
+ */
 function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
+  const onDevice = target.kind === 'adb';
   const params: ParityParams = {
     recipe: { id: recipe.id, family: recipe.family }, arch: arch.id,
     tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch, ...w8Parity(recipe),
-    variants: ['export', 'quantize'], target,
+    variants: onDevice ? ['quantize'] : ['export', 'quantize'], target,
   };
   return {
     id: 'parity', module: src('gates/parity.ts'), params: params as any,
-    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native' },
+    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native', ...(onDevice ? { compile: 'compile' } : {}) },
     tools: [], peakMemoryBytes: 3 * GB, timeoutSeconds: 3600,
   };
 }

@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { mkdtempSync, readFileSync, writeFileSync, existsSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -10,6 +10,11 @@ import { Trace } from '../src/gates/trace.js';
 import { adbTarget } from '../src/targets/adb.js';
 import { getArch } from '../src/arch/table.js';
 import type { Target } from '../src/targets/target.js';
+import type { TargetSpec } from '../src/gates/parity.js';
+import { buildPipeline } from '../pipelines/build.js';
+import { loadRecipe, archSettings } from '../src/recipe/load.js';
+import { assembleBundle, readCompiled } from '../src/bundle/assemble.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { RunRecord } from '../src/engine/record.js';
 
 let record: RunRecord;
@@ -80,6 +85,22 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     expect(run).toContain('ADSP_LIBRARY_PATH=/data/local/tmp/forge/lib');
   });
 
+  it('pushes the bundle once and runs it for each prompt', async () => {
+    writeFileSync(log, '');
+    const t = target();
+    await t.generate(req);
+    await t.generate({ ...req, promptIds: [4, 5] });
+    const calls = readFileSync(log, 'utf8').trim().split('\n');
+    expect(calls.filter((c) => c.includes('push /tmp/bundle/.')).length).toBe(1);
+    expect(calls.filter((c) => c.includes('./qhx_generate')).length).toBe(2);
+  });
+
+  it('refuses a result that did not run on the NPU (qhx_generate fell back to another backend)', async () => {
+    const cpu = join(dir, 'cpu.json');
+    writeFileSync(cpu, JSON.stringify({ generated_ids: [7], backend: 'cpu', timings: { prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0 } }));
+    await expect(target({ FAKE_ADB_RESULT: cpu }).generate(req)).rejects.toThrow(/ran on backend 'cpu', not qnn/);
+  });
+
   it('refuses when no device answers', async () => {
     await expect(target({ FAKE_ADB_STATE: 'none' }).generate(req)).rejects.toThrow(/no device 'R5CT1234' reachable over adb/);
   });
@@ -92,7 +113,20 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     await expect(target({ FAKE_ADB_EXIT: '1' }).generate(req)).rejects.toThrow(/exited 1: qhx_generate: QNN backend could not open the context/);
   });
 
-  it('has a runbook for the first real device run', () => {
-    expect(existsSync('docs/DEVICE.md')).toBe(true);
+  it('on a device, parity runs the shipped graphs as compiled contexts (a phone runs no ONNX graphs)', async () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const node = (target: TargetSpec) => buildPipeline(recipe, arch, settings, { target }).nodes.find((n) => n.id === 'parity')!;
+    const device = node({ kind: 'adb', serial: 'R5CT1234', runner: '/r', libDir: '/l' });
+    expect(device.inputs.compile).toBe('compile');
+    expect((device.params as any).variants).toEqual(['quantize']);
+    expect(node({ kind: 'host' }).inputs.compile).toBeUndefined();
+    // What the stage then assembles from this build's compile output: every graph a compiled context.
+    const bundle = join(dir, 'device-bundle');
+    const m = await assembleBundle({ recipe, arch, graphsDir: entry('quantize'), embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: 4, compiled: readCompiled(entry('compile')) }, bundle);
+    const graphs = m.contexts.flatMap((c) => c.graphs);
+    expect(graphs.length).toBeGreaterThan(0);
+    for (const g of graphs) expect(g.qnn, g.name).toBeDefined();
+    expect(readdirSync(bundle).filter((f) => f.endsWith('.onnx') && !f.endsWith('_ctx.onnx'))).toEqual([]);
   });
 });

@@ -51,6 +51,11 @@ export interface AssembleInput {
   compiled?: { dir: string; contexts: CompiledContext[] };
 }
 
+/** The compile stage's output, as `AssembleInput.compiled` takes it. */
+export function readCompiled(compileDir: string): { dir: string; contexts: CompiledContext[] } {
+  return { dir: compileDir, contexts: (JSON.parse(readFileSync(join(compileDir, 'compile.json'), 'utf8')) as { contexts: CompiledContext[] }).contexts };
+}
+
 export async function assembleBundle(input: AssembleInput, out: string): Promise<Manifest> {
   mkdirSync(out, { recursive: true });
   const exp = JSON.parse(readFileSync(join(input.graphsDir, GRAPHS_JSON), 'utf8')) as ExportManifest;

@@ -10,8 +10,7 @@ import type { FamilyId, Recipe } from '../recipe/schema.js';
 import { getArch } from '../arch/table.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
-import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
-import { assembleBundle } from './assemble.js';
+import { assembleBundle, readCompiled } from './assemble.js';
 import { modelCard, type CardFacts } from './card.js';
 
 export interface BundleParams {
@@ -39,11 +38,12 @@ export const stage: StageModule<BundleParams> = {
   async run(ctx) {
     const p = ctx.params;
     const arch = getArch(p.arch);
-    const compiled = (JSON.parse(readFileSync(join(ctx.inputs.compile, 'compile.json'), 'utf8')) as { contexts: CompiledContext[] }).contexts;
+    const compiledOutput = readCompiled(ctx.inputs.compile);
+    const compiled = compiledOutput.contexts;
     const manifest = await assembleBundle({
       recipe: p.recipe, arch, graphsDir: ctx.inputs.quantize, embeddingDir: ctx.inputs.quantize,
       checkpointDir: readCheckpointRef(ctx.inputs.checkpoint).absDir, maxNewTokens: p.maxNewTokens,
-      compiled: { dir: ctx.inputs.compile, contexts: compiled },
+      compiled: compiledOutput,
     }, ctx.out);
 
     const facts: CardFacts = {

@@ -1,13 +1,14 @@
 // Stage `parity`: the strongest gate. The native runtime (qhx_generate, where the decode loop lives)
 // runs each graph set free-running and greedy from HF's prompt tokens; its tokens must equal HF's
 // (the oracle trace) — N/N by default. Reports the first divergent step with both tokens and what
-// HF's logits said about each.
+// HF's logits said about each. On a phone (adb) the bundle is the device bundle: the compiled QNN
+// contexts of the shipped graphs (the compile stage's output), as `forge build` ships them.
 import { readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import type { FamilyId } from '../recipe/schema.js';
-import { assembleBundle } from '../bundle/assemble.js';
+import { assembleBundle, readCompiled } from '../bundle/assemble.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { hostTarget } from '../targets/host.js';
 import { adbTarget } from '../targets/adb.js';
@@ -90,7 +91,8 @@ export const stage: StageModule<ParityParams> = {
       for (const v of p.variants) {
         ctx.log(`assembling and running the ${v} graphs on ${target.name}`);
         const bundle = join(scratch, v);
-        await assembleBundle({ recipe: p.recipe, arch, graphsDir: ctx.inputs[v], embeddingDir: ctx.inputs.quantize, checkpointDir, maxNewTokens: p.tokens }, bundle);
+        const compiled = ctx.inputs.compile ? { compiled: readCompiled(ctx.inputs.compile) } : {};
+        await assembleBundle({ recipe: p.recipe, arch, graphsDir: ctx.inputs[v], embeddingDir: ctx.inputs.quantize, checkpointDir, maxNewTokens: p.tokens, ...compiled }, bundle);
         variants[v] = await checkParity(target, bundle, trace, p.tokens);
       }
     } finally {

@@ -34,6 +34,7 @@ export function adbTarget(o: AdbOptions): Target {
     return r.stdout.trim();
   };
   let checked = false;
+  let pushed: string | null = null;  // the bundle already on the device: pushed once, run per prompt
   const checkDevice = async () => {
     if (checked) return;
     const state = await adb(['get-state'], 'get-state').catch((e: Error) => {
@@ -48,10 +49,13 @@ export function adbTarget(o: AdbOptions): Target {
     name: `adb:${o.serial}`,
     async generate(req: GenerateRequest) {
       await checkDevice();
-      await adb(['shell', 'rm', '-rf', remote, '&&', 'mkdir', '-p', `${remote}/bundle`, `${remote}/lib`], 'prepare');
-      await adb(['push', `${req.bundleDir}/.`, `${remote}/bundle`], 'push bundle');
-      await adb(['push', `${o.libDir}/.`, `${remote}/lib`], 'push libraries');
-      await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
+      if (pushed !== req.bundleDir) {
+        await adb(['shell', 'rm', '-rf', remote, '&&', 'mkdir', '-p', `${remote}/bundle`, `${remote}/lib`], 'prepare');
+        await adb(['push', `${req.bundleDir}/.`, `${remote}/bundle`], 'push bundle');
+        await adb(['push', `${o.libDir}/.`, `${remote}/lib`], 'push libraries');
+        await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
+        pushed = req.bundleDir;
+      }
       const args = qhxArgs(`${remote}/bundle/manifest.json`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, req);
       const env = `LD_LIBRARY_PATH=${remote}/lib ADSP_LIBRARY_PATH=${remote}/lib FORGE_QNN_EP_LIB=${remote}/lib/libonnxruntime_providers_qnn.so`;
       await adb(['shell', `cd ${remote} && chmod 755 qhx_generate && ${env} ./qhx_generate ${args.join(' ')} > ${remote}/result.json 2> ${remote}/stderr.txt; echo $? > ${remote}/status`], 'run');
@@ -62,7 +66,9 @@ export function adbTarget(o: AdbOptions): Target {
         const status = readFileSync(join(local, 'status'), 'utf8').trim();
         if (status !== '0') throw new Error(`qhx_generate on ${o.serial} exited ${status}: ${readFileSync(join(local, 'stderr.txt'), 'utf8').trim().split('\n').pop()}`);
         await adb(['pull', `${remote}/result.json`, join(local, 'result.json')], 'pull result');
-        return parseQhxJson(readFileSync(join(local, 'result.json'), 'utf8'), `adb:${o.serial}`);
+        const res = parseQhxJson(readFileSync(join(local, 'result.json'), 'utf8'), `adb:${o.serial}`);
+        if (res.backend !== 'qnn') throw new Error(`qhx_generate on ${o.serial} ran on backend '${res.backend}', not qnn`);
+        return res;
       } finally {
         rmSync(local, { recursive: true, force: true });
       }
