@@ -1,6 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
 import { execFile } from 'node:child_process';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, utimesSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { promisify } from 'node:util';
@@ -103,7 +103,7 @@ describe('forge build', () => {
     expect(rec.ok).toBe(false);
     expect(rec.error).toMatch(/config\.json: field hidden_size is 64, but the recipe expects 4096/);
     expect(statuses(rec)).toMatchObject({ fetch: 'ran', plan: 'failed', export: 'skipped', quantize: 'skipped', oracle: 'skipped' });
-    expect(existsSync(join(out, 'plan.json'))).toBe(false);
+    expect(readdirSync(out)).toEqual(['build']); // nothing but the run record and its logs
     expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8')).ok).toBe(false);
   });
 

@@ -6,7 +6,8 @@ import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
 import { toolVersions } from '../src/toolchain/versions.js';
-import { cacheKey } from '../src/engine/run.js';
+import { buildPipeline } from '../pipelines/build.js';
+import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import type { RunRecord } from '../src/engine/record.js';
 
 const compiled = (r: RunRecord) => JSON.parse(readFileSync(join(cacheRoot(), 'compile', r.stages.find((s) => s.name === 'compile')!.key!, 'compile.json'), 'utf8'));
@@ -54,11 +55,12 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     }
   });
 
-  it('keys the compile on the QNN EP version: a new onnxruntime-qnn recompiles', () => {
-    const base = { stage: 'compile', version: '1', code: 'c', params: {}, inputs: { quantize: 'q' } };
-    const tools = toolVersions();
-    const a = cacheKey({ ...base, tools: { 'onnxruntime-qnn': tools['onnxruntime-qnn'] } });
-    const b = cacheKey({ ...base, tools: { 'onnxruntime-qnn': '2.8.0' } });
-    expect(a).not.toBe(b);
+  it('keys the compile on the QNN toolchain: a new onnxruntime or onnxruntime-qnn recompiles', () => {
+    // The engine keys a stage on the versions of the tools it declares (tested in engine.test.ts).
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const compile = buildPipeline(recipe, arch, settings).nodes.find((n) => n.id === 'compile')!;
+    expect(compile.tools).toEqual(expect.arrayContaining(['onnxruntime', 'onnxruntime-qnn', 'python-env']));
+    for (const t of compile.tools) expect(toolVersions()[t], t).toBeTruthy();
   });
 });
