@@ -126,7 +126,10 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     const e = result.entries.get(id);
     return e && existsSync(join(e.dir, file)) ? (JSON.parse(readFileSync(join(e.dir, file), 'utf8')) as T) : undefined;
   };
-  const report = { record, oracleRows: readJson<{ rows: OracleRow[] }>('oracle', 'oracle.json')?.rows, plan: readJson<ShardPlan>('plan', 'plan.json') };
+  const report = {
+    record, oracleRows: readJson<{ rows: OracleRow[] }>('oracle', 'oracle.json')?.rows, plan: readJson<ShardPlan>('plan', 'plan.json'),
+    contexts: readJson<{ contexts: Array<{ name: string; bytes: number }> }>('compile', 'compile.json')?.contexts,
+  };
   writeFileSync(join(staging, 'build', 'report.md'), reportMarkdown(report));
   writeFileSync(join(staging, 'build', 'report.html'), reportHtml(report));
   mkdirSync(dirname(out), { recursive: true });

@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
@@ -36,6 +36,13 @@ describe('bundle', () => {
     const m = JSON.parse(readFileSync(join(a.bundle, 'manifest.json'), 'utf8'));
     expect(m.contexts[0].graphs.map((g: any) => g.qnn.binary)).toEqual(['shard0.bin', 'shard0.bin']);
     expect(m.contexts[0].graphs[0].file).toBeUndefined(); // a device bundle carries no ONNX weights twice
+  });
+
+  it("has a build report that shows each compiled context's size against the ceiling", () => {
+    const md = readFileSync(join(a.bundle, 'build', 'report.md'), 'utf8');
+    const bytes = (name: string) => statSync(join(a.bundle, `${name}.bin`)).size;
+    expect(md).toContain('Compiled context binaries');
+    for (const c of ['shard0', 'lm_head']) expect(md).toContain(`| ${c} | ${(bytes(c) / 1e6).toFixed(1)} MB |`);
   });
 
   it('verifies with sha256sum -c', async () => {

@@ -163,7 +163,8 @@ describe('forge plan, list, doctor', () => {
     expect(d.python.packages).toMatchObject({ torch: '2.15.0', transformers: '5.23.0', onnxruntime: '1.29.0', 'onnxruntime-qnn': '2.7.0' });
     expect(d.toolchains['qnn-aot'].usable).toBe(true);
     expect(d.toolchains['ort-cpu'].usable).toBe(true);
-    expect(d.toolchains['qairt-cli']).toBeDefined();
+    // Planned and unit-tested, but not what `forge build` runs: doctor must not call it usable.
+    expect(d.toolchains['qairt-cli']).toMatchObject({ usable: false, detail: expect.stringMatching(/not wired into it/) });
   });
 
   it('has --help on every command', async () => {

@@ -93,8 +93,8 @@ async function listingFromSnapshot(repo: string, revision: string): Promise<HubS
 }
 
 /**
- * The files of repo@revision with their hashes, for the fetch stage's cache key. From the cache when
- * this revision was completed before (or HF_HUB_OFFLINE is set), else from the hub's tree.
+ * The files of repo@revision with their hashes: what fetchHubSnapshot downloads and verifies. From
+ * the cache when this revision was completed before (or HF_HUB_OFFLINE is set), else from the hub's tree.
  */
 export async function hubSnapshotFiles(repo: string, revision: string): Promise<HubSnapshotListing> {
   const done = await readMarker(repo, revision);

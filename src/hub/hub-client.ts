@@ -3,7 +3,6 @@
 // token. The token is handed to @huggingface/hub and to our own fetches only; every message that
 // leaves this module goes through redact().
 import { createHash, type Hash } from 'node:crypto';
-import { createReadStream } from 'node:fs';
 import { HubApiError } from '@huggingface/hub';
 
 export const DEFAULT_HUB_URL = 'https://huggingface.co';

@@ -6,15 +6,14 @@
 // against (parentCommit), so a concurrent push makes it fail rather than lie about "unchanged".
 // Interrupted uploads resume for free: the LFS batch call answers "already have it" for objects that
 // arrived, and the library then skips them.
-import { existsSync, openAsBlob, readdirSync, readFileSync, statSync } from 'node:fs';
-import { join, relative } from 'node:path';
+import { existsSync, openAsBlob, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
 import { commitIter, createRepo, listFiles, modelInfo, whoAmI, type CommitOperation, type ListFileEntry } from '@huggingface/hub';
-import type { RunRecord } from '../engine/record.js';
+import { RUN_RECORD, type RunRecord } from '../engine/record.js';
+import { SUMS } from '../bundle/bundle-stage.js';
 import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, redact, statusOf } from './hub-client.js';
-import { hashFile, sha256OfFile } from '../engine/hash.js';
+import { hashFile, listFiles as listLocalFiles, sha256OfFile } from '../engine/hash.js';
 
-export const SUMS_FILE = 'SHA256SUMS';
-const RUN_JSON = 'build/run.json';
 
 export interface PublishOptions {
   bundleDir: string;
@@ -63,50 +62,45 @@ interface LocalFile { path: string; abs: string; size: number; sha256: string }
 /** The checks that need no network. Throws one error naming every problem found. */
 export async function checkBundle(bundleDir: string, requiredGates: string[] = ['oracle', 'parity']): Promise<{ files: LocalFile[]; record: RunRecord }> {
   const refuse = (why: string) => new Error(`refusing to publish ${bundleDir}: ${why}`);
-  const runPath = join(bundleDir, RUN_JSON);
-  if (!existsSync(runPath)) throw refuse(`${RUN_JSON} is missing (publish only what forge build made)`);
+  const runPath = join(bundleDir, RUN_RECORD);
+  if (!existsSync(runPath)) throw refuse(`${RUN_RECORD} is missing (publish only what forge build made)`);
   let record: RunRecord;
   try {
     record = JSON.parse(readFileSync(runPath, 'utf8')) as RunRecord;
   } catch {
-    throw refuse(`${RUN_JSON} is not valid JSON`);
+    throw refuse(`${RUN_RECORD} is not valid JSON`);
   }
   const problems: string[] = [];
-  if (record.ok !== true) problems.push(`the build did not pass (${RUN_JSON} has ok: ${JSON.stringify(record.ok)}${record.error ? `: ${record.error}` : ''})`);
+  if (record.ok !== true) problems.push(`the build did not pass (${RUN_RECORD} has ok: ${JSON.stringify(record.ok)}${record.error ? `: ${record.error}` : ''})`);
   for (const g of requiredGates) {
     const gate = record.gates?.[g];
-    if (!gate) problems.push(`gate ${g} is missing from ${RUN_JSON}`);
+    if (!gate) problems.push(`gate ${g} is missing from ${RUN_RECORD}`);
     else if (gate.ok !== true) problems.push(`gate ${g} failed`);
   }
   if (problems.length) throw refuse(problems.join('; '));
 
-  const sumsPath = join(bundleDir, SUMS_FILE);
-  if (!existsSync(sumsPath)) throw refuse(`${SUMS_FILE} is missing`);
+  const sumsPath = join(bundleDir, SUMS);
+  if (!existsSync(sumsPath)) throw refuse(`${SUMS} is missing`);
   const listed = new Map<string, string>();
   for (const [i, line] of readFileSync(sumsPath, 'utf8').split('\n').entries()) {
     if (!line.trim()) continue;
     const m = /^([0-9a-f]{64}) [ *](.+)$/.exec(line);
-    if (!m) throw refuse(`${SUMS_FILE} line ${i + 1} is not "<sha256>  <path>"`);
+    if (!m) throw refuse(`${SUMS} line ${i + 1} is not "<sha256>  <path>"`);
     checkRelativePath(m[2]);
     listed.set(m[2], m[1]);
   }
   const files: LocalFile[] = [];
   for (const [path, want] of listed) {
     const abs = join(bundleDir, path);
-    if (!existsSync(abs)) throw refuse(`${path} is listed in ${SUMS_FILE} but missing`);
+    if (!existsSync(abs)) throw refuse(`${path} is listed in ${SUMS} but missing`);
     const got = await sha256OfFile(abs);
-    if (got !== want) throw refuse(`${path} does not match ${SUMS_FILE} (sha256 ${got.slice(0, 12)}…, listed ${want.slice(0, 12)}…)`);
+    if (got !== want) throw refuse(`${path} does not match ${SUMS} (sha256 ${got.slice(0, 12)}…, listed ${want.slice(0, 12)}…)`);
     if (!path.startsWith('build/')) files.push({ path, abs, size: statSync(abs).size, sha256: got });
   }
-  const unlisted = walk(bundleDir).filter((p) => p !== SUMS_FILE && !p.startsWith('build/') && !listed.has(p));
-  if (unlisted.length) throw refuse(`not covered by ${SUMS_FILE}: ${unlisted.join(', ')}`);
-  files.push({ path: SUMS_FILE, abs: sumsPath, size: statSync(sumsPath).size, sha256: await sha256OfFile(sumsPath) });
+  const unlisted = (await listLocalFiles(bundleDir)).filter((p) => p !== SUMS && !p.startsWith('build/') && !listed.has(p));
+  if (unlisted.length) throw refuse(`not covered by ${SUMS}: ${unlisted.join(', ')}`);
+  files.push({ path: SUMS, abs: sumsPath, size: statSync(sumsPath).size, sha256: await sha256OfFile(sumsPath) });
   return { files: files.sort((a, b) => a.path.localeCompare(b.path)), record };
-}
-
-function walk(dir: string, base = dir): string[] {
-  return readdirSync(dir, { withFileTypes: true }).flatMap((e) =>
-    e.isDirectory() ? walk(join(dir, e.name), base) : [relative(base, join(dir, e.name)).split('\\').join('/')]);
 }
 
 async function sameContent(local: LocalFile, remote: ListFileEntry): Promise<boolean> {
@@ -128,6 +122,8 @@ export async function publishBundle(opts: PublishOptions): Promise<PublishResult
   checkTokenShape(token);
   const base = hubUrl(opts.hubUrl);
   const say = (m: string) => log(redact(m, token));
+  const notRun = Object.entries(record.gatesNotRun ?? {}).map(([g, why]) => `${g} (not run: ${why})`);
+  if (notRun.length) say(`gates this build did not run: ${notRun.join('; ')}`);
   const common = { hubUrl: base, ...(token ? { accessToken: token } : {}) };
   const call = async <T>(what: string, f: () => Promise<T>): Promise<T> => {
     try { return await f(); } catch (e) { throw hubError(e, what, token); }
@@ -196,7 +192,7 @@ export async function publishBundle(opts: PublishOptions): Promise<PublishResult
   const operations: CommitOperation[] = await Promise.all(uploads.map(async (u) => ({
     operation: 'addOrUpdate' as const, path: u.path, content: (await openAsBlob(byPath.get(u.path)!.abs)) as Blob,
   })));
-  const gates = Object.entries(record.gates ?? {}).map(([n, g]) => `${n}: ${g.ok ? 'pass' : 'FAIL'}`).join(', ');
+  const gates = [...Object.entries(record.gates ?? {}).map(([n, g]) => `${n}: ${g.ok ? 'pass' : 'FAIL'}`), ...notRun].join(', ');
   try {
     const it = commitIter({
       ...common,
@@ -204,7 +200,7 @@ export async function publishBundle(opts: PublishOptions): Promise<PublishResult
       branch,
       operations,
       title: `forge publish ${record.recipe}/${record.arch}`,
-      description: `Built by forge. Gates: ${gates}. Files are listed with their sha256 in ${SUMS_FILE}.`,
+      description: `Built by forge. Gates: ${gates}. Files are listed with their sha256 in ${SUMS}.`,
       ...(head ? { parentCommit: head } : {}),
     });
     const done = new Set<string>();

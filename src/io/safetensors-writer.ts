@@ -147,7 +147,7 @@ export class SafetensorsWriter {
   }
 }
 
-/** Write small, fully in-memory tensors in one go (tests, fixtures). */
+/** Writes tensors that are all in memory already, in one go. */
 export async function writeSafetensors(path: string, tensors: readonly TensorWithData[], metadata?: Record<string, string>): Promise<void> {
   const writer = await SafetensorsWriter.create(path, tensors, metadata);
   try {

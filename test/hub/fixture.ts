@@ -9,6 +9,8 @@ export interface FixtureOptions {
   ok?: boolean;
   /** undefined: oracle and parity pass. */
   gates?: Record<string, { ok: boolean }>;
+  /** Gates the build names as not run, with why. */
+  gatesNotRun?: Record<string, string>;
   /** Leave build/run.json out. */
   noRunRecord?: boolean;
 }
@@ -30,7 +32,7 @@ export function makeBundle(opts: FixtureOptions = {}): string {
   writeSums(dir);
   if (!opts.noRunRecord) {
     const gates = opts.gates ?? { oracle: { ok: true }, parity: { ok: true } };
-    writeFileSync(join(dir, 'build', 'run.json'), JSON.stringify({ recipe: 'tiny', arch: 'v81', ok: opts.ok ?? true, stages: [], gates, summaries: {}, tools: {}, bundle: dir, seconds: 1 }));
+    writeFileSync(join(dir, 'build', 'run.json'), JSON.stringify({ recipe: 'tiny', arch: 'v81', ok: opts.ok ?? true, stages: [], gates, summaries: {}, tools: {}, bundle: dir, seconds: 1, ...(opts.gatesNotRun ? { gatesNotRun: opts.gatesNotRun } : {}) }));
   }
   return dir;
 }

@@ -154,6 +154,12 @@ describe('publish', () => {
     expect(lines.join('\n')).toContain('is not visible (absent, or private)');
   });
 
+  it('says which gates the build did not run, and why', async () => {
+    const dir = makeBundle({ gatesNotRun: { emulation: 'tiny recipes only' } });
+    await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
+    expect(lines.join('\n')).toContain('gates this build did not run: emulation (not run: tiny recipes only)');
+  });
+
   it('a dry run prints the plan and makes no write request', async () => {
     const dir = makeBundle();
     const r = await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });

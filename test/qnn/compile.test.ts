@@ -5,7 +5,7 @@ import { existsSync, mkdtempSync, readFileSync, statSync, writeFileSync, chmodSy
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
-import { compileContext, detectMemoryFailure, qnnToolVersions, epSdkVersion, QnnCompileError, type CompileReport, type HtpTarget } from '../../src/toolchain/qnn/compile.js';
+import { compileContext, detectMemoryFailure, QnnCompileError, type CompileReport, type HtpTarget } from '../../src/toolchain/qnn/compile.js';
 import { venvPython } from '../../src/toolchain/venv.js';
 
 const V79: HtpTarget = { socModel: 69, dspArch: 'v79', vtcmMb: 8 };
@@ -85,9 +85,6 @@ describe('compileContext (onnxruntime-qnn AOT)', () => {
     expect(v81.epSdkVersion).toMatch(/^v2\.51\.0\./);
     expect(v81.onnxruntime).toBe('1.29.0');
     expect(v81.onnxruntimeQnn).toBe('2.7.0');
-    expect(epSdkVersion(v81.wrappers[0].path)).toBe('2.51.0');
-    expect(await qnnToolVersions()).toEqual({ onnxruntime: '1.29.0', 'onnxruntime-qnn': '2.7.0', qairt: '2.51.0' });
-    expect((await qnnToolVersions({ wrapper: v81.wrappers[1].path })).qairt).toBe('2.51.0');
     expect(v81.compileSeconds).toBeGreaterThan(0);
     expect(v81.peakRssBytes).toBeGreaterThan(50 << 20);
   });

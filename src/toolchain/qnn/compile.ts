@@ -3,11 +3,11 @@
 // Python helper (oracles/qnn_compile.py) under a wall-clock limit. See that file for what is checked
 // before a compile counts as done: onnxruntime-qnn fails silently in several ways.
 import { fileURLToPath } from 'node:url';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync } from 'node:fs';
 import { mkdir, readFile, rm } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
 import { $ } from 'zx';
-import { ensureVenv, venvPython } from '../venv.js';
+import { ensureVenv } from '../venv.js';
 
 /** The HTP a context is built for (a subset of HexagonArch). */
 export interface HtpTarget {
@@ -238,52 +238,4 @@ export function detectMemoryFailure(text: string): MemoryFailure | null {
     if (HTP_MEMORY.some((re) => re.test(line))) return { kind: 'htp-mem-alloc', evidence: line.slice(0, 300) };
   }
   return null;
-}
-
-export interface QnnToolVersions {
-  onnxruntime: string;
-  'onnxruntime-qnn': string;
-  /** The QAIRT (QNN SDK) release inside the onnxruntime-qnn wheel, e.g. '2.51.0'. */
-  qairt: string;
-}
-
-const VERSION_PROBE = [
-  'import json, importlib.metadata as m',
-  'import onnxruntime_qnn',
-  'from onnxruntime_qnn import build_and_package_info as b',
-  'print(json.dumps({"onnxruntime": m.version("onnxruntime"), "onnxruntime-qnn": m.version("onnxruntime-qnn"), "qairt": getattr(b, "qnn_version", None)}))',
-].join('\n');
-
-const versionCache = new Map<string, QnnToolVersions>();
-
-/**
- * The QNN toolchain's versions, for cache keys: onnxruntime and onnxruntime-qnn as installed in the
- * venv, QAIRT as the wheel records it. With `wrapper`, QAIRT comes from that EPContext wrapper's
- * `ep_sdk_version` instead (what a compiled binary was actually built with).
- */
-export async function qnnToolVersions(opts: { python?: string; wrapper?: string } = {}): Promise<QnnToolVersions> {
-  const python = opts.python ?? venvPython();
-  let v = versionCache.get(python);
-  if (!v) {
-    const r = await $({ nothrow: true, quiet: true })`${python} -c ${VERSION_PROBE}`;
-    if (r.exitCode !== 0) {
-      throw new QnnCompileError(`cannot read the QNN toolchain versions with ${python}: ${helperLine(r.stderr)}; ${FIX_TOOLCHAIN}`, 'toolchain-missing', null);
-    }
-    v = JSON.parse(r.stdout.trim().split('\n').pop()!) as QnnToolVersions;
-    versionCache.set(python, v);
-  }
-  if (opts.wrapper) {
-    const sdk = epSdkVersion(opts.wrapper);
-    if (sdk) return { ...v, qairt: sdk };
-  }
-  return v;
-}
-
-/** `ep_sdk_version` of an EPContext wrapper ('v2.51.0.2609...' -> '2.51.0'), read from its protobuf bytes. */
-export function epSdkVersion(wrapper: string): string | null {
-  const bytes = readFileSync(wrapper);
-  const at = bytes.indexOf('ep_sdk_version');
-  if (at < 0) return null;
-  const m = /v?(\d+\.\d+\.\d+)(?:\.\d+)?/.exec(bytes.subarray(at, at + 200).toString('latin1'));
-  return m ? m[1] : null;
 }
