@@ -18,31 +18,32 @@ import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { Writable } from 'node:stream';
 import { defaultCheckpointDir, ensureCheckpoint } from './gen-checkpoint.js';
+import { benchArgs, median, positiveInt } from './util.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
 
 // ---- arguments -----------------------------------------------------------------------------
 
-const argv = process.argv.slice(2);
-const flag = (name: string) => argv.includes(name);
-const opt = (name: string, dflt: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
-};
-const skipPeer = flag('--skip-peer');
-const keep = flag('--keep');
-const repeat = Math.max(1, Number(opt('--repeat', '1')));
-const peerTimeoutS = Number(opt('--peer-timeout-min', '45')) * 60;
+const { values: arg, num } = benchArgs({
+  'skip-peer': { type: 'boolean' }, keep: { type: 'boolean' }, repeat: { type: 'string', default: '1' },
+  'peer-timeout-min': { type: 'string', default: '45' }, 'peer-rss-cap-gb': { type: 'string', default: '0' },
+  'peer-min-avail-gb': { type: 'string', default: '0.75' }, 'out-root': { type: 'string', default: join(forgeHome(), 'bench', 'out') },
+  recipe: { type: 'string', default: 'qwen3-4b' }, checkpoint: { type: 'string', default: '' },
+});
+const skipPeer = arg['skip-peer'] === true;
+const keep = arg.keep === true;
+const repeat = num('repeat', positiveInt);
+const peerTimeoutS = num('peer-timeout-min') * 60;
 // The box has no swap. A peer that outgrows RAM is not OOM-killed promptly: part of its RSS is the
 // mmapped checkpoint, which the kernel keeps evicting and re-reading, so it thrashes and stalls the
 // whole machine (seen: 17 min at 24.5 GB RSS on a 24 GiB box, no OOM kill). So this driver stops it
 // when the machine's MemAvailable falls under --peer-min-avail-gb (default 0.75; 0 = never), or
 // when its RSS passes --peer-rss-cap-gb (default: no cap). Its oom_score_adj is 1000 either way,
 // so if the OOM killer does act, the peer and not a bystander is its victim.
-const peerRssCapBytes = Number(opt('--peer-rss-cap-gb', '0')) * 1e9;
-const peerMinAvailBytes = Number(opt('--peer-min-avail-gb', '0.75')) * 1e9;
-const outRoot = opt('--out-root', join(forgeHome(), 'bench', 'out'));
-const recipeId = opt('--recipe', 'qwen3-4b');
-const ckptDirArg = opt('--checkpoint', defaultCheckpointDir(recipeId));
+const peerRssCapBytes = num('peer-rss-cap-gb') * 1e9;
+const peerMinAvailBytes = num('peer-min-avail-gb') * 1e9;
+const outRoot = arg['out-root'];
+const recipeId = arg.recipe;
+const ckptDirArg = arg.checkpoint || defaultCheckpointDir(recipeId);
 const benchVenv = process.env.FORGE_BENCH_VENV ?? join(forgeHome(), 'bench-venv');
 const RSS_BOUND = 1.5e9;
 const TIME_BOUND = 2;
@@ -268,7 +269,6 @@ function gitState(): { head: string | null; dirtySrc: string[] } {
 
 const gb = (b: number | null | undefined) => (b == null ? null : Math.round((b / 1e9) * 1000) / 1000);
 const r3 = (x: number) => Math.round(x * 1000) / 1000;
-const median = (xs: number[]) => [...xs].sort((a, b) => a - b)[Math.floor((xs.length - 1) / 2)];
 
 // ---- run -----------------------------------------------------------------------------------
 
@@ -399,7 +399,7 @@ const ratios: Record<string, number | null> = {
   cpThroughputGBps: r3(ckpt.bytes / 1e9 / cp.fig.seconds),
 };
 const report = {
-  benchmark: 'export+W8, synthetic Qwen3-4B (bf16), forge vs cp vs onnxruntime-genai builder int8',
+  benchmark: `export+W8, synthetic ${recipeId} (bf16), forge vs cp${skipPeer ? '' : ' vs onnxruntime-genai builder int8'}`,
   checkpoint: { dir: ckpt.dir, bytes: ckpt.bytes, files: ckpt.files, weightFiles: ckpt.weightFiles },
   forge: { ...forge.fig, code: { ...gitState(), srcHash: srcHashes[srcHashes.length - 1] }, selfReportedMaxRssBytes: forgeSelf.maxRssBytes ?? null, plan: forgeSelf.plan, contexts: forgeSelf.contexts },
   cp: cp.fig,

@@ -17,6 +17,9 @@ import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, copyFileSync,
 import { join } from 'node:path';
 import { SafetensorsWriter } from '../src/io/safetensors-writer.js';
 import { getFamily } from '../src/families/index.js';
+import { f32ToBf16Bits } from '../src/io/dtype.js';
+import { ensureVenv } from '../src/toolchain/venv.js';
+import { benchArgs } from './util.js';
 import type { TensorSpec as FamilyTensorSpec } from '../src/families/types.js';
 import { loadRecipe } from '../src/recipe/load.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
@@ -75,18 +78,10 @@ function normInv(p: number): number {
   return ((((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q) / (((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1);
 }
 
-const f32 = new Float32Array(1);
-const u32 = new Uint32Array(f32.buffer);
-function bf16Bits(x: number): number {
-  f32[0] = x;
-  const bits = u32[0];
-  return ((bits + 0x7fff + ((bits >>> 16) & 1)) >>> 16) & 0xffff; // round to nearest even
-}
-
-/** 65,536 bf16 values mean + std·Φ⁻¹((i + ½)/65536), in a random-looking order is not needed. */
+/** 65,536 bf16 values mean + std·Φ⁻¹((i + ½)/65536): equally likely quantiles, indexed at random by `fill`. */
 function quantileTable(mean: number, std: number): Uint32Array {
   const t = new Uint32Array(65536);
-  for (let i = 0; i < 65536; i++) t[i] = bf16Bits(mean + std * normInv((i + 0.5) / 65536));
+  for (let i = 0; i < 65536; i++) t[i] = f32ToBf16Bits(mean + std * normInv((i + 0.5) / 65536));
   return t;
 }
 
@@ -180,8 +175,8 @@ async function writeShard(path: string, tensors: Gen[]): Promise<void> {
 }
 
 /** Tokenizer files of the tiny qwen3 twin (the builder peer wants a tokenizer beside the weights). */
-function copyTwinTokenizer(dir: string, log: (m: string) => void): void {
-  const py = process.env.FORGE_ORACLE_PYTHON ?? '/tmp/venvtest/v/bin/python';
+async function copyTwinTokenizer(dir: string, log: (m: string) => void): Promise<void> {
+  const py = await ensureVenv(log);
   const tmp = join(dir, '.twin');
   rmSync(tmp, { recursive: true, force: true });
   try {
@@ -242,16 +237,14 @@ export async function ensureCheckpoint(dir: string, opts: { recipe?: string; for
   writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2) + '\n');
   const generation = EXTRAS[recipeId].generation;
   if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
-  copyTwinTokenizer(dir, log);
+  await copyTwinTokenizer(dir, log);
   const seconds = (performance.now() - t0) / 1000;
   writeFileSync(marker, JSON.stringify({ version: GENERATOR_VERSION, recipe: recipeId, totalSize: total, shards: n, seconds }) + '\n');
   return describe(dir, false, seconds);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const args = process.argv.slice(2);
-  const at = (flag: string) => (args.includes(flag) ? args[args.indexOf(flag) + 1] : undefined);
-  const recipe = at('--recipe') ?? 'qwen3-4b';
-  const info = await ensureCheckpoint(at('--out') ?? defaultCheckpointDir(recipe), { recipe, force: args.includes('--force') });
+  const { values: a } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, out: { type: 'string', default: '' }, force: { type: 'boolean' } });
+  const info = await ensureCheckpoint(a.out || defaultCheckpointDir(a.recipe), { recipe: a.recipe, force: a.force === true });
   process.stdout.write(JSON.stringify(info, null, 2) + '\n');
 }

@@ -17,10 +17,10 @@
 //   node --import tsx bench/host-overhead.ts [--keep] [--tokens 64] [--repeat 3] [--copy-repeat 7]
 //                                            [--threads 1] [--recipes qwen3-4b,qwen3.5-4b]
 import { spawnSync } from 'node:child_process';
+import { benchArgs, median, positiveInt } from './util.js';
 import { closeSync, mkdirSync, mkdtempSync, openSync, rmSync, writeFileSync, writeSync } from 'node:fs';
 import { cpus, release, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
-import { getArch } from '../src/arch/table.js';
 import { assembleBundle, MANIFEST } from '../src/bundle/assemble.js';
 import type { Manifest } from '../src/bundle/manifest.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
@@ -36,31 +36,26 @@ import { ensureNative } from '../src/toolchain/native.js';
 
 // ---- arguments -----------------------------------------------------------------------------
 
-const argv = process.argv.slice(2);
-const flag = (name: string) => argv.includes(name);
-const opt = (name: string, dflt: string) => {
-  const i = argv.indexOf(name);
-  return i >= 0 && i + 1 < argv.length ? argv[i + 1] : dflt;
-};
-const keep = flag('--keep');
-const newTokens = Number(opt('--tokens', '64'));
-const repeat = Math.max(1, Number(opt('--repeat', '3')));
-const copyRepeat = Math.max(1, Number(opt('--copy-repeat', '7')));
+const { values: arg, num } = benchArgs({
+  keep: { type: 'boolean' }, tokens: { type: 'string', default: '64' }, repeat: { type: 'string', default: '3' },
+  'copy-repeat': { type: 'string', default: '7' }, threads: { type: 'string', default: '1' },
+  recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b' },
+});
+const keep = arg.keep === true;
+const newTokens = num('tokens', positiveInt);
+const repeat = num('repeat', positiveInt);
+const copyRepeat = num('copy-repeat', positiveInt);
 // One intra-op thread by default: on the device the graphs run on the NPU, and ORT's spinning CPU
 // worker threads would otherwise compete with the host thread on this 2-core box, inflating exactly
 // the time between Run calls that this bench measures.
-const ortThreads = opt('--threads', '1');
-const recipeIds = opt('--recipes', 'qwen3-4b,qwen3.5-4b').split(',').filter(Boolean);
+const ortThreads = String(num('threads', (n) => Number.isInteger(n) && n >= 0));
+const recipeIds = arg.recipes.split(',').filter(Boolean);
 const ARCH = 'v81';
 const TARGET_MS = 1;
 // A few ordinary token ids; generated ids follow from the embedding rows (see trivialGraph).
 const PROMPT = [785, 6722, 315, 9625, 374];
 
 const log = (m: string) => process.stderr.write(`[host-overhead] ${m}\n`);
-const median = (xs: number[]) => {
-  const s = [...xs].sort((a, b) => a - b);
-  return s.length % 2 ? s[(s.length - 1) / 2] : (s[s.length / 2 - 1] + s[s.length / 2]) / 2;
-};
 const numel = (shape: readonly number[]) => shape.reduce((a, b) => a * b, 1);
 
 // ---- the real graph interface ----------------------------------------------------------------

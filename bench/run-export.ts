@@ -10,18 +10,18 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { runExport, type ExportParams } from '../src/families/export-stage.js';
 import { getFamily } from '../src/families/index.js';
+import { benchArgs } from './util.js';
 import { getArch } from '../src/arch/table.js';
 import { makePlan } from '../src/plan/shards.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
 
-const [ckptDir, out] = process.argv.slice(2);
+const { values: a, positionals: [ckptDir, out] } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, 'per-tensor': { type: 'boolean' } });
 if (!ckptDir || !out) {
   process.stderr.write('usage: run-export.ts CHECKPOINT_DIR OUT_DIR [--per-tensor]\n');
   process.exit(2);
 }
-const perTensor = process.argv.includes('--per-tensor');
-const recipeAt = process.argv.indexOf('--recipe');
-const recipeId = recipeAt > 0 ? process.argv[recipeAt + 1] : 'qwen3-4b';
+const perTensor = a['per-tensor'] === true;
+const recipeId = a.recipe;
 
 const t0 = performance.now();
 const { recipe } = loadRecipe(recipeId);

@@ -6,7 +6,7 @@
 // into a data file shared by every graph of a context (prefill and decode read the same bytes), and
 // each graph that uses it gets a reference plus the few nodes that turn it into float.
 import type { Checkpoint } from '../io/checkpoint.js';
-import { f32ToF16Array } from '../io/dtype.js';
+import { bf16ToF32Array, f32ToF16Array } from '../io/dtype.js';
 import { MS_DOMAIN, type GraphBuilder } from '../onnx/builder.js';
 import { linear as gemmLinear } from '../families/blocks.js';
 import type { ElemType } from '../onnx/dtype.js';
@@ -35,8 +35,6 @@ type Write = (chunk: Uint8Array) => Promise<void>;
 export class WeightStore {
   private readonly stored = new Map<string, Stored>();
   private work: Bf16W8 | undefined;
-  /** Bytes of weights written, by scheme — the plan's estimate is checked against it. */
-  bytesWritten = 0;
 
   /**
    * `f16Copies`: tensors whose fp16 form also goes, whole, to a sink of its own (the tied
@@ -58,7 +56,8 @@ export class WeightStore {
     if (!this.work || this.work.regions[0].byteLength < bytes) {
       const size = Math.max(RAW_CHUNK_BYTES, bytes);
       const { Bf16W8 } = await import('./w8-simd.js');
-      this.work = new Bf16W8(new Array(READS_AHEAD + 1 + 2).fill(size));
+      // Input chunks, then output chunks of twice the size (f32 from bf16 doubles the bytes).
+      this.work = new Bf16W8([...new Array(READS_AHEAD + 1).fill(size), size * 2, size * 2]);
     }
     return this.work;
   }
@@ -122,7 +121,7 @@ export class WeightStore {
           return codes;
         }),
       );
-      stored = this.w8Scales(name, rows, cols, blockSize, scales, ref);
+      stored = this.w8Scales(rows, cols, blockSize, scales, ref);
     } else if (scheme === 'fp16' && bf16) {
       const copy = this.f16Copies.get(name);
       const toF16 = (write: Write[]) =>
@@ -134,7 +133,15 @@ export class WeightStore {
         copy ? copy.appendStream(rows * cols * 2, (w2) => toF16([write, w2])).then(() => void this.f16Copies.delete(name)) : toF16([write]),
       );
       stored = { dtype: 'float16', dims, ref };
-      this.bytesWritten += rows * cols * 2;
+    } else if (scheme === 'fp32' && bf16) {
+      // The reference export: bf16 widens to f32 exactly, so this is a shift, streamed like the rest.
+      const ref = await this.sink.appendStream(rows * cols * 4, (write) =>
+        this.streamBf16(name, rows, cols, [write], (src, out) => {
+          bf16ToF32Array(src, new Float32Array(out.buffer, out.byteOffset, src.length));
+          return out.subarray(0, src.length * 4);
+        }),
+      );
+      stored = { dtype: 'float32', dims, ref };
     } else if (scheme === 'w8') {
       const blockSize = w8BlockSize(cols, name);
       const scales = new Float32Array(rows);
@@ -150,7 +157,7 @@ export class WeightStore {
           write(codes.subarray(0, n * cols));
         }
       });
-      stored = this.w8Scales(name, rows, cols, blockSize, scales, ref);
+      stored = this.w8Scales(rows, cols, blockSize, scales, ref);
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
@@ -161,7 +168,6 @@ export class WeightStore {
         }
       });
       stored = { dtype: half ? 'float16' : 'float32', dims, ref };
-      this.bytesWritten += rows * cols * bytesPer;
     }
     this.stored.set(key, stored);
     this.onTensor(name);
@@ -174,13 +180,12 @@ export class WeightStore {
   }
 
   /** Appends a W8 tensor's block scales after its codes. */
-  private w8Scales(name: string, rows: number, cols: number, blockSize: number, scales: Float32Array, ref: ExternalRef): Stored {
+  private w8Scales(rows: number, cols: number, blockSize: number, scales: Float32Array, ref: ExternalRef): Stored {
     const blocks = cols / blockSize;
     // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
     const blockScales = new Float32Array(rows * blocks);
     for (let r = 0; r < rows; r++) blockScales.fill(scales[r], r * blocks, (r + 1) * blocks);
     const scaleRef = this.sink.append(new Uint8Array(blockScales.buffer));
-    this.bytesWritten += rows * cols + rows * blocks * 4;
     return { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize };
   }
 

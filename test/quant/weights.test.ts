@@ -1,5 +1,5 @@
-// The bf16 fast path of WeightStore (raw rows → SIMD W8 / f16, reads and writes pipelined) must
-// write the bytes the f32 path writes for the same values: a bf16 checkpoint and its f32 widening
+// The bf16 fast path of WeightStore (raw rows → SIMD W8 / f16 / f32, reads and writes pipelined)
+// must write the bytes the f32 path writes for the same values: a bf16 checkpoint and its f32 widening
 // go through the two paths and their data files are compared.
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -13,10 +13,12 @@ import { WeightStore } from '../../src/quant/weights.js';
 import { tempDir } from '../io/helpers.js';
 
 // [rows, cols]: one chunk, several chunks (4 MiB of bf16 each: more than the reads kept ahead), the narrowest W8 row.
-const TENSORS: Array<[string, number, number, 'w8' | 'fp16']> = [
+const TENSORS: Array<[string, number, number, 'w8' | 'fp16' | 'fp32']> = [
   ['small', 48, 64, 'w8'],
   ['big', 3000, 2048, 'w8'],
   ['narrow', 24, 16, 'w8'],
+  ['ref', 2600, 2048, 'fp32'],
+  ['ref_small', 40, 64, 'fp32'],
   ['emb', 1500, 1536, 'fp16'],
 ];
 
@@ -55,7 +57,7 @@ async function exportWith(dir: string, dtype: 'BF16' | 'F32'): Promise<{ data: B
 }
 
 describe('WeightStore on bf16 checkpoints', () => {
-  it('writes the same W8 codes, scales and f16 bytes as the f32 path, and the tied copy equal to the stored fp16 tensor', async () => {
+  it('writes the same W8 codes, scales, f32 and f16 bytes as the f32 path, and the tied copy equal to the stored fp16 tensor', async () => {
     const bf16 = await exportWith(await tempDir(), 'BF16');
     const f32 = await exportWith(await tempDir(), 'F32');
     expect(bf16.data.length).toBe(f32.data.length);
