@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,12 +16,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-size_t count(const std::vector<int64_t>& shape) {
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  return n;
-}
 
 /**
  * Index of the first maximum, as torch.argmax. Not std::max_element: it re-reads the best value
@@ -66,27 +59,12 @@ struct DecoderGenerate::Pass {
   std::vector<Step> steps;
   std::vector<float> lm_in, logits;
   std::unique_ptr<GraphBinding> lm_head;  // null when the last shard gives the logits
-  int final_residual = 0;
+  int final_residual() const { return int(steps.size() % 2); }  // the residual buffer the last shard writes
 };
 
 DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : m_(manifest), exec_(executor) {
-  const bool hybrid = m_.host_op == "qwen3_5_generate";
-  if (!hybrid && m_.host_op != "decoder_generate")
-    throw std::runtime_error("host-op '" + m_.host_op + "' is not implemented by this runtime (it runs decoder_generate and qwen3_5_generate)");
-  for (const StateSpec& s : m_.state) {
-    if (s.kind != StateKind::recurrent) continue;
-    if (!hybrid) throw std::runtime_error("decoder_generate carries kv-cache state only; '" + s.name + "' is recurrent (a qwen3_5_generate bundle?)");
-    recurrent_ = true;
-  }
-  if (hybrid) {
-    bool lm_head = false;
-    for (const Context& c : m_.contexts) {
-      if (c.graph(GraphRole::prefill))
-        throw std::runtime_error("qwen3_5_generate decodes over the prompt, but context '" + c.name + "' has a prefill graph");
-      lm_head |= c.graph(GraphRole::lm_head) != nullptr;
-    }
-    if (!lm_head) throw std::runtime_error("qwen3_5_generate runs the lm-head as its own context, and the manifest has none");
-  }
+  // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head) was checked when
+  // the manifest was loaded, before any graph: load_manifest is the one gate a bundle passes.
   // The embedding table is mapped, not read: a real vocab is hundreds of MB and only rows are touched.
   std::string path = m_.resolve(m_.embedding_file);
   int fd = open(path.c_str(), O_RDONLY);
@@ -110,7 +88,7 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) :
     if (!p || (prefill_tokens && p->tokens != prefill_tokens)) all_prefill = false;
     else prefill_tokens = p->tokens;
   }
-  if (all_prefill && prefill_tokens > 1) prefill_ = make_pass(GraphRole::prefill, prefill_tokens);
+  if (all_prefill && prefill_tokens) prefill_ = make_pass(GraphRole::prefill, prefill_tokens);
 }
 
 DecoderGenerate::~DecoderGenerate() {
@@ -148,7 +126,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
     for (const GraphOutput& o : g->outputs) {
       if (o.bind == OutputBind::logits) pass->logits.assign(size_t(n) * V, 0.0f);
       if (o.bind != OutputBind::state_rows) continue;
-      RowsOut r{o.state, 1, 1, std::vector<float>(count(o.shape))};
+      RowsOut r{o.state, 1, 1, std::vector<float>(elements(o.shape))};
       for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
       for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
       step.rows.push_back(std::move(r));
@@ -181,7 +159,6 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
     pass->steps.push_back(std::move(step));
     shard++;
   }
-  pass->final_residual = shard % 2;
   return pass;
 }
 
@@ -229,12 +206,13 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
                       r.inner * sizeof(float));
     }
   }
-  // Every recurrent state was just written to its other buffer: the next call reads that one.
-  if (recurrent_) flip_ ^= 1;
+  // Every recurrent state was just written to its other buffer: the next call reads that one. (A
+  // bundle without recurrent state has no second bindings, so the flip changes nothing there.)
+  flip_ ^= 1;
   if (!want_token) return -1;
   const float* logits = p.logits.data();
   if (p.lm_head) {
-    if (p.n > 1) std::memcpy(p.lm_in.data(), p.residual[p.final_residual].data() + size_t(valid - 1) * H, size_t(H) * sizeof(float));
+    if (p.n > 1) std::memcpy(p.lm_in.data(), p.residual[p.final_residual()].data() + size_t(valid - 1) * H, size_t(H) * sizeof(float));
     auto t0 = Clock::now();
     p.lm_head->run();
     *run_ms += ms_since(t0);
@@ -254,12 +232,15 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
   if (L + opts.max_new_tokens - 1 > C)
     throw std::runtime_error("prompt of " + std::to_string(L) + " tokens + " + std::to_string(opts.max_new_tokens) +
                              " new tokens needs " + std::to_string(L + opts.max_new_tokens - 1) + " positions; the bundle's maxContext is " + std::to_string(C));
-  for (auto& c : caches_) std::fill(c.begin(), c.end(), 0.0f);
-  for (auto& c : shadows_) std::fill(c.begin(), c.end(), 0.0f);
+  // KV slots are written before they are read (a slot past the position is masked), so only the
+  // recurrent states, which every step reads whole, start from zeros: not 1.2 GB of caches per call.
+  for (size_t s = 0; s < m_.state.size(); s++)
+    if (m_.state[s].kind == StateKind::recurrent) std::fill(caches_[s].begin(), caches_[s].end(), 0.0f);
   flip_ = 0;
   decode_->mask_visible = -1;
 
   GenerateResult res;
+  res.generated.reserve(size_t(opts.max_new_tokens));  // the decode loop allocates nothing
   double run_ms = 0;
   auto t0 = Clock::now();
   int next;

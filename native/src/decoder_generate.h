@@ -65,7 +65,6 @@ class DecoderGenerate {
   std::vector<std::vector<float>> caches_;
   std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
   int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_
-  bool recurrent_ = false;
   std::unique_ptr<Pass> decode_, prefill_;
 };
 

@@ -100,32 +100,18 @@ void GraphBinding::check_name(const std::string& name, bool input) const {
   if (!found) throw std::logic_error("graph '" + graph_.name + "' has no " + (input ? "input " : "output ") + name);
 }
 
-void GraphBinding::bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape) {
-  check_name(name, true);
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  values_.push_back(Ort::Value::CreateTensor<float>(cpu_, data, n, shape.data(), shape.size()));
-  binding_.BindInput(name.c_str(), values_.back());
+template <class T>
+void GraphBinding::bind(const std::string& name, T* data, const std::vector<int64_t>& shape, bool input) {
+  check_name(name, input);
+  values_.push_back(Ort::Value::CreateTensor<T>(cpu_, data, elements(shape), shape.data(), shape.size()));
+  if (input) binding_.BindInput(name.c_str(), values_.back());
+  else binding_.BindOutput(name.c_str(), values_.back());
   bound_++;
 }
 
-void GraphBinding::bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape) {
-  check_name(name, true);
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  values_.push_back(Ort::Value::CreateTensor<int32_t>(cpu_, data, n, shape.data(), shape.size()));
-  binding_.BindInput(name.c_str(), values_.back());
-  bound_++;
-}
-
-void GraphBinding::bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape) {
-  check_name(name, false);
-  size_t n = 1;
-  for (int64_t d : shape) n *= size_t(d);
-  values_.push_back(Ort::Value::CreateTensor<float>(cpu_, data, n, shape.data(), shape.size()));
-  binding_.BindOutput(name.c_str(), values_.back());
-  bound_++;
-}
+void GraphBinding::bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
+void GraphBinding::bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
+void GraphBinding::bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, false); }
 
 void GraphBinding::run() {
   if (bound_ != graph_.inputs.size() + graph_.outputs.size())

@@ -37,9 +37,10 @@ class GraphBinding {
   void bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape);
   /** Runs the graph; every input and output must have been bound. */
   void run();
-  const Graph& graph() const { return graph_; }
 
  private:
+  template <class T>
+  void bind(const std::string& name, T* data, const std::vector<int64_t>& shape, bool input);
   void check_name(const std::string& name, bool input) const;
   Ort::Session& session_;
   const Graph& graph_;

@@ -303,6 +303,8 @@ struct Parser {
         Node gn = gs[gi];
         Graph g = graph(gn);
         if (!roles.insert(g.role).second) gn.at("role").fail("a context has at most one graph of each role");
+        if (g.role == GraphRole::prefill && m.host_op == "qwen3_5_generate")
+          gn.at("role").fail("qwen3_5_generate decodes over the prompt: a prefill graph would need the chunked delta rule");
         if (!g.file.empty()) files.check(gn.at("sha256"), g.file, g.sha256);
         if (g.qnn) {
           files.check(gn.at("qnn").at("sha256"), g.qnn->wrapper, g.qnn->sha256);
@@ -325,12 +327,20 @@ struct Parser {
         }
         if (d.layers->first != next_layer) gs.fail("layers start at " + std::to_string(d.layers->first) + ", expected " + std::to_string(next_layer) + " (shards run in order)");
         next_layer = d.layers->second + 1;
-        bool logits = std::any_of(d.outputs.begin(), d.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
-        for (const Graph& g : ctx.graphs) {
-          bool gl = std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
-          if (gl != logits) gs.fail("prefill and decode graphs of a context must agree on giving logits");
-          if (!gl && !std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::residual; }))
-            gs.fail("graph '" + g.name + "' gives neither residual nor logits");
+        auto gives_logits = [](const Graph& g) {
+          return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
+        };
+        // A prefill graph that left out a state its decode graph carries would leave it unfilled.
+        auto states = [](const Graph& g) {
+          std::set<int> s;
+          for (const GraphInput& in : g.inputs)
+            if (in.bind == InputBind::state) s.insert(in.state);
+          return s;
+        };
+        const bool logits = gives_logits(d);
+        for (size_t gi = 0; gi < ctx.graphs.size(); gi++) {
+          if (gives_logits(ctx.graphs[gi]) != logits) gs.fail("prefill and decode graphs of a context must agree on giving logits");
+          if (states(ctx.graphs[gi]) != states(d)) gs[gi].at("inputs").fail("carries other state than the context's decode graph");
         }
         if (logits) {
           if (next_layer != m.layers) c.fail("gives logits before all layers are run");
@@ -339,6 +349,8 @@ struct Parser {
       }
       m.contexts.push_back(std::move(ctx));
     }
+    if (m.host_op == "qwen3_5_generate" && (m.contexts.empty() || !m.contexts.back().graph(GraphRole::lm_head)))
+      cs.fail("qwen3_5_generate runs the lm-head as a context of its own, and there is none");
     if (!have_logits) cs.fail("no context gives logits (an lm_head context or a last shard with a logits output)");
     if (next_layer != m.layers) cs.fail("shards cover layers 0.." + std::to_string(next_layer - 1) + " of " + std::to_string(m.layers));
     // Every state must be carried by each context's graphs alike, and by some context.
@@ -394,6 +406,8 @@ struct Parser {
       StateSpec spec;
       spec.name = s.at("name").str();
       spec.kind = kind == "kv-cache" ? StateKind::kv_cache : StateKind::recurrent;
+      if (spec.kind == StateKind::recurrent && m.host_op != "qwen3_5_generate")
+        s.at("kind").fail("recurrent state needs hostOp qwen3_5_generate; " + m.host_op + " carries kv-cache state only");
       spec.shape = s.at("shape").shape();
       s.at("dtype").one_of({"float32"});
       if (spec.kind == StateKind::kv_cache) {
@@ -453,7 +467,7 @@ const Graph* Context::graph(GraphRole role) const {
   return nullptr;
 }
 
-size_t StateSpec::elements() const {
+size_t elements(const std::vector<int64_t>& shape) {
   size_t n = 1;
   for (int64_t d : shape) n *= size_t(d);
   return n;

@@ -71,12 +71,15 @@ struct Context {
   const Graph* graph(GraphRole role) const;
 };
 
+/** Elements of a tensor of this shape. */
+size_t elements(const std::vector<int64_t>& shape);
+
 struct StateSpec {
   std::string name;
   StateKind kind = StateKind::kv_cache;
   std::vector<int64_t> shape;
   int position_axis = -1;  // kv-cache: the axis indexed by absolute position; -1 for recurrent state
-  size_t elements() const;
+  size_t elements() const { return forge::elements(shape); }
 };
 
 struct Manifest {

@@ -54,19 +54,6 @@ void expect_parity_with_hf(const char* label, Loaded& l, const std::string& trac
   }
 }
 
-/** The bundle's manifest with another host-op must be refused when the loop is built, naming `why`. */
-void expect_refused_as(const std::string& bundle, const std::string& host_op, const std::string& why) {
-  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  m.host_op = host_op;
-  forge::Executor exec(m, forge::ExecutorOptions{});
-  try {
-    forge::DecoderGenerate gen(m, exec);
-    FAIL() << "expected " << host_op << " to be refused";
-  } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
-  }
-}
-
 }  // namespace
 
 TEST(Generate, Fp32GreedyParityWithHF) {
@@ -82,10 +69,12 @@ TEST(Generate, W8MatchCountReported) {
   auto l = load(w8);
   for (const auto& tp : forge_test::load_trace(trace)) {
     auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
-    // W8 weights are not expected to track fp32 HF token for token forever: report, do not gate.
-    std::printf("[ parity   ] w8 '%s': %zu/%zu leading tokens equal HF\n", tp.text.c_str(),
-                matching_prefix(r.generated, tp.generated), tp.generated.size());
-    EXPECT_EQ(r.generated.size(), tp.generated.size());
+    // W8 weights need not track fp32 HF token for token forever (the build's parity gate holds
+    // them to the recipe's threshold): report the run, and require only the first token, which a
+    // W8 graph set that computes the model at all gets right on this twin.
+    const size_t same = matching_prefix(r.generated, tp.generated);
+    std::printf("[ parity   ] w8 '%s': %zu/%zu leading tokens equal HF\n", tp.text.c_str(), same, tp.generated.size());
+    EXPECT_GE(same, 1u) << "W8 already differs from HF at the first token of '" << tp.text << "'";
   }
 }
 
@@ -153,8 +142,11 @@ TEST(Tool, TextAndIdPromptsGiveHFTokens) {
       EXPECT_EQ(j.at("prompt_ids").get<std::vector<int>>(), tp.prompt_tokens) << prompt;
       EXPECT_EQ(j.at("generated_ids").get<std::vector<int>>(), tp.generated) << prompt;
       EXPECT_TRUE(j.at("text").is_string());
-      for (const char* k : {"prefill_ms", "decode_ms_per_token", "host_overhead_ms_per_token"})
-        EXPECT_GE(j.at("timings").at(k).get<double>(), 0.0) << k;
+      const auto& t = j.at("timings");
+      for (const char* k : {"prefill_ms", "decode_ms_per_token", "host_overhead_ms_per_token"}) EXPECT_TRUE(t.at(k).is_number()) << k;
+      // The prompt ran, and the host's share of a decode step is part of that step.
+      EXPECT_GT(t.at("prefill_ms").get<double>(), 0.0);
+      EXPECT_LE(t.at("host_overhead_ms_per_token").get<double>(), t.at("decode_ms_per_token").get<double>());
     }
   }
 }
@@ -169,11 +161,6 @@ TEST(Tool, ErrorsAreOneLineAndExitOne) {
     EXPECT_EQ(err.rfind("qhx_generate: ", 0), 0u) << err;
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   }
-}
-
-TEST(Generate, OtherHostOpsAreRefusedClearly) {
-  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
-  expect_refused_as(bundle, "phimoe_generate", "host-op 'phimoe_generate' is not implemented");
 }
 
 // qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches
@@ -201,13 +188,3 @@ TEST(Hybrid, RecurrentStateStartsFreshEachCall) {
   EXPECT_EQ(first.generated, again.generated);
 }
 
-TEST(Hybrid, DecoderGenerateRefusesRecurrentState) {
-  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
-  expect_refused_as(bundle, "decoder_generate", "is recurrent");
-}
-
-TEST(Hybrid, RefusesAPrefillGraph) {
-  // The dense tiny bundle has prefill graphs: qwen3_5_generate names the first context that has one.
-  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
-  expect_refused_as(bundle, "qwen3_5_generate", "decodes over the prompt, but context");
-}

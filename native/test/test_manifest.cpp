@@ -33,6 +33,15 @@ struct Mutation {
   std::string expect;  // substring of the error
 };
 
+void expect_each_refused(const json& good, const std::string& bundle, const std::vector<Mutation>& mutations) {
+  for (const Mutation& mu : mutations) {
+    json doc = good;
+    mu.apply(doc);
+    std::string err = error_of(doc, bundle);
+    EXPECT_NE(err.find(mu.expect), std::string::npos) << mu.what << ": expected '" << mu.expect << "', got '" << err << "'";
+  }
+}
+
 }  // namespace
 
 TEST(Manifest, TinyBundleLoads) {
@@ -74,6 +83,7 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
       {"hostOp", [](json& j) { j["hostOp"] = "phimoe_generate"; }, "hostOp: 'phimoe_generate' is not one of decoder_generate, qwen3_5_generate"},
       {"recurrent state bound as rows", [](json& j) {
+         j["hostOp"] = "qwen3_5_generate";  // the host-op that carries recurrent state
          j["state"][0] = {{"name", "kv.0.k"}, {"kind", "recurrent"}, {"dtype", "float32"}, {"shape", {1, 2, 128, 32}}};
        }, "contexts[0].graphs[0].outputs[1].state: 'kv.0.k' is recurrent state: its output binds as state-replace"},
       {"kv-cache replaced", [](json& j) {
@@ -94,15 +104,30 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"lm-head first", [](json& j) { std::swap(j["contexts"][0], j["contexts"][1]); }, "contexts[0]: the lm-head comes before layers 0..3 are run"},
       {"no logits", [](json& j) { j["contexts"].erase(1); }, "contexts: no context gives logits"},
       {"greedy", [](json& j) { j["generation"]["greedy"] = false; }, "generation.greedy: must be true"},
+      {"prefill without a state its decode graph carries", [](json& j) {
+         auto& g = j["contexts"][0]["graphs"][0];
+         g["inputs"].erase(3);   // past_k.0
+         g["outputs"].erase(1);  // new_k.0
+       }, "contexts[0].graphs[0].inputs: carries other state than the context's decode graph"},
+      {"qwen3_5_generate with a prefill graph", [](json& j) { j["hostOp"] = "qwen3_5_generate"; },
+       "contexts[0].graphs[0].role: qwen3_5_generate decodes over the prompt"},
       // Only a graph that reads no KV cache (Qwen3.5's linear-attention shard) may go without a mask.
       {"kv graph without mask", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"].erase(2); }, "contexts[0].graphs[1].inputs: a decode graph needs a mask input"},
   };
-  for (const Mutation& mu : mutations) {
-    json doc = good;
-    mu.apply(doc);
-    std::string err = error_of(doc, bundle);
-    EXPECT_NE(err.find(mu.expect), std::string::npos) << mu.what << ": expected '" << mu.expect << "', got '" << err << "'";
-  }
+  expect_each_refused(good, bundle, mutations);
+}
+
+// The hybrid (qwen3_5_generate) bundle: recurrent state, a shard without mask or positions.
+TEST(Manifest, HybridBundleLoadsAndItsHostOpRulesHold) {
+  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
+  const json good = read_json(bundle + "/manifest.json");
+  ASSERT_EQ(error_of(good, bundle), "");
+  expect_each_refused(good, bundle, {
+      {"recurrent state under decoder_generate", [](json& j) { j["hostOp"] = "decoder_generate"; },
+       "state[0].kind: recurrent state needs hostOp qwen3_5_generate; decoder_generate carries kv-cache state only"},
+      {"no lm-head context", [](json& j) { j["contexts"].erase(2); },
+       "contexts: qwen3_5_generate runs the lm-head as a context of its own"},
+  });
 }
 
 TEST(Manifest, WrongSha256OfAFileIsRefused) {

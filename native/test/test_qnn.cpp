@@ -1,7 +1,9 @@
 // The QNN EP path needs compiled contexts and the onnxruntime-qnn plugin, which this machine may
 // not have: the run test is skipped (with the reason printed) unless FORGE_QNN_EP_LIB is set. The
-// missing-plugin error is always checked.
+// missing-plugin error is always checked (with FORGE_QNN_EP_LIB pointed at nothing while it runs).
 #include <cstdlib>
+#include <optional>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -12,17 +14,23 @@
 
 TEST(Qnn, MissingPluginFailsWithAClearMessage) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
-  if (std::getenv("FORGE_QNN_EP_LIB")) GTEST_SKIP() << "FORGE_QNN_EP_LIB is set: the plugin is not missing";
+  const char* set = std::getenv("FORGE_QNN_EP_LIB");
+  const std::optional<std::string> saved = set ? std::optional<std::string>(set) : std::nullopt;
+  const std::string missing = bundle + "/no-such-plugin.so";
+  setenv("FORGE_QNN_EP_LIB", missing.c_str(), 1);
   forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle);
-  // Any existing file will do as the "backend": the plugin next to it is what is missing.
+  // Any existing file will do as the "backend": the plugin is what is missing.
   std::string fake_backend = bundle + "/manifest.json";
+  std::string what;
   try {
     forge::Executor exec(m, forge::ExecutorOptions{fake_backend, "-", 0});
-    FAIL() << "expected the missing plugin to be reported";
   } catch (const std::runtime_error& e) {
-    EXPECT_NE(std::string(e.what()).find("QNN EP plugin library"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("FORGE_QNN_EP_LIB"), std::string::npos) << e.what();
+    what = e.what();
   }
+  if (saved) setenv("FORGE_QNN_EP_LIB", saved->c_str(), 1);
+  else unsetenv("FORGE_QNN_EP_LIB");
+  EXPECT_NE(what.find("QNN EP plugin library '" + missing + "' not found"), std::string::npos) << what;
+  EXPECT_NE(what.find("FORGE_QNN_EP_LIB"), std::string::npos) << what;
 }
 
 TEST(Qnn, GenerateOnCompiledContexts) {
@@ -43,6 +51,8 @@ TEST(Qnn, GenerateOnCompiledContexts) {
     size_t same = 0;
     while (same < r.generated.size() && r.generated[same] == tp.generated[same]) same++;
     std::printf("[ parity   ] qnn '%s': %zu/%zu tokens equal HF\n", tp.text.c_str(), same, tp.generated.size());
-    EXPECT_EQ(r.generated.size(), tp.generated.size());
+    // fp16 on the HTP need not hold every token (the emulation gate holds it to the recipe's
+    // threshold); the first one it must.
+    EXPECT_GE(same, 1u) << "the compiled contexts already differ from HF at the first token of '" << tp.text << "'";
   }
 }
