@@ -45,7 +45,7 @@ async function stackKv(trace: Trace, p: number, steps: number[], n: number, what
 }
 
 /** The KV cache as HF had it before step `upTo`: slot t holds step t's row, the rest zeros. */
-class CacheBuilder {
+export class CacheBuilder {
   readonly k = new Map<number, Float32Array>();
   readonly v = new Map<number, Float32Array>();
   filled = 0;
@@ -80,15 +80,21 @@ function calls(entry: GraphEntry, promptLen: number, steps: number): Array<{ sta
   return out;
 }
 
+/** The lm-head at every traced step of prompt `p`: HF's final-normed hidden in, HF's logits out. */
+export async function* lmHeadCases(trace: Trace, p: number): AsyncGenerator<GateCase> {
+  const H = trace.meta.hidden;
+  for (let t = 0; t < trace.meta.prompts[p].steps; t++) {
+    yield { prompt: p, step: t, feeds: { hidden: { dtype: 'float32', data: await trace.get(p, t, 'final'), dims: [1, 1, H] } }, expected: { logits: await trace.get(p, t, 'logits') } };
+  }
+}
+
 export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLayout): AsyncGenerator<GateCase> {
   const H = trace.meta.hidden;
   const n = entry.n;
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     const prompt = trace.meta.prompts[p];
     if (entry.kind === 'lm_head') {
-      for (let t = 0; t < prompt.steps; t++) {
-        yield { prompt: p, step: t, feeds: { hidden: { dtype: 'float32', data: await trace.get(p, t, 'final'), dims: [1, 1, H] } }, expected: { logits: await trace.get(p, t, 'logits') } };
-      }
+      yield* lmHeadCases(trace, p);
       continue;
     }
     const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);

@@ -20,7 +20,7 @@ import { ConfigError, parseConfigWith, type Family, type GraphBindings, type Gra
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
-import { kvDecoderBindings, type Feed, type GateCase } from './kv-decoder.js';
+import { CacheBuilder, kvDecoderBindings, lmHeadCases, type Feed, type GateCase } from './kv-decoder.js';
 import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
@@ -397,9 +397,7 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     const steps = trace.meta.prompts[p].steps;
     if (entry.kind === 'lm_head') {
-      for (let t = 0; t < steps; t++) {
-        yield { prompt: p, step: t, feeds: { hidden: f(await trace.get(p, t, 'final'), [1, 1, H]) }, expected: { logits: await trace.get(p, t, 'logits') } };
-      }
+      yield* lmHeadCases(trace, p);
       continue;
     }
     if (entry.n !== 1) throw new Error(`${entry.name}: qwen3_5 graphs take one token per call, this one takes ${entry.n}`);
@@ -407,11 +405,11 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
     const full = layers.filter((i) => isFull(c, i));
     const linearLayers = layers.filter((i) => !isFull(c, i));
     const takesPosition = entry.inputs.some((i) => i.name === 'position');
-    const { kvHeads: kv, headDim: d } = c;
-    const caches = new Map(full.map((i) => [i, { k: new Float32Array(kv * maxContext * d), v: new Float32Array(kv * maxContext * d) }]));
+    const cache = new CacheBuilder(full, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext });
     const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
     for (let t = 0; t < steps; t++) {
       if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
+      await cache.fillTo(trace, p, t);
       const feeds: Record<string, Feed> = { hidden_in: f(await trace.get(p, t, `h.${entry.first}`), [1, 1, H]) };
       const expected: Record<string, Float32Array> = {};
       if (takesPosition) {
@@ -419,9 +417,8 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
         feeds.attn_mask = f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]);
       }
       for (const i of full) {
-        const cache = caches.get(i)!;
-        feeds[`past_k.${i}`] = f(cache.k, shapes.kvCache);
-        feeds[`past_v.${i}`] = f(cache.v, shapes.kvCache);
+        feeds[`past_k.${i}`] = f(cache.k.get(i)!, shapes.kvCache);
+        feeds[`past_v.${i}`] = f(cache.v.get(i)!, shapes.kvCache);
         expected[`new_k.${i}`] = await trace.get(p, t, `k.${i}`);
         expected[`new_v.${i}`] = await trace.get(p, t, `v.${i}`);
       }
@@ -434,16 +431,9 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
       expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
       if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await trace.get(p, t, 'logits');
+      // The feeds were consumed by the run before this generator resumes, so the cache filling the
+      // next step's slot in place is safe.
       yield { prompt: p, step: t, feeds, expected };
-      // The cache as HF has it before step t+1: slot t holds step t's row. The feeds above were
-      // consumed by the run before this generator resumes, so writing into them is safe.
-      for (const i of full) {
-        const cache = caches.get(i)!;
-        for (const [what, buf] of [['k', cache.k], ['v', cache.v]] as const) {
-          const row = await trace.get(p, t, `${what}.${i}`);
-          for (let h = 0; h < kv; h++) buf.set(row.subarray(h * d, (h + 1) * d), (h * maxContext + t) * d);
-        }
-      }
     }
   }
 }
