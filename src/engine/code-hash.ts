@@ -6,7 +6,9 @@ import { dirname, relative, resolve } from 'node:path';
 import { repoRoot } from '../paths.js';
 import { createHash } from 'node:crypto';
 
-const IMPORT = /(?:import|export)\s[^'"]*?from\s*['"](\.{1,2}\/[^'"]+)['"]|import\(\s*['"](\.{1,2}\/[^'"]+)['"]\s*\)|new URL\(\s*['"](\.{1,2}\/[^'"]+)['"]\s*,\s*import\.meta\.url\s*\)/g;
+// `import type` / `export type` lines are left out: types are erased before anything runs, and
+// following them would tie a stage's key to every module whose types it names.
+const IMPORT = /(?:import|export)\s(?!type\s)[^'"]*?from\s*['"](\.{1,2}\/[^'"]+)['"]|import\(\s*['"](\.{1,2}\/[^'"]+)['"]\s*\)|new URL\(\s*['"](\.{1,2}\/[^'"]+)['"]\s*,\s*import\.meta\.url\s*\)/g;
 
 function resolveLocal(from: string, spec: string): string | null {
   const base = resolve(dirname(from), spec);
