@@ -201,7 +201,7 @@ async function makeBundle(recipeId: string, dir: string): Promise<Bundle> {
   log(`${recipeId}: writing the f16 embedding table [${vocab}, ${hidden}] (${((vocab * hidden * 2) / 1e9).toFixed(2)} GB)`);
   writeEmbedding(join(exportDir, 'embedding.f16.bin'), vocab, hidden);
   const exp: ExportManifest = {
-    family: recipe.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant, maxContext, contexts,
+    family: recipe.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant, w8Form: 'matmulnbits', maxContext, contexts,
     embedding: { file: 'embedding.f16.bin', dtype: 'float16', shape: [vocab, hidden] },
   };
   writeFileSync(join(exportDir, GRAPHS_JSON), JSON.stringify(exp, null, 2));

@@ -12,7 +12,8 @@ import type { TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
 import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
 import type { NativeParams } from '../src/gates/native-stage.js';
-import type { CompileParams } from '../src/toolchain/qnn/compile-stage.js';
+import type { CompileParams, CompileToolchain } from '../src/toolchain/qnn/compile-stage.js';
+import { qairtSdk, qairtSdkVersion } from '../src/toolchain/qnn/qairt-sdk.js';
 import type { BundleParams } from '../src/bundle/bundle-stage.js';
 import type { EmulationParams } from '../src/gates/emulation.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
@@ -77,17 +78,25 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   };
 }
 
-function compileNode(arch: Arch): StageNode {
+/** The compile toolchain: the QAIRT SDK while QAIRT_SDK_ROOT names one (an unusable one is an error), else onnxruntime-qnn. */
+export function compileToolchain(env: NodeJS.ProcessEnv = process.env): CompileToolchain {
+  const sdk = qairtSdk(env);
+  return sdk ? { kind: 'qairt', version: qairtSdkVersion(sdk) } : { kind: 'onnxruntime-qnn' };
+}
+
+function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   const fake = process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
   const params: CompileParams = {
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb, contextCeilingBytes: arch.contextCeilingBytes, maxContexts: arch.maxContexts },
+    toolchain,
     fp16: true,
     timeoutSeconds: 3600,
     ...(fake ? { fakeHtpLimitBytes: Number(fake) } : {}),
   };
   // After the oracle gate: graphs that left the oracle are not worth an hour of compiling (but the
   // gate's figures are not an input, so a new prompt does not recompile).
-  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
+  const tools = toolchain.kind === 'qairt' ? ['qairt-sdk'] : ['onnxruntime', 'onnxruntime-qnn', 'python-env'];
+  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
 }
 
 /**
@@ -95,8 +104,11 @@ function compileNode(arch: Arch): StageNode {
  * (the simulator takes 50–300 ms a graph call even for them: measured here, tiny-qwen3 prefill
  * ~270 ms and decode ~66 ms, tiny-qwen3.5 decode 54–148 ms).
  */
-function emulationNode(recipe: Recipe, arch: Arch): StageNode | string {
+function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain): StageNode | string {
   if (recipe.source.kind !== 'tiny') return 'the x86 HTP simulator takes 50–300 ms a graph call even for a tiny twin: run only for tiny recipes';
+  if (toolchain.kind === 'qairt') {
+    return "the simulator gate compiles the graphs with onnxruntime-qnn, which leaves the QDQ weights of a QAIRT build on the CPU: not run when QAIRT_SDK_ROOT is set";
+  }
   const params: EmulationParams = {
     recipe: { id: recipe.id, family: recipe.family },
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
@@ -110,8 +122,11 @@ function emulationNode(recipe: Recipe, arch: Arch): StageNode | string {
   };
 }
 
-function bundleNode(recipe: Recipe, arch: Arch, gates: string[]): StageNode {
-  const params: BundleParams = { recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens };
+function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined): StageNode {
+  const params: BundleParams = {
+    recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens,
+    ...(gatesNotRun ? { gatesNotRun } : {}),
+  };
   return {
     id: 'bundle', module: src('bundle/bundle-stage.ts'), params: params as any,
     // Every gate is an input: a bundle exists only when all of them passed.
@@ -121,7 +136,7 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[]): StageNode {
 }
 
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
-function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant']): StageNode {
+function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant'], toolchain: CompileToolchain): StageNode {
   const params: ExportParams = {
     family: recipe.family,
     scheme,
@@ -129,6 +144,8 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
     maxContext: s.maxContext,
     prefillLength: s.prefillLength,
     embedding: id === 'quantize',
+    // W8 in the form the compile toolchain reads as int8 weights (see quant/weights.ts).
+    ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
   };
   // Streaming export: a few row chunks plus the largest layer's graph structure.
   return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], peakMemoryBytes: 1.5 * GB };
@@ -138,29 +155,33 @@ export interface PipelineOptions {
   target?: TargetSpec;
   /** Set when re-planning after an HTP memory failure. */
   ceilingBytes?: number;
+  /** Default: compileToolchain() (the environment decides). */
+  toolchain?: CompileToolchain;
 }
 
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
-  const emu = emulationNode(recipe, arch);
+  const toolchain = opts.toolchain ?? compileToolchain();
+  const emu = emulationNode(recipe, arch, toolchain);
   const emulation = typeof emu === 'string' ? null : emu;
+  const gatesNotRun = typeof emu === 'string' ? { emulation: emu } : undefined;
   return {
     nodes: [
       fetchNode(recipe),
       { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], peakMemoryBytes: 0.2 * GB },
       traceNode(recipe, settings),
-      exportNode('export', recipe, settings, 'fp32'),
-      exportNode('quantize', recipe, settings, settings.quant),
+      exportNode('export', recipe, settings, 'fp32', toolchain),
+      exportNode('quantize', recipe, settings, settings.quant, toolchain),
       oracleNode(recipe, settings),
-      compileNode(arch),
+      compileNode(arch, toolchain),
       nativeNode(),
       parityNode(recipe, arch, target),
       ...(emulation ? [emulation] : []),
-      bundleNode(recipe, arch, emulation ? ['emulation'] : []),
+      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun),
     ],
     publish: ['bundle'],
     reports: ['plan', 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
-    ...(typeof emu === 'string' ? { gatesNotRun: { emulation: emu } } : {}),
+    ...(gatesNotRun ? { gatesNotRun } : {}),
   };
 }

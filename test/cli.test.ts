@@ -4,6 +4,7 @@ import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, utimesSync, 
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { promisify } from 'node:util';
+import { FAKE_QAIRT_VERSION, makeFakeQairt } from './helpers/fake-qairt.js';
 
 const FORGE = resolve('forge');
 const exec = promisify(execFile);
@@ -163,8 +164,16 @@ describe('forge plan, list, doctor', () => {
     expect(d.python.packages).toMatchObject({ torch: '2.15.0', transformers: '5.23.0', onnxruntime: '1.29.0', 'onnxruntime-qnn': '2.7.0' });
     expect(d.toolchains['qnn-aot'].usable).toBe(true);
     expect(d.toolchains['ort-cpu'].usable).toBe(true);
-    // Planned and unit-tested, but not what `forge build` runs: doctor must not call it usable.
-    expect(d.toolchains['qairt-cli']).toMatchObject({ usable: false, detail: expect.stringMatching(/not wired into it/) });
+    expect(d.toolchains['qairt-cli']).toMatchObject({ usable: false, detail: expect.stringMatching(/QAIRT_SDK_ROOT is not set.*onnxruntime-qnn/) });
+  });
+
+  it('reports the QAIRT path usable, with its version, when QAIRT_SDK_ROOT names a complete SDK, and what is missing when not', async () => {
+    const sdk = await makeFakeQairt();
+    const ok = lastJson((await forge(['doctor', '--json'], { QAIRT_SDK_ROOT: sdk.root })).stdout);
+    expect(ok.toolchains['qairt-cli']).toMatchObject({ usable: true, detail: expect.stringMatching(new RegExp(`QAIRT ${FAKE_QAIRT_VERSION.replace(/\./g, '\\.')} at .*forge build compiles with it`)) });
+    const partial = await makeFakeQairt({ without: 'qnn-onnx-converter' });
+    const bad = lastJson((await forge(['doctor', '--json'], { QAIRT_SDK_ROOT: partial.root })).stdout);
+    expect(bad.toolchains['qairt-cli']).toMatchObject({ usable: false, detail: expect.stringMatching(/missing \S+qnn-onnx-converter/) });
   });
 
   it('has --help on every command', async () => {

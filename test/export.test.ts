@@ -10,7 +10,7 @@ import { checkExportedGraphs } from './helpers/check-graphs.js';
 import { venvPython } from '../src/toolchain/venv.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { runExport, type ExportManifest } from '../src/families/export-stage.js';
+import { checkIoNames, runExport, type ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, firstMiss } from '../src/gates/oracle.js';
 import type { RunRecord } from '../src/engine/record.js';
 
@@ -63,6 +63,14 @@ describe('export', () => {
     await ckpt.close();
     const got = new Uint16Array(readFileSync(join(entry('quantize'), 'embedding.f16.bin')).buffer.slice(0));
     expect(got).toEqual(want);
+  });
+
+  it('names every graph input and output as a C identifier (what the QAIRT converter keeps), and refuses any other name', () => {
+    for (const c of manifest(entry('quantize')).contexts) {
+      for (const g of c.graphs) for (const t of [...g.inputs, ...g.outputs]) expect(t.name, `${g.name}: ${t.name}`).toMatch(/^[A-Za-z_][A-Za-z0-9_]*$/);
+    }
+    expect(() => checkIoNames('shard0.decode', { inputs: [{ name: 'past_k.0', dtype: 'float32', shape: [1] }], outputs: [], probes: {} }))
+      .toThrow("shard0.decode: graph input/output 'past_k.0' is not a C identifier");
   });
 
   it('gives byte-identical graphs when run twice', async () => {

@@ -40,18 +40,18 @@ describe('qwen3_5 export', () => {
     expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['shard1.decode'], ['lm_head']]);
     const [s0, s1] = graphs(entry('export'));
     // Shard 0 holds linear-attention layers only: no positions or mask.
-    expect(names(s0.inputs)).toEqual(['hidden_in', 'conv_state.0', 'rec_state.0', 'conv_state.1', 'rec_state.1', 'conv_state.2', 'rec_state.2']);
-    expect(names(s0.outputs)).toEqual(['hidden_out', 'new_conv_state.0', 'new_rec_state.0', 'new_conv_state.1', 'new_rec_state.1', 'new_conv_state.2', 'new_rec_state.2']);
-    expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'past_k.3', 'past_v.3', 'conv_state.4', 'rec_state.4',
-      'conv_state.5', 'rec_state.5', 'conv_state.6', 'rec_state.6', 'past_k.7', 'past_v.7']);
+    expect(names(s0.inputs)).toEqual(['hidden_in', 'conv_state_0', 'rec_state_0', 'conv_state_1', 'rec_state_1', 'conv_state_2', 'rec_state_2']);
+    expect(names(s0.outputs)).toEqual(['hidden_out', 'new_conv_state_0', 'new_rec_state_0', 'new_conv_state_1', 'new_rec_state_1', 'new_conv_state_2', 'new_rec_state_2']);
+    expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'past_k_3', 'past_v_3', 'conv_state_4', 'rec_state_4',
+      'conv_state_5', 'rec_state_5', 'conv_state_6', 'rec_state_6', 'past_k_7', 'past_v_7']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs, ...s1.outputs].map((t) => [t.name, t]));
     // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 128, d 32].
-    expect(io['conv_state.0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
-    expect(io['new_conv_state.0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
-    expect(io['rec_state.0']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(io['new_rec_state.6']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(io['past_k.3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 128, 32] });
-    expect(io['new_k.7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
+    expect(io['conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
+    expect(io['new_conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
+    expect(io['rec_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
+    expect(io['new_rec_state_6']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
+    expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 128, 32] });
+    expect(io['new_k_7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
   it("runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 on every prompt, W8 reported with the recipe's reason", () => {
@@ -110,17 +110,17 @@ describe('qwen3_5 export', () => {
       'rec.0', 'rec.1', 'rec.2', 'rec.4', 'rec.5', 'rec.6']);
     const shard1 = m.contexts[1].graphs[0];
     expect(shard1.role).toBe('decode');
-    expect(shard1.inputs.find((i) => i.name === 'rec_state.4')).toMatchObject({ bind: 'state', state: 'rec.4' });
-    expect(shard1.outputs.find((o) => o.name === 'new_rec_state.4')).toMatchObject({ bind: 'state-replace', state: 'rec.4' });
-    expect(shard1.outputs.find((o) => o.name === 'new_conv_state.5')).toMatchObject({ bind: 'state-replace', state: 'conv.5' });
-    expect(shard1.outputs.find((o) => o.name === 'new_k.7')).toMatchObject({ bind: 'state-rows', state: 'kv.7.k', axis: 2 });
+    expect(shard1.inputs.find((i) => i.name === 'rec_state_4')).toMatchObject({ bind: 'state', state: 'rec.4' });
+    expect(shard1.outputs.find((o) => o.name === 'new_rec_state_4')).toMatchObject({ bind: 'state-replace', state: 'rec.4' });
+    expect(shard1.outputs.find((o) => o.name === 'new_conv_state_5')).toMatchObject({ bind: 'state-replace', state: 'conv.5' });
+    expect(shard1.outputs.find((o) => o.name === 'new_k_7')).toMatchObject({ bind: 'state-rows', state: 'kv.7.k', axis: 2 });
     expect(shard1.inputs.find((i) => i.name === 'position')).toMatchObject({ bind: 'positions' });
   });
 });
 
 describe('qwen3_5 oracle gate', () => {
   const result = () => JSON.parse(readFileSync(join(entry('oracle'), 'oracle.json'), 'utf8')) as OracleResult;
-  const kind = (output: string) => /^new_(conv|rec)_state\./.exec(output)?.[1] ?? (/^new_([kv])\./.test(output) ? 'kv' : 'residual');
+  const kind = (output: string) => /^new_(conv|rec)_state_/.exec(output)?.[1] ?? (/^new_([kv])_/.test(output) ? 'kv' : 'residual');
 
   it('passes the twin: fp32 ≥ 0.99999 on every layer and state tensor, W8 at the recipe threshold', () => {
     const g = record.gates.oracle as any;
@@ -132,7 +132,7 @@ describe('qwen3_5 oracle gate', () => {
       const kinds = new Set(mine.map((r) => `${kind(r.output)}`));
       expect([...kinds].sort()).toEqual(['conv', 'kv', 'rec', 'residual']);
       expect(mine.filter((r) => kind(r.output) === 'rec').map((r) => r.output).sort())
-        .toEqual(['new_rec_state.0', 'new_rec_state.1', 'new_rec_state.2', 'new_rec_state.4', 'new_rec_state.5', 'new_rec_state.6']);
+        .toEqual(['new_rec_state_0', 'new_rec_state_1', 'new_rec_state_2', 'new_rec_state_4', 'new_rec_state_5', 'new_rec_state_6']);
     }
     for (const r of rows.filter((x) => x.variant === 'export:fp32')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99999);
     for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99);
@@ -154,8 +154,8 @@ describe('qwen3_5 oracle gate', () => {
     expect(firstMiss(r.rows)).toMatchObject({ graph: 'shard0.decode', layer: '1', output: 'h.2' });
     const bad = new Set(r.rows.filter((x) => !x.ok).map((x) => x.output));
     // The layer's own states leave the oracle (the conv FIFO holds raw in_proj_qkv rows); layer 0's do not.
-    for (const o of ['new_conv_state.1', 'new_rec_state.1']) expect(bad.has(o), o).toBe(true);
-    for (const o of ['h.1', 'new_conv_state.0', 'new_rec_state.0']) expect(bad.has(o), o).toBe(false);
+    for (const o of ['new_conv_state_1', 'new_rec_state_1']) expect(bad.has(o), o).toBe(true);
+    for (const o of ['h.1', 'new_conv_state_0', 'new_rec_state_0']) expect(bad.has(o), o).toBe(false);
     expect(r.graphs['export:fp32/shard1.decode'].ok).toBe(true);
   });
 });

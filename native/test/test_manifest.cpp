@@ -106,8 +106,8 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"greedy", [](json& j) { j["generation"]["greedy"] = false; }, "generation.greedy: must be true"},
       {"prefill without a state its decode graph carries", [](json& j) {
          auto& g = j["contexts"][0]["graphs"][0];
-         g["inputs"].erase(3);   // past_k.0
-         g["outputs"].erase(1);  // new_k.0
+         g["inputs"].erase(3);   // past_k_0
+         g["outputs"].erase(1);  // new_k_0
        }, "contexts[0].graphs[0].inputs: carries other state than the context's decode graph"},
       {"qwen3_5_generate with a prefill graph", [](json& j) { j["hostOp"] = "qwen3_5_generate"; },
        "contexts[0].graphs[0].role: qwen3_5_generate decodes over the prompt"},

@@ -17,6 +17,8 @@ export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
   arch: string;
   maxNewTokens: number;
+  /** Gates the pipeline left out, and why: the card says so. */
+  gatesNotRun?: Record<string, string>;
 }
 
 export const SUMS = 'SHA256SUMS';
@@ -51,6 +53,7 @@ export const stage: StageModule<BundleParams> = {
       oracle: JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')),
       parity: JSON.parse(readFileSync(join(ctx.inputs.parity, 'parity.json'), 'utf8')),
       tools: ctx.tools,
+      ...(p.gatesNotRun ? { gatesNotRun: p.gatesNotRun } : {}),
       ...(ctx.inputs.emulation ? { emulation: emulationFacts(join(ctx.inputs.emulation, 'emulation.json')) } : {}),
     };
     const files = await listFiles(ctx.out);

@@ -17,6 +17,8 @@ export interface CardFacts {
   tools: Record<string, string>;
   /** The x86 HTP simulator gate, when it ran (tiny twins). */
   emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number } };
+  /** Gates the build left out, and why. */
+  gatesNotRun?: Record<string, string>;
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -75,6 +77,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push('', onDevice
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`
     : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');
+  for (const [gate, why] of Object.entries(f.gatesNotRun ?? {})) lines.push(`**${gate[0].toUpperCase()}${gate.slice(1)}: not run** — ${why}.`, '');
   if (f.emulation) {
     lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity ${f.emulation.parity.matched}/${f.emulation.parity.total}.`, '');
     lines.push('| graph | min cosine vs HF | top-1 |', '|---|---|---|');
@@ -84,7 +87,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push('**Compiled contexts**', '', '| context | bytes | of the per-context ceiling | reported target |', '|---|---|---|---|');
   for (const c of f.compiled) lines.push(`| ${c.name} | ${mb(c.bytes)} | ${((100 * c.bytes) / arch.contextCeilingBytes).toFixed(1)}% | soc_model ${c.target.socModel}, ${c.target.dspArch} |`);
   const qairt = f.compiled[0]?.qairtVersion;
-  lines.push('', '## Toolchain', '', ...Object.entries(f.tools).sort().map(([k, v]) => `- ${k} ${v}`), ...(qairt ? [`- QAIRT (inside onnxruntime-qnn) ${qairt}`] : []), '');
+  lines.push('', '## Toolchain', '', ...Object.entries(f.tools).sort().map(([k, v]) => `- ${k} ${v}`), ...(qairt ? [f.compiled[0].toolchain === 'qairt' ? `- compiled with the QAIRT SDK ${qairt} (command-line tools)` : `- QAIRT (inside onnxruntime-qnn) ${qairt}`] : []), '');
   lines.push('## Caveats', '');
   for (const c of recipe.card.caveats) lines.push(`- ${c}`);
   lines.push('- Activations run in fp16 on the HTP (`enable_htp_fp16_precision`); the oracle and parity gates above ran the same graphs in float32 on the CPU.');

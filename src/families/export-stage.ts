@@ -12,7 +12,7 @@ import { GraphBuilder } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
-import { WeightStore } from '../quant/weights.js';
+import { WeightStore, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
 import type { Family, GraphInterface } from './types.js';
@@ -25,6 +25,8 @@ export interface ExportParams {
   prefillLength: number;
   /** The host embedding table is written by the deployable export only. */
   embedding: boolean;
+  /** The ONNX form of W8 weights, fixed by the compile toolchain (default 'matmulnbits'). */
+  w8Form?: W8Form;
 }
 
 export interface GraphEntry extends GraphInterface {
@@ -51,6 +53,7 @@ export interface ExportManifest {
   family: FamilyId;
   scheme: QuantScheme;
   lmHeadScheme: QuantScheme;
+  w8Form: W8Form;
   maxContext: number;
   contexts: ContextEntry[];
   embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
@@ -70,19 +73,30 @@ async function writeEmbedding(ckpt: Checkpoint, name: string, shape: [number, nu
   }
 }
 
+/**
+ * Graph inputs and outputs are C identifiers: the QAIRT converter rewrites any other name (`a.0` →
+ * `a_0`), and the runtime binds by the manifest's names, so a rewritten name would not bind.
+ */
+export function checkIoNames(graph: string, iface: GraphInterface): void {
+  for (const t of [...iface.inputs, ...iface.outputs]) {
+    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(t.name)) throw new Error(`${graph}: graph input/output '${t.name}' is not a C identifier ([A-Za-z_][A-Za-z0-9_]*), which every compile toolchain keeps unchanged`);
+  }
+}
+
 /** Builds every graph of one context into `out`, sharing one data file. */
 async function exportContext<C>(
   out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
-  onTensor: () => void, f16Copies: Map<string, ExternalDataWriter>,
+  onTensor: () => void, f16Copies: Map<string, ExternalDataWriter>, w8Form: W8Form,
 ): Promise<ContextEntry> {
   const data = `${name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
-  const store = new WeightStore(ckpt, sink, onTensor, f16Copies);
+  const store = new WeightStore(ckpt, sink, onTensor, f16Copies, w8Form);
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
     for (const b of builds) {
       const g = new GraphBuilder(b.graph);
       const iface = await b.make(g, store);
+      checkIoNames(b.graph, iface);
       built.push({ g, entry: { name: b.graph, file: `${b.graph}.onnx`, kind: b.kind, n: b.n, ...b.meta, ...iface } });
     }
     // Data first, then the models that point into it.
@@ -107,6 +121,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const ckpt = await openCheckpoint(checkpointDir);
   const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
+  const w8Form = p.w8Form ?? 'matmulnbits';
   let totalTensors = 2;
   for (const s of plan.shards) for (let i = s.first; i <= s.last; i++) totalTensors += family.layerTensors(config, i).length;
   let done = 0;
@@ -127,15 +142,15 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
         graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
         meta: { shard: s.index, first: s.first, last: s.last, isLast },
         make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-      })), tick, f16Copies));
+      })), tick, f16Copies, w8Form));
       ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
     }
     if (!lmHeadInside) {
       contexts.push(await exportContext(out, 'lm_head', ckpt, [{
         graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-      }], tick, f16Copies));
+      }], tick, f16Copies, w8Form));
     }
-    const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, contexts };
+    const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (emb) {
       const shape = emb.shape as [number, number];
       ckpt.expectShape(emb.name, shape);

@@ -1,8 +1,11 @@
 // How checkpoint tensors become graph weights under a quant scheme — the one place that decides the
-// ONNX form of a quantized weight. W8 is com.microsoft MatMulNBits(bits=8): the QNN HTP compiles it
-// with int8 weights and float activations (a per-channel DequantizeLinear → Gemm, the obvious form,
-// is left on the CPU by the QNN EP, its weights never reaching the context binary — see the issue
-// notes for the size evidence). Each tensor is streamed row chunk by row chunk from safetensors
+// ONNX form of a quantized weight. W8 has two forms, one per compile toolchain, with the same codes
+// and scales (so the same numbers on the CPU):
+//  - 'matmulnbits' (onnxruntime-qnn): com.microsoft MatMulNBits(bits=8). The QNN EP compiles it with
+//    int8 weights and float activations; a per-channel DequantizeLinear → Gemm is left on the CPU by
+//    the QNN EP, its weights never reaching the context binary (see the issue notes for the sizes).
+//  - 'qdq' (the QAIRT converter): int8 weight → DequantizeLinear(axis 0) → Gemm, the QDQ form
+//    qnn-onnx-converter reads as weight encodings (--float_fallback keeps the rest float). Each tensor is streamed row chunk by row chunk from safetensors
 // into a data file shared by every graph of a context (prefill and decode read the same bytes), and
 // each graph that uses it gets a reference plus the few nodes that turn it into float.
 import type { Checkpoint } from '../io/checkpoint.js';
@@ -14,6 +17,9 @@ import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
 import type { Bf16W8 } from './w8-simd.js';
+
+/** The ONNX form of a W8 weight: what the compile toolchain reads as int8 weights (see above). */
+export type W8Form = 'matmulnbits' | 'qdq';
 
 interface Stored {
   dtype: ElemType;
@@ -45,6 +51,7 @@ export class WeightStore {
     private readonly sink: ExternalDataWriter,
     private readonly onTensor: (name: string) => void = () => {},
     private readonly f16Copies: Map<string, ExternalDataWriter> = new Map(),
+    private readonly w8Form: W8Form = 'matmulnbits',
   ) {}
 
   /**
@@ -111,13 +118,12 @@ export class WeightStore {
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
     let stored: Stored;
     if (scheme === 'w8' && bf16) {
-      const blockSize = w8BlockSize(cols, name);
+      const blockSize = this.w8Form === 'matmulnbits' ? w8BlockSize(cols, name) : 0;
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendStream(rows * cols, (write) =>
         this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
           const codes = out.subarray(0, src.length);
-          // MatMulNBits stores unsigned codes with an implicit zero point of 128.
-          this.work!.quantize(src, cols, codes, scales.subarray(r0, r0 + src.length / cols), 128);
+          this.work!.quantize(src, cols, codes, scales.subarray(r0, r0 + src.length / cols), this.zeroPoint());
           return codes;
         }),
       );
@@ -143,7 +149,7 @@ export class WeightStore {
       );
       stored = { dtype: 'float32', dims, ref };
     } else if (scheme === 'w8') {
-      const blockSize = w8BlockSize(cols, name);
+      const blockSize = this.w8Form === 'matmulnbits' ? w8BlockSize(cols, name) : 0;
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
       const f32 = new Float32Array(rowsPerChunk * cols);
@@ -152,8 +158,7 @@ export class WeightStore {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
           const n = Math.min(rowsPerChunk, rows - r0);
           const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
-          // MatMulNBits stores unsigned codes with an implicit zero point of 128.
-          quantizeRows(data, cols, codes, scales.subarray(r0, r0 + n), 128);
+          quantizeRows(data, cols, codes, scales.subarray(r0, r0 + n), this.zeroPoint());
           write(codes.subarray(0, n * cols));
         }
       });
@@ -179,8 +184,14 @@ export class WeightStore {
     await this.store(name, shape, 'fp16');
   }
 
-  /** Appends a W8 tensor's block scales after its codes. */
+  /** MatMulNBits stores unsigned codes with an implicit zero point of 128; QDQ stores int8 (two's complement, zero point 0). */
+  private zeroPoint(): number {
+    return this.w8Form === 'matmulnbits' ? 128 : 0;
+  }
+
+  /** Appends a W8 tensor's scales after its codes: one per row (QDQ), or each row's repeated per MatMulNBits block. */
   private w8Scales(rows: number, cols: number, blockSize: number, scales: Float32Array, ref: ExternalRef): Stored {
+    if (this.w8Form === 'qdq') return { dtype: 'int8', dims: [rows, cols], ref, scale: { ref: this.sink.append(new Uint8Array(scales.buffer)), dims: [rows] } };
     const blocks = cols / blockSize;
     // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
     const blockScales = new Float32Array(rows * blocks);
@@ -192,7 +203,7 @@ export class WeightStore {
   /**
    * A linear layer x [1, N, in] → [1, N, out] with the checkpoint weight `name` [out, in].
    * fp32: Gemm(transB=1) on the tensor. fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
-   * rank-3 x (the QNN EP refuses rank 2 there).
+   * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
@@ -200,6 +211,7 @@ export class WeightStore {
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
     if (scheme !== 'w8') return gemmLinear(g, x, scheme === 'fp16' ? g.op('Cast', [w], { to: 1 }) : w, inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale!.dims, s.scale!.ref);
+    if (this.w8Form === 'qdq') return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: 8, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
   }

@@ -1,7 +1,7 @@
 // `forge doctor`: what is installed, which toolchains are usable, and their versions. It reports;
 // it installs nothing (the first build or `./forge test` sets the Python environment up).
 import { $ } from 'zx';
-import { qairtSdk } from './qnn/qairt.js';
+import { qairtSdk, qairtSdkVersion } from './qnn/qairt-sdk.js';
 import { venvDir, venvPython, venvReady } from './venv.js';
 import { pythonPins, toolVersions } from './versions.js';
 import { cacheRoot, forgeHome } from '../paths.js';
@@ -67,14 +67,14 @@ export async function doctor(): Promise<DoctorReport> {
   report.toolchains['qnn-aot'] = qnnLib
     ? { usable: true, detail: `onnxruntime-qnn ${report.python.packages['onnxruntime-qnn']} with onnxruntime ${report.python.packages['onnxruntime']}: ${qnnLib}` }
     : { usable: false, detail: report.python.ready ? 'onnxruntime_qnn does not import in the venv' : 'Python environment not set up yet (the first build or ./forge test makes it)' };
-  // The QAIRT command-line path (src/toolchain/qnn/qairt.ts) plans and runs the SDK's tools, but
-  // `forge build` does not call it: it has never met a real SDK, and bundles need EPContext wrappers
-  // it does not write. Say so rather than call it usable.
-  const notWired = 'forge build compiles with onnxruntime-qnn; the QAIRT path (qairt.ts) is not wired into it (never run against a real SDK)';
+  // The QAIRT command-line path compiles `forge build`'s contexts while QAIRT_SDK_ROOT names a
+  // complete SDK. Its tests run a stand-in SDK; say that it has not met a real one.
   let qairt: { usable: boolean; detail: string };
   try {
     const sdk = qairtSdk();
-    qairt = { usable: false, detail: sdk ? `QAIRT SDK at ${sdk.root}, complete; ${notWired}` : `QAIRT_SDK_ROOT is not set; ${notWired}` };
+    qairt = sdk
+      ? { usable: true, detail: `QAIRT ${qairtSdkVersion(sdk)} at ${sdk.root}: forge build compiles with it instead of onnxruntime-qnn (tested against a stand-in SDK only)` }
+      : { usable: false, detail: 'QAIRT_SDK_ROOT is not set (optional: forge build then compiles with onnxruntime-qnn)' };
   } catch (e) {
     qairt = { usable: false, detail: (e as Error).message };
   }

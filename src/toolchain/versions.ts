@@ -4,6 +4,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { repoRoot } from '../paths.js';
 import { sha256Hex } from '../engine/hash.js';
+import { qairtSdk, qairtSdkVersion } from './qnn/qairt-sdk.js';
 
 export function requirementsFile(): string {
   return join(repoRoot(), 'oracles', 'requirements.txt');
@@ -39,5 +40,16 @@ export function toolVersions(): Record<string, string> {
     onnxruntime: pins['onnxruntime'],
     'onnxruntime-qnn': pins['onnxruntime-qnn'],
     'onnxruntime-node': npmVersion('onnxruntime-node'),
+    ...qairtVersion(),
   };
+}
+
+/** The QAIRT SDK's version while QAIRT_SDK_ROOT names a usable one (the build itself reports an unusable one). */
+function qairtVersion(): Record<string, string> {
+  try {
+    const sdk = qairtSdk();
+    return sdk ? { 'qairt-sdk': qairtSdkVersion(sdk) } : {};
+  } catch {
+    return {};
+  }
 }

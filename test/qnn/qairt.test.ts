@@ -1,7 +1,8 @@
 // The classic QAIRT SDK path: the commands and config files it would run. No SDK is installed where
 // these tests run, so they pin the plan, not its execution.
 import { describe, it, expect } from 'vitest';
-import { contextBinaryFacts, contextConfig, htpConfig, qairtPlan, qairtSdk, qnnGraphName, type QairtSdk } from '../../src/toolchain/qnn/qairt.js';
+import { contextBinaryFacts, contextConfig, htpConfig, qairtPlan, qnnGraphName } from '../../src/toolchain/qnn/qairt.js';
+import { qairtSdk, type QairtSdk } from '../../src/toolchain/qnn/qairt-sdk.js';
 
 const SDK: QairtSdk = { root: '/opt/qairt', bin: '/opt/qairt/bin/x86_64-linux-clang', lib: '/opt/qairt/lib/x86_64-linux-clang', python: '/opt/qairt/lib/python' };
 const V81 = { socModel: 87, dspArch: 'v81', vtcmMb: 8 };
@@ -43,13 +44,13 @@ describe('QAIRT configs', () => {
 });
 
 describe('QAIRT plan for one weight-shared context', () => {
-  const plan = qairtPlan({ sdk: SDK, graphs: ['/b/shard0.prefill.onnx', '/b/shard0.decode.onnx'], outDir: '/out', contextName: 'shard0', arch: V81, fp16: true });
+  const plan = qairtPlan({ sdk: SDK, graphs: ['/b/shard0.prefill.onnx', '/b/shard0.decode.onnx'], outDir: '/out', contextName: 'shard0', arch: V81, fp16: true, qdqWeights: true });
 
   it('converts each graph, builds a model library for each, then one context binary from both, then reads it back', () => {
     expect(plan.steps.map((s) => s.argv)).toEqual([
-      ['/opt/qairt/bin/x86_64-linux-clang/qnn-onnx-converter', '--input_network', '/b/shard0.prefill.onnx', '--output_path', '/out/model/shard0_prefill.cpp', '--float_bitwidth', '16'],
+      ['/opt/qairt/bin/x86_64-linux-clang/qnn-onnx-converter', '--input_network', '/b/shard0.prefill.onnx', '--output_path', '/out/model/shard0_prefill.cpp', '--preserve_io_datatype', '--float_bitwidth', '16', '--float_fallback'],
       ['/opt/qairt/bin/x86_64-linux-clang/qnn-model-lib-generator', '-c', '/out/model/shard0_prefill.cpp', '-b', '/out/model/shard0_prefill.bin', '-t', 'x86_64-linux-clang', '-l', 'shard0_prefill', '-o', '/out/libs'],
-      ['/opt/qairt/bin/x86_64-linux-clang/qnn-onnx-converter', '--input_network', '/b/shard0.decode.onnx', '--output_path', '/out/model/shard0_decode.cpp', '--float_bitwidth', '16'],
+      ['/opt/qairt/bin/x86_64-linux-clang/qnn-onnx-converter', '--input_network', '/b/shard0.decode.onnx', '--output_path', '/out/model/shard0_decode.cpp', '--preserve_io_datatype', '--float_bitwidth', '16', '--float_fallback'],
       ['/opt/qairt/bin/x86_64-linux-clang/qnn-model-lib-generator', '-c', '/out/model/shard0_decode.cpp', '-b', '/out/model/shard0_decode.bin', '-t', 'x86_64-linux-clang', '-l', 'shard0_decode', '-o', '/out/libs'],
       ['/opt/qairt/bin/x86_64-linux-clang/qnn-context-binary-generator',
         '--model', '/out/libs/x86_64-linux-clang/libshard0_prefill.so,/out/libs/x86_64-linux-clang/libshard0_decode.so',
@@ -71,11 +72,9 @@ describe('QAIRT plan for one weight-shared context', () => {
     expect(plan.env).toMatchObject({ QNN_SDK_ROOT: '/opt/qairt', LD_LIBRARY_PATH: expect.stringMatching(/^\/opt\/qairt\/lib\/x86_64-linux-clang/), PYTHONPATH: expect.stringMatching(/^\/opt\/qairt\/lib\/python/) });
   });
 
-  it('passes quantization settings to the converter instead of fp16 when weights are quantized', () => {
-    const q = qairtPlan({ sdk: SDK, graphs: ['/b/g.onnx'], outDir: '/out', contextName: 'g', arch: V81, fp16: true,
-      quant: { overrides: '/b/enc.json', inputList: '/b/list.txt', weightsBitwidth: 8, actBitwidth: 16, biasBitwidth: 32, perChannel: true } });
-    expect(q.steps[0].argv.slice(5)).toEqual(['--quantization_overrides', '/b/enc.json', '--input_list', '/b/list.txt',
-      '--weights_bitwidth', '8', '--act_bitwidth', '16', '--bias_bitwidth', '32', '--use_per_channel_quantization']);
+  it('keeps float weights float (no --float_fallback) and shares no weights in a one-graph context', () => {
+    const q = qairtPlan({ sdk: SDK, graphs: ['/b/lm_head.onnx'], outDir: '/out', contextName: 'lm_head', arch: V81, fp16: true, qdqWeights: false });
+    expect(q.steps[0].argv.slice(5)).toEqual(['--preserve_io_datatype', '--float_bitwidth', '16']);
     expect(JSON.parse(q.files.find((f) => f.path.endsWith('htp.json'))!.contents).context.weight_sharing_enabled).toBe(false);
   });
 });

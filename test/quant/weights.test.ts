@@ -8,6 +8,7 @@ import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { bf16ToF32Array, f32ToBf16Array } from '../../src/io/dtype.js';
 import { writeSafetensors } from '../../src/io/safetensors-writer.js';
 import { GraphBuilder } from '../../src/onnx/builder.js';
+import { writeModel } from '../../src/onnx/writer.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { WeightStore } from '../../src/quant/weights.js';
 import { tempDir } from '../io/helpers.js';
@@ -65,5 +66,45 @@ describe('WeightStore on bf16 checkpoints', () => {
     // emb is stored last, at the end of the data file.
     expect(bf16.copy.length).toBe(1500 * 1536 * 2);
     expect(bf16.copy.equals(bf16.data.subarray(bf16.data.length - bf16.copy.length))).toBe(true);
+  }, 60_000);
+});
+
+describe('the two W8 forms', () => {
+  // One bf16 weight through both forms into a one-linear graph each, run on ORT's CPU EP.
+  async function form(dir: string, w8Form: 'matmulnbits' | 'qdq') {
+    const [rows, cols] = [96, 128];
+    await writeSafetensors(join(dir, 'model.safetensors'), [{ name: 'w', dtype: 'BF16', shape: [rows, cols], data: values(rows, cols, 7) }]);
+    const ckpt = await openCheckpoint(dir);
+    const sink = new ExternalDataWriter(join(dir, 'm.data'));
+    const store = new WeightStore(ckpt, sink, () => {}, new Map(), w8Form);
+    const g = new GraphBuilder('t');
+    g.output(await store.linear(g, g.input('x', 'float32', [1, 1, cols]), 'w', [rows, cols], 'w8', 1), 'y', { shape: [1, 1, rows] });
+    await sink.commitAsync();
+    await ckpt.close();
+    writeModel(g, join(dir, 'm.onnx'), { externalThreshold: Infinity });
+    const ort = await import('onnxruntime-node');
+    const sess = await ort.InferenceSession.create(join(dir, 'm.onnx'));
+    const x = Float32Array.from({ length: cols }, (_, k) => Math.cos(k / 3));
+    const y = (await sess.run({ x: new ort.Tensor('float32', x, [1, 1, cols]) })).y.data as Float32Array;
+    await sess.release();
+    return { y, data: readFileSync(join(dir, 'm.data')), ops: g.toModelProto().graph!.node!.map((n) => n.opType) };
+  }
+
+  it('QDQ (int8 → DequantizeLinear → Gemm) holds the MatMulNBits codes less 128 and computes the same outputs', async () => {
+    const nbits = await form(await tempDir(), 'matmulnbits');
+    const qdq = await form(await tempDir(), 'qdq');
+    expect(nbits.ops).toContain('MatMulNBits');
+    expect(qdq.ops).toContain('DequantizeLinear');
+    expect(qdq.ops).not.toContain('MatMulNBits');
+    const n = 96 * 128;
+    const codes = new Int8Array(qdq.data.buffer, qdq.data.byteOffset, n);
+    for (let i = 0; i < n; i++) if (codes[i] !== nbits.data[i] - 128) throw new Error(`code ${i}: qdq ${codes[i]}, MatMulNBits ${nbits.data[i]} - 128`);
+    // The per-row scales (QDQ) are MatMulNBits' per-block scales taken once per row.
+    const qs = new Float32Array(qdq.data.buffer.slice(qdq.data.byteOffset + n, qdq.data.byteOffset + n + 96 * 4));
+    const ns = new Float32Array(nbits.data.buffer.slice(nbits.data.byteOffset + n, nbits.data.byteOffset + nbits.data.length));
+    expect(Array.from(qs)).toEqual(Array.from({ length: 96 }, (_, r) => ns[r * (ns.length / 96)]));
+    let worst = 0;
+    for (let i = 0; i < qdq.y.length; i++) worst = Math.max(worst, Math.abs(qdq.y[i] - nbits.y[i]) / (Math.abs(nbits.y[i]) + 1e-3));
+    expect(worst).toBeLessThan(1e-5);
   }, 60_000);
 });

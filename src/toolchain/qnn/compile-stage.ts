@@ -1,6 +1,7 @@
 // Stage `compile`: the deployable graphs → QNN HTP context binaries for the arch, one per context
 // (a shard's prefill and decode graphs share one binary's weights), each graph with its thin
-// `_ctx.onnx` EPContext wrapper. Checks after compiling: every binary under the arch's per-context
+// `_ctx.onnx` EPContext wrapper. Two toolchains give that same layout: onnxruntime-qnn (compile.ts),
+// and the QAIRT SDK's command-line tools while QAIRT_SDK_ROOT is set (qairt-compile.ts). Checks after compiling: every binary under the arch's per-context
 // ceiling, the context count within the arch's limit, and the target the binary reports equal to
 // the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
@@ -11,9 +12,15 @@ import { basename, join, relative } from 'node:path';
 import type { StageModule } from '../../engine/stage.js';
 import { GRAPHS_JSON, type ContextEntry, type ExportManifest } from '../../families/export-stage.js';
 import { compileContext, QnnCompileError, type CompileReport } from './compile.js';
+import { compileQairtContext } from './qairt-compile.js';
+import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
+
+/** Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version. */
+export type CompileToolchain = { kind: 'onnxruntime-qnn' } | { kind: 'qairt'; version: string };
 
 export interface CompileParams {
   arch: { id: string; socModel: number; dspArch: string; vtcmMb: number; contextCeilingBytes: number; maxContexts: number };
+  toolchain: CompileToolchain;
   fp16: boolean;
   timeoutSeconds: number;
   /**
@@ -32,6 +39,7 @@ export interface CompiledContext {
   target: CompileReport['target'];
   compileSeconds: number;
   qairtVersion: string | null;
+  toolchain: CompileToolchain['kind'];
 }
 
 /** The marker build.ts looks for to re-plan with smaller shards. */
@@ -49,36 +57,58 @@ function stableSource(quantizeDir: string, archId: string): string {
   return src;
 }
 
-async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
+/** The compile itself, by either toolchain: the binary, its wrappers and what the binary says it targets. */
+async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, sdk: QairtSdk | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target'] }; wrappers: Array<{ graph: string; path: string }> }> {
+  const arch = { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb };
+  if (sdk) {
+    const r = await compileQairtContext({
+      sdk, sdkVersion: (p.toolchain as { version: string }).version, graphs: c.graphs, srcDir: src, outDir: join(out, c.name),
+      contextName: c.name, arch, fp16: p.fp16, qdqWeights: qdq, timeoutSeconds: p.timeoutSeconds,
+    });
+    const target = { socModel: r.target.socModel, socType: null, arch: r.target.dspArch ? Number(r.target.dspArch.slice(1)) : null, dspArch: r.target.dspArch, vtcmBytes: null, fp16Relaxed: null, optLevel: null };
+    // The tools run as child processes of their own; their peak memory is not measured here.
+    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: (p.toolchain as { version: string }).version, peakRssBytes: 0, target }, wrappers: r.wrappers };
+  }
+  const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds });
+  return { report: r, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
+}
+
+async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, sdk: QairtSdk | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
   if (p.fakeHtpLimitBytes !== undefined && c.dataBytes > p.fakeHtpLimitBytes) {
     throw new Error(`${MEMORY_FAILURE} compiling ${c.name} (${c.dataBytes} bytes of weights; simulated by FORGE_FAKE_HTP_LIMIT_BYTES=${p.fakeHtpLimitBytes})`);
   }
-  let r: CompileReport;
+  let done: Awaited<ReturnType<typeof compileWith>>;
   try {
-    r = await compileContext({
-      graphs: c.graphs.map((g) => join(src, g.file)),
-      outDir: join(out, c.name), contextName: c.name,
-      arch: { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb },
-      fp16: p.fp16, timeoutSeconds: p.timeoutSeconds,
-    });
+    done = await compileWith(c, src, out, p, qdq, sdk);
   } catch (e) {
     if (e instanceof QnnCompileError && e.kind === 'memory') throw new Error(`${MEMORY_FAILURE} compiling ${c.name}: ${e.message}`);
     throw e;
   }
+  const r = done.report;
   if (r.target.socModel !== null && r.target.socModel !== p.arch.socModel) throw new Error(`${c.name}.bin reports soc_model ${r.target.socModel}, ${p.arch.id} needs ${p.arch.socModel}`);
   if (r.target.dspArch !== null && r.target.dspArch !== p.arch.dspArch) throw new Error(`${c.name}.bin reports arch ${r.target.dspArch}, ${p.arch.id} needs ${p.arch.dspArch}`);
   if (r.bytes > p.arch.contextCeilingBytes) {
     throw new Error(`${MEMORY_FAILURE}: ${c.name}.bin is ${r.bytes} bytes, over the ${p.arch.id} per-context ceiling of ${p.arch.contextCeilingBytes}`);
   }
-  log(`${c.name}: ${r.bytes} bytes for soc_model ${r.target.socModel} (${r.target.dspArch}) in ${r.compileSeconds.toFixed(1)} s`);
+  log(`${c.name}: ${r.bytes} bytes for soc_model ${r.target.socModel} (${r.target.dspArch}) in ${r.compileSeconds.toFixed(1)} s with ${p.toolchain.kind}`);
   return {
     peak: r.peakRssBytes,
     entry: {
       name: c.name, bin: `${c.name}/${c.name}.bin`, bytes: r.bytes,
-      graphs: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), wrapper: relative(out, w.path) })),
-      target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion,
+      graphs: done.wrappers.map((w) => ({ graph: w.graph, wrapper: relative(out, w.path) })),
+      target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion, toolchain: p.toolchain.kind,
     },
   };
+}
+
+/** The SDK a QAIRT compile runs, checked against the version its cache key was made with. */
+function sdkFor(t: CompileToolchain): QairtSdk | null {
+  if (t.kind !== 'qairt') return null;
+  const sdk = qairtSdk();
+  if (!sdk) throw new Error('this build compiles with the QAIRT SDK, but QAIRT_SDK_ROOT is not set in the compile stage');
+  const v = qairtSdkVersion(sdk);
+  if (v !== t.version) throw new Error(`QAIRT_SDK_ROOT=${sdk.root} is QAIRT ${v}, but the build was planned with ${t.version}`);
+  return sdk;
 }
 
 export const stage: StageModule<CompileParams> = {
@@ -91,12 +121,19 @@ export const stage: StageModule<CompileParams> = {
     // ORT names a compiled partition after a hash that covers the source model's path, and the name
     // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
     // depend on where the cache is), so clean builds in different caches agree.
+    const sdk = sdkFor(p.toolchain);
+    // Which contexts hold W8 weights (a shard in the recipe's scheme, the lm-head in its own).
+    const w8 = (c: ContextEntry) => (c.graphs[0].kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme) === 'w8';
+    if (exp.contexts.some(w8)) {
+      if (sdk === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
+      if (sdk !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);
+    }
     const src = stableSource(ctx.inputs.quantize, p.arch.id);
     const compiled: CompiledContext[] = [];
     try {
       for (const [i, c] of exp.contexts.entries()) {
         ctx.progress(i, exp.contexts.length, c.name);
-        const r = await compileOne(c, src, ctx.out, p, ctx.log);
+        const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', sdk, ctx.log);
         ctx.notePeakRss(r.peak);
         compiled.push(r.entry);
       }
@@ -104,6 +141,6 @@ export const stage: StageModule<CompileParams> = {
       rmSync(src, { recursive: true, force: true });
     }
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
-    return { summary: { contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
+    return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
   },
 };

@@ -1,42 +1,18 @@
-// The classic QAIRT SDK command-line path, the other toolchain when a user has the SDK
-// (QAIRT_SDK_ROOT): qnn-onnx-converter -> qnn-model-lib-generator -> qnn-context-binary-generator,
-// then qnn-context-binary-utility to read back what the binary targets. The plan (argv arrays and
-// config files) is built by pure functions; `runQairtPlan` executes one.
+// The classic QAIRT SDK command-line path, the compile toolchain while QAIRT_SDK_ROOT is set:
+// qnn-onnx-converter -> qnn-model-lib-generator -> qnn-context-binary-generator, then
+// qnn-context-binary-utility to read back what the binary targets and which graphs it holds (the
+// compile stage writes the EPContext wrappers from that, see ep-context.ts). The plan (argv arrays
+// and config files) is built by pure functions; `runQairtPlan` executes one.
 //
-// Not verified against a real SDK (none is available where this was written): the flags follow the
-// QAIRT docs as summarised in shared/REFERENCE.md. The one thing the docs warn about is checked: an
+// Not verified against a real SDK (none is available where this was written; the tests run a fake
+// one): the flags follow the QAIRT docs as summarised in shared/REFERENCE.md. The one thing the docs warn about is checked: an
 // HTP config that is not wrapped in `backend_extensions` is ignored silently (a default-arch, O0
 // binary), so the binary's own report must name the requested SoC/arch before the result counts.
 import { existsSync } from 'node:fs';
-import { mkdir, readFile, stat, writeFile } from 'node:fs/promises';
+import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { runWithTimeout, type HtpTarget } from './compile.js';
-
-export const QAIRT_HOST = 'x86_64-linux-clang';
-
-export interface QairtSdk {
-  root: string;
-  bin: string;
-  lib: string;
-  /** Python modules of the converters. */
-  python: string;
-}
-
-/** The SDK named by QAIRT_SDK_ROOT, or null when it is not set. Throws when it is set but unusable. */
-export function qairtSdk(env: NodeJS.ProcessEnv = process.env, exists: (p: string) => boolean = existsSync): QairtSdk | null {
-  const root = env.QAIRT_SDK_ROOT;
-  if (!root) return null;
-  const sdk: QairtSdk = { root: resolve(root), bin: join(resolve(root), 'bin', QAIRT_HOST), lib: join(resolve(root), 'lib', QAIRT_HOST), python: join(resolve(root), 'lib', 'python') };
-  const missing = ['qnn-onnx-converter', 'qnn-model-lib-generator', 'qnn-context-binary-generator', 'qnn-context-binary-utility']
-    .map((t) => join(sdk.bin, t))
-    .concat([join(sdk.lib, 'libQnnHtp.so'), join(sdk.lib, 'libQnnHtpNetRunExtensions.so')])
-    .filter((p) => !exists(p));
-  if (missing.length) {
-    throw new Error(`QAIRT_SDK_ROOT=${root} is not a usable QAIRT SDK: missing ${missing.join(', ')}. ` +
-      'Point it at the unpacked SDK (the directory with bin/x86_64-linux-clang/), or unset it to use onnxruntime-qnn.');
-  }
-  return sdk;
-}
+import { detectMemoryFailure, QnnCompileError, runWithTimeout, type HtpTarget } from './compile.js';
+import { QAIRT_HOST, type QairtSdk } from './qairt-sdk.js';
 
 /** The environment the SDK tools expect (what `source bin/envsetup.sh` sets up). */
 export function qairtEnv(sdk: QairtSdk, base: NodeJS.ProcessEnv = process.env): Record<string, string> {
@@ -79,17 +55,6 @@ export function contextConfig(sdk: QairtSdk, htpJsonPath: string): Record<string
   return { backend_extensions: { shared_library_path: join(sdk.lib, 'libQnnHtpNetRunExtensions.so'), config_file_path: htpJsonPath } };
 }
 
-export interface QairtQuant {
-  /** AIMET-style encodings for --quantization_overrides (e.g. per-channel int8 weights). */
-  overrides?: string;
-  /** Calibration inputs (--input_list), needed when activations are quantized. */
-  inputList?: string;
-  weightsBitwidth?: 8 | 4;
-  actBitwidth?: 8 | 16;
-  biasBitwidth?: 8 | 32;
-  perChannel?: boolean;
-}
-
 export interface QairtPlanOptions {
   sdk: QairtSdk;
   /** The graphs of one context, in order. */
@@ -97,9 +62,14 @@ export interface QairtPlanOptions {
   outDir: string;
   contextName: string;
   arch: HtpTarget;
+  /** Float ops in fp16 (the converter's --float_bitwidth 16, the HTP's relaxed precision). */
   fp16: boolean;
   optLevel?: 0 | 1 | 2 | 3;
-  quant?: QairtQuant;
+  /**
+   * The graphs carry W8 weights in QDQ form (int8 → DequantizeLinear): the converter takes their
+   * encodings from the graph and, with --float_fallback, keeps every tensor without one in float.
+   */
+  qdqWeights: boolean;
 }
 
 export interface QairtStep {
@@ -130,18 +100,14 @@ export function qairtPlan(o: QairtPlanOptions): QairtPlan {
   const steps: QairtStep[] = [];
   o.graphs.forEach((g, i) => {
     const base = join(out, 'model', names[i]);
-    const q = o.quant;
     steps.push({
       name: `convert ${names[i]}`,
       argv: [
         join(o.sdk.bin, 'qnn-onnx-converter'), '--input_network', resolve(g), '--output_path', `${base}.cpp`,
-        ...(o.fp16 && !q ? ['--float_bitwidth', '16'] : []),
-        ...(q?.overrides ? ['--quantization_overrides', resolve(q.overrides)] : []),
-        ...(q?.inputList ? ['--input_list', resolve(q.inputList)] : []),
-        ...(q?.weightsBitwidth ? ['--weights_bitwidth', String(q.weightsBitwidth)] : []),
-        ...(q?.actBitwidth ? ['--act_bitwidth', String(q.actBitwidth)] : []),
-        ...(q?.biasBitwidth ? ['--bias_bitwidth', String(q.biasBitwidth)] : []),
-        ...(q?.perChannel ? ['--use_per_channel_quantization'] : []),
+        // The runtime binds the graph's own I/O types (float32, int32): fp16 or quantized I/O would not bind.
+        '--preserve_io_datatype',
+        ...(o.fp16 ? ['--float_bitwidth', '16'] : []),
+        ...(o.qdqWeights ? ['--float_fallback'] : []),
       ],
     });
     steps.push({
@@ -208,11 +174,17 @@ export interface QairtReport {
   bin: string;
   bytes: number;
   target: ContextBinaryFacts;
+  /** What qnn-context-binary-utility wrote about the binary. */
+  info: unknown;
   seconds: number;
   log: string;
 }
 
-/** Runs a plan: writes its files, runs each step under one overall time limit, and checks the read-back target. */
+/**
+ * Runs a plan: writes its files, runs each step under one overall time limit, and checks the
+ * read-back target. Failures are QnnCompileErrors of the same kinds as the onnxruntime-qnn path's
+ * (a memory failure is recognised in the tools' output by the same patterns).
+ */
 export async function runQairtPlan(plan: QairtPlan, o: { arch: HtpTarget; timeoutSeconds: number }): Promise<QairtReport> {
   const t0 = Date.now();
   for (const f of plan.files) {
@@ -220,25 +192,43 @@ export async function runQairtPlan(plan: QairtPlan, o: { arch: HtpTarget; timeou
     await writeFile(f.path, f.contents);
   }
   await mkdir(join(resolve(plan.bin, '..'), 'model'), { recursive: true });
+  await rm(plan.bin, { force: true });
+  await rm(plan.infoJson, { force: true });
   const logLines: string[] = [];
   for (const step of plan.steps) {
     const left = o.timeoutSeconds - (Date.now() - t0) / 1000;
-    if (left <= 0) throw new Error(`QAIRT ${step.name}: out of time (${o.timeoutSeconds} s in all); log: ${plan.log}`);
+    const label = `QAIRT ${step.name}`;
+    if (left <= 0) throw new QnnCompileError(`${label}: out of time (${o.timeoutSeconds} s in all); log: ${plan.log}`, 'timeout', plan.log);
     const r = await runWithTimeout(step.argv[0], step.argv.slice(1), left, plan.env);
     logLines.push(`$ ${step.argv.join(' ')}`, r.stdout, r.stderr);
     await writeFile(plan.log, logLines.join('\n'));
-    if (r.timedOut) throw new Error(`QAIRT ${step.name} timed out (${o.timeoutSeconds} s in all) and was killed; log: ${plan.log}`);
+    if (r.spawnError) throw new QnnCompileError(`${label}: cannot run ${step.argv[0]}: ${r.spawnError}; check QAIRT_SDK_ROOT (\`./forge doctor\`)`, 'toolchain-missing', plan.log);
+    if (r.timedOut) throw new QnnCompileError(`${label} timed out (${o.timeoutSeconds} s in all) and was killed; log: ${plan.log}`, 'timeout', plan.log);
     if (r.exitCode !== 0) {
-      const tail = `${r.stderr}\n${r.stdout}`.trim().split('\n').slice(-3).join(' | ');
-      throw new Error(`QAIRT ${step.name} failed (${r.signal ?? `exit ${r.exitCode}`}): ${tail}; log: ${plan.log}`);
+      const out = `${r.stderr}\n${r.stdout}`;
+      const tail = out.trim().split('\n').slice(-3).join(' | ');
+      const memory = detectMemoryFailure(out) ?? (r.signal === 'SIGKILL' ? { kind: 'host-oom' as const, evidence: 'killed by SIGKILL (the kernel OOM killer?)' } : null);
+      const how = r.signal ?? `exit ${r.exitCode}`;
+      if (memory) throw new QnnCompileError(`${label} ran out of memory (${memory.kind}: ${memory.evidence}); log: ${plan.log}`, 'memory', plan.log, memory);
+      throw new QnnCompileError(`${label} failed (${how}): ${tail}; log: ${plan.log}`, 'failed', plan.log);
     }
   }
-  const target = contextBinaryFacts(JSON.parse(await readFile(plan.infoJson, 'utf8')));
+  if (!existsSync(plan.bin)) throw new QnnCompileError(`QAIRT context-binary: ${plan.bin} was not written; log: ${plan.log}`, 'failed', plan.log);
+  let info: unknown;
+  try {
+    info = JSON.parse(await readFile(plan.infoJson, 'utf8'));
+  } catch (e) {
+    throw new QnnCompileError(`QAIRT read-back: ${plan.infoJson}: ${(e as Error).message}; log: ${plan.log}`, 'failed', plan.log);
+  }
+  const target = contextBinaryFacts(info);
   if (target.socModel !== null && target.socModel !== o.arch.socModel) {
-    throw new Error(`${plan.bin} targets soc_model ${target.socModel}, not ${o.arch.socModel}: the HTP config was not applied`);
+    throw new QnnCompileError(`${plan.bin} targets soc_model ${target.socModel}, not ${o.arch.socModel}: the HTP config was not applied`, 'failed', plan.log);
   }
   if (target.dspArch !== null && target.dspArch !== o.arch.dspArch) {
-    throw new Error(`${plan.bin} targets ${target.dspArch}, not ${o.arch.dspArch}: the HTP config was not applied`);
+    throw new QnnCompileError(`${plan.bin} targets ${target.dspArch}, not ${o.arch.dspArch}: the HTP config was not applied`, 'failed', plan.log);
   }
-  return { bin: plan.bin, bytes: (await stat(plan.bin)).size, target, seconds: (Date.now() - t0) / 1000, log: plan.log };
+  if (target.socModel === null && target.dspArch === null) {
+    throw new QnnCompileError(`${plan.infoJson} names neither a soc model nor an arch: cannot show the binary is for ${o.arch.dspArch}`, 'failed', plan.log);
+  }
+  return { bin: plan.bin, bytes: (await stat(plan.bin)).size, target, info, seconds: (Date.now() - t0) / 1000, log: plan.log };
 }
