@@ -100,12 +100,12 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
 }
 
 /**
- * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity. Tiny twins only
- * (the simulator takes 50–300 ms a graph call even for them: measured here, tiny-qwen3 prefill
- * ~270 ms and decode ~66 ms, tiny-qwen3.5 decode 54–148 ms).
+ * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity, for recipes that
+ * ask for it (the simulator takes 50–300 ms a graph call even for a tiny twin: measured here,
+ * tiny-qwen3 prefill ~270 ms and decode ~66 ms, tiny-qwen3.5 decode 54–148 ms).
  */
 function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain): StageNode | string {
-  if (recipe.source.kind !== 'tiny') return 'the x86 HTP simulator takes 50–300 ms a graph call even for a tiny twin: run only for tiny recipes';
+  if (!recipe.gates.emulation) return 'the recipe does not ask for it (gates.emulation): the x86 HTP simulator takes 50–300 ms a graph call even for a tiny twin';
   if (toolchain.kind === 'qairt') {
     return "the simulator gate compiles the graphs with onnxruntime-qnn, which leaves the QDQ weights of a QAIRT build on the CPU: not run when QAIRT_SDK_ROOT is set";
   }

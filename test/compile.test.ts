@@ -63,4 +63,32 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     expect(compile.tools).toEqual(expect.arrayContaining(['onnxruntime', 'onnxruntime-qnn', 'python-env']));
     for (const t of compile.tools) expect(toolVersions()[t], t).toBeTruthy();
   });
+
+  it('keys a QAIRT compile on the SDK version, and has the quantize stage write W8 in QDQ form for it', () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const nodes = (version: string) => buildPipeline(recipe, arch, settings, { toolchain: { kind: 'qairt', version } }).nodes;
+    const compile = nodes('2.51.0').find((n) => n.id === 'compile')!;
+    expect(compile.tools).toEqual(['qairt-sdk']);
+    expect(compile.params).toMatchObject({ toolchain: { kind: 'qairt', version: '2.51.0' } });
+    expect(JSON.stringify(nodes('2.52.0').find((n) => n.id === 'compile')!.params)).not.toBe(JSON.stringify(compile.params));
+    expect(nodes('2.51.0').find((n) => n.id === 'quantize')!.params).toMatchObject({ scheme: 'w8', w8Form: 'qdq' });
+    expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } }).nodes.find((n) => n.id === 'quantize')!.params).not.toHaveProperty('w8Form');
+  });
+});
+
+describe('the simulator gate in the pipeline', () => {
+  it('runs for a recipe that asks for it (gates.emulation), and otherwise is named as not run, with the reason', () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const ort = { toolchain: { kind: 'onnxruntime-qnn' as const } };
+    expect(recipe.gates.emulation).toBe(true);
+    expect(buildPipeline(recipe, arch, settings, ort).nodes.map((n) => n.id)).toContain('emulation');
+    const off = buildPipeline({ ...recipe, gates: { ...recipe.gates, emulation: false } }, arch, settings, ort);
+    expect(off.nodes.map((n) => n.id)).not.toContain('emulation');
+    expect(off.gatesNotRun?.emulation).toMatch(/gates\.emulation/);
+    expect(loadRecipe('qwen3-4b').recipe.gates.emulation).toBe(false);
+    // A QAIRT build's QDQ graphs do not compile for the simulator through onnxruntime-qnn.
+    expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'qairt', version: '2.51.0' } }).gatesNotRun?.emulation).toMatch(/QAIRT/);
+  });
 });

@@ -76,6 +76,11 @@ export const GateSettingsSchema = z.object({
   }).strict()
     .refine((p) => p.w8MinMatch === undefined || p.w8MinMatch >= p.minMatch || p.w8Why !== undefined, { message: 'a w8MinMatch below minMatch needs w8Why: the reason the W8 graphs cannot hold it', path: ['w8Why'] })
     .default({ tokens: 64, minMatch: 1 }),
+  /**
+   * Run the compiled contexts on the x86 HTP simulator (teacher-forced cosine and parity). It takes
+   * 50–300 ms a graph call even for a tiny twin, so only small recipes ask for it.
+   */
+  emulation: z.boolean().default(false),
 }).strict();
 
 export const CardSchema = z.object({
