@@ -14,6 +14,9 @@
 // Baseline, same run: copying each shape's whole state once (Float32Array.set per state buffer), the
 // per-token cost a runtime that copied state instead of binding it in place would pay.
 //
+// Also start-up (load_ms): the default load (big files size-checked) against --verify (every file
+// hashed), in the same run.
+//
 //   node --import tsx bench/host-overhead.ts [--keep] [--tokens 64] [--repeat 3] [--copy-repeat 7]
 //                                            [--threads 1] [--recipes qwen3-4b,qwen3.5-4b]
 import { spawnSync } from 'node:child_process';
@@ -218,14 +221,15 @@ async function makeBundle(recipeId: string, dir: string): Promise<Bundle> {
 // ---- measuring -------------------------------------------------------------------------------
 
 interface Timings {
+  load_ms: number;
   prefill_ms: number;
   decode_ms_per_token: number;
   host_overhead_ms_per_token: number;
   decode_steps: number;
 }
 
-function runGenerate(qhx: string, b: Bundle): Timings {
-  const args = [b.manifestPath, 'cpu', '-', b.root, String(newTokens), PROMPT.join(','), '--ids', '--json', '--ignore-eos'];
+function runGenerate(qhx: string, b: Bundle, verify = false): Timings {
+  const args = [b.manifestPath, 'cpu', '-', b.root, String(newTokens), PROMPT.join(','), '--ids', '--json', '--ignore-eos', ...(verify ? ['--verify'] : [])];
   const r = spawnSync(qhx, args, { encoding: 'utf8', maxBuffer: 64 << 20, env: { ...process.env, FORGE_ORT_THREADS: ortThreads } });
   if (r.status !== 0) throw new Error(`qhx_generate ${args.join(' ')} exited ${r.status}${r.signal ? ` (${r.signal})` : ''}: ${r.stderr.trim()}`);
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!) as { timings: Timings; generated_ids: number[] };
@@ -272,6 +276,12 @@ try {
     const decode = median(runs.map((t) => t.decode_ms_per_token));
     const graphRun = median(runs.map((t) => t.decode_ms_per_token - t.host_overhead_ms_per_token));
     const stateCopyMs = timeStateCopy(b.manifest.state);
+    // Start-up: the default load checks the big files' sizes; --verify also hashes them (here the
+    // f16 embedding table at its real size; the synthetic graphs' data files are small).
+    const verified = Array.from({ length: repeat }, () => runGenerate(build.qhxGenerate, b, true).load_ms);
+    const loadMs = median(runs.map((t) => t.load_ms));
+    const loadVerifyMs = median(verified);
+    const embeddingBytes = b.manifest.model.vocab * b.manifest.model.hidden * 2;
     shapes[id] = {
       layers: b.manifest.model.layers,
       hidden: b.manifest.model.hidden,
@@ -293,6 +303,10 @@ try {
       ratioHostOverheadOverStateCopy: host / stateCopyMs,
       ratioHostOverheadOverTarget: host / TARGET_MS,
       withinTarget: host <= TARGET_MS,
+      startup: {
+        loadMs, loadVerifyMs, ratioVerifyOverDefault: loadVerifyMs / loadMs, embeddingBytes,
+        sha256MBPerS: embeddingBytes / 1e6 / ((loadVerifyMs - loadMs) / 1000),
+      },
       runs,
     };
     if (!keep) rmSync(dir, { recursive: true, force: true });
@@ -316,6 +330,7 @@ const report = {
     'hostOverheadMsPerToken = decode step wall time minus time inside Run calls (native/src/decoder_generate.cpp); graphRunMsPerToken = the rest',
     `stateCopyMs = median of ${copyRepeat} Float32Array.set copies of every state buffer (KV caches + recurrent states, one copy each): the per-token cost of copying state instead of binding it in place`,
     'graphs: the real I/O (family buildShard/buildLmHead) with trivial compute; manifest: assembleBundle (family.bindings)',
+    `startup: median load_ms (manifest checks + sessions) of the ${repeat} runs above (big files size-checked) vs ${repeat} runs with --verify (every file hashed); sha256MBPerS = embedding bytes / the difference`,
   ],
   machine: { cores: cpus().length, cpuModel: cpus()[0]?.model, memGB: +(totalmem() / 1e9).toFixed(1), node: process.version, kernel: release() },
   date: new Date().toISOString(),

@@ -33,6 +33,7 @@ describe('parity gate', () => {
     expect(g.total).toBe(2 * 2 * 32); // fp32 and W8, two prompts, 32 tokens each
     expect(g.variants.quantize).toMatchObject({ matched: 64, total: 64 });
     expect(g.variants.export.timings.host_overhead_ms_per_token).toBeGreaterThan(0);
+    expect(g.variants.export.timings.load_ms).toBeGreaterThan(0);
   });
 
   it('names the first divergent step with both tokens and what HF\'s logits gave each', async () => {
@@ -43,7 +44,7 @@ describe('parity gate', () => {
       async generate(req) {
         const ids = [...trace.meta.prompts.find((p) => p.prompt_tokens.join() === req.promptIds.join())!.generated.slice(0, req.maxNewTokens)];
         ids[5] = (ids[5] + 1) % trace.meta.vocab;
-        return { generatedIds: ids, backend: 'cpu', timings: { prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0.01 } };
+        return { generatedIds: ids, backend: 'cpu', timings: { load_ms: 1, prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0.01 } };
       },
     };
     const r = await checkParity(liar, '/nowhere', trace, 32);
@@ -64,7 +65,7 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
   const dir = mkdtempSync(join(tmpdir(), 'forge-adb-'));
   const log = join(dir, 'adb.log');
   const result = join(dir, 'result.json');
-  writeFileSync(result, JSON.stringify({ generated_ids: [7, 8, 9], backend: 'qnn', timings: { prefill_ms: 3, decode_ms_per_token: 2, host_overhead_ms_per_token: 0.1 } }));
+  writeFileSync(result, JSON.stringify({ generated_ids: [7, 8, 9], backend: 'qnn', timings: { load_ms: 40, prefill_ms: 3, decode_ms_per_token: 2, host_overhead_ms_per_token: 0.1 } }));
   const target = (env: Record<string, string> = {}) => {
     Object.assign(process.env, { FAKE_ADB_LOG: log, FAKE_ADB_RESULT: result, FAKE_ADB_STATE: 'device', FAKE_ADB_SOC: 'SM8850', FAKE_ADB_EXIT: '0' }, env);
     return adbTarget({ serial: 'R5CT1234', arch: getArch('v81'), runner: '/build/android/qhx_generate', libDir: '/build/android/lib', adb: resolve('test/fixtures/fake-adb.sh'), timeoutSeconds: 20 });
@@ -92,12 +93,16 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     await t.generate({ ...req, promptIds: [4, 5] });
     const calls = readFileSync(log, 'utf8').trim().split('\n');
     expect(calls.filter((c) => c.includes('push /tmp/bundle/.')).length).toBe(1);
-    expect(calls.filter((c) => c.includes('./qhx_generate')).length).toBe(2);
+    const runs = calls.filter((c) => c.includes('./qhx_generate'));
+    expect(runs.length).toBe(2);
+    // The first run after the push hashes every file; the second checks sizes and small files, as a user's run does.
+    expect(runs[0]).toContain(' --verify');
+    expect(runs[1]).not.toContain('--verify');
   });
 
   it('refuses a result that did not run on the NPU (qhx_generate fell back to another backend)', async () => {
     const cpu = join(dir, 'cpu.json');
-    writeFileSync(cpu, JSON.stringify({ generated_ids: [7], backend: 'cpu', timings: { prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0 } }));
+    writeFileSync(cpu, JSON.stringify({ generated_ids: [7], backend: 'cpu', timings: { load_ms: 1, prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0 } }));
     await expect(target({ FAKE_ADB_RESULT: cpu }).generate(req)).rejects.toThrow(/ran on backend 'cpu', not qnn/);
   });
 

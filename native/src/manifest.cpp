@@ -110,18 +110,19 @@ bool file_size(const std::string& path, uint64_t* size) {
   return true;
 }
 
-/** Checks files exist and hash right; a file named twice is hashed once. */
+/** Checks files exist and hash right (as far as `verify` asks); a file named twice is hashed once. */
 class FileChecker {
  public:
-  FileChecker(const std::string& root, bool verify) : root_(root), verify_(verify) {}
+  FileChecker(const std::string& root, const LoadOptions& opts) : root_(root), opts_(opts) {}
   uint64_t exists(const Node& at, const std::string& rel) {
     uint64_t size = 0;
     if (!file_size(root_ + "/" + rel, &size)) at.fail("'" + rel + "' does not exist under " + root_);
     return size;
   }
-  void check(const Node& at, const std::string& rel, const std::string& sha) {
-    exists(at, rel);
-    if (!verify_) return;
+  /** `size_checked`: the caller has checked the file's size against the manifest. */
+  void check(const Node& at, const std::string& rel, const std::string& sha, bool size_checked = false) {
+    uint64_t size = exists(at, rel);
+    if (opts_.verify == Verify::none || (opts_.verify == Verify::small && size_checked && size > opts_.small_bytes)) return;
     auto it = cache_.find(rel);
     if (it == cache_.end()) it = cache_.emplace(rel, sha256_file(root_ + "/" + rel)).first;
     if (it->second != sha) at.fail("sha256 of '" + rel + "' is " + it->second + ", the manifest says " + sha);
@@ -129,7 +130,7 @@ class FileChecker {
 
  private:
   std::string root_;
-  bool verify_;
+  LoadOptions opts_;
   std::map<std::string, std::string> cache_;
 };
 
@@ -294,7 +295,7 @@ struct Parser {
         ContextFile cf{f.at("path").rel_path(), f.at("sha256").sha256(), uint64_t(f.at("bytes").integer(0))};
         uint64_t size = files.exists(f.at("path"), cf.path);
         if (size != cf.bytes) f.at("bytes").fail(std::to_string(cf.bytes) + " but '" + cf.path + "' has " + std::to_string(size) + " bytes");
-        files.check(f.at("sha256"), cf.path, cf.sha256);
+        files.check(f.at("sha256"), cf.path, cf.sha256, true);
         ctx.files.push_back(cf);
       }
       Node gs = c.at("graphs");
@@ -434,7 +435,7 @@ struct Parser {
       m.embedding_file = t.at("file").rel_path();
       uint64_t size = files.exists(t.at("file"), m.embedding_file);
       if (size != uint64_t(m.vocab) * m.hidden * 2) t.at("file").fail("'" + m.embedding_file + "' has " + std::to_string(size) + " bytes, expected vocab*hidden*2 = " + std::to_string(uint64_t(m.vocab) * m.hidden * 2));
-      files.check(t.at("sha256"), m.embedding_file, t.at("sha256").sha256());
+      files.check(t.at("sha256"), m.embedding_file, t.at("sha256").sha256(), true);
     }
     if (!have_embedding) tables.fail("the host-op needs an 'embedding' table");
 
@@ -478,7 +479,7 @@ std::string Manifest::resolve(const std::string& rel) const { return root + "/" 
 Manifest parse_manifest(const json& doc, const std::string& label, const std::string& artifacts_root, const LoadOptions& opts) {
   Parser p{label, {}, {}};
   p.m.root = artifacts_root;
-  FileChecker files(artifacts_root, opts.verify_sha256);
+  FileChecker files(artifacts_root, opts);
   p.parse(Node{doc, "", label}, files);
   return std::move(p.m);
 }

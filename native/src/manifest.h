@@ -102,9 +102,22 @@ struct Manifest {
   std::string resolve(const std::string& rel) const;
 };
 
+/**
+ * How much of the bundle's content to check against the manifest's sha256 values at load. Every
+ * file's existence, and the size of every file whose size the manifest fixes, is always checked.
+ *   all:   every file (what `qhx_generate --verify` does: after a push, once);
+ *   small: all but the files over kVerifySmallBytes whose size the manifest fixes (the multi-GB
+ *          context binaries and embedding table): those get the size check only, as hashing them
+ *          is most of start-up;
+ *   none:  no hashing (tests of pure structure).
+ */
+enum class Verify { all, small, none };
+constexpr uint64_t kVerifySmallBytes = 64ull << 20;
+
 struct LoadOptions {
-  /** Check every referenced file's sha256 (on by default; tests of pure structure turn it off). */
-  bool verify_sha256 = true;
+  Verify verify = Verify::all;
+  /** What counts as big under Verify::small. */
+  uint64_t small_bytes = kVerifySmallBytes;
 };
 
 /** Reads, parses and validates; `artifacts_root` is where the bundle's files live. */

@@ -1,13 +1,17 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> <prompt>
-//              [--ids] [--json] [--ignore-eos] [--no-prefill]
+//              [--ids] [--json] [--ignore-eos] [--no-prefill] [--verify]
 // Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
 // QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, or token ids "1,2,3" (always with --ids; otherwise when it is only digits and
 // commas). Prints the generated ids and text; --json prints one JSON object instead:
-//   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend,
-//    timings: {prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
+//   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend, verified,
+//    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
+// At load every file must exist with the manifest's size, and every file's sha256 must match, except
+// the big context binaries and embedding table (sizes only): hashing those is most of start-up.
+// --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
 // Any error: one line on stderr, exit status 1. Environment: FORGE_ORT_THREADS (intra-op threads),
 // FORGE_ORT_LOG (ORT's own log level), FORGE_QNN_EP_LIB (the QNN EP plugin library).
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -28,7 +32,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> <prompt> "
-    "[--ids] [--json] [--ignore-eos] [--no-prefill]";
+    "[--ids] [--json] [--ignore-eos] [--no-prefill] [--verify]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -38,13 +42,14 @@ std::string join_ids(const std::vector<int>& ids) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
-  bool force_ids = false, as_json = false, ignore_eos = false, no_prefill = false;
+  bool force_ids = false, as_json = false, ignore_eos = false, no_prefill = false, verify_all = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--ids") force_ids = true;
     else if (a == "--json") as_json = true;
     else if (a == "--ignore-eos") ignore_eos = true;
     else if (a == "--no-prefill") no_prefill = true;
+    else if (a == "--verify") verify_all = true;
     else if (a == "--help" || a == "-h") { std::cout << kUsage << "\n"; return 0; }
     else if (a.rfind("--", 0) == 0 && pos.size() != 5) throw std::runtime_error("unknown option " + a + "; " + kUsage);
     else pos.push_back(a);
@@ -60,7 +65,8 @@ int run(int argc, char** argv) {
     throw std::runtime_error("max_new_tokens '" + pos[4] + "' is not a positive integer");
   }
 
-  forge::Manifest m = forge::load_manifest(manifest_path, root);
+  const auto t_load = std::chrono::steady_clock::now();
+  forge::Manifest m = forge::load_manifest(manifest_path, root, forge::LoadOptions{verify_all ? forge::Verify::all : forge::Verify::small});
   std::optional<forge::Tokenizer> tok;
   std::string tok_error;
   try {
@@ -81,6 +87,7 @@ int run(int argc, char** argv) {
   const char* threads = std::getenv("FORGE_ORT_THREADS");
   forge::Executor exec(m, forge::ExecutorOptions{backend, system_lib, threads ? std::atoi(threads) : 0});
   forge::DecoderGenerate gen(m, exec);
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill});
   std::optional<std::string> text;
   if (tok) text = tok->decode(r.generated);
@@ -93,8 +100,10 @@ int run(int argc, char** argv) {
         {"stopped_at_eos", r.stopped_at_eos},
         {"prefill", r.used_prefill},
         {"backend", exec.on_qnn() ? "qnn" : "cpu"},
+        {"verified", verify_all ? "all" : "small files, sizes of the rest"},
         {"timings",
-         {{"prefill_ms", r.timings.prefill_ms},
+         {{"load_ms", load_ms},
+          {"prefill_ms", r.timings.prefill_ms},
           {"decode_ms_per_token", r.timings.decode_ms_per_token},
           {"host_overhead_ms_per_token", r.timings.host_overhead_ms_per_token},
           {"decode_steps", r.timings.decode_steps}}}};
@@ -104,7 +113,7 @@ int run(int argc, char** argv) {
     std::cout << "prompt_ids: " << join_ids(ids) << "\n";
     std::cout << "generated_ids: " << join_ids(r.generated) << "\n";
     std::cout << "text: " << (text ? *text : "(no tokenizer: " + tok_error + ")") << "\n";
-    std::printf("prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", r.timings.prefill_ms,
+    std::printf("load_ms: %.1f  prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", load_ms, r.timings.prefill_ms,
                 r.timings.decode_ms_per_token, r.timings.host_overhead_ms_per_token);
   }
   return 0;

@@ -18,9 +18,9 @@ json read_json(const std::string& path) {
   return json::parse(in);
 }
 
-std::string error_of(const json& doc, const std::string& root) {
+std::string error_of(const json& doc, const std::string& root, const forge::LoadOptions& opts = {}) {
   try {
-    forge::parse_manifest(doc, "manifest.json", root);
+    forge::parse_manifest(doc, "manifest.json", root, opts);
   } catch (const forge::ManifestError& e) {
     return e.what();
   }
@@ -137,6 +137,27 @@ TEST(Manifest, WrongSha256OfAFileIsRefused) {
   std::string err = error_of(doc, bundle);
   EXPECT_NE(err.find("hostTables[0].sha256: sha256 of 'embedding.f16.bin' is "), std::string::npos) << err;
   EXPECT_NE(err.find("the manifest says 0000"), std::string::npos) << err;
+}
+
+TEST(Manifest, StartUpHashesAllButTheBigFilesWhoseSizeItChecks) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  const json good = read_json(bundle + "/manifest.json");
+  // Everything above 1 KiB counts as big here: the tiny bundle has no multi-GB file.
+  const forge::LoadOptions startup{forge::Verify::small, 1024};
+  json emb = good;
+  emb["hostTables"][0]["sha256"] = std::string(64, '0');
+  EXPECT_EQ(error_of(emb, bundle, startup), "") << "a big file whose size matched is not hashed at start-up";
+  EXPECT_NE(error_of(emb, bundle).find("hostTables[0].sha256: sha256 of 'embedding.f16.bin' is "), std::string::npos) << "--verify hashes it";
+  json ctx = good;
+  ctx["contexts"][0]["files"][0]["sha256"] = std::string(64, '0');
+  EXPECT_EQ(error_of(ctx, bundle, startup), "");
+  ctx["contexts"][0]["files"][0]["bytes"] = ctx["contexts"][0]["files"][0]["bytes"].get<uint64_t>() - 1;
+  EXPECT_NE(error_of(ctx, bundle, startup).find("contexts[0].files[0].bytes: "), std::string::npos) << "its size is always checked";
+  // A graph file's size is not in the manifest: it is hashed whatever its size.
+  json graph = good;
+  graph["contexts"][0]["graphs"][1]["sha256"] = std::string(64, 'a');
+  EXPECT_NE(error_of(graph, bundle, startup).find("contexts[0].graphs[1].sha256: sha256 of 'shard0.decode.onnx' is"), std::string::npos);
+  EXPECT_EQ(error_of(emb, bundle, forge::LoadOptions{forge::Verify::none}), "");
 }
 
 TEST(Manifest, LoadNamesUnreadableAndInvalidFiles) {

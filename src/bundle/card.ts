@@ -64,11 +64,11 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   const onDevice = f.parity.target.startsWith('adb:');
   // Host timings vary run to run and say nothing about a phone: they stay in build/report.md, so the
   // card (and the bundle) is the same for the same inputs. Device timings are the point of a device run.
-  lines.push(onDevice ? '| graphs | tokens | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens |', onDevice ? '|---|---|---|---|---|' : '|---|---|');
+  lines.push(onDevice ? '| graphs | tokens | start-up ms | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens |', onDevice ? '|---|---|---|---|---|---|' : '|---|---|');
   for (const [v, r] of Object.entries(f.parity.variants)) {
     const name = v === 'quantize' ? `shipped (${manifest.contexts[0].graphs[0].quant.weights})` : 'fp32 reference';
     lines.push(onDevice
-      ? `| ${name} | ${r.matched}/${r.total} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
+      ? `| ${name} | ${r.matched}/${r.total} | ${r.timings.load_ms.toFixed(0)} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
       : `| ${name} | ${r.matched}/${r.total} |`);
   }
   const w8Required = f.parity.thresholds?.quantize;

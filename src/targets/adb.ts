@@ -49,6 +49,9 @@ export function adbTarget(o: AdbOptions): Target {
     name: `adb:${o.serial}`,
     async generate(req: GenerateRequest) {
       await checkDevice();
+      // The first run after a push hashes every file (a truncated or corrupted push fails there,
+      // naming the file); later runs check sizes and small files only, as a user's runs do.
+      const verify = pushed !== req.bundleDir;
       if (pushed !== req.bundleDir) {
         await adb(['shell', 'rm', '-rf', remote, '&&', 'mkdir', '-p', `${remote}/bundle`, `${remote}/lib`], 'prepare');
         await adb(['push', `${req.bundleDir}/.`, `${remote}/bundle`], 'push bundle');
@@ -56,7 +59,7 @@ export function adbTarget(o: AdbOptions): Target {
         await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
         pushed = req.bundleDir;
       }
-      const args = qhxArgs(`${remote}/bundle/manifest.json`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, req);
+      const args = [...qhxArgs(`${remote}/bundle/manifest.json`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, req), ...(verify ? ['--verify'] : [])];
       const env = `LD_LIBRARY_PATH=${remote}/lib ADSP_LIBRARY_PATH=${remote}/lib FORGE_QNN_EP_LIB=${remote}/lib/libonnxruntime_providers_qnn.so`;
       await adb(['shell', `cd ${remote} && chmod 755 qhx_generate && ${env} ./qhx_generate ${args.join(' ')} > ${remote}/result.json 2> ${remote}/stderr.txt; echo $? > ${remote}/status`], 'run');
       const local = mkdtempSync(join(tmpdir(), 'forge-adb-'));

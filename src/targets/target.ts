@@ -9,7 +9,7 @@ export interface GenerateRequest {
 
 export interface GenerateResult {
   generatedIds: number[];
-  timings: { prefill_ms: number; decode_ms_per_token: number; host_overhead_ms_per_token: number };
+  timings: { load_ms: number; prefill_ms: number; decode_ms_per_token: number; host_overhead_ms_per_token: number };
   backend: string;
 }
 
