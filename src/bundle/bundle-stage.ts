@@ -12,6 +12,7 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
 import { assembleBundle, readCompiled } from './assemble.js';
 import { modelCard, type CardFacts } from './card.js';
+import type { Manifest } from './manifest.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -22,6 +23,21 @@ export interface BundleParams {
 }
 
 export const SUMS = 'SHA256SUMS';
+
+/** Every file the manifest names, with the sha256 it records. */
+function manifestHashes(m: Manifest): Map<string, string> {
+  const known = new Map<string, string>();
+  for (const c of m.contexts) {
+    for (const f of c.files) known.set(f.path, f.sha256);
+    for (const g of c.graphs) {
+      if (g.file && g.sha256) known.set(g.file, g.sha256);
+      if (g.qnn) known.set(g.qnn.wrapper, g.qnn.sha256);
+    }
+  }
+  for (const t of m.hostTables) known.set(t.file, t.sha256);
+  known.set(m.tokenizer.file, m.tokenizer.sha256);
+  return known;
+}
 
 function emulationFacts(file: string): NonNullable<CardFacts['emulation']> {
   const e = JSON.parse(readFileSync(file, 'utf8'));
@@ -60,7 +76,10 @@ export const stage: StageModule<BundleParams> = {
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));
     await writeFile(join(ctx.out, 'README.md'), modelCard(facts, sizes));
     const all = [...files, 'README.md'].sort();
-    const sums = await Promise.all(all.map(async (f) => `${await sha256OfFile(join(ctx.out, f))}  ${f}`));
+    // The manifest already holds the sha256 of every file it names (the multi-GB ones among them),
+    // computed from these very files by assembleBundle: hash only the rest.
+    const known = manifestHashes(manifest);
+    const sums = await Promise.all(all.map(async (f) => `${known.get(f) ?? (await sha256OfFile(join(ctx.out, f)))}  ${f}`));
     await writeFile(join(ctx.out, SUMS), sums.join('\n') + '\n');
     return { summary: { files: all.length + 1, bytes: Object.values(sizes).reduce((a, b) => a + b, 0) } };
   },
