@@ -133,6 +133,8 @@ describe('qwen3_5 oracle gate', () => {
       expect([...kinds].sort()).toEqual(['conv', 'kv', 'rec', 'residual']);
       expect(mine.filter((r) => kind(r.output) === 'rec').map((r) => r.output).sort())
         .toEqual(['new_rec_state_0', 'new_rec_state_1', 'new_rec_state_2', 'new_rec_state_4', 'new_rec_state_5', 'new_rec_state_6']);
+      // Each state row of the per-layer table names its layer (what a bisecting porter reads first).
+      for (const r of mine.filter((x) => kind(x.output) !== 'residual')) expect(r.layer, r.output).toBe(/(\d+)$/.exec(r.output)![1]);
     }
     for (const r of rows.filter((x) => x.variant === 'export:fp32')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99999);
     for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99);

@@ -40,14 +40,45 @@ export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, voc
   return { agree, rows };
 }
 
-/** Which layer an output or probe belongs to, for the per-layer table. */
+/** Which layer a graph output (new_k_3, new_rec_state_3, hidden_out) or probe (h.4) belongs to, for the per-layer table. */
 export function layerOf(name: string, last?: number): { layer: string; what: string } {
-  let m = /^(?:new_)?([kv])\.(\d+)$/.exec(name);
+  let m = /^new_([kv])_(\d+)$/.exec(name);
   if (m) return { layer: m[2], what: `${m[1]} cache row` };
-  m = /^new_(conv|rec)_state\.(\d+)$/.exec(name);
+  m = /^new_(conv|rec)_state_(\d+)$/.exec(name);
   if (m) return { layer: m[2], what: m[1] === 'conv' ? 'conv state' : 'recurrent state' };
   m = /^h\.(\d+)$/.exec(name);
   if (m) return { layer: String(Number(m[1]) - 1), what: 'residual out' };
   if (name === 'hidden_out') return { layer: last !== undefined ? String(last) : '-', what: 'shard output' };
   return { layer: '-', what: name };
+}
+
+export interface OutputTally {
+  minCosine: number;
+  maxAbs: number;
+  /** The case with the lowest cosine. */
+  worst: string;
+}
+
+/** A gate's comparisons over its teacher-forced cases: per output the worst cosine (and where), the largest error, and logits top-1. */
+export class GateTally {
+  readonly outputs = new Map<string, OutputTally>();
+  readonly top1 = { agree: 0, rows: 0 };
+
+  constructor(private readonly vocab: number) {}
+
+  add(name: string, actual: ArrayLike<number>, expected: ArrayLike<number>, where: string): void {
+    const r = compare(actual, expected);
+    const a = this.outputs.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
+    if (r.cosine < a.minCosine) {
+      a.minCosine = r.cosine;
+      a.worst = where;
+    }
+    a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
+    this.outputs.set(name, a);
+    if (name === 'logits') {
+      const t = top1(actual, expected, this.vocab);
+      this.top1.agree += t.agree;
+      this.top1.rows += t.rows;
+    }
+  }
 }

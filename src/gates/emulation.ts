@@ -34,7 +34,7 @@ import { parseQhxJson, qhxArgs, type Target } from '../targets/target.js';
 import { checkParity, type VariantResult } from './parity.js';
 import type { NativeRecord } from './native-stage.js';
 import { Trace } from './trace.js';
-import { compare, top1 } from './compare.js';
+import { GateTally, type OutputTally } from './compare.js';
 
 /** fp16 activations on the HTP: the teacher-forced cosine a W8 graph must keep on the simulator. */
 export const DEFAULT_MIN_COSINE = 0.999;
@@ -88,12 +88,7 @@ export interface CompiledGraph {
   qnnGraph: string;
 }
 
-export interface SimulatedOutput {
-  minCosine: number;
-  maxAbs: number;
-  /** Where the minimum was. */
-  worst: string;
-}
+export type SimulatedOutput = OutputTally;
 
 export interface SimulatedGraph {
   minCosine: number;
@@ -203,8 +198,6 @@ export async function compileForSimulator(graphsDir: string, exp: ExportManifest
   return { graphs, report };
 }
 
-interface Acc { minCosine: number; maxAbs: number; worst: string }
-
 /** Feeds of one batch of cases into a safetensors file: `<case>/<input>`, `__metadata__.cases`. */
 async function writeFeeds(path: string, cases: GateCase[]): Promise<void> {
   const specs: Array<TensorSpec & { data: Float32Array | Int32Array }> = [];
@@ -236,8 +229,7 @@ export async function simulateGraph<C>(o: {
   arch: HtpArch; fp16: boolean; minCosine: number; minTop1: number; python: string; script: string; work: string; timeoutSeconds: number;
 }): Promise<SimulatedGraph> {
   const outputNames = new Set(o.entry.outputs.map((t) => t.name));
-  const acc = new Map<string, Acc>();
-  const tops = { agree: 0, rows: 0 };
+  const tally = new GateTally(o.trace.meta.vocab);
   let cases = 0;
   let runSeconds = 0;
   let loadSeconds = 0;
@@ -265,16 +257,7 @@ export async function simulateGraph<C>(o: {
           const info = file.tensors.get(`${i}/${name}`);
           if (!info) throw new Error(`${what}: no output ${name} for case ${i}`);
           const actual = toFloat32(info.dtype, await file.read(info.name));
-          const r = compare(actual, expected);
-          const a = acc.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
-          if (r.cosine < a.minCosine) { a.minCosine = r.cosine; a.worst = `prompt ${c.prompt} step ${c.step}`; }
-          a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
-          acc.set(name, a);
-          if (name === 'logits') {
-            const t = top1(actual, expected, o.trace.meta.vocab);
-            tops.agree += t.agree;
-            tops.rows += t.rows;
-          }
+          tally.add(name, actual, expected, `prompt ${c.prompt} step ${c.step}`);
         }
       }
     } finally {
@@ -301,6 +284,7 @@ export async function simulateGraph<C>(o: {
   await flush();
   if (cases === 0) throw new Error(`no traced step reaches ${o.entry.name}: the trace is empty`);
 
+  const { outputs: acc, top1: tops } = tally;
   const outputs: Record<string, SimulatedOutput> = {};
   let minCosine = Infinity;
   for (const name of [...acc.keys()].sort()) {

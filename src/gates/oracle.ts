@@ -14,7 +14,7 @@ import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/e
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { Trace } from './trace.js';
 import { writeProbeModel } from './probe.js';
-import { compare, layerOf, top1 } from './compare.js';
+import { GateTally, layerOf } from './compare.js';
 
 export interface OracleParams {
   family: FamilyId;
@@ -36,7 +36,6 @@ export interface OracleRow {
   ok: boolean;
 }
 
-interface Acc { minCosine: number; maxAbs: number; worst: string }
 
 async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string) {
   const probeValues = Object.keys(entry.probes);
@@ -44,8 +43,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
   // 'basic': at higher levels ORT's CPU EP rewrites DequantizeLinear→MatMul into int8 kernels that
   // also quantize activations, which is not what the graph says (nor what the HTP runs).
   const session = await ort.InferenceSession.create(model, { graphOptimizationLevel: 'basic' });
-  const acc = new Map<string, Acc>();
-  const tops = { agree: 0, rows: 0 };
+  const tally = new GateTally(trace.meta.vocab);
   let cases = 0;
   try {
     for await (const c of family.gateCases(config, entry, trace, maxContext)) {
@@ -55,23 +53,14 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
       for (const [name, expected] of Object.entries(c.expected)) {
         const actual = out[name];
         if (!actual) throw new Error(`${entry.file} has no output ${name}`);
-        const r = compare(actual.data as Float32Array, expected);
-        const a = acc.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
-        if (r.cosine < a.minCosine) { a.minCosine = r.cosine; a.worst = `prompt ${c.prompt} step ${c.step}`; }
-        a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
-        acc.set(name, a);
-        if (name === 'logits') {
-          const t = top1(actual.data as Float32Array, expected, trace.meta.vocab);
-          tops.agree += t.agree;
-          tops.rows += t.rows;
-        }
+        tally.add(name, actual.data as Float32Array, expected, `prompt ${c.prompt} step ${c.step}`);
       }
       cases++;
     }
   } finally {
     await session.release();
   }
-  return { acc, tops, cases };
+  return { acc: tally.outputs, tops: tally.top1, cases };
 }
 
 function markdownTable(rows: OracleRow[], failed: boolean): string {
