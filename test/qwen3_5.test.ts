@@ -211,6 +211,9 @@ describe('qwen3_5 plan and config', () => {
     expect(() => parseQwen35Config(withText({ layer_types: ['full_attention'] }), 'config.json')).toThrow('config.json: field text_config.layer_types: 1 entries for 32 layers');
     expect(() => parseQwen35Config(withText({ rope_parameters: { rope_theta: 1e7, rope_type: 'yarn' } }), 'config.json'))
       .toThrow(/field text_config.rope_parameters.rope_type: 'yarn' is not supported/);
+    // The checks it shares with Qwen3 name the nested path too.
+    expect(() => parseQwen35Config(withText({ num_key_value_heads: 3 }), 'config.json')).toThrow(/^config.json: field text_config.num_key_value_heads: 3 does not divide/);
+    expect(() => parseQwen35Config(withText({ attention_bias: true }), 'config.json')).toThrow(/^config.json: field text_config.attention_bias: /);
     expect(() => parseQwen35Config({ ...recipe.config, text_config: undefined }, 'config.json')).toThrow(/config.json: field text_config/);
     expect(() => parseQwen35Config({ ...recipe.config, model_type: 'qwen3' }, 'config.json')).toThrow(/config.json: field model_type/);
   });

@@ -40,18 +40,35 @@ export interface Qwen3Config {
   maxPositions: number;
 }
 
-export function parseQwen3Config(raw: unknown, file: string): Qwen3Config {
-  const parsed = parseConfigWith(ConfigSchema, raw, file);
-  const c = parsed;
+/** The config fields every Qwen3-style decoder has (Qwen3.5 keeps them under text_config). */
+export interface AttentionDecoderFields {
+  hidden_size: number;
+  intermediate_size: number;
+  num_hidden_layers: number;
+  num_attention_heads: number;
+  num_key_value_heads: number;
+  head_dim?: number;
+  vocab_size: number;
+  rms_norm_eps: number;
+  max_position_embeddings: number;
+  rope_theta?: number;
+  rope_parameters?: { rope_theta: number; rope_type: string };
+  attention_bias: boolean;
+}
+
+/**
+ * Checks and maps what Qwen3 and Qwen3.5 share: default RoPE with a theta, no attention biases, GQA
+ * heads that divide. `at` prefixes field paths in errors (e.g. 'text_config.').
+ */
+export function attentionDecoderConfig(c: AttentionDecoderFields, tied: boolean, file: string, at = ''): Qwen3Config {
   const ropeTheta = c.rope_parameters?.rope_theta ?? c.rope_theta;
-  if (ropeTheta === undefined) throw new ConfigError(file, 'rope_parameters.rope_theta', 'missing (neither rope_parameters nor rope_theta is set)');
+  if (ropeTheta === undefined) throw new ConfigError(file, `${at}rope_parameters.rope_theta`, 'missing (neither rope_parameters nor rope_theta is set)');
   if (c.rope_parameters && c.rope_parameters.rope_type !== 'default') {
-    throw new ConfigError(file, 'rope_parameters.rope_type', `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
+    throw new ConfigError(file, `${at}rope_parameters.rope_type`, `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
   }
-  if (c.attention_bias) throw new ConfigError(file, 'attention_bias', 'Qwen3 graphs are built without attention biases');
-  if (c.use_sliding_window) throw new ConfigError(file, 'use_sliding_window', 'sliding-window Qwen3 is not supported');
+  if (c.attention_bias) throw new ConfigError(file, `${at}attention_bias`, 'the graphs are built without attention biases');
   if (c.num_attention_heads % c.num_key_value_heads !== 0) {
-    throw new ConfigError(file, 'num_key_value_heads', `${c.num_key_value_heads} does not divide num_attention_heads ${c.num_attention_heads}`);
+    throw new ConfigError(file, `${at}num_key_value_heads`, `${c.num_key_value_heads} does not divide num_attention_heads ${c.num_attention_heads}`);
   }
   return {
     hidden: c.hidden_size,
@@ -63,12 +80,17 @@ export function parseQwen3Config(raw: unknown, file: string): Qwen3Config {
     vocab: c.vocab_size,
     eps: c.rms_norm_eps,
     ropeTheta,
-    tied: c.tie_word_embeddings,
+    tied,
     maxPositions: c.max_position_embeddings,
   };
 }
 
-/** Weight names of a Qwen3-style decoder layer under `prefix` (Qwen3-VL reuses it). */
+export function parseQwen3Config(raw: unknown, file: string): Qwen3Config {
+  const c = parseConfigWith(ConfigSchema, raw, file);
+  if (c.use_sliding_window) throw new ConfigError(file, 'use_sliding_window', 'sliding-window Qwen3 is not supported');
+  return attentionDecoderConfig(c, c.tie_word_embeddings, file);
+}
+
 export function qwen3LayerTensors(c: Qwen3Config, prefix: string): TensorSpec[] {
   const { hidden: h, ffn, heads, kvHeads, headDim: d } = c;
   const p = prefix;

@@ -25,7 +25,7 @@ import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
 } from './blocks.js';
-import { lmHeadGraph } from './qwen3.js';
+import { attentionDecoderConfig, lmHeadGraph, type Qwen3Config } from './qwen3.js';
 
 const LAYER_TYPES = ['linear_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -70,20 +70,10 @@ const ConfigSchema = z.object({
   tie_word_embeddings: z.boolean().optional(),
 }).passthrough();
 
-export interface Qwen35Config {
-  hidden: number;
-  ffn: number;
-  layers: number;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
+/** Qwen3's fields (for the full-attention layers) plus the hybrid's own. */
+export interface Qwen35Config extends Qwen3Config {
   /** Rotated dims at the front of each full-attention head (head_dim · partial_rotary_factor). */
   rotaryDim: number;
-  vocab: number;
-  eps: number;
-  ropeTheta: number;
-  tied: boolean;
-  maxPositions: number;
   layerTypes: LayerType[];
   linear: {
     kHeads: number;
@@ -100,11 +90,8 @@ export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
   const parsed = parseConfigWith(ConfigSchema, raw, file);
   const t = parsed.text_config;
   const f = (name: string) => `text_config.${name}`;
-  const ropeTheta = t.rope_parameters?.rope_theta ?? t.rope_theta;
-  if (ropeTheta === undefined) throw new ConfigError(file, f('rope_parameters.rope_theta'), 'missing (neither rope_parameters nor rope_theta is set)');
-  if (t.rope_parameters && t.rope_parameters.rope_type !== 'default') {
-    throw new ConfigError(file, f('rope_parameters.rope_type'), `'${t.rope_parameters.rope_type}' is not supported (only default RoPE)`);
-  }
+  // HF ties the lm-head by the top-level flag of Qwen3_5ForConditionalGeneration.
+  const base = attentionDecoderConfig(t, parsed.tie_word_embeddings ?? t.tie_word_embeddings ?? false, file, 'text_config.');
   // HF's config class defaults the factor to 0.25 for configs that predate it.
   const factor = t.rope_parameters?.partial_rotary_factor ?? t.partial_rotary_factor ?? 0.25;
   const rotaryDim = Math.floor(t.head_dim * factor);
@@ -112,10 +99,6 @@ export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
     throw new ConfigError(file, f('rope_parameters.partial_rotary_factor'), `${factor} of head_dim ${t.head_dim} gives ${rotaryDim} rotated dims (need an even number >= 2)`);
   }
   if (t.hidden_act !== 'silu') throw new ConfigError(file, f('hidden_act'), `'${t.hidden_act}' is not supported (only silu)`);
-  if (t.attention_bias) throw new ConfigError(file, f('attention_bias'), 'Qwen3.5 graphs are built without attention biases');
-  if (t.num_attention_heads % t.num_key_value_heads !== 0) {
-    throw new ConfigError(file, f('num_key_value_heads'), `${t.num_key_value_heads} does not divide num_attention_heads ${t.num_attention_heads}`);
-  }
   if (t.linear_num_value_heads % t.linear_num_key_heads !== 0) {
     throw new ConfigError(file, f('linear_num_key_heads'), `${t.linear_num_key_heads} does not divide linear_num_value_heads ${t.linear_num_value_heads}`);
   }
@@ -130,18 +113,8 @@ export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
   }
   const { linear_num_key_heads: kHeads, linear_num_value_heads: vHeads, linear_key_head_dim: kDim, linear_value_head_dim: vDim } = t;
   return {
-    hidden: t.hidden_size,
-    ffn: t.intermediate_size,
-    layers: n,
-    heads: t.num_attention_heads,
-    kvHeads: t.num_key_value_heads,
-    headDim: t.head_dim,
+    ...base,
     rotaryDim,
-    vocab: t.vocab_size,
-    eps: t.rms_norm_eps,
-    ropeTheta,
-    tied: parsed.tie_word_embeddings ?? t.tie_word_embeddings ?? false,
-    maxPositions: t.max_position_embeddings,
     layerTypes,
     linear: { kHeads, vHeads, kDim, vDim, convKernel: t.linear_conv_kernel_dim, convDim: 2 * kHeads * kDim + vHeads * vDim },
   };
