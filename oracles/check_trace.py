@@ -5,14 +5,19 @@
 
 Imports nothing from trace.py. Checks:
   0. format: trace.json fields; per step exactly the names token, position, h.0..h.L, final,
-     logits, k.i / v.i for the layers that have a KV cache; shapes and dtypes; token/position
-     values; generated[j] == argmax(logits at step len(prompt)-1+j).
+     logits, k.i / v.i for the layers that have a KV cache, conv.i (C·K) / rec.i (Hv·dk·dv, both
+     flattened) for linear-attention layers (qwen3_5); shapes and dtypes; token/position values;
+     generated[j] == argmax(logits at step len(prompt)-1+j).
   1. a full-sequence forward over prompt + generated[:-1] with output_hidden_states: h.i (i < L),
      final (= hidden_states[L], which HF takes after the final norm) and logits match per step.
   2. generated == model.generate(greedy, max_new_tokens=N), EOS stopping switched off (the trace
      does not stop at EOS either).
   3. qwen3 / qwen3_vl: k.i and v.i recomputed by hand in float64 from h.i (input_layernorm ->
      k_proj -> k_norm -> RoPE with the config's theta; v_proj) at every step of prompt 0.
+  4. qwen3_5: the state the trace holds after step s (one token at a time: HF's recurrent delta
+     rule) against the cache of ONE forward over tokens 0..s (HF's chunked prefill kernel, another
+     code path): conv.i, rec.i of the linear layers and k.i, v.i rows of the full ones, at a few
+     steps of prompt 0.
 Errors are max abs and max relative (abs error / max |reference| of that vector). Prints one
 JSON line with the errors; exits 1 if any relative error exceeds --tol or a format check fails.
 """
@@ -59,7 +64,7 @@ def load_model(model_dir):
     return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def check_format(meta, t, n_layers, kv_layers):
+def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None):
     for key in ("family", "layers", "hidden", "vocab", "kv_heads", "head_dim", "max_context", "new_tokens",
                 "prompts", "tensors", "torch", "transformers"):
         expect(key in meta, f"trace.json lacks {key}")
@@ -80,6 +85,9 @@ def check_format(meta, t, n_layers, kv_layers):
             for i in kv_layers:
                 shape = [per_layer(meta["kv_heads"], i), per_layer(meta["head_dim"], i)]
                 want[f"k.{i}"] = want[f"v.{i}"] = (shape, torch.float32)
+            for i in linear_layers:
+                want[f"conv.{i}"] = (linear_shapes["conv"], torch.float32)
+                want[f"rec.{i}"] = (linear_shapes["rec"], torch.float32)
             for w, (shape, dt) in want.items():
                 x = t.get(pre + w)
                 expect(x is not None and list(x.shape) == shape and x.dtype == dt, f"{pre}{w}: bad or missing")
@@ -121,9 +129,16 @@ def main():
     first_shared = L - (getattr(tc, "num_kv_shared_layers", 0) or 0)
     kv_layers = [i for i in range(L) if (getattr(tc, "layer_types", None) or ["full_attention"] * L)[i]
                  != "linear_attention" and i < first_shared]
-    check_format(meta, t, L, kv_layers)
+    types = getattr(tc, "layer_types", None) or ["full_attention"] * L
+    linear_layers = [i for i in range(L) if types[i] == "linear_attention"]
+    linear_shapes = None
+    if linear_layers:
+        kh, vh, kd, vd = tc.linear_num_key_heads, tc.linear_num_value_heads, tc.linear_key_head_dim, tc.linear_value_head_dim
+        linear_shapes = {"conv": [(2 * kh * kd + vh * vd) * tc.linear_conv_kernel_dim], "rec": [vh * kd * vd]}
+    check_format(meta, t, L, kv_layers, linear_layers, linear_shapes)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
+    e_conv, e_rec, e_kv = Err(), Err(), Err()
     gen_ok = []
     with torch.no_grad():
         for p, pr in enumerate(meta["prompts"]):
@@ -159,9 +174,26 @@ def main():
                     e_k.add(t[f"{pre}k.{i}"], k)
                     e_v.add(t[f"{pre}v.{i}"], (a.v_proj.weight.double() @ x).view(kvh, d))
 
+        if meta["family"] == "qwen3_5":
+            pr = meta["prompts"][0]
+            seq = pr["prompt_tokens"] + pr["generated"][:-1]
+            last = pr["steps"] - 1
+            for s in sorted({0, len(pr["prompt_tokens"]) - 1, last // 2, last}):
+                pre = f"p0/s{s}/"
+                cache = model(input_ids=torch.tensor([seq[: s + 1]]), use_cache=True).past_key_values
+                for i, layer in enumerate(cache.layers):
+                    if i in linear_layers:
+                        e_conv.add(t[f"{pre}conv.{i}"], layer.conv_states[0][0].reshape(-1))
+                        e_rec.add(t[f"{pre}rec.{i}"], layer.recurrent_states[0][0].reshape(-1))
+                    elif i in kv_layers:
+                        e_kv.add(t[f"{pre}k.{i}"], layer.keys[0, :, s])
+                        e_kv.add(t[f"{pre}v.{i}"], layer.values[0, :, s])
+
     errs = {"h": e_h, "final": e_final, "logits": e_logits}
     if meta["family"] in ("qwen3", "qwen3_vl"):
         errs.update(k_by_hand=e_k, v_by_hand=e_v)
+    if meta["family"] == "qwen3_5":
+        errs.update(conv_vs_prefill=e_conv, rec_vs_prefill=e_rec, kv_vs_prefill=e_kv)
     for name, e in errs.items():
         expect(e.rel <= args.tol, f"{name}: relative error {e.rel:.3g} > {args.tol}")
     report = {"family": meta["family"], "errors": {k: e.json() for k, e in errs.items()},
