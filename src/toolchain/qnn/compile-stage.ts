@@ -58,28 +58,28 @@ function stableSource(quantizeDir: string, archId: string): string {
 }
 
 /** The compile itself, by either toolchain: the binary, its wrappers and what the binary says it targets. */
-async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, sdk: QairtSdk | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target'] }; wrappers: Array<{ graph: string; path: string }> }> {
+async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target'] }; wrappers: Array<{ graph: string; path: string }> }> {
   const arch = { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb };
-  if (sdk) {
+  if (qairt) {
     const r = await compileQairtContext({
-      sdk, sdkVersion: (p.toolchain as { version: string }).version, graphs: c.graphs, srcDir: src, outDir: join(out, c.name),
+      sdk: qairt.sdk, sdkVersion: qairt.version, graphs: c.graphs, srcDir: src, outDir: join(out, c.name),
       contextName: c.name, arch, fp16: p.fp16, qdqWeights: qdq, timeoutSeconds: p.timeoutSeconds,
     });
     const target = { socModel: r.target.socModel, socType: null, arch: r.target.dspArch ? Number(r.target.dspArch.slice(1)) : null, dspArch: r.target.dspArch, vtcmBytes: null, fp16Relaxed: null, optLevel: null };
     // The tools run as child processes of their own; their peak memory is not measured here.
-    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: (p.toolchain as { version: string }).version, peakRssBytes: 0, target }, wrappers: r.wrappers };
+    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target }, wrappers: r.wrappers };
   }
   const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds });
   return { report: r, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
 }
 
-async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, sdk: QairtSdk | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
+async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
   if (p.fakeHtpLimitBytes !== undefined && c.dataBytes > p.fakeHtpLimitBytes) {
     throw new Error(`${MEMORY_FAILURE} compiling ${c.name} (${c.dataBytes} bytes of weights; simulated by FORGE_FAKE_HTP_LIMIT_BYTES=${p.fakeHtpLimitBytes})`);
   }
   let done: Awaited<ReturnType<typeof compileWith>>;
   try {
-    done = await compileWith(c, src, out, p, qdq, sdk);
+    done = await compileWith(c, src, out, p, qdq, qairt);
   } catch (e) {
     if (e instanceof QnnCompileError && e.kind === 'memory') throw new Error(`${MEMORY_FAILURE} compiling ${c.name}: ${e.message}`);
     throw e;
@@ -101,14 +101,19 @@ async function compileOne(c: ContextEntry, src: string, out: string, p: CompileP
   };
 }
 
+interface Qairt {
+  sdk: QairtSdk;
+  version: string;
+}
+
 /** The SDK a QAIRT compile runs, checked against the version its cache key was made with. */
-function sdkFor(t: CompileToolchain): QairtSdk | null {
+function qairtFor(t: CompileToolchain): Qairt | null {
   if (t.kind !== 'qairt') return null;
   const sdk = qairtSdk();
   if (!sdk) throw new Error('this build compiles with the QAIRT SDK, but QAIRT_SDK_ROOT is not set in the compile stage');
-  const v = qairtSdkVersion(sdk);
-  if (v !== t.version) throw new Error(`QAIRT_SDK_ROOT=${sdk.root} is QAIRT ${v}, but the build was planned with ${t.version}`);
-  return sdk;
+  const version = qairtSdkVersion(sdk);
+  if (version !== t.version) throw new Error(`QAIRT_SDK_ROOT=${sdk.root} is QAIRT ${version}, but the build was planned with ${t.version}`);
+  return { sdk, version };
 }
 
 export const stage: StageModule<CompileParams> = {
@@ -118,22 +123,22 @@ export const stage: StageModule<CompileParams> = {
     const p = ctx.params;
     const exp = JSON.parse(readFileSync(join(ctx.inputs.quantize, GRAPHS_JSON), 'utf8')) as ExportManifest;
     if (exp.contexts.length > p.arch.maxContexts) throw new Error(`${exp.contexts.length} contexts, over the ${p.arch.id} limit of ${p.arch.maxContexts}`);
-    // ORT names a compiled partition after a hash that covers the source model's path, and the name
-    // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
-    // depend on where the cache is), so clean builds in different caches agree.
-    const sdk = sdkFor(p.toolchain);
+    const qairt = qairtFor(p.toolchain);
     // Which contexts hold W8 weights (a shard in the recipe's scheme, the lm-head in its own).
     const w8 = (c: ContextEntry) => (c.graphs[0].kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme) === 'w8';
     if (exp.contexts.some(w8)) {
-      if (sdk === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
-      if (sdk !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);
+      if (qairt === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
+      if (qairt !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);
     }
+    // ORT names a compiled partition after a hash that covers the source model's path, and the name
+    // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
+    // depend on where the cache is), so clean builds in different caches agree.
     const src = stableSource(ctx.inputs.quantize, p.arch.id);
     const compiled: CompiledContext[] = [];
     try {
       for (const [i, c] of exp.contexts.entries()) {
         ctx.progress(i, exp.contexts.length, c.name);
-        const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', sdk, ctx.log);
+        const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
         ctx.notePeakRss(r.peak);
         compiled.push(r.entry);
       }
