@@ -12,7 +12,7 @@ import { GraphBuilder } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
-import { WeightStore, type W8Form } from '../quant/weights.js';
+import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
 import type { Family, GraphInterface } from './types.js';
@@ -86,11 +86,11 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
 /** Builds every graph of one context into `out`, sharing one data file. */
 async function exportContext<C>(
   out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
-  onTensor: () => void, f16Copies: Map<string, ExternalDataWriter>, w8Form: W8Form,
+  onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form,
 ): Promise<ContextEntry> {
   const data = `${name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
-  const store = new WeightStore(ckpt, sink, onTensor, f16Copies, w8Form);
+  const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form });
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
     for (const b of builds) {
@@ -128,10 +128,8 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   const tick = () => ui.progress(++done, totalTensors, 'tensors');
   // A tied fp16 lm-head is the embedding table's bytes: written to both files in one conversion.
   const emb = p.embedding ? family.embedding(config) : undefined;
-  const f16Copies = new Map<string, ExternalDataWriter>();
   const embFile = join(out, 'embedding.f16.bin');
-  const embCopy = emb && p.lmHeadScheme === 'fp16' && family.lmHead(config).name === emb.name ? new ExternalDataWriter(embFile, { align: 1 }) : undefined;
-  if (embCopy) f16Copies.set(emb!.name, embCopy);
+  const embCopy = emb && p.lmHeadScheme === 'fp16' && family.lmHead(config).name === emb.name ? new F16Copy(emb.name, new ExternalDataWriter(embFile, { align: 1 })) : undefined;
   try {
     const contexts: ContextEntry[] = [];
     const lmHeadInside = plan.lmHead.placement === 'last-shard';
@@ -142,22 +140,22 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
         graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
         meta: { shard: s.index, first: s.first, last: s.last, isLast },
         make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-      })), tick, f16Copies, w8Form));
+      })), tick, embCopy, w8Form));
       ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
     }
     if (!lmHeadInside) {
       contexts.push(await exportContext(out, 'lm_head', ckpt, [{
         graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-      }], tick, f16Copies, w8Form));
+      }], tick, embCopy, w8Form));
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (emb) {
       const shape = emb.shape as [number, number];
       ckpt.expectShape(emb.name, shape);
-      // WeightStore drops the entry once it has written the copy (along a bf16 lm-head).
-      if (embCopy && !f16Copies.has(emb.name)) await embCopy.commitAsync();
+      // The lm-head's fp16 store wrote the table too (a bf16 checkpoint's fast path), or it did not.
+      if (embCopy?.written) await embCopy.sink.commitAsync();
       else {
-        embCopy?.abort();
+        embCopy?.sink.abort();
         await writeEmbedding(ckpt, emb.name, shape, embFile);
       }
       manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
@@ -165,7 +163,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
     await writeFile(join(out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
     return manifest;
   } finally {
-    embCopy?.abort(); // no-op once committed
+    embCopy?.sink.abort(); // no-op once committed
     await ckpt.close();
   }
 }

@@ -38,21 +38,35 @@ const READS_AHEAD = 2;
 
 type Write = (chunk: Uint8Array) => Promise<void>;
 
+/**
+ * A tensor whose fp16 form also goes, whole, to a sink of its own: the tied embedding's host table,
+ * converted once for both. `written` says whether a graph stored the tensor in fp16 (else the
+ * caller writes the table itself).
+ */
+export class F16Copy {
+  written = false;
+  constructor(readonly tensor: string, readonly sink: ExternalDataWriter) {}
+}
+
+export interface WeightStoreOptions {
+  /** Called once per stored tensor (progress). */
+  onTensor?: (name: string) => void;
+  f16Copy?: F16Copy;
+  w8Form?: W8Form;
+}
+
 export class WeightStore {
   private readonly stored = new Map<string, Stored>();
   private work: Bf16W8 | undefined;
+  private readonly onTensor: (name: string) => void;
+  private readonly f16Copy: F16Copy | undefined;
+  private readonly w8Form: W8Form;
 
-  /**
-   * `f16Copies`: tensors whose fp16 form also goes, whole, to a sink of its own (the tied
-   * embedding's host table: converted once for both). An entry is removed once written.
-   */
-  constructor(
-    private readonly ckpt: Checkpoint,
-    private readonly sink: ExternalDataWriter,
-    private readonly onTensor: (name: string) => void = () => {},
-    private readonly f16Copies: Map<string, ExternalDataWriter> = new Map(),
-    private readonly w8Form: W8Form = 'matmulnbits',
-  ) {}
+  constructor(private readonly ckpt: Checkpoint, private readonly sink: ExternalDataWriter, o: WeightStoreOptions = {}) {
+    this.onTensor = o.onTensor ?? (() => {});
+    this.f16Copy = o.f16Copy;
+    this.w8Form = o.w8Form ?? 'matmulnbits';
+  }
 
   /**
    * Input and output regions of at least `bytes` each, reused tensor after tensor. The kernels'
@@ -129,14 +143,14 @@ export class WeightStore {
       );
       stored = this.w8Scales(rows, cols, blockSize, scales, ref);
     } else if (scheme === 'fp16' && bf16) {
-      const copy = this.f16Copies.get(name);
+      const copy = this.f16Copy && !this.f16Copy.written && this.f16Copy.tensor === name ? this.f16Copy : undefined;
       const toF16 = (write: Write[]) =>
         this.streamBf16(name, rows, cols, write, (src, out) => {
           this.work!.toF16(src, new Uint16Array(out.buffer, out.byteOffset, src.length));
           return out.subarray(0, src.byteLength);
         });
       const ref = await this.sink.appendStream(rows * cols * 2, (write) =>
-        copy ? copy.appendStream(rows * cols * 2, (w2) => toF16([write, w2])).then(() => void this.f16Copies.delete(name)) : toF16([write]),
+        copy ? copy.sink.appendStream(rows * cols * 2, (w2) => toF16([write, w2])).then(() => void (copy.written = true)) : toF16([write]),
       );
       stored = { dtype: 'float16', dims, ref };
     } else if (scheme === 'fp32' && bf16) {

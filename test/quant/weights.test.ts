@@ -10,7 +10,7 @@ import { writeSafetensors } from '../../src/io/safetensors-writer.js';
 import { GraphBuilder } from '../../src/onnx/builder.js';
 import { writeModel } from '../../src/onnx/writer.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
-import { WeightStore } from '../../src/quant/weights.js';
+import { F16Copy, WeightStore } from '../../src/quant/weights.js';
 import { tempDir } from '../io/helpers.js';
 
 // [rows, cols]: one chunk, several chunks (4 MiB of bf16 each: more than the reads kept ahead), the narrowest W8 row.
@@ -44,15 +44,14 @@ async function exportWith(dir: string, dtype: 'BF16' | 'F32'): Promise<{ data: B
   await writeSafetensors(join(dir, 'model.safetensors'), tensors);
   const ckpt = await openCheckpoint(dir);
   const sink = new ExternalDataWriter(join(dir, 'w.data'));
-  const copy = new ExternalDataWriter(join(dir, 'emb.f16.bin'), { align: 1 });
-  const copies = new Map([['emb', copy]]);
-  const store = new WeightStore(ckpt, sink, () => {}, copies);
+  const copy = new F16Copy('emb', new ExternalDataWriter(join(dir, 'emb.f16.bin'), { align: 1 }));
+  const store = new WeightStore(ckpt, sink, { f16Copy: copy });
   const g = new GraphBuilder('t');
   const x = g.input('x', 'float32', [1, 1, 64]);
   for (const [name, rows, cols, scheme] of TENSORS) await store.linear(g, x, name, [rows, cols], scheme, 1);
   await sink.commitAsync();
-  if (copies.has('emb')) copy.abort(); // the f32 path makes no copy
-  else await copy.commitAsync();
+  if (copy.written) await copy.sink.commitAsync();
+  else copy.sink.abort(); // the f32 path makes no copy
   await ckpt.close();
   return { data: readFileSync(join(dir, 'w.data')), copy: dtype === 'BF16' ? readFileSync(join(dir, 'emb.f16.bin')) : Buffer.alloc(0) };
 }
@@ -76,7 +75,7 @@ describe('the two W8 forms', () => {
     await writeSafetensors(join(dir, 'model.safetensors'), [{ name: 'w', dtype: 'BF16', shape: [rows, cols], data: values(rows, cols, 7) }]);
     const ckpt = await openCheckpoint(dir);
     const sink = new ExternalDataWriter(join(dir, 'm.data'));
-    const store = new WeightStore(ckpt, sink, () => {}, new Map(), w8Form);
+    const store = new WeightStore(ckpt, sink, { w8Form });
     const g = new GraphBuilder('t');
     g.output(await store.linear(g, g.input('x', 'float32', [1, 1, cols]), 'w', [rows, cols], 'w8', 1), 'y', { shape: [1, 1, rows] });
     await sink.commitAsync();
