@@ -86,10 +86,11 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
 
   const gates: Record<string, GateRecord> = {};
   const summaries: Record<string, Json> = {};
+  // A gate's figures go under `gates` (with its verdict), every other stage's under `summaries`: once each.
   for (const [id, { meta }] of result.entries) {
-    if (meta.outcome.summary !== undefined) summaries[id] = meta.outcome.summary;
     const g = meta.outcome.gate;
     if (g) gates[g.name] = { ...((meta.outcome.summary ?? {}) as Record<string, Json>), ok: g.ok };
+    else if (meta.outcome.summary !== undefined) summaries[id] = meta.outcome.summary;
   }
   const record: RunRecord = {
     recipe: recipe.id,

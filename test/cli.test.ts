@@ -49,6 +49,9 @@ describe('forge build', () => {
     expect(rec).toMatchObject({ recipe: 'tiny-qwen3', arch: 'v81', ok: true, bundle: out });
     expect(rec.stages.map((s: any) => s.name)).toEqual(['fetch', 'plan', 'trace', 'export', 'quantize', 'oracle', 'compile', 'native', 'parity', 'emulation', 'bundle']);
     for (const g of ['oracle', 'parity', 'emulation']) expect(rec.gates[g].ok, g).toBe(true);
+    // Each stage's figures are recorded once: a gate's under gates, the rest under summaries.
+    expect(Object.keys(rec.summaries).sort()).toEqual(expect.arrayContaining(['compile', 'plan']));
+    for (const g of ['oracle', 'parity', 'emulation']) expect(rec.summaries, g).not.toHaveProperty(g);
     expect(readFileSync(join(out, 'manifest.json'), 'utf8')).toContain('"hostOp": "decoder_generate"');
     for (const s of rec.stages) {
       expect(['ran', 'cached']).toContain(s.status);

@@ -18,7 +18,7 @@ export interface RunRecord {
   gates: Record<string, GateRecord>;
   /** Gates this build did not run, with why. */
   gatesNotRun?: Record<string, string>;
-  /** Small per-stage summaries (plan sizes, fetched bytes …). */
+  /** Small per-stage summaries (plan sizes, fetched bytes …) of the stages that are not gates (those are in `gates`). */
   summaries: Record<string, Json>;
   tools: Record<string, string>;
   /** Absolute path of the build's output directory. */
