@@ -5,6 +5,7 @@ import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
 import type { GraphBindings } from './types.js';
 import type { ManifestGraph } from '../bundle/manifest.js';
+import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
 
 export interface Feed {
   dtype: 'float32' | 'int32';
@@ -109,10 +110,10 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       };
       const expected: Record<string, Float32Array> = {};
       for (const i of layers) {
-        feeds[`past_k_${i}`] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
-        feeds[`past_v_${i}`] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
-        expected[`new_k_${i}`] = await stackKv(trace, p, steps, n, `k.${i}`, kv);
-        expected[`new_v_${i}`] = await stackKv(trace, p, steps, n, `v.${i}`, kv);
+        feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
+        feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
+        expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, kv);
+        expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, kv);
       }
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
       expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
@@ -125,22 +126,18 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
 /**
  * The state layout of a KV-cache decoder: how each graph input/output binds for the runtime.
  * `recurrentShape` adds whole-tensor recurrent states (`conv_state_i`, `rec_state_i` → `conv.i`,
- * `rec.i`, replaced after each call) for hybrids such as Qwen3.5.
+ * `rec.i`, replaced after each call) for hybrids such as Qwen3.5; without it they have no binding.
  */
 export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: 'conv' | 'rec') => number[]): GraphBindings {
   const state: GraphBindings['state'] = [];
   const cacheShape = [1, kv.kvHeads, kv.maxContext, kv.headDim];
   const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
-    const m = /^past_([kv])_(\d+)$/.exec(t.name);
-    if (m) {
-      const name = `kv.${m[2]}.${m[1]}`;
-      state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape, positionAxis: 2 });
-      return { ...t, bind: 'state', state: name };
-    }
-    const r = recurrentShape && /^(conv|rec)_state_(\d+)$/.exec(t.name);
-    if (r) {
-      const name = `${r[1]}.${r[2]}`;
-      state.push({ name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(r[1] as 'conv' | 'rec') });
+    const io = parseStateInput(t.name);
+    if (io && (!io.recurrent || recurrentShape)) {
+      const name = stateName(io);
+      state.push(io.recurrent
+        ? { name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(io.kind) }
+        : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape, positionAxis: 2 });
       return { ...t, bind: 'state', state: name };
     }
     if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
@@ -149,10 +146,9 @@ export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShap
     throw new Error(`${entry.name}: input ${t.name} has no binding`);
   });
   const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
-    const m = /^new_([kv])_(\d+)$/.exec(t.name);
-    if (m) return { ...t, bind: 'state-rows', state: `kv.${m[2]}.${m[1]}`, axis: 2 };
-    const r = recurrentShape && /^new_(conv|rec)_state_(\d+)$/.exec(t.name);
-    if (r) return { ...t, bind: 'state-replace', state: `${r[1]}.${r[2]}` };
+    const io = parseStateOutput(t.name);
+    if (io && !io.recurrent) return { ...t, bind: 'state-rows', state: stateName(io), axis: 2 };
+    if (io && recurrentShape) return { ...t, bind: 'state-replace', state: stateName(io) };
     if (t.name === 'hidden_out') return { ...t, bind: 'residual' };
     if (t.name === 'logits') return { ...t, bind: 'logits' };
     throw new Error(`${entry.name}: output ${t.name} has no binding`);

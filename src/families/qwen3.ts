@@ -5,6 +5,7 @@ import { z } from 'zod';
 import { ConfigError, parseConfigWith, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
+import { newKv, pastKv } from './state-io.js';
 import { applyRope, cachedAttention, mergeHeads, rmsNorm, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 
 const ConfigSchema = z.object({
@@ -141,16 +142,16 @@ export async function qwen3Layer(
   const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
   const norm = (name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]);
 
-  const pastK = g.input(`past_k_${layer}`, 'float32', [1, kvHeads, ctx, d]);
-  const pastV = g.input(`past_v_${layer}`, 'float32', [1, kvHeads, ctx, d]);
+  const pastK = g.input(pastKv('k', layer), 'float32', [1, kvHeads, ctx, d]);
+  const pastV = g.input(pastKv('v', layer), 'float32', [1, kvHeads, ctx, d]);
   const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps);
   const q = splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, n);
   const k = splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, n);
   const v = splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, n);
   const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps), io.rope);
   const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps), io.rope);
-  const newK = g.output(kr, `new_k_${layer}`, { shape: [1, kvHeads, n, d] });
-  const newV = g.output(v, `new_v_${layer}`, { shape: [1, kvHeads, n, d] });
+  const newK = g.output(kr, newKv('k', layer), { shape: [1, kvHeads, n, d] });
+  const newV = g.output(v, newKv('v', layer), { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, io.mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
   const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, o]);

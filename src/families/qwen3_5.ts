@@ -26,6 +26,7 @@ import {
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
 } from './blocks.js';
 import { attentionDecoderConfig, lmHeadGraph, type Qwen3Config } from './qwen3.js';
+import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
 
 const LAYER_TYPES = ['linear_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -217,8 +218,8 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const shapes = stateShapes(c, 0);
   const f32 = 'float32' as const;
 
-  const convIn = g.input(`conv_state_${layer}`, f32, shapes.conv);
-  const recIn = g.input(`rec_state_${layer}`, f32, shapes.rec);
+  const convIn = g.input(recurrentIn('conv', layer), f32, shapes.conv);
+  const recIn = g.input(recurrentIn('rec', layer), f32, shapes.rec);
   io.inputs.push({ name: convIn, dtype: f32, shape: shapes.conv }, { name: recIn, dtype: f32, shape: shapes.rec });
 
   const qkv = await lin(xn, 'in_proj_qkv', [C, H]);
@@ -229,7 +230,7 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   // Causal depthwise conv over the FIFO, then SiLU.
   const taps = g.op('Reshape', [await w.store.small(g, `${p}.conv1d.weight`, [C, 1, K]), g.constInt64([1, C, K])]);
   const conv = causalConvStep(g, convIn, g.op('Reshape', [qkv, g.constInt64([1, C, 1])]), taps, K);
-  const convOut = g.output(conv.next, `new_conv_state_${layer}`, { shape: shapes.conv });
+  const convOut = g.output(conv.next, recurrentOut('conv', layer), { shape: shapes.conv });
   io.outputs.push({ name: convOut, dtype: f32, shape: shapes.conv });
   const mixed = silu(g, conv.out); // [1, C]
   const [q0, k0, v0] = g.op('Split', [mixed, g.constInt64([Hk * dk, Hk * dk, Hv * dv])], { axis: 1 }, 3);
@@ -254,7 +255,7 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const decay = g.op('Reshape', [g.op('Exp', [gate]), perHead]);
 
   const step = gatedDeltaStep(g, { q, k, v, beta, decay, state: recIn });
-  const recOut = g.output(step.next, `new_rec_state_${layer}`, { shape: shapes.rec });
+  const recOut = g.output(step.next, recurrentOut('rec', layer), { shape: shapes.rec });
   io.outputs.push({ name: recOut, dtype: f32, shape: shapes.rec });
 
   // Per-head gated RMSNorm with z (plain weight), then out_proj.
@@ -274,8 +275,8 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const shapes = stateShapes(c, lio.ctx);
   const f32 = 'float32' as const;
 
-  const pastK = g.input(`past_k_${layer}`, f32, shapes.kvCache);
-  const pastV = g.input(`past_v_${layer}`, f32, shapes.kvCache);
+  const pastK = g.input(pastKv('k', layer), f32, shapes.kvCache);
+  const pastV = g.input(pastKv('v', layer), f32, shapes.kvCache);
   io.inputs.push({ name: pastK, dtype: f32, shape: shapes.kvCache }, { name: pastV, dtype: f32, shape: shapes.kvCache });
 
   // q_proj rows are [head][query d | gate d].
@@ -287,8 +288,8 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const v = splitHeads(g, await lin(xn, 'v_proj', [kvHeads * d, H]), kvHeads, d, n);
   const qr = applyPartialRope(g, rmsNorm(g, q, await norm('q_norm'), eps), lio.rope!, c.rotaryDim, d);
   const kr = applyPartialRope(g, rmsNorm(g, k, await norm('k_norm'), eps), lio.rope!, c.rotaryDim, d);
-  const newK = g.output(kr, `new_k_${layer}`, { shape: shapes.kvRow });
-  const newV = g.output(v, `new_v_${layer}`, { shape: shapes.kvRow });
+  const newK = g.output(kr, newKv('k', layer), { shape: shapes.kvRow });
+  const newV = g.output(v, newKv('v', layer), { shape: shapes.kvRow });
   io.outputs.push({ name: newK, dtype: f32, shape: shapes.kvRow }, { name: newV, dtype: f32, shape: shapes.kvRow });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, lio.mask!, { heads, kvHeads, headDim: d, n, ctx: lio.ctx, scale: 1 / Math.sqrt(d) });
   const gated = g.op('Mul', [mergeHeads(g, attn, heads, d, n), g.op('Sigmoid', [gate])]);
@@ -390,16 +391,16 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
         feeds.attn_mask = f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]);
       }
       for (const i of full) {
-        feeds[`past_k_${i}`] = f(cache.k.get(i)!, shapes.kvCache);
-        feeds[`past_v_${i}`] = f(cache.v.get(i)!, shapes.kvCache);
-        expected[`new_k_${i}`] = await trace.get(p, t, `k.${i}`);
-        expected[`new_v_${i}`] = await trace.get(p, t, `v.${i}`);
+        feeds[pastKv('k', i)] = f(cache.k.get(i)!, shapes.kvCache);
+        feeds[pastKv('v', i)] = f(cache.v.get(i)!, shapes.kvCache);
+        expected[newKv('k', i)] = await trace.get(p, t, `k.${i}`);
+        expected[newKv('v', i)] = await trace.get(p, t, `v.${i}`);
       }
       for (const i of linearLayers) {
-        feeds[`conv_state_${i}`] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `conv.${i}`), shapes.conv);
-        feeds[`rec_state_${i}`] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `rec.${i}`), shapes.rec);
-        expected[`new_conv_state_${i}`] = await trace.get(p, t, `conv.${i}`);
-        expected[`new_rec_state_${i}`] = await trace.get(p, t, `rec.${i}`);
+        feeds[recurrentIn('conv', i)] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `conv.${i}`), shapes.conv);
+        feeds[recurrentIn('rec', i)] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `rec.${i}`), shapes.rec);
+        expected[recurrentOut('conv', i)] = await trace.get(p, t, `conv.${i}`);
+        expected[recurrentOut('rec', i)] = await trace.get(p, t, `rec.${i}`);
       }
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
       expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);

@@ -1,6 +1,7 @@
 // How an output is compared with the oracle: cosine similarity and max abs error over the entries
 // the oracle defines (NaN marks padding rows that are not compared), and top-1 agreement of logits
 // row by row.
+import { parseStateOutput } from '../families/state-io.js';
 
 export interface Comparison {
   cosine: number;
@@ -42,11 +43,9 @@ export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, voc
 
 /** Which layer a graph output (new_k_3, new_rec_state_3, hidden_out) or probe (h.4) belongs to, for the per-layer table. */
 export function layerOf(name: string, last?: number): { layer: string; what: string } {
-  let m = /^new_([kv])_(\d+)$/.exec(name);
-  if (m) return { layer: m[2], what: `${m[1]} cache row` };
-  m = /^new_(conv|rec)_state_(\d+)$/.exec(name);
-  if (m) return { layer: m[2], what: m[1] === 'conv' ? 'conv state' : 'recurrent state' };
-  m = /^h\.(\d+)$/.exec(name);
+  const io = parseStateOutput(name);
+  if (io) return { layer: String(io.layer), what: io.kind === 'conv' ? 'conv state' : io.kind === 'rec' ? 'recurrent state' : `${io.kind} cache row` };
+  const m = /^h\.(\d+)$/.exec(name);
   if (m) return { layer: String(Number(m[1]) - 1), what: 'residual out' };
   if (name === 'hidden_out') return { layer: last !== undefined ? String(last) : '-', what: 'shard output' };
   return { layer: '-', what: name };

@@ -1,0 +1,35 @@
+// The graph input/output names of decoder state, written by the family graph builders and read back
+// by the bindings, the gate cases and the per-layer gate table: one place, so a renamed convention
+// cannot leave a reader behind. They are C identifiers (see export-stage's checkIoNames).
+export type KvKind = 'k' | 'v';
+export type RecurrentKind = 'conv' | 'rec';
+
+/** A layer's KV cache in (`past_k_3`) and its new rows out (`new_k_3`). */
+export const pastKv = (kind: KvKind, layer: number) => `past_${kind}_${layer}`;
+export const newKv = (kind: KvKind, layer: number) => `new_${kind}_${layer}`;
+/** A layer's recurrent state in (`rec_state_3`) and its next value out (`new_rec_state_3`). */
+export const recurrentIn = (kind: RecurrentKind, layer: number) => `${kind}_state_${layer}`;
+export const recurrentOut = (kind: RecurrentKind, layer: number) => `new_${kind}_state_${layer}`;
+
+export type StateIo = { kind: KvKind; layer: number; recurrent: false } | { kind: RecurrentKind; layer: number; recurrent: true };
+
+/** The state a graph input names, or null for any other input. */
+export function parseStateInput(name: string): StateIo | null {
+  const m = /^past_([kv])_(\d+)$/.exec(name);
+  if (m) return { kind: m[1] as KvKind, layer: Number(m[2]), recurrent: false };
+  const r = /^(conv|rec)_state_(\d+)$/.exec(name);
+  return r ? { kind: r[1] as RecurrentKind, layer: Number(r[2]), recurrent: true } : null;
+}
+
+/** The state a graph output gives, or null for any other output. */
+export function parseStateOutput(name: string): StateIo | null {
+  const m = /^new_([kv])_(\d+)$/.exec(name);
+  if (m) return { kind: m[1] as KvKind, layer: Number(m[2]), recurrent: false };
+  const r = /^new_(conv|rec)_state_(\d+)$/.exec(name);
+  return r ? { kind: r[1] as RecurrentKind, layer: Number(r[2]), recurrent: true } : null;
+}
+
+/** The runtime's name for that state in the manifest (`kv.3.k`, `rec.3`). */
+export function stateName(io: StateIo): string {
+  return io.recurrent ? `${io.kind}.${io.layer}` : `kv.${io.layer}.${io.kind}`;
+}
