@@ -1,27 +1,10 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { execFile } from 'node:child_process';
 import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { promisify } from 'node:util';
 import { FAKE_QAIRT_VERSION, makeFakeQairt } from './helpers/fake-qairt.js';
+import { forge, lastJson } from './helpers/forge-cli.js';
 
-const FORGE = resolve('forge');
-const exec = promisify(execFile);
-
-interface Run { code: number; stdout: string; stderr: string }
-
-async function forge(args: string[], env: Record<string, string> = {}): Promise<Run> {
-  try {
-    const r = await exec(FORGE, args, { env: { ...process.env, CI: '1', ...env }, maxBuffer: 64 << 20 });
-    return { code: 0, stdout: r.stdout, stderr: r.stderr };
-  } catch (e) {
-    const err = e as { code: number; stdout: string; stderr: string };
-    return { code: err.code, stdout: err.stdout, stderr: err.stderr };
-  }
-}
-
-const lastJson = (stdout: string) => JSON.parse(stdout.trim().split('\n').pop()!);
 const statuses = (record: { stages: Array<{ name: string; status: string }> }) => Object.fromEntries(record.stages.map((s) => [s.name, s.status]));
 
 let work: string;

@@ -17,7 +17,6 @@ import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
 
-
 /** Token ids of the eos/bos a tokenizer config names, looked up in tokenizer.json. */
 function specialIds(checkpointDir: string): { bos: number | null; eos: number[]; chatTemplate: string | null } {
   const tok = JSON.parse(readFileSync(join(checkpointDir, 'tokenizer.json'), 'utf8')) as { added_tokens?: Array<{ id: number; content: string }>; model: { vocab: Record<string, number> } };

@@ -1,7 +1,8 @@
 // Stage `bundle`: what the user ships, flat, ready for `adb push`: manifest.json, the QNN context
 // binaries with their _ctx.onnx wrappers, the host embedding table, tokenizer files, the model card
-// (README.md) and SHA256SUMS; the graphs ship as compiled contexts only, never the ONNX weights too. It runs only after every gate passed (its inputs), and writes nothing
-// that varies between builds of the same inputs: no timestamps, no absolute paths.
+// (README.md) and SHA256SUMS; the graphs ship as compiled contexts only, never the ONNX weights too.
+// It runs only after every gate passed (its inputs), and writes nothing that varies between builds
+// of the same inputs: no timestamps, no absolute paths.
 import { readFileSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';

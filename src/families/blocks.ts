@@ -105,7 +105,6 @@ export function swiGate(g: GraphBuilder, gate: string, up: string): string {
   return g.op('Mul', [g.op('Mul', [gate, g.op('Sigmoid', [gate])]), up]);
 }
 
-
 /** Additive mask value for hidden slots: finite in fp16 so the HTP never sees -inf − -inf. */
 export const MASKED = -65504;
 

@@ -125,7 +125,7 @@ export interface EmulationNotRun {
 
 export type EmulationResult = EmulationRan | EmulationNotRun;
 
-/** The stage's params (less the cache-key-only script hash) plus where things are. */
+/** The stage's params plus where things are. */
 export interface EmulationInput extends EmulationParams {
   /** The fetched checkpoint (config.json, tokenizer files). */
   checkpointDir: string;
@@ -207,10 +207,10 @@ async function writeFeeds(path: string, cases: GateCase[]): Promise<void> {
   await writeSafetensors(path, specs, { cases: String(cases.length) });
 }
 
-interface SimRun { cases: number; loadSeconds: number; runSeconds: number[]; outputs: string[] }
+export interface SimRun { cases: number; loadSeconds: number; runSeconds: number[]; outputs: string[]; providers: string[] }
 
 /** One simulator process over one batch of cases; its crash or error becomes an Error saying exactly that. */
-async function simulateBatch(python: string, script: string, wrapper: string, arch: HtpArch, fp16: boolean, feeds: string, out: string, timeoutSeconds: number, what: string): Promise<SimRun> {
+export async function simulateBatch(python: string, script: string, wrapper: string, arch: HtpArch, fp16: boolean, feeds: string, out: string, timeoutSeconds: number, what: string): Promise<SimRun> {
   const r = await runWithTimeout(python, [script, 'run', '--wrapper', wrapper, '--soc-model', String(arch.socModel), fp16 ? '--fp16' : '--no-fp16', '--feeds', feeds, '--out', out], timeoutSeconds);
   if (r.spawnError) throw new Error(`${what}: cannot run ${python}: ${r.spawnError}`);
   if (r.timedOut) throw new Error(`${what}: the simulator process ran past ${timeoutSeconds} s and was killed (last: ${helperTail(r.stderr, 1)})`);
@@ -301,7 +301,6 @@ export async function simulateGraph<C>(o: {
   }
   return g;
 }
-
 
 /**
  * Gives every graph of an assembled bundle its compiled context: wrapper and binary go to `qnn/`

@@ -36,7 +36,6 @@ export interface OracleRow {
   ok: boolean;
 }
 
-
 async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string) {
   const probeValues = Object.keys(entry.probes);
   const model = probeValues.length ? writeProbeModel(join(dir, entry.file), probeValues, scratch) : join(dir, entry.file);

@@ -5,9 +5,10 @@
 //    int8 weights and float activations; a per-channel DequantizeLinear → Gemm is left on the CPU by
 //    the QNN EP, its weights never reaching the context binary (see the issue notes for the sizes).
 //  - 'qdq' (the QAIRT converter): int8 weight → DequantizeLinear(axis 0) → Gemm, the QDQ form
-//    qnn-onnx-converter reads as weight encodings (--float_fallback keeps the rest float). Each tensor is streamed row chunk by row chunk from safetensors
-// into a data file shared by every graph of a context (prefill and decode read the same bytes), and
-// each graph that uses it gets a reference plus the few nodes that turn it into float.
+//    qnn-onnx-converter reads as weight encodings (--float_fallback keeps the rest float).
+// Each tensor is streamed row chunk by row chunk from safetensors into a data file shared by every
+// graph of a context (prefill and decode read the same bytes), and each graph that uses it gets a
+// reference plus the few nodes that turn it into float.
 import type { Checkpoint } from '../io/checkpoint.js';
 import { bf16ToF32Array, f32ToF16Array } from '../io/dtype.js';
 import { MS_DOMAIN, type GraphBuilder } from '../onnx/builder.js';
@@ -28,7 +29,6 @@ interface Stored {
   scale?: { ref: ExternalRef; dims: number[] };
   blockSize?: number;
 }
-
 
 /** Row chunks of about this many f32 bytes: big enough for throughput, small enough for memory. */
 const CHUNK_BYTES = 8 << 20;
@@ -132,7 +132,6 @@ export class WeightStore {
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
     let stored: Stored;
     if (scheme === 'w8' && bf16) {
-      const blockSize = this.w8Form === 'matmulnbits' ? w8BlockSize(cols, name) : 0;
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendStream(rows * cols, (write) =>
         this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
@@ -141,7 +140,7 @@ export class WeightStore {
           return codes;
         }),
       );
-      stored = this.w8Scales(rows, cols, blockSize, scales, ref);
+      stored = this.w8Scales(name, rows, cols, scales, ref);
     } else if (scheme === 'fp16' && bf16) {
       const copy = this.f16Copy && !this.f16Copy.written && this.f16Copy.tensor === name ? this.f16Copy : undefined;
       const toF16 = (write: Write[]) =>
@@ -163,7 +162,6 @@ export class WeightStore {
       );
       stored = { dtype: 'float32', dims, ref };
     } else if (scheme === 'w8') {
-      const blockSize = this.w8Form === 'matmulnbits' ? w8BlockSize(cols, name) : 0;
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
       const f32 = new Float32Array(rowsPerChunk * cols);
@@ -176,7 +174,7 @@ export class WeightStore {
           write(codes.subarray(0, n * cols));
         }
       });
-      stored = this.w8Scales(rows, cols, blockSize, scales, ref);
+      stored = this.w8Scales(name, rows, cols, scales, ref);
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
@@ -204,8 +202,10 @@ export class WeightStore {
   }
 
   /** Appends a W8 tensor's scales after its codes: one per row (QDQ), or each row's repeated per MatMulNBits block. */
-  private w8Scales(rows: number, cols: number, blockSize: number, scales: Float32Array, ref: ExternalRef): Stored {
+  private w8Scales(name: string, rows: number, cols: number, scales: Float32Array, ref: ExternalRef): Stored {
     if (this.w8Form === 'qdq') return { dtype: 'int8', dims: [rows, cols], ref, scale: { ref: this.sink.append(new Uint8Array(scales.buffer)), dims: [rows] } };
+    // A build's plan stage has already refused an in-features count MatMulNBits cannot block (storedBytes).
+    const blockSize = w8BlockSize(cols, name);
     const blocks = cols / blockSize;
     // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
     const blockScales = new Float32Array(rows * blocks);

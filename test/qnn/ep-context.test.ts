@@ -11,6 +11,8 @@ import { checkGraphIo, describeContextBinary, writeEpContextWrapper, type QnnGra
 import { compileContext } from '../../src/toolchain/qnn/compile.js';
 import { venvPython } from '../../src/toolchain/venv.js';
 import { openSafetensors } from '../../src/io/safetensors.js';
+import { toFloat32 } from '../../src/io/dtype.js';
+import { qnnSimulateScript, simulateBatch } from '../../src/gates/emulation.js';
 import type { TensorIO } from '../../src/families/types.js';
 
 const t = (name: string, dataType: string, dimensions: number[]) => ({ info: { name, dataType, dimensions, quantizeParams: {} }, version: 'QNN_TENSOR_VERSION_1' });
@@ -56,6 +58,8 @@ describe('matching a compiled graph to its source graph', () => {
   });
 });
 
+const V81 = { id: 'v81' as const, socModel: 87, dspArch: 'v81' as const, vtcmMb: 8 };
+
 // Two inputs of different types, so a wrapper that bound them by position in the wrong order, or
 // with the wrong type, would not give ORT's result.
 const MAKE_GRAPH = `
@@ -78,22 +82,23 @@ describe('a wrapper forge writes for a real context binary', () => {
     const dir = mkdtempSync(join(tmpdir(), 'forge-epctx-'));
     const python = venvPython();
     await $({ quiet: true })`${python} -c ${MAKE_GRAPH} ${join(dir, 'g.onnx')} ${join(dir, 'feeds.safetensors')}`;
-    const r = await compileContext({ graphs: [join(dir, 'g.onnx')], outDir: join(dir, 'out'), contextName: 'g', arch: { socModel: 87, dspArch: 'v81', vtcmMb: 8 }, fp16: false, timeoutSeconds: 300 });
+    const r = await compileContext({ graphs: [join(dir, 'g.onnx')], outDir: join(dir, 'out'), contextName: 'g', arch: V81, fp16: false, timeoutSeconds: 300 });
     // What forge knows after a QAIRT compile: the graph's name inside the binary, and the source graph's I/O.
     writeEpContextWrapper(join(dir, 'out', 'forge_ctx.onnx'), {
       qnnGraph: r.bins[0].graphs![0], bin: 'g.bin', sdkVersion: r.epSdkVersion,
       inputs: [{ name: 'x', dtype: 'float32', shape: [1, 64] }, { name: 'k', dtype: 'int32', shape: [1, 48] }], outputs: [{ name: 'y', dtype: 'float32', shape: [1, 48] }],
     });
-    const sim = join(new URL('../../oracles/qnn_simulate.py', import.meta.url).pathname);
     const run = async (wrapper: string) => {
       const out = join(dir, `${wrapper}.out.safetensors`);
-      const p = await $({ quiet: true, nothrow: true })`${python} ${sim} run --wrapper ${join(dir, 'out', wrapper)} --soc-model 87 --no-fp16 --feeds ${join(dir, 'feeds.safetensors')} --out ${out}`;
-      if (p.exitCode !== 0) throw new Error(`simulating ${wrapper}: ${p.stderr.slice(-800)}`);
-      expect(JSON.parse(p.stdout.trim().split('\n').pop()!).providers[0]).toBe('QNNExecutionProvider');
+      const r = await simulateBatch(python, qnnSimulateScript(), join(dir, 'out', wrapper), V81, false, join(dir, 'feeds.safetensors'), out, 300, `simulating ${wrapper}`);
+      expect(r.providers[0]).toBe('QNNExecutionProvider');
       const file = await openSafetensors(out);
-      const bytes = await file.read('0/y');
-      await file.close();
-      return new Float32Array(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+      try {
+        const y = file.tensors.get('0/y')!;
+        return toFloat32(y.dtype, await file.read(y.name));
+      } finally {
+        await file.close();
+      }
     };
     const ours = await run('forge_ctx.onnx');
     const theirs = await run('g_ctx.onnx');

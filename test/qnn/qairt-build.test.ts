@@ -3,11 +3,9 @@
 // do with the files and fails the way they do on a missing flag, so these tests pin what forge runs,
 // what it checks in the binary's description and the bundle it makes from it — not QNN itself.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { execFile } from 'node:child_process';
 import { mkdtempSync, readFileSync, readdirSync } from 'node:fs';
-import { join, resolve } from 'node:path';
+import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { promisify } from 'node:util';
 import { readModel } from '../../src/onnx/reader.js';
 import { cacheRoot } from '../../src/paths.js';
 import { GRAPHS_JSON, type ExportManifest } from '../../src/families/export-stage.js';
@@ -16,18 +14,7 @@ import { QnnCompileError } from '../../src/toolchain/qnn/compile.js';
 import { qairtSdk } from '../../src/toolchain/qnn/qairt-sdk.js';
 import type { RunRecord } from '../../src/engine/record.js';
 import { FAKE_QAIRT_VERSION, makeFakeQairt, type FakeQairt } from '../helpers/fake-qairt.js';
-
-const exec = promisify(execFile);
-
-async function forge(args: string[], env: Record<string, string>): Promise<{ code: number; stdout: string; stderr: string }> {
-  try {
-    const r = await exec(resolve('forge'), args, { env: { ...process.env, CI: '1', ...env }, maxBuffer: 64 << 20 });
-    return { code: 0, stdout: r.stdout, stderr: r.stderr };
-  } catch (e) {
-    const err = e as { code: number; stdout: string; stderr: string };
-    return { code: err.code, stdout: err.stdout, stderr: err.stderr };
-  }
-}
+import { forge, lastJson } from '../helpers/forge-cli.js';
 
 let fake: FakeQairt;
 let work: string;
@@ -40,7 +27,7 @@ beforeAll(async () => {
     const out = join(work, arch);
     const r = await forge(['build', 'tiny-qwen3', '--arch', arch, '--json', '--out', out], { QAIRT_SDK_ROOT: fake.root });
     if (r.code !== 0) throw new Error(`forge build --arch ${arch} with the stand-in SDK failed:\n${r.stderr.slice(-3000)}`);
-    runs[arch] = { record: JSON.parse(r.stdout.trim().split('\n').pop()!), out };
+    runs[arch] = { record: lastJson(r.stdout), out };
   }
 }, 600_000);
 

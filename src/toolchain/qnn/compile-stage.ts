@@ -1,9 +1,9 @@
 // Stage `compile`: the deployable graphs → QNN HTP context binaries for the arch, one per context
 // (a shard's prefill and decode graphs share one binary's weights), each graph with its thin
 // `_ctx.onnx` EPContext wrapper. Two toolchains give that same layout: onnxruntime-qnn (compile.ts),
-// and the QAIRT SDK's command-line tools while QAIRT_SDK_ROOT is set (qairt-compile.ts). Checks after compiling: every binary under the arch's per-context
-// ceiling, the context count within the arch's limit, and the target the binary reports equal to
-// the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
+// and the QAIRT SDK's command-line tools while QAIRT_SDK_ROOT is set (qairt-compile.ts). Checks
+// after compiling: every binary under the arch's per-context ceiling, the context count within the
+// arch's limit, and the target the binary reports equal to the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { linkOrCopy } from '../../io/files.js';
 import { tmpdir } from 'node:os';

@@ -28,7 +28,6 @@ export interface QairtContextResult {
   bytes: number;
   wrappers: Array<{ graph: string; path: string; qnnGraph: string }>;
   target: { socModel: number | null; dspArch: string | null };
-  buildId: string | null;
   seconds: number;
   log: string;
 }
@@ -58,5 +57,5 @@ export async function compileQairtContext(o: QairtContextOptions): Promise<Qairt
   // The converted models and their libraries hold a full copy of the weights each: only the binary ships.
   await rm(join(o.outDir, 'model'), { recursive: true, force: true });
   await rm(join(o.outDir, 'libs'), { recursive: true, force: true });
-  return { bin: r.bin, bytes: r.bytes, wrappers, target: r.target, buildId: desc.buildId, seconds: r.seconds, log: r.log };
+  return { bin: r.bin, bytes: r.bytes, wrappers, target: r.target, seconds: r.seconds, log: r.log };
 }

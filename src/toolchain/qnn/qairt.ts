@@ -4,10 +4,11 @@
 // compile stage writes the EPContext wrappers from that, see ep-context.ts). The plan (argv arrays
 // and config files) is built by pure functions; `runQairtPlan` executes one.
 //
-// Not verified against a real SDK (none is available where this was written; the tests run a fake
-// one): the flags follow the QAIRT docs as summarised in shared/REFERENCE.md. The one thing the docs warn about is checked: an
-// HTP config that is not wrapped in `backend_extensions` is ignored silently (a default-arch, O0
-// binary), so the binary's own report must name the requested SoC/arch before the result counts.
+// Not verified against a real SDK (none is available where this was written; the tests run a
+// stand-in): the flags follow the QAIRT docs as summarised in shared/REFERENCE.md. The one thing
+// the docs warn about is checked: an HTP config that is not wrapped in `backend_extensions` is
+// ignored silently (a default-arch, O0 binary), so the binary's own report must name the requested
+// SoC/arch before the result counts.
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, rm, stat, writeFile } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
