@@ -1,5 +1,6 @@
 // A stage's code is part of its cache key: the content of its module and every local module it
-// imports, transitively, and the local files they read as code (`new URL('./x.wat', import.meta.url)`). Editing any of them re-runs the stage; editing unrelated code does not.
+// imports, transitively, and the local files they read as code (`new URL('./x.wat',
+// import.meta.url)`). Editing any of them re-runs the stage; editing unrelated code does not.
 // (A manual `version` bump alone is too easy to forget.)
 import { readFileSync, existsSync } from 'node:fs';
 import { dirname, relative, resolve } from 'node:path';

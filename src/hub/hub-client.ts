@@ -66,7 +66,6 @@ export function gitBlobHasher(size: number): Hash {
   return createHash('sha1').update(`blob ${size}\0`);
 }
 
-
 export function formatBytes(n: number): string {
   const units = ['B', 'KB', 'MB', 'GB', 'TB'];
   let i = 0;

@@ -14,7 +14,6 @@ import { SUMS } from '../bundle/bundle-stage.js';
 import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, redact, statusOf } from './hub-client.js';
 import { hashFile, listFiles as listLocalFiles, sha256OfFile } from '../engine/hash.js';
 
-
 export interface PublishOptions {
   bundleDir: string;
   /** "org/name" */
