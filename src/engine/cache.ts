@@ -3,13 +3,15 @@
 // entry; a per-entry lock lets concurrent builds share one cache without computing twice.
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
-import { join } from 'node:path';
+import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { hashTree, type FileDigest } from './hash.js';
 import type { Json } from './stage.js';
 
 export const META = 'meta.json';
+/** A lock its holder has not refreshed for this long belongs to a killed build. */
+const LOCK_STALE_MS = 10_000;
 
 export interface EntryMeta {
   stage: string;
@@ -40,6 +42,12 @@ export class StageCache {
     }
   }
 
+  // proper-lockfile keeps one in-process record per locked path: each key is its own path (which
+  // need not exist), so two keys of one stage locked by one process do not overwrite each other.
+  private lockTarget(stage: string, key: string) {
+    return { realpath: false, lockfilePath: join(this.root, stage, `${key}.lock`) };
+  }
+
   /**
    * Holds the entry's lock while fn runs. Locks go stale when their holder stops refreshing them
    * (a killed build), so a rerun takes over instead of waiting forever.
@@ -47,9 +55,9 @@ export class StageCache {
   async withLock<T>(stage: string, key: string, fn: () => Promise<T>): Promise<T> {
     const dir = join(this.root, stage);
     await mkdir(dir, { recursive: true });
-    const release = await lockfile.lock(dir, {
-      lockfilePath: join(dir, `${key}.lock`),
-      stale: 10_000,
+    const release = await lockfile.lock(join(dir, key), {
+      ...this.lockTarget(stage, key),
+      stale: LOCK_STALE_MS,
       update: 2_000,
       retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
     });
@@ -71,6 +79,60 @@ export class StageCache {
     const dir = join(tmpRoot, `${key}.${process.pid}.${randomBytes(4).toString('hex')}`);
     await mkdir(dir);
     return dir;
+  }
+
+  /**
+   * Removes a failed run's temp dir, first moving the logs in it (a compile log the error names)
+   * to `keepLogsIn`, so no half entry stays behind and the error still points at a file that exists.
+   * Returns the old → new path of each log moved.
+   */
+  async discardTemp(tmp: string, keepLogsIn: string): Promise<Map<string, string>> {
+    const moved = new Map<string, string>();
+    const walk = async (dir: string): Promise<void> => {
+      for (const e of await readdir(dir, { withFileTypes: true }).catch(() => [])) {
+        const p = join(dir, e.name);
+        if (e.isDirectory()) await walk(p);
+        else if (e.name.endsWith('.log')) {
+          const to = join(keepLogsIn, relative(tmp, p).replaceAll('/', '__'));
+          await mkdir(keepLogsIn, { recursive: true });
+          // A rename within one filesystem needs no free space, so this works on a full disk too.
+          if (await rename(p, to).then(() => true, () => false)) moved.set(p, to);
+        }
+      }
+    };
+    await walk(tmp);
+    await rm(tmp, { recursive: true, force: true });
+    return moved;
+  }
+
+  /**
+   * Removes temp dirs a killed build left behind (it had no chance to): those of every key whose
+   * lock nobody holds. A live build holds its key's lock for as long as its temp dir exists, so its
+   * dirs are left alone; a killed holder's lock goes stale and is taken over here.
+   */
+  async sweepStaleTemps(): Promise<number> {
+    let removed = 0;
+    for (const stage of await readdir(this.root).catch(() => [] as string[])) {
+      const tmpRoot = join(this.root, stage, '.tmp');
+      const names = await readdir(tmpRoot).catch(() => [] as string[]);
+      const keys = new Set(names.map((n) => n.split('.')[0]));
+      for (const key of keys) {
+        const release = await lockfile
+          .lock(join(this.root, stage, key), { ...this.lockTarget(stage, key), stale: LOCK_STALE_MS, retries: 0 })
+          .catch(() => null);
+        if (!release) continue; // a live build is using it
+        try {
+          for (const n of names) {
+            if (n.split('.')[0] !== key) continue;
+            await rm(join(tmpRoot, n), { recursive: true, force: true });
+            removed += 1;
+          }
+        } finally {
+          await release().catch(() => undefined);
+        }
+      }
+    }
+    return removed;
   }
 
   /** Hashes the finished temp dir, writes meta.json into it and renames it into place. */

@@ -1,7 +1,10 @@
 // The process a stage runs in. Its own process gives each stage a true peak RSS, frees its memory
-// when it ends, and lets the parent kill a hung stage. It dies with its parent (IPC disconnect), so
-// a killed build leaves no orphan writing into the cache.
+// when it ends, and lets the parent kill a hung stage. It dies with its parent (IPC disconnect) or
+// when told to stop (SIGTERM, SIGINT), and takes the subprocess groups it started with it, so a
+// killed build leaves no orphan writing into the cache or holding a lock.
 import { pathToFileURL } from 'node:url';
+import { killOwnedGroups } from './subprocess.js';
+import { describeFailure } from './io-failure.js';
 import type { Json, StageContext, StageModule } from './stage.js';
 
 export interface ChildRequest {
@@ -39,10 +42,18 @@ async function main(req: ChildRequest): Promise<void> {
     await send({ type: 'done', outcome, peakRssBytes: peak() });
   } catch (e) {
     const err = e as Error;
-    await send({ type: 'failed', message: err.message ?? String(e), stack: err.stack, peakRssBytes: peak() });
+    await send({ type: 'failed', message: describeFailure(err, req.out), stack: err.stack, peakRssBytes: peak() });
   }
   process.disconnect();
 }
 
-process.on('disconnect', () => process.exit(0));
+// The build went away (its end of the IPC channel closed, even under kill -9) or asks this stage to
+// stop: kill what this stage started, then leave.
+const stop = (code: number) => () => {
+  killOwnedGroups();
+  process.exit(code);
+};
+process.on('disconnect', stop(0));
+process.on('SIGTERM', stop(143));
+process.on('SIGINT', stop(130));
 process.once('message', (req) => void main(req as ChildRequest));

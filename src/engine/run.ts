@@ -15,7 +15,11 @@ import type { ChildMessage, ChildRequest } from './child.js';
 import type { Progress } from './progress.js';
 import { repoRoot } from '../paths.js';
 
-export type StageStatus = 'ran' | 'cached' | 'failed' | 'skipped';
+/**
+ * skipped: an input failed (or its gate did), so it could not run; cancelled: it could have run, but
+ * another stage failed or the build was interrupted first, so it was stopped or never started.
+ */
+export type StageStatus = 'ran' | 'cached' | 'failed' | 'skipped' | 'cancelled';
 
 export interface StageRecord {
   name: string;
@@ -32,6 +36,8 @@ export interface PipelineResult {
   stages: StageRecord[];
   entries: Map<string, { dir: string; meta: EntryMeta }>;
   failure?: { stage: string; message: string };
+  /** Why the run was stopped from outside (opts.signal's reason), when it was. */
+  interrupted?: string;
 }
 
 export interface RunOptions {
@@ -42,6 +48,8 @@ export interface RunOptions {
   toolVersions: Record<string, string>;
   until?: string;
   force?: string[];
+  /** Aborting it stops the run: running stages are terminated, waiting ones never start. */
+  signal?: AbortSignal;
 }
 
 export function cacheKey(parts: { stage: string; version: string; code: string; params: unknown; inputs: Record<string, string>; tools: Record<string, string> }): string {
@@ -66,17 +74,28 @@ export function selectNodes(p: Pipeline, until?: string): StageNode[] {
 const childScript = () => join(repoRoot(), 'src', 'engine', 'child.ts');
 const tsxLoader = () => pathToFileURL(join(repoRoot(), 'node_modules', 'tsx', 'dist', 'loader.mjs')).href;
 
-function runChild(node: StageNode, req: ChildRequest, logFile: string, progress: Progress): Promise<{ outcome: EntryMeta['outcome']; peakRssBytes: number }> {
+// A stage asked to stop gets SIGTERM (it kills its subprocess groups and exits at once); SIGKILL
+// follows if it has not gone after this long.
+const STOP_GRACE_MS = 1500;
+
+function runChild(node: StageNode, req: ChildRequest, logFile: string, progress: Progress, stop: AbortSignal): Promise<{ outcome: EntryMeta['outcome']; peakRssBytes: number }> {
   return new Promise((resolve, reject) => {
     const log = createWriteStream(logFile);
     const child = fork(childScript(), [], { execArgv: ['--import', tsxLoader()], stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
     child.stdout!.pipe(log, { end: false });
     child.stderr!.pipe(log, { end: false });
     let settled = false;
+    let killTimer: NodeJS.Timeout | undefined;
+    const terminate = () => {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      child.kill('SIGTERM');
+      killTimer = setTimeout(() => child.kill('SIGKILL'), STOP_GRACE_MS);
+    };
     const finish = (fn: () => void) => {
       if (settled) return;
       settled = true;
       clearTimeout(timer);
+      stop.removeEventListener('abort', onStop);
       fn();
       // The log closes after the child's pipes drain.
       child.once('close', () => log.end());
@@ -84,28 +103,46 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     };
     const timer = node.timeoutSeconds
       ? setTimeout(() => {
-          child.kill('SIGKILL');
+          terminate();
           finish(() => reject(new Error(`timed out after ${node.timeoutSeconds} s (log: ${logFile})`)));
         }, node.timeoutSeconds * 1000)
       : undefined;
+    const onStop = () => {
+      terminate();
+      finish(() => reject(new StageCancelled(String(stop.reason ?? 'stopped'))));
+    };
+    stop.addEventListener('abort', onStop, { once: true });
+    // A log that cannot be written (a full disk) fails the stage with the path, instead of an
+    // unhandled 'error' event that would take the whole build down without a run record.
+    log.on('error', (e: NodeJS.ErrnoException) => {
+      terminate();
+      finish(() => reject(new Error(`cannot write the stage log ${logFile}: ${e.code ?? e.message}${e.code ? ` (${e.message})` : ''}`)));
+    });
     child.on('message', (m: ChildMessage) => {
       if (m.type === 'log') {
-        log.write(`${m.message}\n`);
+        if (!log.destroyed) log.write(`${m.message}\n`);
         progress.log(node.id, m.message);
       } else if (m.type === 'progress') progress.update(node.id, m.done, m.total, m.label);
       else if (m.type === 'done') finish(() => resolve({ outcome: (m.outcome ?? {}) as EntryMeta['outcome'], peakRssBytes: m.peakRssBytes }));
       else if (m.type === 'failed') {
-        log.write(`${m.stack ?? m.message}\n`);
+        if (!log.destroyed) log.write(`${m.stack ?? m.message}\n`);
         finish(() => reject(new Error(m.message)));
       }
     });
     child.on('error', (e) => finish(() => reject(e)));
-    child.on('exit', (code, signal) =>
-      finish(() => reject(new Error(`stage process exited (${signal ?? code}) before finishing; log: ${logFile}`))),
-    );
-    child.send(req);
+    child.on('exit', (code, signal) => {
+      clearTimeout(killTimer);
+      // Under Ctrl-C the stage gets SIGINT with its build and may be gone before the build has acted on it.
+      if (stop.aborted) finish(() => reject(new StageCancelled(String(stop.reason ?? 'stopped'))));
+      finish(() => reject(new Error(`stage process exited (${signal ?? code}) before finishing; log: ${logFile}`)));
+    });
+    if (stop.aborted) onStop();
+    else child.send(req);
   });
 }
+
+/** A stage stopped because another one failed or the build was interrupted. */
+export class StageCancelled extends Error {}
 
 export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise<PipelineResult> {
   const nodes = selectNodes(pipeline, opts.until);
@@ -125,6 +162,20 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   // Failures by node, reported in pipeline order (not in the order parallel stages happened to fail).
   const failures = new Map<string, string>();
   const done = new Map<string, Promise<EntryMeta | null>>();
+  // The first stage error (or an interrupt) stops the rest at once rather than letting unrelated long
+  // stages run on before it is reported. A failed gate does not: the other gates' verdicts still
+  // belong in the report.
+  const stopAll = new AbortController();
+  const onInterrupt = () => stopAll.abort(`interrupted: ${String(opts.signal!.reason ?? 'signal')}`);
+  if (opts.signal?.aborted) onInterrupt();
+  else opts.signal?.addEventListener('abort', onInterrupt, { once: true });
+  // Temp dirs of builds killed earlier (nothing else will remove them).
+  await opts.cache.sweepStaleTemps();
+  const cancelled = (node: StageNode) => {
+    records.set(node.id, { name: node.id, status: 'cancelled', seconds: 0, peakRssBytes: null, error: String(stopAll.signal.reason) });
+    opts.progress.end(node.id, 'cancelled', 0);
+    return null;
+  };
 
   const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
     const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, id, await done.get(id)!] as const));
@@ -136,6 +187,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, peakRssBytes: null });
       return null;
     }
+    if (stopAll.signal.aborted) return cancelled(node);
     const mod = modules.get(node.id)!;
     const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
     const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
@@ -155,24 +207,33 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       return hit;
     }
     try {
-      const meta = await opts.scheduler.run(node.peakMemoryBytes, () =>
-        opts.cache.withLock(node.id, key, async () => {
+      const meta = await opts.scheduler.run(node.peakMemoryBytes, async () => {
+        if (stopAll.signal.aborted) throw new StageCancelled(String(stopAll.signal.reason));
+        return opts.cache.withLock(node.id, key, async () => {
           // Another build may have made it while we waited for the lock.
           const again = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
           if (again) return { meta: again, ran: false };
+          if (stopAll.signal.aborted) throw new StageCancelled(String(stopAll.signal.reason));
           opts.progress.start(node.id);
-          const out = await opts.cache.makeTemp(node.id, key);
           const logDir = join(opts.cache.root, node.id, 'logs');
           await mkdir(logDir, { recursive: true });
-          const started = performance.now();
-          const res = await runChild(node, { module: node.module, params: node.params, inputs, out, tools }, join(logDir, `${key}.log`), opts.progress);
-          const meta = await opts.cache.commit(out, {
-            stage: node.id, module: mod.name, version: mod.version, key,
-            seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes, outcome: res.outcome,
-          });
-          return { meta, ran: true };
-        }),
-      );
+          const out = await opts.cache.makeTemp(node.id, key);
+          try {
+            const started = performance.now();
+            const res = await runChild(node, { module: node.module, params: node.params, inputs, out, tools }, join(logDir, `${key}.log`), opts.progress, stopAll.signal);
+            const meta = await opts.cache.commit(out, {
+              stage: node.id, module: mod.name, version: mod.version, key,
+              seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes, outcome: res.outcome,
+            });
+            return { meta, ran: true };
+          } catch (e) {
+            // No half entry stays in the cache's temp space; logs the error names are kept.
+            const moved = await opts.cache.discardTemp(out, join(logDir, key)).catch(() => new Map<string, string>());
+            if (e instanceof Error) for (const [from, to] of moved) e.message = e.message.replaceAll(from, to);
+            throw e;
+          }
+        });
+      });
       const status = meta.ran ? 'ran' : 'cached';
       records.set(node.id, { name: node.id, status, seconds: seconds(), peakRssBytes: meta.ran ? meta.meta.peakRssBytes : null, key });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
@@ -180,10 +241,16 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       failedGate(meta.meta);
       return meta.meta;
     } catch (e) {
+      if (e instanceof StageCancelled) {
+        records.set(node.id, { name: node.id, status: 'cancelled', seconds: seconds(), peakRssBytes: null, key, error: e.message });
+        opts.progress.end(node.id, 'cancelled', seconds());
+        return null;
+      }
       const message = (e as Error).message;
       records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), peakRssBytes: null, key, error: message });
       opts.progress.end(node.id, 'failed', seconds());
       failures.set(node.id, message);
+      if (!stopAll.signal.aborted) stopAll.abort(`stopped after ${node.id} failed`);
       return null;
     }
   };
@@ -196,8 +263,13 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     done.set(node.id, runNode(node));
   }
   await Promise.all(done.values());
+  opts.signal?.removeEventListener('abort', onInterrupt);
   const stages = nodes.map((n) => records.get(n.id)!);
   const first = nodes.find((n) => failures.has(n.id));
   const failure = first ? { stage: first.id, message: failures.get(first.id)! } : undefined;
-  return { ok: !failure && stages.every((s) => s.status === 'ran' || s.status === 'cached'), stages, entries, failure };
+  const interrupted = opts.signal?.aborted ? String(opts.signal.reason ?? 'signal') : undefined;
+  return {
+    ok: !failure && !interrupted && stages.every((s) => s.status === 'ran' || s.status === 'cached'),
+    stages, entries, failure, ...(interrupted ? { interrupted } : {}),
+  };
 }

@@ -5,7 +5,7 @@
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { $ } from 'zx';
+import { runOwned } from '../engine/subprocess.js';
 import type { HexagonArch } from '../arch/table.js';
 import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
 
@@ -24,12 +24,13 @@ export interface AdbOptions {
 export function adbTarget(o: AdbOptions): Target {
   const adbBin = o.adb ?? process.env.ADB ?? 'adb';
   const remote = o.remoteRoot ?? '/data/local/tmp/forge';
-  const timeout = `${o.timeoutSeconds ?? 300}s` as const;
+  const timeoutSeconds = o.timeoutSeconds ?? 300;
   const adb = async (args: string[], what: string) => {
-    const r = await $({ nothrow: true, quiet: true, timeout })`${adbBin} -s ${o.serial} ${args}`;
+    const r = await runOwned(adbBin, ['-s', o.serial, ...args], { timeoutSeconds });
+    if (r.spawnError) throw new Error(`adb ${what} on ${o.serial}: cannot run ${adbBin}: ${r.spawnError}`);
     if (r.exitCode !== 0) {
       const why = (r.stderr || r.stdout).trim().split('\n').pop() ?? '';
-      throw new Error(`adb ${what} on ${o.serial} failed (${r.signal ? `killed after ${timeout}` : `exit ${r.exitCode}`}): ${why}`);
+      throw new Error(`adb ${what} on ${o.serial} failed (${r.timedOut ? `killed after ${timeoutSeconds}s` : r.signal ? `killed by ${r.signal}` : `exit ${r.exitCode}`}): ${why}`);
     }
     return r.stdout.trim();
   };

@@ -1,6 +1,6 @@
 // The host target: qhx_generate on this machine, CPU EP on the bundle's ONNX graphs.
 import { join } from 'node:path';
-import { $ } from 'zx';
+import { runOwned } from '../engine/subprocess.js';
 import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
 
 export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
@@ -8,7 +8,9 @@ export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
     name: 'host',
     async generate(req: GenerateRequest) {
       const args = qhxArgs(join(req.bundleDir, 'manifest.json'), 'cpu', '-', req.bundleDir, req);
-      const r = await $({ nothrow: true, quiet: true, timeout: `${timeoutSeconds}s` as const, env: { ...process.env, FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' } })`${qhxGenerate} ${args}`;
+      const r = await runOwned(qhxGenerate, args, { timeoutSeconds, env: { FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' } });
+      if (r.spawnError) throw new Error(`cannot run ${qhxGenerate}: ${r.spawnError}`);
+      if (r.timedOut) throw new Error(`qhx_generate on host timed out after ${timeoutSeconds} s and was killed`);
       if (r.exitCode !== 0) throw new Error(`qhx_generate on host failed (${r.signal ?? r.exitCode}): ${r.stderr.trim().split('\n').pop()}`);
       return parseQhxJson(r.stdout, 'host');
     },

@@ -8,7 +8,7 @@ import { existsSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { appendFile, mkdir, writeFile } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import lockfile from 'proper-lockfile';
-import { $ } from 'zx';
+import { runOwned, type OwnedResult } from '../engine/subprocess.js';
 import { forgeHome, repoRoot } from '../paths.js';
 
 export interface NativeBuild {
@@ -49,17 +49,18 @@ function buildKey(deps: Record<string, string>): string {
   return h.digest('hex').slice(0, 16);
 }
 
-async function step(name: string, log: string, run: () => Promise<{ exitCode: number | null; stdout: string; stderr: string }>): Promise<string> {
+async function step(name: string, log: string, run: () => Promise<OwnedResult>): Promise<string> {
   await appendFile(log, `\n=== ${name}\n`);
   const r = await run();
   await appendFile(log, r.stdout + r.stderr);
-  if (r.exitCode !== 0) throw new Error(`native build: ${name} failed (exit ${r.exitCode}); see ${log}`);
+  if (r.spawnError) throw new Error(`native build: ${name} could not start: ${r.spawnError}`);
+  if (r.exitCode !== 0) throw new Error(`native build: ${name} failed (${r.signal ? `killed by ${r.signal}` : `exit ${r.exitCode}`}); see ${log}`);
   return r.stdout;
 }
 
 /** Fetched dependency paths (ORT_LIB, ORT_INCLUDE_DIR, ...) as native/deps.sh prints them. */
 export async function nativeDeps(log?: string): Promise<Record<string, string>> {
-  const r = await $({ nothrow: true, quiet: true })`bash ${join(nativeDir(), 'deps.sh')}`;
+  const r = await runOwned('bash', [join(nativeDir(), 'deps.sh')]);
   if (log) await appendFile(log, `\n=== native/deps.sh\n${r.stdout}${r.stderr}`);
   if (r.exitCode !== 0) {
     const why = r.stderr.trim().split('\n').pop() ?? '';
@@ -95,10 +96,9 @@ export async function ensureNative(): Promise<NativeBuild> {
     if (existsSync(join(buildDir, MARKER))) return { qhxGenerate, buildDir }; // built while we waited
     const log = join(buildDir, 'build.log');
     await writeFile(log, readFileSync(depsLog));
-    const q = $({ nothrow: true, quiet: true });
     await step('cmake configure', log, () =>
-      q`cmake -G Ninja -S ${nativeDir()} -B ${buildDir} -DCMAKE_BUILD_TYPE=Release -DORT_INCLUDE_DIR=${deps.ORT_INCLUDE_DIR} -DORT_LIB=${deps.ORT_LIB}`);
-    await step('cmake build (ninja)', log, () => q`cmake --build ${buildDir}`);
+      runOwned('cmake', ['-G', 'Ninja', '-S', nativeDir(), '-B', buildDir, '-DCMAKE_BUILD_TYPE=Release', `-DORT_INCLUDE_DIR=${deps.ORT_INCLUDE_DIR}`, `-DORT_LIB=${deps.ORT_LIB}`]));
+    await step('cmake build (ninja)', log, () => runOwned('cmake', ['--build', buildDir]));
     if (!existsSync(qhxGenerate)) throw new Error(`native build: ${qhxGenerate} was not produced; see ${log}`);
     await writeFile(join(buildDir, MARKER), JSON.stringify({ deps, builtAt: new Date().toISOString() }) + '\n');
     return { qhxGenerate, buildDir };
@@ -120,6 +120,6 @@ export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: strin
 
 /** Runs ctest in a build; resolves with its exit code and output (the parity lines are in it). */
 export async function runNativeTests(build: NativeBuild, env: Record<string, string>): Promise<{ ok: boolean; output: string }> {
-  const r = await $({ nothrow: true, quiet: true, cwd: build.buildDir, env: { ...process.env, ...env } })`ctest --output-on-failure -V`;
+  const r = await runOwned('ctest', ['--output-on-failure', '-V'], { cwd: build.buildDir, env });
   return { ok: r.exitCode === 0, output: r.stdout + r.stderr };
 }

@@ -3,7 +3,7 @@
 import { mkdtemp, readFile, rm } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { $ } from 'zx';
+import { runOwned } from '../engine/subprocess.js';
 import { ensureVenv } from './venv.js';
 
 const WRAPPER = [
@@ -23,7 +23,7 @@ export interface PythonResult {
 }
 
 export class PythonError extends Error {
-  constructor(script: string, code: number | null, stderr: string) {
+  constructor(script: string, code: number | string | null, stderr: string) {
     const tail = stderr.trim().split('\n').slice(-15).join('\n');
     super(`${script} exited with ${code}:\n${tail}`);
     this.name = 'PythonError';
@@ -35,12 +35,13 @@ export async function runPython(script: string, args: string[], opts: { env?: Re
   const dir = await mkdtemp(join(tmpdir(), 'forge-py-'));
   const rssFile = join(dir, 'rss');
   try {
-    const r = await $({
-      nothrow: true, quiet: true, cwd: opts.cwd,
-      env: { ...process.env, ...opts.env, FORGE_RSS_FILE: rssFile, PYTHONUNBUFFERED: '1', HF_HUB_OFFLINE: '1', TRANSFORMERS_OFFLINE: '1' },
-    })`${python} -c ${WRAPPER} ${script} ${args}`;
+    const r = await runOwned(python, ['-c', WRAPPER, script, ...args], {
+      cwd: opts.cwd,
+      env: { ...opts.env, FORGE_RSS_FILE: rssFile, PYTHONUNBUFFERED: '1', HF_HUB_OFFLINE: '1', TRANSFORMERS_OFFLINE: '1' },
+    });
+    if (r.spawnError) throw new Error(`cannot run ${python}: ${r.spawnError}`);
     const peakRssBytes = Number(await readFile(rssFile, 'utf8').catch(() => '0')) || 0;
-    if (r.exitCode !== 0) throw new PythonError(script, r.exitCode, r.stderr);
+    if (r.exitCode !== 0) throw new PythonError(script, r.exitCode ?? r.signal, r.stderr);
     return { stdout: r.stdout, stderr: r.stderr, peakRssBytes };
   } finally {
     await rm(dir, { recursive: true, force: true });

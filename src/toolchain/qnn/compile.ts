@@ -6,7 +6,7 @@ import { fileURLToPath } from 'node:url';
 import { existsSync } from 'node:fs';
 import { mkdir, readFile, rm } from 'node:fs/promises';
 import { basename, join, resolve } from 'node:path';
-import { $ } from 'zx';
+import { runOwned, type OwnedResult } from '../../engine/subprocess.js';
 import { ensureVenv } from '../venv.js';
 
 /** The HTP a context is built for (a subset of HexagonArch). */
@@ -159,41 +159,9 @@ function helperLine(stderr: string): string {
   return own ? own.slice('qnn_compile:'.length).trim() : lines.slice(0, 3).reverse().join(' | ') || '(no output)';
 }
 
-interface RunResult {
-  stdout: string;
-  stderr: string;
-  exitCode: number | null;
-  signal: string | null;
-  timedOut: boolean;
-  seconds: number;
-  spawnError?: string;
-}
-
-/** Runs a command in its own process group; past the limit the whole group gets SIGKILL. */
-export async function runWithTimeout(cmd: string, args: string[], timeoutSeconds: number, env: Record<string, string> = {}, cwd?: string): Promise<RunResult> {
-  const t0 = Date.now();
-  const p = $({ nothrow: true, quiet: true, detached: true, cwd, env: { ...process.env, PYTHONUNBUFFERED: '1', ...env } })`${cmd} ${args}`;
-  let timedOut = false;
-  // detached: the child leads its own process group, which its children (python, the log filter,
-  // anything QNN spawns) inherit, so one kill of the group takes them all.
-  const timer = setTimeout(() => {
-    timedOut = true;
-    if (!p.pid) return;
-    try {
-      process.kill(-p.pid, 'SIGKILL');
-    } catch {
-      try { process.kill(p.pid, 'SIGKILL'); } catch { /* already gone */ }
-    }
-  }, Math.max(1, timeoutSeconds) * 1000);
-  try {
-    const out = await p;
-    const spawnError = out.exitCode === null && !out.signal && !timedOut ? (out.message || out.stderr || 'spawn failed') : undefined;
-    return { stdout: out.stdout, stderr: out.stderr, exitCode: out.exitCode, signal: out.signal, timedOut, seconds: (Date.now() - t0) / 1000, spawnError };
-  } catch (e) {
-    return { stdout: '', stderr: '', exitCode: null, signal: null, timedOut, seconds: (Date.now() - t0) / 1000, spawnError: (e as Error).message };
-  } finally {
-    clearTimeout(timer);
-  }
+/** Runs a command in its own process group that dies with forge; past the limit the whole group gets SIGKILL. */
+export function runWithTimeout(cmd: string, args: string[], timeoutSeconds: number, env: Record<string, string> = {}, cwd?: string): Promise<OwnedResult> {
+  return runOwned(cmd, args, { timeoutSeconds, cwd, env: { PYTHONUNBUFFERED: '1', ...env } });
 }
 
 export interface MemoryFailure {
