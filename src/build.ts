@@ -1,7 +1,11 @@
 // `forge build`: recipe × arch → pipeline → stage cache → output directory with its run record.
-// The output directory is replaced whole (built beside it, then swapped), so an interrupted build
-// never leaves a mix of old and new files.
-import { cpSync, existsSync, mkdirSync, readFileSync, rmSync, renameSync, writeFileSync } from 'node:fs';
+// Output directories are replaced whole (written beside, then renamed into place), so an interrupted
+// or failed build never leaves a mix of old and new files, and never replaces a good bundle with
+// less than one (see writeOutput).
+import { cpSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, renameSync, writeFileSync } from 'node:fs';
+import { basename } from 'node:path';
+import { killOwnedGroups } from './engine/subprocess.js';
+import { describeFailure } from './engine/io-failure.js';
 import { reportHtml, reportMarkdown } from './bundle/report.js';
 import type { OracleRow } from './gates/oracle.js';
 import type { ShardPlan } from './plan/shards.js';
@@ -21,6 +25,7 @@ import { cacheRoot } from './paths.js';
 import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
 import type { Json } from './engine/stage.js';
 import type { TargetSpec } from './gates/parity.js';
+import type { Pipeline } from './engine/stage.js';
 
 export interface BuildRequest {
   recipe: string;
@@ -53,9 +58,29 @@ export function defaultOut(recipe: string, arch: string): string {
 export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const { recipe } = loadRecipe(req.recipe);
-  const { arch, settings } = archSettings(recipe, req.arch);
+  const { arch } = archSettings(recipe, req.arch);
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
+  // Ctrl-C or SIGTERM: stop the running stages (they kill their subprocesses), then finish with a
+  // run record that says the build was interrupted. A second signal finds no handler and kills.
+  const interrupt = new AbortController();
+  const onSignal = (signal: NodeJS.Signals) => {
+    killOwnedGroups();
+    interrupt.abort(signal);
+  };
+  process.once('SIGINT', onSignal);
+  process.once('SIGTERM', onSignal);
+  try {
+    return await buildUnderSignals(req, out, progress, interrupt.signal, t0);
+  } finally {
+    process.removeListener('SIGINT', onSignal);
+    process.removeListener('SIGTERM', onSignal);
+  }
+}
+
+async function buildUnderSignals(req: BuildRequest, out: string, progress: Progress, signal: AbortSignal, t0: number): Promise<RunRecord> {
+  const { recipe } = loadRecipe(req.recipe);
+  const { arch, settings } = archSettings(recipe, req.arch);
   const tools = toolVersions();
   // Every build traces with the Python oracle: set its environment up here, where the user sees it,
   // rather than silently inside the first stage that needs it.
@@ -70,7 +95,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   let pipeline = buildPipeline(recipe, arch, settings, { target: req.target });
   let result: PipelineResult;
   try {
-  result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
+  result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
   while (result.failure?.stage === 'compile' && result.failure.message.includes(MEMORY_FAILURE) && replans.length < 2) {
     const ceilingBytes = smallerCeiling(result, arch.contextCeilingBytes);
     if (!ceilingBytes) break;
@@ -78,7 +103,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
     pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes });
-    result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
+    result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
   }
   } finally {
     progress.close();
@@ -92,26 +117,94 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     if (g) gates[g.name] = { ...((meta.outcome.summary ?? {}) as Record<string, Json>), ok: g.ok };
     else if (meta.outcome.summary !== undefined) summaries[id] = meta.outcome.summary;
   }
+  const madeBundle = result.ok && !req.until;
+  const status: RunRecord['status'] = result.interrupted ? 'interrupted' : !result.ok ? 'failed' : req.until ? 'partial' : 'ok';
+  const error = result.interrupted ? `interrupted by ${result.interrupted}` : result.failure ? `${result.failure.stage}: ${result.failure.message}` : undefined;
+  const target = outputDir(out, madeBundle);
   const record: RunRecord = {
     recipe: recipe.id,
     arch: arch.id,
     ok: result.ok,
-    ...(result.failure ? { error: `${result.failure.stage}: ${result.failure.message}` } : {}),
+    status,
+    ...(req.until ? { until: req.until } : {}),
+    ...(error ? { error } : {}),
     stages: result.stages,
     ...(replans.length ? { replans } : {}),
     gates,
     ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),
     summaries,
     tools,
-    bundle: out,
+    bundle: madeBundle ? out : null,
+    buildDir: join(target, 'build'),
     seconds: (performance.now() - t0) / 1000,
   };
+  try {
+    writeOutput(target, record, result, pipeline, madeBundle);
+    // A good bundle makes the record of an earlier run that made none obsolete.
+    if (madeBundle) rmSync(`${out}${INCOMPLETE}`, { recursive: true, force: true });
+  } catch (e) {
+    // The disk filled (or another I/O error) while writing out: the build failed, nothing half-written
+    // stays, and what was in out/ before is as it was. The record still reaches --json.
+    const message = describeFailure(e as Error, dirname(target));
+    Object.assign(record, { ok: false, status: 'failed', error: `output: ${message}`, bundle: null, buildDir: null });
+  }
+  return record;
+}
 
-  // Assemble beside the target, then swap it in.
-  const staging = `${out}.partial-${process.pid}`;
+/** Suffix of the directory beside out/<recipe>/<arch> where a run that made no bundle leaves its build/. */
+export const INCOMPLETE = '.incomplete';
+
+/**
+ * Where this run's output goes. A bundle replaces `out` whole. A run that made none (a failure, an
+ * interrupt, --until) writes only build/: into `out` when no bundle is there, else beside it into
+ * `<out>.incomplete`, so the last good bundle and its own run record stay byte-identical.
+ */
+export function outputDir(out: string, madeBundle: boolean): string {
+  return madeBundle || !existsSync(join(out, 'manifest.json')) ? out : `${out}${INCOMPLETE}`;
+}
+
+/** Staging dirs of builds that were killed while writing (their pid is gone). */
+function removeStaleStaging(target: string): void {
+  const dir = dirname(target);
+  const prefix = `${basename(target)}.staging-`;
+  for (const name of existsSync(dir) ? readdirSync(dir) : []) {
+    if (!name.startsWith(prefix) && !name.startsWith(`${basename(target)}.old-`)) continue;
+    const pid = Number(name.slice(name.lastIndexOf('-') + 1));
+    if (pid === process.pid || !Number.isInteger(pid) || pidAlive(pid)) continue;
+    rmSync(join(dir, name), { recursive: true, force: true });
+  }
+}
+
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
+  }
+}
+
+/** Writes the bundle (when made) and build/ beside `target`, then renames it into place. */
+function writeOutput(target: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean): void {
+  mkdirSync(dirname(target), { recursive: true });
+  removeStaleStaging(target);
+  const staging = `${target}.staging-${process.pid}`;
   rmSync(staging, { recursive: true, force: true });
+  try {
+    fillStaging(staging, record, result, pipeline, madeBundle);
+    const old = `${target}.old-${process.pid}`;
+    if (existsSync(target)) renameSync(target, old);
+    renameSync(staging, target);
+    rmSync(old, { recursive: true, force: true });
+  } catch (e) {
+    rmSync(staging, { recursive: true, force: true });
+    throw e;
+  }
+}
+
+function fillStaging(staging: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean): void {
   mkdirSync(join(staging, 'build'), { recursive: true });
-  if (result.ok) {
+  if (madeBundle) {
     for (const id of pipeline.publish) {
       const entry = result.entries.get(id);
       if (!entry) continue; // not reached with --until
@@ -133,10 +226,4 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   };
   writeFileSync(join(staging, 'build', 'report.md'), reportMarkdown(report));
   writeFileSync(join(staging, 'build', 'report.html'), reportHtml(report));
-  mkdirSync(dirname(out), { recursive: true });
-  const old = `${out}.old-${process.pid}`;
-  if (existsSync(out)) renameSync(out, old);
-  renameSync(staging, out);
-  rmSync(old, { recursive: true, force: true });
-  return record;
 }

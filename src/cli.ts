@@ -10,6 +10,7 @@ import { publishBundle } from './hub/publish.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
+import type { RunRecord } from './engine/record.js';
 
 let verbose = process.argv.includes('--verbose');
 
@@ -19,9 +20,16 @@ function fail(e: unknown): never {
   process.exit(1);
 }
 
+// Numeric flags: a value that is not what the flag takes is an error naming the flag, never a
+// silent default (parseInt('abc') is NaN, '0' jobs is no jobs, '2x' is not 2). A plain Error, not
+// commander's InvalidArgumentError, so it reaches fail() as one line without the help text.
+const positiveInt = (flag: string) => (v: string) => {
+  if (!/^\s*\d+\s*$/.test(v) || Number(v) < 1) throw new Error(`${flag} wants a whole number of at least 1, got '${v}'`);
+  return Number(v);
+};
 const gbToBytes = (v: string) => {
-  const n = Number(v);
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`--memory-budget wants a number of GB, got '${v}'`);
+  const n = /^\s*(\d+(\.\d*)?|\.\d+)\s*$/.test(v) ? Number(v) : NaN;
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`--memory-budget wants a number of GB above 0, got '${v}'`);
   return Math.floor(n * 1e9);
 };
 
@@ -62,7 +70,7 @@ program.command('build <recipe>')
   .option('--out <dir>', 'output directory (default out/<recipe>/<arch>)')
   .option('--until <stage>', 'stop after this stage')
   .option('--force <stage...>', 're-run these stages even when cached')
-  .option('--jobs <n>', 'stages run at once (default: CPU count)', (v) => parseInt(v, 10))
+  .option('--jobs <n>', 'stages run at once (default: CPU count)', positiveInt('--jobs'))
   .option('--memory-budget <GB>', 'sum of declared stage peaks allowed at once (default 75% of RAM)', gbToBytes)
   .addOption(new Option('--target <where>', 'where the parity gate runs the bundle').choices(['host', 'adb']).default('host'))
   .option('--serial <serial>', 'adb device serial (with --target adb)')
@@ -77,11 +85,22 @@ program.command('build <recipe>')
     const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, verbose, target });
     if (o.json) console.log(JSON.stringify(record));
     else {
-      for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(7)} ${s.seconds.toFixed(1)} s`);
-      console.log(record.ok ? `ok: ${record.bundle}` : `FAILED: ${record.error}\nrun record: ${record.bundle}/build/run.json`);
+      for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(9)} ${s.seconds.toFixed(1)} s`);
+      console.log(summaryLine(record));
     }
+    if (record.status === 'interrupted') process.exit(130);
     if (!record.ok) process.exit(1);
   });
+
+function summaryLine(r: RunRecord): string {
+  const where = r.buildDir ? `run record: ${r.buildDir}/run.json` : 'the run record could not be written (it is printed by --json)';
+  if (r.status === 'ok') return `ok: ${r.bundle}`;
+  if (r.status === 'partial') {
+    const gates = Object.keys(r.gates);
+    return `partial: stopped after ${r.until} as asked; no bundle made, ${gates.length ? `only gates ${gates.join(', ')} ran` : 'no gate ran'}\n${where}`;
+  }
+  return `${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}\n${where}`;
+}
 
 program.command('publish <bundle-dir>')
   .description('upload a built bundle to the Hugging Face hub: one commit, only the files that changed; refuses a bundle whose gates did not all pass')

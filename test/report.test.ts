@@ -9,10 +9,10 @@ import type { RunRecord } from '../src/engine/record.js';
 import type { OracleRow } from '../src/gates/oracle.js';
 
 const record: RunRecord = {
-  recipe: 'tiny-qwen3', arch: 'v81', ok: false, error: 'oracle: gate oracle failed',
+  recipe: 'tiny-qwen3', arch: 'v81', ok: false, status: 'failed', error: 'oracle: gate oracle failed',
   stages: [{ name: 'fetch', status: 'cached', seconds: 0.01, peakRssBytes: null }, { name: 'oracle', status: 'ran', seconds: 1.5, peakRssBytes: 150e6 }],
   gates: { oracle: { ok: false, graphs: { 'quantize:w8/shard0.decode': { minCosine: 0.9123, ok: false } } as any } },
-  summaries: {}, tools: { torch: '2.15.0' }, bundle: '/x', seconds: 2.5,
+  summaries: {}, tools: { torch: '2.15.0' }, bundle: null, buildDir: '/x/build', seconds: 2.5,
 };
 const row = (layer: number, cos: number, ok = true): OracleRow => ({ variant: 'quantize:w8', graph: 'shard0.decode', layer: String(layer), output: `h.${layer + 1}`, what: 'residual out', minCosine: cos, maxAbs: 0.1, worst: 'prompt 0 step 1', ok });
 const rows = [row(0, 0.9999), row(1, 0.9998), row(2, 0.9123, false)];

@@ -10,7 +10,12 @@ export interface GateRecord {
 export interface RunRecord {
   recipe: string;
   arch: string;
+  /** Nothing failed and nothing was interrupted (a --until run can be ok without being a build). */
   ok: boolean;
+  /** ok: a gated bundle was made; partial: stopped after --until as asked, no bundle; failed; interrupted (SIGINT/SIGTERM). */
+  status: 'ok' | 'partial' | 'failed' | 'interrupted';
+  /** The stage a partial run stopped after. */
+  until?: string;
   error?: string;
   stages: StageRecord[];
   /** Re-plans after the compile ran out of HTP memory (at most two). */
@@ -21,8 +26,10 @@ export interface RunRecord {
   /** Small per-stage summaries (plan sizes, fetched bytes …) of the stages that are not gates (those are in `gates`). */
   summaries: Record<string, Json>;
   tools: Record<string, string>;
-  /** Absolute path of the build's output directory. */
-  bundle: string;
+  /** Absolute path of the bundle this run made; null when it made none (failed, interrupted, partial). */
+  bundle: string | null;
+  /** Absolute path of the build/ directory holding this record and the reports; null when it could not be written. */
+  buildDir: string | null;
   seconds: number;
 }
 
