@@ -86,8 +86,15 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     child.stderr!.pipe(log, { end: false });
     let settled = false;
     let killTimer: NodeJS.Timeout | undefined;
-    const terminate = () => {
-      if (child.exitCode !== null || child.signalCode !== null) return;
+    const gone = () => child.exitCode !== null || child.signalCode !== null;
+    // Stopping fails the stage only once its process is gone, so the caller's removal of the temp
+    // dir and release of the lock never race a stage still writing.
+    let pending: Error | undefined;
+    const stopWith = (err: Error) => {
+      if (gone()) return finish(() => reject(err));
+      if (pending) return;
+      pending = err;
+      clearTimeout(timer);
       child.kill('SIGTERM');
       killTimer = setTimeout(() => child.kill('SIGKILL'), STOP_GRACE_MS);
     };
@@ -103,26 +110,22 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     };
     const timer = node.timeoutSeconds
       ? setTimeout(() => {
-          terminate();
-          finish(() => reject(new Error(`timed out after ${node.timeoutSeconds} s (log: ${logFile})`)));
+          stopWith(new Error(`timed out after ${node.timeoutSeconds} s (log: ${logFile})`));
         }, node.timeoutSeconds * 1000)
       : undefined;
-    const onStop = () => {
-      terminate();
-      finish(() => reject(new StageCancelled(String(stop.reason ?? 'stopped'))));
-    };
+    const onStop = () => stopWith(new StageCancelled(String(stop.reason ?? 'stopped')));
     stop.addEventListener('abort', onStop, { once: true });
     // A log that cannot be written (a full disk) fails the stage with the path, instead of an
     // unhandled 'error' event that would take the whole build down without a run record.
     log.on('error', (e: NodeJS.ErrnoException) => {
-      terminate();
-      finish(() => reject(new Error(`cannot write the stage log ${logFile}: ${e.code ?? e.message}${e.code ? ` (${e.message})` : ''}`)));
+      stopWith(new Error(`cannot write the stage log ${logFile}: ${e.code ?? e.message}${e.code ? ` (${e.message})` : ''}`));
     });
     child.on('message', (m: ChildMessage) => {
       if (m.type === 'log') {
         if (!log.destroyed) log.write(`${m.message}\n`);
         progress.log(node.id, m.message);
       } else if (m.type === 'progress') progress.update(node.id, m.done, m.total, m.label);
+      else if (pending) return; // being stopped: what it says now no longer counts
       else if (m.type === 'done') finish(() => resolve({ outcome: (m.outcome ?? {}) as EntryMeta['outcome'], peakRssBytes: m.peakRssBytes }));
       else if (m.type === 'failed') {
         if (!log.destroyed) log.write(`${m.stack ?? m.message}\n`);
@@ -132,6 +135,7 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     child.on('error', (e) => finish(() => reject(e)));
     child.on('exit', (code, signal) => {
       clearTimeout(killTimer);
+      if (pending) finish(() => reject(pending));
       // Under Ctrl-C the stage gets SIGINT with its build and may be gone before the build has acted on it.
       if (stop.aborted) finish(() => reject(new StageCancelled(String(stop.reason ?? 'stopped'))));
       finish(() => reject(new Error(`stage process exited (${signal ?? code}) before finishing; log: ${logFile}`)));
