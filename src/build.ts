@@ -117,6 +117,7 @@ async function buildUnderSignals(req: BuildRequest, out: string, progress: Progr
     if (g) gates[g.name] = { ...((meta.outcome.summary ?? {}) as Record<string, Json>), ok: g.ok };
     else if (meta.outcome.summary !== undefined) summaries[id] = meta.outcome.summary;
   }
+  for (const dir of [out, `${out}${INCOMPLETE}`]) removeStaleStaging(dir);
   const madeBundle = result.ok && !req.until;
   const status: RunRecord['status'] = result.interrupted ? 'interrupted' : !result.ok ? 'failed' : req.until ? 'partial' : 'ok';
   const error = result.interrupted ? `interrupted by ${result.interrupted}` : result.failure ? `${result.failure.stage}: ${result.failure.message}` : undefined;
@@ -163,15 +164,20 @@ export function outputDir(out: string, madeBundle: boolean): string {
   return madeBundle || !existsSync(join(out, 'manifest.json')) ? out : `${out}${INCOMPLETE}`;
 }
 
-/** Staging dirs of builds that were killed while writing (their pid is gone). */
+/**
+ * What a build killed while writing left (its pid is gone): its staging dir is removed; the previous
+ * output it had moved aside goes back into place if it never got to rename the new one in.
+ */
 function removeStaleStaging(target: string): void {
   const dir = dirname(target);
-  const prefix = `${basename(target)}.staging-`;
+  const staging = `${basename(target)}.staging-`;
+  const old = `${basename(target)}.old-`;
   for (const name of existsSync(dir) ? readdirSync(dir) : []) {
-    if (!name.startsWith(prefix) && !name.startsWith(`${basename(target)}.old-`)) continue;
+    if (!name.startsWith(staging) && !name.startsWith(old)) continue;
     const pid = Number(name.slice(name.lastIndexOf('-') + 1));
     if (pid === process.pid || !Number.isInteger(pid) || pidAlive(pid)) continue;
-    rmSync(join(dir, name), { recursive: true, force: true });
+    if (name.startsWith(old) && !existsSync(target)) renameSync(join(dir, name), target);
+    else rmSync(join(dir, name), { recursive: true, force: true });
   }
 }
 
@@ -187,7 +193,6 @@ function pidAlive(pid: number): boolean {
 /** Writes the bundle (when made) and build/ beside `target`, then renames it into place. */
 function writeOutput(target: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean): void {
   mkdirSync(dirname(target), { recursive: true });
-  removeStaleStaging(target);
   const staging = `${target}.staging-${process.pid}`;
   rmSync(staging, { recursive: true, force: true });
   try {

@@ -193,6 +193,18 @@ describe('output directories', () => {
     expect(existsSync(`${out}.incomplete`)).toBe(false);
   });
 
+  it('puts back the bundle a build killed mid-swap had moved aside, and removes its staging dir', async () => {
+    const out = join(work, 'killed-mid-swap');
+    const deadPid = 4194305; // above Linux's largest pid: no such process
+    const aside = previousBundle(`killed-mid-swap.old-${deadPid}`);
+    const before = treeHashes(aside);
+    cpSync(good, `${out}.staging-${deadPid}`, { recursive: true });
+    const r = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'plan', '--out', out]);
+    expect(r.code, r.stderr).toBe(0);
+    expect(treeHashes(out)).toEqual(before);
+    expect(readdirSync(work).filter((n) => n.startsWith('killed-mid-swap')).sort()).toEqual(['killed-mid-swap', 'killed-mid-swap.incomplete']);
+  });
+
   it('--until says the run is partial: status, console line and record, and claims no bundle', async () => {
     const out = join(work, 'partial');
     const r = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'export', '--out', out]);
