@@ -50,7 +50,8 @@ beforeAll(async () => {
 });
 
 afterAll(() => {
-  for (const m of mounts) spawnSync('umount', ['-l', m]);
+  for (const m of mounts) spawnSync('umount', [m]);
+  rmSync(work, { recursive: true, force: true });
 });
 
 /** A fresh tmpfs of `mb` MB. */
