@@ -1,7 +1,7 @@
 // The engine's lifecycle: failed and cancelled stages leave nothing half-made, the first error stops
 // the rest, and no subprocess outlives the stage or the build that started it.
-import { describe, it, expect, beforeEach } from 'vitest';
-import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { describe, it, expect, beforeEach, afterEach } from 'vitest';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
@@ -27,6 +27,7 @@ beforeEach(() => {
   dir = mkdtempSync(join(tmpdir(), 'forge-lifecycle-'));
   cacheRoot = join(dir, 'cache');
 });
+afterEach(() => rmSync(dir, { recursive: true, force: true }));
 
 const write = (id: string, params: WriteParams, inputs: Record<string, string> = {}): StageNode => ({
   id, module: WRITE, params: params as any, inputs, tools: [], peakMemoryBytes: 1,
