@@ -99,6 +99,11 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
 }
 
+/** The gates a recipe asks for; the run record keeps this list and `forge publish` requires each. */
+export function requiredGates(recipe: Recipe): string[] {
+  return ['oracle', 'parity', ...(recipe.gates.emulation ? ['emulation'] : [])];
+}
+
 /**
  * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity, for recipes that
  * ask for it (the simulator takes 50–300 ms a graph call even for a tiny twin: measured here,

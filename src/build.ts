@@ -9,7 +9,7 @@ import { dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings } from './recipe/load.js';
-import { buildPipeline } from '../pipelines/build.js';
+import { buildPipeline, requiredGates } from '../pipelines/build.js';
 import { StageCache, META } from './engine/cache.js';
 import { Scheduler } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
@@ -101,6 +101,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     ...(replans.length ? { replans } : {}),
     gates,
     ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),
+    gatesRequired: requiredGates(recipe),
     summaries,
     tools,
     bundle: out,
