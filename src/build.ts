@@ -10,6 +10,7 @@ import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings } from './recipe/load.js';
 import { buildPipeline, requiredGates } from '../pipelines/build.js';
+import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
 import { Scheduler } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
@@ -52,7 +53,7 @@ export function defaultOut(recipe: string, arch: string): string {
 
 export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
-  const { recipe } = loadRecipe(req.recipe);
+  const { recipe, file } = loadRecipe(req.recipe);
   const { arch, settings } = archSettings(recipe, req.arch);
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
@@ -67,7 +68,8 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target });
+  const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest });
   let result: PipelineResult;
   try {
   result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
@@ -77,7 +79,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
-    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes });
+    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest });
     result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force });
   }
   } finally {
