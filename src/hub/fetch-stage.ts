@@ -14,6 +14,7 @@ import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
 import { fetchHubSnapshot } from './download.js';
 import { localCheckpointDigest, type LocalDigest } from './local-digest.js';
 import { stableStringify } from '../engine/hash.js';
+import { checkTokenizerFiles } from './tokenizer-files.js';
 
 export interface FetchParams {
   source: Recipe['source'];
@@ -63,6 +64,8 @@ export const stage: StageModule<FetchParams> = {
     }
     const checked = await validateCheckpoint(ctx.params.family, isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
     ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
+    const tokenizer = checkTokenizerFiles(isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
     return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
   },

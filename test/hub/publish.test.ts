@@ -7,6 +7,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { formatPlan, publishBundle } from '../../src/hub/publish.js';
 import { BUNDLE_FILES, changeFile, makeBundle, sha256 } from './fixture.js';
 import { GOOD_TOKEN, HubStandin } from './standin.js';
+import { forge } from '../helpers/forge-cli.js';
 
 const REPO = 'forge-test/tiny-v81';
 let hub: HubStandin;
@@ -201,6 +202,18 @@ describe('publish', () => {
     // Without a token too (no whoami call: the first request is the repo lookup).
     delete process.env.HF_TOKEN;
     expect((await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log })).compared).toBe(false);
+  });
+
+  it('forge publish --dry-run works offline from the command line (exit 0, the plan, one line saying so)', async () => {
+    const dir = makeBundle();
+    const run = await forge(['publish', dir, '--repo', REPO, '--dry-run'], { HF_ENDPOINT: await closedPortUrl(), HF_TOKEN: GOOD_TOKEN });
+    expect(run.code).toBe(0);
+    expect(run.stderr).toContain(`could not reach the hub (ECONNREFUSED): not compared with what ${REPO} holds; every file is listed as an upload`);
+    expect(run.stderr).toMatch(/upload \(not compared\)\s+400\.0 KB {2}model\.data/);
+    expect(run.stderr).not.toMatch(/fetch failed|\n\s+at /);
+    const real = await forge(['publish', dir, '--repo', REPO], { HF_ENDPOINT: await closedPortUrl(), HF_TOKEN: GOOD_TOKEN });
+    expect(real.code).toBe(1);
+    expect(real.stderr.trim()).toBe('forge: could not reach the hub while checking the token (ECONNREFUSED): check the network, or HF_ENDPOINT if it is set');
   });
 
   it('a real publish with the hub unreachable fails in one line that says so', async () => {
