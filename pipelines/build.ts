@@ -5,7 +5,8 @@ import { join } from 'node:path';
 import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
 import type { ArchSettings, Recipe } from '../src/recipe/schema.js';
-import { fingerprintDir, type FetchParams } from '../src/hub/fetch-stage.js';
+import type { FetchParams } from '../src/hub/fetch-stage.js';
+import type { LocalDigest } from '../src/hub/local-digest.js';
 import type { PlanParams } from '../src/plan/stage.js';
 import type { ExportParams } from '../src/families/export-stage.js';
 import type { TraceParams } from '../src/gates/trace-stage.js';
@@ -23,13 +24,14 @@ import { repoRoot } from '../src/paths.js';
 const GB = 1_000_000_000;
 const src = (p: string) => join(repoRoot(), 'src', p);
 
-function fetchNode(recipe: Recipe): StageNode {
+function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageNode {
   const params: FetchParams = { source: recipe.source, family: recipe.family };
   let tools: string[] = [];
   if (recipe.source.kind === 'tiny') {
     tools = ['python-env'];
   } else if (recipe.source.kind === 'local') {
-    params.fingerprint = fingerprintDir(recipe.source.path);
+    if (!localDigest) throw new Error(`recipe ${recipe.id}: a local source needs its content digest (localCheckpointDigest) to be keyed`);
+    params.digest = localDigest;
   }
   return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, peakMemoryBytes: 2 * GB };
 }
@@ -99,6 +101,11 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
 }
 
+/** The gates a recipe asks for; the run record keeps this list and `forge publish` requires each. */
+export function requiredGates(recipe: Recipe): string[] {
+  return ['oracle', 'parity', ...(recipe.gates.emulation ? ['emulation'] : [])];
+}
+
 /**
  * The x86 HTP simulator gate: the compiled binaries, teacher-forced and in parity, for recipes that
  * ask for it (the simulator takes 50–300 ms a graph call even for a tiny twin: measured here,
@@ -157,6 +164,8 @@ export interface PipelineOptions {
   ceilingBytes?: number;
   /** Default: compileToolchain() (the environment decides). */
   toolchain?: CompileToolchain;
+  /** For a local source: its files' sha256 (localCheckpointDigest), the fetch stage's key. */
+  localDigest?: LocalDigest;
 }
 
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
@@ -168,7 +177,7 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
   const gatesNotRun = typeof emu === 'string' ? { emulation: emu } : undefined;
   return {
     nodes: [
-      fetchNode(recipe),
+      fetchNode(recipe, opts.localDigest),
       { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], peakMemoryBytes: 0.2 * GB },
       traceNode(recipe, settings),
       exportNode('export', recipe, settings, 'fp32', toolchain),

@@ -13,7 +13,8 @@ import { dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings } from './recipe/load.js';
-import { buildPipeline } from '../pipelines/build.js';
+import { buildPipeline, requiredGates } from '../pipelines/build.js';
+import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
 import { Scheduler } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
@@ -57,8 +58,9 @@ export function defaultOut(recipe: string, arch: string): string {
 
 export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
-  const { recipe } = loadRecipe(req.recipe);
-  const { arch } = archSettings(recipe, req.arch);
+  const loaded = loadRecipe(req.recipe);
+  const { arch } = archSettings(loaded.recipe, req.arch);
+  const recipe = loaded.recipe;
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   // Ctrl-C or SIGTERM: stop the running stages (they kill their subprocesses), then finish with a
@@ -71,15 +73,14 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {
-    return await buildUnderSignals(req, out, progress, interrupt.signal, t0);
+    return await buildUnderSignals(req, loaded, out, progress, interrupt.signal, t0);
   } finally {
     process.removeListener('SIGINT', onSignal);
     process.removeListener('SIGTERM', onSignal);
   }
 }
 
-async function buildUnderSignals(req: BuildRequest, out: string, progress: Progress, signal: AbortSignal, t0: number): Promise<RunRecord> {
-  const { recipe } = loadRecipe(req.recipe);
+async function buildUnderSignals(req: BuildRequest, { recipe, file }: ReturnType<typeof loadRecipe>, out: string, progress: Progress, signal: AbortSignal, t0: number): Promise<RunRecord> {
   const { arch, settings } = archSettings(recipe, req.arch);
   const tools = toolVersions();
   // Every build traces with the Python oracle: set its environment up here, where the user sees it,
@@ -92,7 +93,8 @@ async function buildUnderSignals(req: BuildRequest, out: string, progress: Progr
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target });
+  const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest });
   let result: PipelineResult;
   try {
   result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
@@ -102,7 +104,7 @@ async function buildUnderSignals(req: BuildRequest, out: string, progress: Progr
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
-    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes });
+    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest });
     result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
   }
   } finally {
@@ -133,6 +135,7 @@ async function buildUnderSignals(req: BuildRequest, out: string, progress: Progr
     ...(replans.length ? { replans } : {}),
     gates,
     ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),
+    gatesRequired: requiredGates(recipe),
     summaries,
     tools,
     bundle: madeBundle ? out : null,

@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, writeFileSync, truncateSync, statSync, mkdirSync, readdirSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync, truncateSync, statSync, mkdirSync, readdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -66,6 +66,13 @@ describe('a damaged checkpoint', () => {
     });
     expect(record.ok).toBe(false);
     expect(record.error).toMatch(/model\.layers\.1\.mlp\.up_proj\.weight/);
+  });
+
+  it('tokenizer.json missing: fetch fails naming the file (not a traceback in the trace)', async () => {
+    const { record } = await buildDamaged('no-tokenizer', (d) => rmSync(join(d, 'tokenizer.json')));
+    expect(record.ok).toBe(false);
+    expect(record.error).toMatch(/^fetch: .*no-tokenizer\/tokenizer\.json: missing/);
+    expect(record.stages.find((s) => s.name === 'trace')?.status).not.toBe('ran');
   });
 
   it('a tensor whose shape disagrees with config.json: names tensor, file and both shapes', async () => {

@@ -1,5 +1,6 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, utimesSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, statSync, utimesSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { FAKE_QAIRT_VERSION, makeFakeQairt } from './helpers/fake-qairt.js';
@@ -94,7 +95,7 @@ describe('forge build', () => {
     expect(JSON.parse(readFileSync(join(out, 'build/run.json'), 'utf8')).ok).toBe(false);
   });
 
-  it('re-plans a local checkpoint edited in place, even when every file keeps its size', async () => {
+  it('keys a local checkpoint by content: a same-size edit with its mtime restored re-plans, a touch alone does not', async () => {
     const twin = lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'out-twin2')])).stdout);
     const modelDir = join(work, 'local-model');
     cpSync(join(process.env.FORGE_CACHE!, 'fetch', twin.stages.find((s: { name: string }) => s.name === 'fetch').key, 'model'), modelDir, { recursive: true });
@@ -104,9 +105,32 @@ describe('forge build', () => {
     const plan = async () => statuses(lastJson((await forge(['build', 'local-qwen3', '--arch', 'v81', '--until', 'plan', '--json', '--out', join(work, 'out-local')], { FORGE_RECIPES: recipes })).stdout));
     expect(await plan()).toEqual({ fetch: 'ran', plan: 'ran' });
     expect(await plan()).toEqual({ fetch: 'cached', plan: 'cached' });
-    const config = join(modelDir, 'config.json');
-    utimesSync(config, new Date(), new Date(Date.now() + 5000)); // same bytes, a later mtime: as an edit in place looks
+    utimesSync(join(modelDir, 'config.json'), new Date(), new Date(Date.now() + 5000)); // same bytes, a later mtime
+    expect(await plan()).toEqual({ fetch: 'cached', plan: 'cached' });
+    // One weight byte changed in place (its sign bit: still finite), size kept, mtime put back.
+    const weights = join(modelDir, 'model.safetensors');
+    const ref = join(work, 'weights.ref');
+    writeFileSync(ref, '');
+    execFileSync('touch', ['-r', weights, ref]);
+    const before = statSync(weights, { bigint: true });
+    const bytes = readFileSync(weights);
+    bytes[bytes.length - 1] ^= 0x80;
+    writeFileSync(weights, bytes);
+    execFileSync('touch', ['-r', ref, weights]);
+    const after = statSync(weights, { bigint: true });
+    expect([after.size, after.mtimeNs]).toEqual([before.size, before.mtimeNs]);
     expect(await plan()).toEqual({ fetch: 'ran', plan: 'ran' });
+  });
+
+  it('names the recipe file and source.path when a local source does not exist', async () => {
+    const recipe = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
+    mkdirSync(join(recipes, 'missing-local'));
+    const file = join(recipes, 'missing-local', 'recipe.json');
+    writeFileSync(file, JSON.stringify({ ...recipe, id: 'missing-local', source: { kind: 'local', path: '/nonexistent/forge-model' } }));
+    const run = await forge(['build', 'missing-local', '--arch', 'v81', '--out', join(work, 'out-missing')], { FORGE_RECIPES: recipes });
+    expect(run.code).toBe(1);
+    expect(run.stderr.trim().split('\n').pop()).toBe(`forge: ${file}: source.path: /nonexistent/forge-model does not exist`);
+    expect(run.stderr).not.toMatch(/ENOENT|\n\s+at /);
   });
 
   it('gives one clear line, without a stack trace, for an unknown arch or an invalid recipe', async () => {

@@ -2,7 +2,7 @@ import { describe, it, expect } from 'vitest';
 import { mkdtempSync, mkdirSync, writeFileSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { loadRecipe, archSettings, listRecipeIds, parseRecipe } from '../src/recipe/load.js';
+import { loadRecipe, archSettings, listRecipeIds, parseRecipe, checkLocalSource } from '../src/recipe/load.js';
 import { getArch, ARCH_IDS } from '../src/arch/table.js';
 
 const base = () => JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
@@ -75,6 +75,28 @@ describe('recipes', () => {
     writeFileSync(join(dir, 'broken', 'recipe.json'), '{ not json');
     expect(() => loadRecipe('broken', dir)).toThrow(/broken\/recipe.json: not valid JSON/);
     expect(() => loadRecipe('absent', dir)).toThrow(/no recipe 'absent'.*known recipes: broken, mine/);
+  });
+});
+
+describe('a local source path', () => {
+  const { recipe } = loadRecipe('tiny-qwen3');
+  const local = (path: string) => ({ ...recipe, source: { kind: 'local' as const, path } });
+  const FILE = 'recipes/x/recipe.json';
+
+  it('is refused in one line naming the recipe file and source.path when it does not exist', () => {
+    expect(() => checkLocalSource(local('/nonexistent/m'), FILE)).toThrow(/^recipes\/x\/recipe\.json: source\.path: \/nonexistent\/m does not exist$/);
+    expect(() => checkLocalSource(local('rel/m'), FILE)).toThrow(new RegExp(`^recipes/x/recipe\\.json: source\\.path: rel/m \\(${join(process.cwd(), 'rel/m')}\\) does not exist$`));
+  });
+
+  it('is refused when it names a file, not a folder', () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'forge-src-')), 'model.safetensors');
+    writeFileSync(file, '');
+    expect(() => checkLocalSource(local(file), FILE)).toThrow(`${FILE}: source.path: ${file} is not a directory (a local source names the checkpoint's folder)`);
+  });
+
+  it('passes a folder, and ignores sources that are not local', () => {
+    expect(() => checkLocalSource(local(tmpdir()), FILE)).not.toThrow();
+    expect(() => checkLocalSource(recipe, FILE)).not.toThrow();
   });
 });
 

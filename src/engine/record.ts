@@ -23,6 +23,8 @@ export interface RunRecord {
   gates: Record<string, GateRecord>;
   /** Gates this build did not run, with why. */
   gatesNotRun?: Record<string, string>;
+  /** The gates the recipe asks for: `forge publish` refuses a bundle missing any of them. */
+  gatesRequired?: string[];
   /** Small per-stage summaries (plan sizes, fetched bytes …) of the stages that are not gates (those are in `gates`). */
   summaries: Record<string, Json>;
   tools: Record<string, string>;

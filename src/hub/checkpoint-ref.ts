@@ -11,10 +11,10 @@ export interface CheckpointRef {
   /** Relative path → size of every file, as seen when fetched. */
   files: Record<string, number>;
   /**
-   * Local checkpoints: relative path → [size, mtimeMs]. The weights stay outside the cache, so this
-   * is what makes an edit in place (even one that keeps every size) a new input downstream.
+   * Local checkpoints: relative path → sha256. The weights stay outside the cache, so this is what
+   * makes an edit in place (even one that keeps every size and the mtime) a new input downstream.
    */
-  fingerprint?: Record<string, [number, number]>;
+  digest?: Record<string, string>;
 }
 
 export const CHECKPOINT_REF = 'checkpoint.json';

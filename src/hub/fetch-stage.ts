@@ -1,6 +1,6 @@
 // Stage `fetch`: the checkpoint, from one of three places. A tiny twin is made here by the oracle
 // environment (seeded, byte-identical every time); a local directory is referenced with a
-// fingerprint of its files in the params; a hub revision is downloaded into the standard HF cache.
+// content digest of its files in the params; a hub revision is downloaded into the standard HF cache.
 import { fileURLToPath } from 'node:url';
 import { readdirSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
@@ -12,13 +12,16 @@ import { isAbsolute } from 'node:path';
 import { runPython } from '../toolchain/python.js';
 import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
 import { fetchHubSnapshot } from './download.js';
+import { localCheckpointDigest, type LocalDigest } from './local-digest.js';
+import { stableStringify } from '../engine/hash.js';
+import { checkTokenizerFiles } from './tokenizer-files.js';
 
 export interface FetchParams {
   source: Recipe['source'];
   /** The checkpoint is checked against this family's tensors before any other stage reads it. */
   family: FamilyId;
-  /** For local sources: relative path → [size, mtimeMs], so an edited checkpoint is a new key. */
-  fingerprint?: Record<string, [number, number]>;
+  /** For local sources: relative path → sha256 of every file, so an edited checkpoint is a new key. */
+  digest?: LocalDigest;
 }
 
 export function listDirFiles(dir: string): string[] {
@@ -32,13 +35,6 @@ export function listDirFiles(dir: string): string[] {
   };
   walk(dir);
   return out.sort();
-}
-
-export function fingerprintDir(dir: string): Record<string, [number, number]> {
-  return Object.fromEntries(listDirFiles(dir).map((f) => {
-    const s = statSync(join(dir, f));
-    return [f, [s.size, Math.floor(s.mtimeMs)]];
-  }));
 }
 
 const sizes = (dir: string) => Object.fromEntries(listDirFiles(dir).map((f) => [f, statSync(join(dir, f)).size]));
@@ -56,17 +52,20 @@ export const stage: StageModule<FetchParams> = {
       ctx.notePeakRss(r.peakRssBytes);
       ref = { dir: 'model', source, files: sizes(modelDir) };
     } else if (source.kind === 'local') {
-      const now = fingerprintDir(source.path);
-      if (JSON.stringify(now) !== JSON.stringify(ctx.params.fingerprint)) {
+      // The stat cache makes this cheap; it catches an edit between planning the build and now.
+      const now = await localCheckpointDigest(source.path, { log: (m) => ctx.log(m) });
+      if (stableStringify(now) !== stableStringify(ctx.params.digest)) {
         throw new Error(`local checkpoint ${source.path} changed while the build was starting; run again`);
       }
-      ref = { dir: source.path, source, files: sizes(source.path), fingerprint: now };
+      ref = { dir: source.path, source, files: sizes(source.path), digest: now };
     } else {
       const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
       ref = { dir, source, files: sizes(dir) };
     }
     const checked = await validateCheckpoint(ctx.params.family, isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
     ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
+    const tokenizer = checkTokenizerFiles(isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
     return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
   },

@@ -37,11 +37,31 @@ export function statusOf(e: unknown): number | undefined {
   return e instanceof HubApiError ? e.statusCode : undefined;
 }
 
+const NETWORK_CODES = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'ENETUNREACH', 'EHOSTUNREACH', 'ECONNRESET', 'ETIMEDOUT', 'EPIPE', 'UND_ERR_CONNECT_TIMEOUT', 'UND_ERR_SOCKET', 'fetch failed']);
+
+/**
+ * The network code of a failure to reach the hub at all (refused, no route, no DNS …), as opposed
+ * to an answer from it; null when the hub answered or the error is something else.
+ */
+export function unreachableCode(e: unknown): string | null {
+  for (let c: unknown = e, depth = 0; c && depth < 5; c = (c as { cause?: unknown }).cause, depth++) {
+    if (statusOf(c) !== undefined || (c as { status?: unknown }).status !== undefined) return null;
+    const code = (c as { code?: unknown }).code;
+    if (typeof code === 'string' && NETWORK_CODES.has(code)) return code;
+    const inner = (c as { errors?: unknown }).errors; // AggregateError of a dual-stack connect
+    if (Array.isArray(inner)) for (const i of inner) { const ic = unreachableCode(i); if (ic) return ic; }
+    if (c instanceof TypeError && c.message === 'fetch failed' && !(c.cause instanceof Error)) return 'fetch failed';
+  }
+  return null;
+}
+
 /** One line for a failed hub call; `what` says what we were doing ("listing org/name"). */
 export function hubError(e: unknown, what: string, token: string | undefined): Error {
   const status = statusOf(e);
+  const network = unreachableCode(e);
   let msg: string;
-  if (status === 401) msg = `the hub refused the token (401) while ${what}: check HF_TOKEN${token ? '' : ' (none is set)'}`;
+  if (network) msg = `could not reach the hub while ${what} (${network}): check the network, or HF_ENDPOINT if it is set`;
+  else if (status === 401) msg = `the hub refused the token (401) while ${what}: check HF_TOKEN${token ? '' : ' (none is set)'}`;
   else if (status === 403) msg = `the hub refused the token (403) while ${what}: it lacks write access to this repository`;
   else {
     const detail = e instanceof Error ? e.message : String(e);
@@ -49,6 +69,8 @@ export function hubError(e: unknown, what: string, token: string | undefined): E
     msg = `${what} failed: ${detail}${cause}`;
   }
   const out = new Error(redact(msg, token));
+  // The original is not kept as `cause` (its text is not redacted); the network code is enough.
+  if (network) (out as Error & { code?: string }).code = network;
   if (status !== undefined) (out as Error & { status?: number }).status = status;
   return out;
 }

@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { commitIter, createRepo, listFiles, modelInfo, whoAmI, type CommitOperation, type ListFileEntry } from '@huggingface/hub';
 import { RUN_RECORD, type RunRecord } from '../engine/record.js';
 import { SUMS } from '../bundle/bundle-stage.js';
-import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, redact, statusOf } from './hub-client.js';
+import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, redact, statusOf, unreachableCode } from './hub-client.js';
 import { hashFile, listFiles as listLocalFiles, sha256OfFile } from '../engine/hash.js';
 
 export interface PublishOptions {
@@ -37,13 +37,15 @@ export interface PlanEntry {
   sha256: string;
   action: 'upload' | 'skip-unchanged';
   /** For uploads: not on the hub yet, or there with other content. */
-  reason?: 'new' | 'changed';
+  reason?: 'new' | 'changed' | 'not compared';
 }
 
 export interface PublishResult {
   repo: string;
   url: string;
   dryRun: boolean;
+  /** false: a dry run that could not reach the hub; the plan lists every file as an upload. */
+  compared: boolean;
   /** The repo did not exist (a dry run would create it; a real run did). */
   createsRepo: boolean;
   /** The branch head the plan was made against; null for a repo that does not exist yet. */
@@ -58,6 +60,44 @@ export interface PublishResult {
 
 interface LocalFile { path: string; abs: string; size: number; sha256: string }
 
+/** The stages that are gates: a record that ran one must hold its verdict. */
+const GATE_STAGES = ['oracle', 'parity', 'emulation'];
+
+/**
+ * Why a run record does not vouch for a publishable bundle: a build that did not finish whole (failed,
+ * interrupted, stopped by --until, a stage skipped), or a gate the recipe asks for (as the record
+ * says in gatesRequired) that is missing, was not run, or failed. Deleting a gate's entry does not
+ * help: the recipe's list and the record's own stages still name it.
+ */
+export function gateProblems(record: RunRecord, requiredGates: string[] = ['oracle', 'parity']): string[] {
+  const problems: string[] = [];
+  const status = (record as { status?: unknown }).status;
+  const until = (record as { until?: unknown }).until;
+  if (record.ok !== true) problems.push(`the build did not pass (${RUN_RECORD} has ok: ${JSON.stringify(record.ok)}${record.error ? `: ${record.error}` : ''})`);
+  else if (status !== undefined && status !== 'ok') problems.push(`the run was ${JSON.stringify(status)}, not a whole build (${RUN_RECORD} status)`);
+  if (until !== undefined) problems.push(`it is a partial build (--until ${String(until)}): it made no gated bundle`);
+  const stages = Array.isArray(record.stages) ? record.stages : [];
+  for (const s of stages) {
+    if (s && s.status !== 'ran' && s.status !== 'cached') problems.push(`stage ${s.name} was ${s.status}, so this is not a whole build`);
+  }
+  const recorded = record.gatesRequired;
+  if (!Array.isArray(recorded) || !recorded.every((g) => typeof g === 'string')) {
+    problems.push(`${RUN_RECORD} does not say which gates its recipe asks for (gatesRequired); rebuild it with this forge`);
+  }
+  const gates = record.gates && typeof record.gates === 'object' ? record.gates : {};
+  const notRun = record.gatesNotRun ?? {};
+  const required = new Set([...requiredGates, ...(Array.isArray(recorded) ? recorded : []), ...stages.map((s) => s?.name).filter((n) => GATE_STAGES.includes(n))]);
+  for (const g of [...required].sort()) {
+    const gate = gates[g];
+    if (gate) continue;
+    problems.push(notRun[g] !== undefined ? `gate ${g} was not run (${notRun[g]}) but the recipe asks for it` : `gate ${g} is missing from ${RUN_RECORD} although the recipe asks for it`);
+  }
+  for (const [g, gate] of Object.entries(gates).sort()) {
+    if (gate?.ok !== true) problems.push(`gate ${g} failed`);
+  }
+  return problems;
+}
+
 /** The checks that need no network. Throws one error naming every problem found. */
 export async function checkBundle(bundleDir: string, requiredGates: string[] = ['oracle', 'parity']): Promise<{ files: LocalFile[]; record: RunRecord }> {
   const refuse = (why: string) => new Error(`refusing to publish ${bundleDir}: ${why}`);
@@ -69,13 +109,7 @@ export async function checkBundle(bundleDir: string, requiredGates: string[] = [
   } catch {
     throw refuse(`${RUN_RECORD} is not valid JSON`);
   }
-  const problems: string[] = [];
-  if (record.ok !== true) problems.push(`the build did not pass (${RUN_RECORD} has ok: ${JSON.stringify(record.ok)}${record.error ? `: ${record.error}` : ''})`);
-  for (const g of requiredGates) {
-    const gate = record.gates?.[g];
-    if (!gate) problems.push(`gate ${g} is missing from ${RUN_RECORD}`);
-    else if (gate.ok !== true) problems.push(`gate ${g} failed`);
-  }
+  const problems = gateProblems(record, requiredGates);
   if (problems.length) throw refuse(problems.join('; '));
 
   const sumsPath = join(bundleDir, SUMS);
@@ -128,45 +162,62 @@ export async function publishBundle(opts: PublishOptions): Promise<PublishResult
     try { return await f(); } catch (e) { throw hubError(e, what, token); }
   };
 
-  if (token) {
-    const me = await call('checking the token', () => whoAmI({ hubUrl: base, accessToken: token }));
-    say(`hub ${base}: token accepted for ${me.name}`);
+  // The hub's side: who we are, the branch head, the tree there. A dry run that cannot reach the hub
+  // at all still lists what it would upload, saying it compared nothing.
+  let head: string | null = null;
+  const remote = new Map<string, ListFileEntry>();
+  let compared = true;
+  try {
+    head = await hubHead();
+    if (head) {
+      await call(`listing ${repo}@${head.slice(0, 10)}`, async () => {
+        for await (const f of listFiles({ ...common, repo: { type: 'model', name: repo }, revision: head!, recursive: true })) {
+          if (f.type === 'file') remote.set(f.path, f);
+        }
+      });
+    }
+  } catch (e) {
+    const code = unreachableCode(e);
+    if (!dryRun || !code) throw e;
+    compared = false;
+    head = null;
+    remote.clear();
+    say(`could not reach the hub (${code}): not compared with what ${repo} holds; every file is listed as an upload`);
   }
 
-  // The head first, then the tree at exactly that commit: the plan and the commit's parent agree.
-  let head: string | null = null;
-  try {
-    const info = await modelInfo({ ...common, name: repo, revision: branch, additionalFields: ['sha'] });
-    head = info.sha ?? null;
-    // Weights meant to stay private must not land in a public repo because it happened to exist.
-    if (opts.private === true && info.private === false) throw new Error(`refusing to publish to ${repo}: it is public and a private repo was asked for`);
-    if (opts.private === false && info.private === true) say(`note: ${repo} exists and is private; publishing does not change that`);
-  } catch (e) {
-    if (!statusOf(e)) throw e;
-    const s = statusOf(e);
-    // 404: no such repo. 401 without a token: private or absent, which a dry run cannot tell apart.
-    if (!(s === 404 || (s === 401 && !token))) throw hubError(e, `looking up ${repo}`, token);
-    if (s === 401) say(`no HF_TOKEN: ${repo} is not visible (absent, or private); planning as if it did not exist`);
-  }
-  const remote = new Map<string, ListFileEntry>();
-  if (head) {
-    await call(`listing ${repo}@${head.slice(0, 10)}`, async () => {
-      for await (const f of listFiles({ ...common, repo: { type: 'model', name: repo }, revision: head!, recursive: true })) {
-        if (f.type === 'file') remote.set(f.path, f);
-      }
-    });
+  async function hubHead(): Promise<string | null> {
+    if (token) {
+      const me = await call('checking the token', () => whoAmI({ hubUrl: base, accessToken: token }));
+      say(`hub ${base}: token accepted for ${me.name}`);
+    }
+    // The head first, then the tree at exactly that commit: the plan and the commit's parent agree.
+    try {
+      const info = await modelInfo({ ...common, name: repo, revision: branch, additionalFields: ['sha'] });
+      // Weights meant to stay private must not land in a public repo because it happened to exist.
+      if (opts.private === true && info.private === false) throw new Error(`refusing to publish to ${repo}: it is public and a private repo was asked for`);
+      if (opts.private === false && info.private === true) say(`note: ${repo} exists and is private; publishing does not change that`);
+      return info.sha ?? null;
+    } catch (e) {
+      const s = statusOf(e);
+      if (!s) throw unreachableCode(e) ? hubError(e, `looking up ${repo}`, token) : e;
+      // 404: no such repo. 401 without a token: private or absent, which a dry run cannot tell apart.
+      if (!(s === 404 || (s === 401 && !token))) throw hubError(e, `looking up ${repo}`, token);
+      if (s === 401) say(`no HF_TOKEN: ${repo} is not visible (absent, or private); planning as if it did not exist`);
+      return null;
+    }
   }
 
   const plan: PlanEntry[] = [];
   for (const f of files) {
     const r = remote.get(f.path);
     const same = r ? await sameContent(f, r) : false;
-    plan.push({ path: f.path, size: f.size, sha256: f.sha256, action: same ? 'skip-unchanged' : 'upload', ...(same ? {} : { reason: r ? 'changed' : 'new' }) });
+    const reason = !compared ? 'not compared' : r ? 'changed' : 'new';
+    plan.push({ path: f.path, size: f.size, sha256: f.sha256, action: same ? 'skip-unchanged' : 'upload', ...(same ? {} : { reason }) });
   }
   const local = new Set(files.map((f) => f.path));
   const remoteOnly = [...remote.keys()].filter((p) => !local.has(p) && p !== '.gitattributes').sort();
   const result: PublishResult = {
-    repo, url: `${base}/${repo}`, dryRun, createsRepo: head === null, base: head, plan, remoteOnly, commit: null, uploadedBytes: 0,
+    repo, url: `${base}/${repo}`, dryRun, compared, createsRepo: compared && head === null, base: head, plan, remoteOnly, commit: null, uploadedBytes: 0,
   };
   for (const line of formatPlan(result, opts.bundleDir).split('\n')) say(line);
   const uploads = plan.filter((p) => p.action === 'upload');
@@ -230,14 +281,14 @@ export async function publishBundle(opts: PublishOptions): Promise<PublishResult
 
 /** The plan as the CLI prints it: one line per file, then totals. */
 export function formatPlan(r: PublishResult, bundleDir?: string): string {
-  const target = r.createsRepo ? 'new repo' : `at ${r.base?.slice(0, 10)}`;
+  const target = !r.compared ? 'hub not reached' : r.createsRepo ? 'new repo' : `at ${r.base?.slice(0, 10)}`;
   const lines = [`publish ${bundleDir ?? 'bundle'} → ${r.repo} (${target})${r.dryRun ? ' [dry run]' : ''}`];
   const w = Math.max(...r.plan.map((p) => formatBytes(p.size).length));
   for (const p of r.plan) {
-    const what = p.action === 'upload' ? `upload (${p.reason})`.padEnd(16) : 'skip-unchanged'.padEnd(16);
+    const what = p.action === 'upload' ? `upload (${p.reason})`.padEnd(22) : 'skip-unchanged'.padEnd(22);
     lines.push(`  ${what} ${formatBytes(p.size).padStart(w)}  ${p.path}`);
   }
-  for (const p of r.remoteOnly) lines.push(`  ${'keep (hub only)'.padEnd(16)} ${''.padStart(w)}  ${p}`);
+  for (const p of r.remoteOnly) lines.push(`  ${'keep (hub only)'.padEnd(22)} ${''.padStart(w)}  ${p}`);
   const up = r.plan.filter((p) => p.action === 'upload');
   const bytes = up.reduce((a, p) => a + p.size, 0);
   lines.push(`${up.length} to upload (${formatBytes(bytes)}), ${r.plan.length - up.length} unchanged${r.dryRun ? '; dry run: nothing written' : ''}`);

@@ -10,6 +10,7 @@ import { dirname, isAbsolute, join, normalize, sep } from 'node:path';
 import { CheckpointError, formatShape } from './errors.js';
 import { DTYPE_BYTES, toFloat16Bits, toFloat32, type DType } from './dtype.js';
 import { openSafetensors, type SafetensorsFile, type TensorInfo } from './safetensors.js';
+import { firstDuplicateKey } from './json-duplicates.js';
 
 export const SINGLE_FILE_NAME = 'model.safetensors';
 export const INDEX_FILE_NAME = 'model.safetensors.index.json';
@@ -114,11 +115,19 @@ function singleFileOwners(file: SafetensorsFile): Map<string, SafetensorsFile> {
 async function readIndex(indexPath: string): Promise<{ weightMap: Map<string, string>; metadata: Record<string, unknown> }> {
   const fail = (detail: string, tensor?: string) => CheckpointError.at(indexPath, tensor, detail);
   let json: unknown;
+  let text: string;
   try {
-    json = JSON.parse(await readFile(indexPath, 'utf8'));
+    text = await readFile(indexPath, 'utf8');
+    json = JSON.parse(text);
   } catch (err) {
     throw fail(`index is not readable JSON: ${(err as Error).message}`);
   }
+  // JSON.parse keeps the last of two equal keys: a tensor listed twice would silently move shards.
+  const duplicate = firstDuplicateKey(text);
+  if (duplicate && duplicate.path[0] === 'weight_map' && duplicate.path.length === 1) {
+    throw fail(`weight_map lists this tensor twice`, duplicate.key);
+  }
+  if (duplicate) throw fail(`index has the key "${duplicate.key}" twice${duplicate.path.length ? ` in ${duplicate.path.join('.')}` : ''}`);
   const isObject = (v: unknown): v is Record<string, unknown> => v !== null && typeof v === 'object' && !Array.isArray(v);
   if (!isObject(json)) throw fail(`index is not a JSON object`);
   if (!isObject(json.weight_map)) throw fail(`index has no "weight_map" object`);

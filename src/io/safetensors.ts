@@ -13,6 +13,7 @@
 import { open, type FileHandle } from 'node:fs/promises';
 import { CheckpointError } from './errors.js';
 import { DTYPE_BYTES, isDType, type DType } from './dtype.js';
+import { firstDuplicateKey } from './json-duplicates.js';
 
 /** Headers larger than this are refused as corrupt (same limit as the Rust crate). */
 export const MAX_HEADER_BYTES = 100_000_000;
@@ -103,14 +104,21 @@ async function readHeader(fh: FileHandle, file: string, fileSize: number): Promi
   await readFully(fh, headerBytes, 8, file);
 
   let json: unknown;
+  let text: string;
   try {
-    json = JSON.parse(new TextDecoder('utf-8', { fatal: true }).decode(headerBytes));
+    text = new TextDecoder('utf-8', { fatal: true }).decode(headerBytes);
+    json = JSON.parse(text);
   } catch (err) {
     throw fail(`header is not valid UTF-8 JSON: ${(err as Error).message}`);
   }
   if (json === null || typeof json !== 'object' || Array.isArray(json)) {
     throw fail(`header is not a JSON object`);
   }
+  const duplicate = firstDuplicateKey(text);
+  if (duplicate?.path.length === 0) {
+    throw fail(`the header names this tensor twice (a JSON parser would silently keep only the last entry)`, duplicate.key);
+  }
+  if (duplicate) throw fail(`header entry has the key "${duplicate.key}" twice`, duplicate.path[0]);
 
   const dataOffset = 8 + headerLength;
   const dataLength = fileSize - dataOffset;

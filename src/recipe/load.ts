@@ -1,4 +1,4 @@
-import { readFileSync, readdirSync, existsSync } from 'node:fs';
+import { readFileSync, readdirSync, existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { z } from 'zod';
 import { ARCH_IDS, getArch, type HexagonArch } from '../arch/table.js';
@@ -71,4 +71,27 @@ export function archSettings(recipe: Recipe, archId: string, file = recipe.id): 
   const parsed = ArchSettingsSchema.safeParse(merged);
   if (!parsed.success) throw new RecipeError(describeIssues(`${file} (arch ${arch.id})`, parsed.error));
   return { arch, settings: parsed.data };
+}
+
+/**
+ * A local source's directory, checked before anything reads it: a missing or unreadable path is one
+ * error naming the recipe file and the field, not a bare ENOENT from deep inside fetch.
+ */
+export function checkLocalSource(recipe: Recipe, file: string): void {
+  if (recipe.source.kind !== 'local') return;
+  const path = recipe.source.path;
+  const shown = resolve(path) === path ? path : `${path} (${resolve(path)})`;
+  let isDir: boolean;
+  try {
+    isDir = statSync(path).isDirectory();
+  } catch (e) {
+    const code = (e as NodeJS.ErrnoException).code;
+    throw new RecipeError(`${file}: source.path: ${shown} ${code === 'ENOENT' ? 'does not exist' : `cannot be read (${code ?? (e as Error).message})`}`);
+  }
+  if (!isDir) throw new RecipeError(`${file}: source.path: ${shown} is not a directory (a local source names the checkpoint's folder)`);
+  try {
+    readdirSync(path);
+  } catch (e) {
+    throw new RecipeError(`${file}: source.path: ${shown} cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
+  }
 }

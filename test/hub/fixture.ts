@@ -11,6 +11,10 @@ export interface FixtureOptions {
   gates?: Record<string, { ok: boolean }>;
   /** Gates the build names as not run, with why. */
   gatesNotRun?: Record<string, string>;
+  /** The gates the recipe asks for, as the run record keeps them; undefined: oracle and parity; null: left out. */
+  gatesRequired?: string[] | null;
+  /** Further run record fields (status, until, stages …), laid over the rest. */
+  record?: Record<string, unknown>;
   /** Leave build/run.json out. */
   noRunRecord?: boolean;
 }
@@ -32,7 +36,11 @@ export function makeBundle(opts: FixtureOptions = {}): string {
   writeSums(dir);
   if (!opts.noRunRecord) {
     const gates = opts.gates ?? { oracle: { ok: true }, parity: { ok: true } };
-    writeFileSync(join(dir, 'build', 'run.json'), JSON.stringify({ recipe: 'tiny', arch: 'v81', ok: opts.ok ?? true, stages: [], gates, summaries: {}, tools: {}, bundle: dir, seconds: 1, ...(opts.gatesNotRun ? { gatesNotRun: opts.gatesNotRun } : {}) }));
+    const gatesRequired = opts.gatesRequired === undefined ? ['oracle', 'parity'] : opts.gatesRequired;
+    writeFileSync(join(dir, 'build', 'run.json'), JSON.stringify({
+      recipe: 'tiny', arch: 'v81', ok: opts.ok ?? true, stages: [], gates, summaries: {}, tools: {}, bundle: dir, seconds: 1,
+      ...(opts.gatesNotRun ? { gatesNotRun: opts.gatesNotRun } : {}), ...(gatesRequired ? { gatesRequired } : {}), ...opts.record,
+    }));
   }
   return dir;
 }

@@ -1,10 +1,13 @@
 // `forge publish` against the loopback hub stand-in: what reaches the hub, and what never does.
 import { readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
+import { createServer } from 'node:net';
+import type { AddressInfo } from 'node:net';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { formatPlan, publishBundle } from '../../src/hub/publish.js';
 import { BUNDLE_FILES, changeFile, makeBundle, sha256 } from './fixture.js';
 import { GOOD_TOKEN, HubStandin } from './standin.js';
+import { forge } from '../helpers/forge-cli.js';
 
 const REPO = 'forge-test/tiny-v81';
 let hub: HubStandin;
@@ -23,6 +26,15 @@ afterEach(async () => {
   process.env = { ...saved };
   expect(hub.unexpected).toEqual([]);
 });
+
+/** A loopback URL on which nothing listens: a hub that cannot be reached. */
+async function closedPortUrl(): Promise<string> {
+  const server = createServer();
+  await new Promise<void>((r) => server.listen(0, '127.0.0.1', r));
+  const { port } = server.address() as AddressInfo;
+  await new Promise<void>((r) => server.close(() => r()));
+  return `http://127.0.0.1:${port}`;
+}
 
 const puts = () => hub.requests.filter((r) => r.method === 'PUT');
 const commitsOf = (repo = REPO) => hub.repos.get(repo)?.commits ?? [];
@@ -96,7 +108,22 @@ describe('publish', () => {
 
   it.each([
     ['a failed gate', { gates: { oracle: { ok: false }, parity: { ok: true } } }, /refusing to publish .*v81: gate oracle failed$/],
-    ['a missing gate', { gates: { oracle: { ok: true } } }, /refusing to publish .*v81: gate parity is missing from build\/run.json$/],
+    ['a missing gate', { gates: { oracle: { ok: true } } }, /refusing to publish .*v81: gate parity is missing from build\/run.json although the recipe asks for it$/],
+    ['a simulator gate entry removed although the recipe asks for it', { gatesRequired: ['oracle', 'parity', 'emulation'] },
+      /refusing to publish .*v81: gate emulation is missing from build\/run.json although the recipe asks for it$/],
+    ['a simulator gate the recipe asks for but the build did not run', { gatesRequired: ['oracle', 'parity', 'emulation'], gatesNotRun: { emulation: 'QAIRT build' } },
+      /refusing to publish .*v81: gate emulation was not run \(QAIRT build\) but the recipe asks for it$/],
+    ['a simulator gate that ran and failed', { gatesRequired: ['oracle', 'parity', 'emulation'], gates: { oracle: { ok: true }, parity: { ok: true }, emulation: { ok: false } } },
+      /refusing to publish .*v81: gate emulation failed$/],
+    ['a gate stage in the record whose gate entry and requirement were both removed',
+      { record: { stages: ['fetch', 'oracle', 'parity', 'emulation', 'bundle'].map((name) => ({ name, status: 'ran', seconds: 1, peakRssBytes: null })) } },
+      /refusing to publish .*v81: gate emulation is missing from build\/run.json although the recipe asks for it$/],
+    ['a record that does not say which gates the recipe asks for', { gatesRequired: null },
+      /refusing to publish .*v81: build\/run.json does not say which gates its recipe asks for \(gatesRequired\); rebuild it with this forge$/],
+    ['a partial build (--until)', { record: { status: 'partial', until: 'export' } },
+      /refusing to publish .*v81: the run was "partial", not a whole build \(build\/run.json status\); it is a partial build \(--until export\): it made no gated bundle$/],
+    ['a build with a skipped stage', { record: { stages: [{ name: 'parity', status: 'skipped', seconds: 0, peakRssBytes: null }] } },
+      /refusing to publish .*v81: stage parity was skipped, so this is not a whole build$/],
     ['a failed build', { ok: false }, /refusing to publish .*: the build did not pass/],
     ['no run record', { noRunRecord: true }, /refusing to publish .*: build\/run.json is missing/],
   ])('refuses %s before any request', async (_name, opts, msg) => {
@@ -158,6 +185,41 @@ describe('publish', () => {
     const dir = makeBundle({ gatesNotRun: { emulation: 'tiny recipes only' } });
     await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
     expect(lines.join('\n')).toContain('gates this build did not run: emulation (not run: tiny recipes only)');
+  });
+
+  it('a dry run with the hub unreachable lists every file as an upload and says it compared nothing', async () => {
+    process.env.HF_ENDPOINT = await closedPortUrl();
+    const dir = makeBundle();
+    const r = await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log });
+    expect(r.compared).toBe(false);
+    expect(r.plan.map((p) => p.path).sort()).toEqual([...BUNDLE_FILES, 'SHA256SUMS'].sort());
+    expect(r.plan.every((p) => p.action === 'upload' && p.reason === 'not compared')).toBe(true);
+    const text = lines.join('\n');
+    expect(text).toContain(`could not reach the hub (ECONNREFUSED): not compared with what ${REPO} holds; every file is listed as an upload`);
+    expect(text).toContain(`→ ${REPO} (hub not reached) [dry run]`);
+    expect(text).toMatch(/upload \(not compared\)\s+150\.0 KB {2}model\.onnx/);
+    expect(text).not.toContain(GOOD_TOKEN);
+    // Without a token too (no whoami call: the first request is the repo lookup).
+    delete process.env.HF_TOKEN;
+    expect((await publishBundle({ bundleDir: dir, repo: REPO, dryRun: true, log })).compared).toBe(false);
+  });
+
+  it('forge publish --dry-run works offline from the command line (exit 0, the plan, one line saying so)', async () => {
+    const dir = makeBundle();
+    const run = await forge(['publish', dir, '--repo', REPO, '--dry-run'], { HF_ENDPOINT: await closedPortUrl(), HF_TOKEN: GOOD_TOKEN });
+    expect(run.code).toBe(0);
+    expect(run.stderr).toContain(`could not reach the hub (ECONNREFUSED): not compared with what ${REPO} holds; every file is listed as an upload`);
+    expect(run.stderr).toMatch(/upload \(not compared\)\s+400\.0 KB {2}model\.data/);
+    expect(run.stderr).not.toMatch(/fetch failed|\n\s+at /);
+    const real = await forge(['publish', dir, '--repo', REPO], { HF_ENDPOINT: await closedPortUrl(), HF_TOKEN: GOOD_TOKEN });
+    expect(real.code).toBe(1);
+    expect(real.stderr.trim()).toBe('forge: could not reach the hub while checking the token (ECONNREFUSED): check the network, or HF_ENDPOINT if it is set');
+  });
+
+  it('a real publish with the hub unreachable fails in one line that says so', async () => {
+    process.env.HF_ENDPOINT = await closedPortUrl();
+    const err = await publishBundle({ bundleDir: makeBundle(), repo: REPO, log }).catch((e: Error) => e);
+    expect((err as Error).message).toBe('could not reach the hub while checking the token (ECONNREFUSED): check the network, or HF_ENDPOINT if it is set');
   });
 
   it('a dry run prints the plan and makes no write request', async () => {

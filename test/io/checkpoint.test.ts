@@ -228,6 +228,14 @@ describe('a sharded checkpoint', () => {
     expect(err.message).toContain('model-00002-of-00002.safetensors'); // says where it actually is
   });
 
+  it('a tensor listed twice in the index weight_map is named as such (JSON would keep the last silently)', async () => {
+    const dir = await shardedCheckpoint();
+    const index = join(dir, INDEX_FILE_NAME);
+    await writeFile(index, `{"weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors", "model.embed_tokens.weight": "model-00001-of-00002.safetensors",
+      "model.norm.weight": "model-00001-of-00002.safetensors", "lm_head.weight": "model-00001-of-00002.safetensors"}}`);
+    await expectCheckpointError(openCheckpoint(dir), { file: index, tensor: 'lm_head.weight', pattern: /weight_map lists this tensor twice/ });
+  });
+
   it('a tensor present in two shards', async () => {
     const dir = await shardedCheckpoint();
     await writeSafetensors(join(dir, 'model-00002-of-00002.safetensors'), [

@@ -186,6 +186,40 @@ describe('rejecting corrupt files with one error naming the file and tensor', ()
     await expectCheckpointError(openSafetensors(path), { file: path, tensor: 'w', pattern: /hole of 4 bytes/ });
   });
 
+  /** A header given as raw JSON text, so it can say what an object cannot (a key twice). */
+  async function rawHeader(text: string, dataBytes: number): Promise<string> {
+    const path = join(await tempDir(), 'raw.safetensors');
+    const header = Buffer.from(text, 'utf8');
+    const prefix = Buffer.alloc(8);
+    prefix.writeBigUInt64LE(BigInt(header.length));
+    await writeFile(path, Buffer.concat([prefix, header, Buffer.alloc(dataBytes)]));
+    return path;
+  }
+  const f32 = (begin: number) => `{"dtype":"F32","shape":[1],"data_offsets":[${begin},${begin + 4}]}`;
+
+  it('a tensor named twice at different offsets is named as a duplicate, not as a hole in an innocent tensor', async () => {
+    const path = await rawHeader(`{"a":${f32(0)},"b":${f32(4)},"a":${f32(8)}}`, 12);
+    const err = await expectCheckpointError(openSafetensors(path), { file: path, tensor: 'a', pattern: /names this tensor twice/ });
+    expect(err.message).not.toMatch(/hole|"b"/);
+  });
+
+  it('a tensor named twice, once through a JSON escape', async () => {
+    const path = await rawHeader(`{"a":${f32(0)},"\\u0061":${f32(4)}}`, 8);
+    await expectCheckpointError(openSafetensors(path), { file: path, tensor: 'a', pattern: /names this tensor twice/ });
+  });
+
+  it('a field given twice inside one tensor entry', async () => {
+    const path = await rawHeader('{"w":{"dtype":"F16","dtype":"F32","shape":[1],"data_offsets":[0,4]}}', 4);
+    await expectCheckpointError(openSafetensors(path), { file: path, tensor: 'w', pattern: /the key "dtype" twice/ });
+  });
+
+  it('equal keys in different objects, and names that hold quotes, braces and colons, are not duplicates', async () => {
+    const path = await rawHeader(`{"__metadata__":{"a":"{\\":\\"}"},"a":${f32(0)},"x\\":{":${f32(4)}}`, 8);
+    const file = await openSafetensors(path);
+    expect([...file.tensors.keys()]).toEqual(['a', 'x":{']);
+    await file.close();
+  });
+
   it('trailing bytes after the last tensor', async () => {
     const path = await corrupt({ a: entry('F32', [1], 0, 4), w: entry('F32', [1], 4, 8) }, 10);
     await expectCheckpointError(openSafetensors(path), { file: path, tensor: 'w', pattern: /2 trailing bytes belong to no tensor/ });

@@ -1,0 +1,85 @@
+// Local checkpoints are keyed by content: an edit that keeps the size and sets the mtime back is
+// still a new key, while an unchanged file is not hashed twice (the stat cache).
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { localCheckpointDigest, statCacheFile } from '../../src/hub/local-digest.js';
+
+const saved = { ...process.env };
+let dir: string;
+let lines: string[];
+const log = (m: string) => { lines.push(m); };
+const hashed = () => lines.some((l) => l.startsWith('hashing the local checkpoint'));
+
+beforeEach(() => {
+  const work = mkdtempSync(join(tmpdir(), 'forge-digest-'));
+  process.env.FORGE_CACHE = join(work, 'cache');
+  dir = join(work, 'model');
+  mkdirSync(join(dir, 'sub'), { recursive: true });
+  writeFileSync(join(dir, 'model.safetensors'), Buffer.alloc(4096, 7));
+  writeFileSync(join(dir, 'config.json'), '{"hidden_size": 64}');
+  writeFileSync(join(dir, 'sub', 'extra.txt'), 'x');
+  lines = [];
+});
+afterEach(() => { process.env = { ...saved }; });
+
+/** Rewrites one byte in place, then sets the mtime back with `touch -r` (to the nanosecond). */
+function editKeepingSizeAndMtime(file: string): void {
+  const before = statSync(file, { bigint: true });
+  const ref = join(dir, '..', 'timestamps.ref');
+  writeFileSync(ref, '');
+  execFileSync('touch', ['-r', file, ref]);
+  const bytes = readFileSync(file);
+  bytes[bytes.length - 1] ^= 0x80;
+  writeFileSync(file, bytes);
+  execFileSync('touch', ['-r', ref, file]);
+  const after = statSync(file, { bigint: true });
+  expect([after.size, after.mtimeNs, after.ino]).toEqual([before.size, before.mtimeNs, before.ino]);
+}
+
+describe('local checkpoint digest', () => {
+  it('names every file by its sha256', async () => {
+    const d = await localCheckpointDigest(dir, { racyMs: 0 });
+    expect(Object.keys(d)).toEqual(['config.json', 'model.safetensors', 'sub/extra.txt']);
+    expect(d['config.json']).toMatch(/^[0-9a-f]{64}$/);
+  });
+
+  it('gives a new digest for a same-size edit whose mtime was restored (touch -r)', async () => {
+    const first = await localCheckpointDigest(dir, { racyMs: 0, log });
+    editKeepingSizeAndMtime(join(dir, 'model.safetensors'));
+    const second = await localCheckpointDigest(dir, { racyMs: 0, log });
+    expect(second['model.safetensors']).not.toBe(first['model.safetensors']);
+    expect(second['config.json']).toBe(first['config.json']);
+  });
+
+  it('reuses the digest of a file whose size, mtime, ctime and inode are unchanged, without reading it', async () => {
+    await localCheckpointDigest(dir, { racyMs: 0, log });
+    expect(hashed()).toBe(true);
+    lines = [];
+    const again = await localCheckpointDigest(dir, { racyMs: 0, log });
+    expect(hashed()).toBe(false);
+    // The proof it was not read: the stat cache's digest is what comes back, even a doctored one.
+    const cache = JSON.parse(readFileSync(statCacheFile(dir), 'utf8'));
+    cache.files['config.json'].sha256 = 'f'.repeat(64);
+    writeFileSync(statCacheFile(dir), JSON.stringify(cache));
+    expect((await localCheckpointDigest(dir, { racyMs: 0 }))['config.json']).toBe('f'.repeat(64));
+    expect(again['config.json']).not.toBe('f'.repeat(64));
+  });
+
+  it('does not cache a digest taken within the racy window of the file\'s last change', async () => {
+    await localCheckpointDigest(dir, { log }); // files written just now: within 2 s of their ctime
+    lines = [];
+    await localCheckpointDigest(dir, { log });
+    expect(hashed()).toBe(true);
+  });
+
+  it('hashes everything again when the stat cache is damaged', async () => {
+    const good = await localCheckpointDigest(dir, { racyMs: 0 });
+    writeFileSync(statCacheFile(dir), '{"dir": 3, "files": ');
+    expect(await localCheckpointDigest(dir, { racyMs: 0, log })).toEqual(good);
+    expect(hashed()).toBe(true);
+    expect(JSON.parse(readFileSync(statCacheFile(dir), 'utf8')).files['config.json'].sha256).toBe(good['config.json']);
+  });
+});
