@@ -12,6 +12,7 @@ import { isAbsolute } from 'node:path';
 import { runPython } from '../toolchain/python.js';
 import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
 import { fetchHubSnapshot } from './download.js';
+import { checkFiniteStage } from './finite-check.js';
 
 export interface FetchParams {
   source: Recipe['source'];
@@ -45,7 +46,7 @@ const sizes = (dir: string) => Object.fromEntries(listDirFiles(dir).map((f) => [
 
 export const stage: StageModule<FetchParams> = {
   name: 'fetch',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const { source } = ctx.params;
     let ref: CheckpointRef;
@@ -65,9 +66,11 @@ export const stage: StageModule<FetchParams> = {
       const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
       ref = { dir, source, files: sizes(dir) };
     }
-    const checked = await validateCheckpoint(ctx.params.family, isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    const checkpointDir = isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir);
+    const checked = await validateCheckpoint(ctx.params.family, checkpointDir);
     ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
+    const finite = await checkFiniteStage(source, checkpointDir, ctx.log);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
-    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
+    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0), finite } };
   },
 };
