@@ -1,7 +1,7 @@
 // The host target: qhx_generate on this machine, CPU EP on the bundle's ONNX graphs.
 import { join } from 'node:path';
 import { $ } from 'zx';
-import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
+import { parseQhxJson, qhxArgs, qhxFailure, type GenerateRequest, type Target } from './target.js';
 
 export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
   return {
@@ -9,7 +9,7 @@ export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
     async generate(req: GenerateRequest) {
       const args = qhxArgs(join(req.bundleDir, 'manifest.json'), 'cpu', '-', req.bundleDir, req);
       const r = await $({ nothrow: true, quiet: true, timeout: `${timeoutSeconds}s` as const, env: { ...process.env, FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' } })`${qhxGenerate} ${args}`;
-      if (r.exitCode !== 0) throw new Error(`qhx_generate on host failed (${r.signal ?? r.exitCode}): ${r.stderr.trim().split('\n').pop()}`);
+      if (r.exitCode !== 0) throw qhxFailure('host', r.signal ?? r.exitCode ?? 'no status', r.stderr);
       return parseQhxJson(r.stdout, 'host');
     },
   };
