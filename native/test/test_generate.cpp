@@ -16,6 +16,7 @@
 #include "decoder_generate.h"
 #include "executor.h"
 #include "manifest.h"
+#include "sha256.h"
 
 namespace {
 
@@ -179,9 +180,9 @@ TEST(Generate, NonFiniteCountFindsNaNAndInfAnywhere) {
   EXPECT_EQ(nf.first, 17);
 }
 
-// A bundle whose embedding row for the prompt's token is NaN (the embedding table gets a size check
-// at load, not a hash): the logits are NaN, and the tool refuses them with exit 3 naming the step,
-// instead of reporting token 0 (what an argmax over NaN gives).
+// A bundle whose embedding row for the prompt's token is NaN (its manifest hash updated to match):
+// the logits are NaN, and the tool refuses them with exit 3 naming the step, instead of reporting
+// token 0 (what an argmax over NaN gives).
 TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
   namespace fs = std::filesystem;
@@ -190,11 +191,17 @@ TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
   fs::copy(bundle, dir, fs::copy_options::recursive);
   forge::Manifest m = forge::load_manifest((dir / "manifest.json").string(), dir.string());
   {
-    std::fstream f(m.embedding_file, std::ios::in | std::ios::out | std::ios::binary);
-    ASSERT_TRUE(f) << m.embedding_file;
+    fs::path table = fs::path(m.embedding_file).is_absolute() ? fs::path(m.embedding_file) : dir / m.embedding_file;
+    std::fstream f(table, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f) << table;
     std::vector<uint16_t> nan_row(size_t(m.hidden), 0x7e00);  // f16 quiet NaN
     f.seekp(std::streamoff(2) * m.hidden * 2);                // row of token id 2
     f.write(reinterpret_cast<const char*>(nan_row.data()), std::streamsize(nan_row.size() * 2));
+    f.close();
+    std::ifstream in(dir / "manifest.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["hostTables"][0]["sha256"] = forge::sha256_file(table.string());
+    std::ofstream(dir / "manifest.json") << j.dump();
   }
   std::string out, err;
   int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 4 1,2 --ids", &out, &err);
