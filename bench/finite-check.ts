@@ -11,13 +11,14 @@
 // exponent test alone). Prints one JSON object; nothing is written to the repo.
 import { spawnSync } from 'node:child_process';
 import { open } from 'node:fs/promises';
-import { existsSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { cpus, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { defaultCheckpointDir, ensureCheckpoint } from './gen-checkpoint.js';
 import { benchArgs, median, positiveInt } from './util.js';
 import { checkFinite, firstNonFinite } from '../src/io/finite.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
+import { Bf16W8 } from '../src/quant/w8-simd.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
 
 const { values: arg, num } = benchArgs({
@@ -67,26 +68,33 @@ async function scan(): Promise<number> {
   return (performance.now() - t) / 1000;
 }
 
-/** The exponent test alone over 256 MiB of bf16 already in memory, scaled to the checkpoint's bytes. */
-function inMemory(): number {
-  const bytes = new Uint8Array(256 << 20);
-  const h = new Uint16Array(bytes.buffer);
-  for (let i = 0; i < h.length; i++) h[i] = 0x3c00 + (i & 0xff); // finite bf16 values
-  const t = performance.now();
-  for (let k = 0; k < 4; k++) if (firstNonFinite('BF16', bytes) !== -1) throw new Error('finite data reported non-finite');
-  return ((performance.now() - t) / 1000 / (4 * bytes.byteLength)) * totalBytes;
+/**
+ * The exponent test alone over 16 MiB of finite bf16 already in memory (the scan's SIMD kernel, and
+ * the JS fallback for comparison), scaled to the checkpoint's bytes.
+ */
+function inMemory(): { simd: number; js: number } {
+  const w = new Bf16W8([16 << 20]);
+  const h = new Uint16Array(w.regions[0].buffer, w.regions[0].byteOffset, 8 << 20);
+  for (let i = 0; i < h.length; i++) h[i] = 0x3c00 + (i & 0xff);
+  const time = (f: () => boolean, reps: number) => {
+    const t = performance.now();
+    for (let k = 0; k < reps; k++) if (!f()) throw new Error('finite data reported non-finite');
+    return ((performance.now() - t) / 1000 / (reps * h.byteLength)) * totalBytes;
+  };
+  return { simd: time(() => w.maxMagnitude(h) < 0x7f80, 64), js: time(() => firstNonFinite('BF16', w.regions[0]) === -1, 4) };
 }
 
 function exportOnce(): number {
   const out = join(arg['out-root'], 'finite-check-export');
   rmSync(out, { recursive: true, force: true });
+  mkdirSync(out, { recursive: true });
   const r = spawnSync(process.execPath, ['--import', 'tsx', join(repoRoot(), 'bench', 'run-export.ts'), ckpt.dir, out, '--recipe', arg.recipe], { encoding: 'utf8', maxBuffer: 64 << 20 });
   rmSync(out, { recursive: true, force: true });
   if (r.status !== 0) throw new Error(`run-export failed (${r.status}): ${r.stderr.trim().split('\n').pop()}`);
   return (JSON.parse(r.stdout.trim().split('\n').pop()!) as { seconds: number }).seconds;
 }
 
-const runs = { read: [] as number[], scan: [] as number[], warmScan: [] as number[], inMemory: [] as number[], export: [] as number[] };
+const runs = { read: [] as number[], scan: [] as number[], warmScan: [] as number[], inMemory: [] as number[], inMemoryJs: [] as number[], export: [] as number[] };
 for (let i = 0; i < repeat; i++) {
   dropCaches();
   runs.read.push(await plainRead());
@@ -96,7 +104,9 @@ for (let i = 0; i < repeat; i++) {
   dropCaches();
   runs.scan.push(await scan());
   log(`cold scan ${runs.scan.at(-1)!.toFixed(2)} s`);
-  runs.inMemory.push(inMemory());
+  const mem = inMemory();
+  runs.inMemory.push(mem.simd);
+  runs.inMemoryJs.push(mem.js);
   dropCaches();
   runs.export.push(exportOnce());
   log(`export ${runs.export.at(-1)!.toFixed(2)} s`);

@@ -70,6 +70,18 @@ describe('checkFinite', () => {
     expect(e.message.split('\n')).toHaveLength(1);
   });
 
+  it('finds Inf in the SIMD-scanned part and in the scalar tail of half-precision tensors', async () => {
+    const path = join(await tempDir(), 'model.safetensors');
+    for (const [dtype, conv] of [['F16', f32ToF16Bits], ['BF16', f32ToBf16Bits]] as const) {
+      for (const at of [0, 7, 8, 16, 20]) {
+        const values = Uint16Array.from({ length: 21 }, (_, i) => conv(i / 10));
+        values[at] = conv(Infinity);
+        await writeSafetensors(path, [{ name: 't', dtype, shape: [21], data: values }]);
+        await expectCheckpointError(checkFinite([path]), { file: path, tensor: 't', pattern: new RegExp(`^.*: \\+Inf at flat index ${at} of 21 \\(${dtype}\\)`) });
+      }
+    }
+  });
+
   it('names -Inf in the second shard, past the first 16 MiB chunk of a large tensor', async () => {
     const dir = await tempDir();
     const first = join(dir, 'a.safetensors');
