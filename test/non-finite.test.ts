@@ -55,7 +55,9 @@ async function buildPoisoned(id: string, allowNonFinite?: { reason: string }) {
     const out = join(work, 'out', id);
     return { record: await build({ recipe: id, arch: 'v81', out, progress: silentProgress }), out };
   } finally {
-    process.env.FORGE_RECIPES = prev;
+    // Assigning undefined would store the string "undefined".
+    if (prev === undefined) delete process.env.FORGE_RECIPES;
+    else process.env.FORGE_RECIPES = prev;
   }
 }
 
