@@ -77,10 +77,10 @@ def check_finite(step, p, text, t):
             continue
         bad = ~torch.isfinite(v.reshape(-1))
         if bad.any():
-            first = int(bad.nonzero()[0])
+            first, count = int(bad.nonzero()[0]), int(bad.sum())
             raise NonFiniteReference(
-                f"prompt {p} ({text!r}) step {t}: {name} ({what_is(name)}) holds {int(bad.sum())} non-finite "
-                f"values of {v.numel()} (first at index {first}: {float(v.reshape(-1)[first])})")
+                f"prompt {p} ({text!r}) step {t}: {name} ({what_is(name)}) holds {count} non-finite "
+                f"value{'' if count == 1 else 's'} of {v.numel()} (first at index {first}: {float(v.reshape(-1)[first])})")
 
 
 # ---- per-family capture -------------------------------------------------------------------------
