@@ -46,7 +46,7 @@ const sizes = (dir: string) => Object.fromEntries(listDirFiles(dir).map((f) => [
 
 export const stage: StageModule<FetchParams> = {
   name: 'fetch',
-  version: '2',
+  version: '1',
   async run(ctx) {
     const { source } = ctx.params;
     let ref: CheckpointRef;
