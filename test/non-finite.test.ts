@@ -2,8 +2,8 @@
 // NaN weight fails at fetch naming the tensor; with the check disabled by the recipe the oracle's
 // reference (the trace) refuses the non-finite outputs; and `forge publish --dry-run` refuses what
 // either build left.
-import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'node:fs';
+import { describe, it, expect, beforeAll, afterAll } from 'vitest';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -41,6 +41,7 @@ beforeAll(async () => {
   await poison(join(poisoned, 'model.safetensors'), INF_TENSOR, 70, Infinity);
   await poison(join(poisoned, 'model.safetensors'), NAN_TENSOR, 3, NaN);
 }, 300_000);
+afterAll(() => rmSync(work, { recursive: true, force: true }));
 
 async function buildPoisoned(id: string, allowNonFinite?: { reason: string }) {
   const r = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
