@@ -7,7 +7,8 @@ Each prompt is fed one token at a time through the model with its KV cache (neve
 forward: the exported graphs decode one token at a time, and some families' prefill kernels differ
 from their decode path), teacher-forced over the prompt, then greedy for N tokens. Step t feeds
 token t (prompt tokens, then generated[0..N-2]); generated[j] = argmax of the logits at step
-len(prompt)-1+j, so a prompt has len(prompt)+N-1 steps.
+len(prompt)-1+j, so a prompt has len(prompt)+N-1 steps. A NaN or Inf in any captured tensor is an
+error naming the prompt, the step and the first tensor (in forward order) that holds one.
 
 Writes, into a temp dir beside --out renamed at the end:
   trace.json         {family, layers, hidden, vocab, kv_heads, head_dim, max_context, new_tokens,
@@ -41,6 +42,45 @@ from transformers.integrations.heterogeneity.configuration_utils import (  # noq
 
 class Unsupported(Exception):
     pass
+
+
+class NonFiniteReference(Exception):
+    """The HF reference itself produced NaN/Inf: nothing can be gated against it."""
+
+
+def what_is(name):
+    """A trace tensor's name in words, for messages."""
+    kind, _, i = name.partition(".")
+    return {"h": f"the residual entering decoder layer {i}" if i == "0" else f"the output of decoder layer {int(i) - 1}" if i else name,
+            "final": "the final norm output", "logits": "the logits",
+            "k": f"layer {i}'s new key row", "v": f"layer {i}'s new value row",
+            "conv": f"layer {i}'s conv state", "rec": f"layer {i}'s recurrent state"}.get(kind, name)
+
+
+def forward_order(name):
+    """Where a trace tensor is computed in the forward pass: layer i's state rows come before its
+    output h.{i+1}; final and logits come last."""
+    kind, _, i = name.partition(".")
+    if kind == "h":
+        return (int(i) - 1, 1)
+    if i.isdigit():
+        return (int(i), 0)
+    return (1 << 30, 0 if kind == "final" else 1)
+
+
+def check_finite(step, p, text, t):
+    """The first captured tensor in forward order (so where the non-finite value enters) holding
+    NaN/Inf, named with the prompt and step."""
+    for name in sorted(step, key=forward_order):
+        v = step[name]
+        if not v.is_floating_point():
+            continue
+        bad = ~torch.isfinite(v.reshape(-1))
+        if bad.any():
+            first, count = int(bad.nonzero()[0]), int(bad.sum())
+            raise NonFiniteReference(
+                f"prompt {p} ({text!r}) step {t}: {name} ({what_is(name)}) holds {count} non-finite "
+                f"value{'' if count == 1 else 's'} of {v.numel()} (first at index {first}: {float(v.reshape(-1)[first])})")
 
 
 # ---- per-family capture -------------------------------------------------------------------------
@@ -162,7 +202,7 @@ def install_hooks(ctx, n_layers):
         lambda _mod, args: ctx.put("final", args[0]))
 
 
-def trace_prompt(ctx, capture, ids, n_new, tensors, p, vocab):
+def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
     cache, generated = None, []
     seq = list(ids)
     for t in range(len(ids) + n_new - 1):
@@ -177,6 +217,7 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, vocab):
         if missing:  # a family whose forward bypasses these modules
             raise Unsupported(f"hooks did not capture {', '.join(missing)}")
         capture(ctx)
+        check_finite(ctx.step, p, text, t)
         if t >= len(ids) - 1:
             generated.append(int(torch.argmax(logits)))
             seq.append(generated[-1])
@@ -239,11 +280,13 @@ def main():
         tensors, records = {}, []
         with torch.no_grad():
             for p, (text, ids) in enumerate(zip(prompts, encoded)):
-                gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, vocab)
+                gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
                                 "steps": len(ids) + n_new - 1})
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")
+    except NonFiniteReference as e:
+        fail(f"{args.model}: the Hugging Face reference is not finite, nothing can be gated against it: {e}")
     except Exception as e:  # one line, not a traceback: HF errors are the message worth reading
         fail(f"{args.model}: {type(e).__name__}: {e}")
     if pending:  # runs, but a later issue still has to add this family's own state

@@ -45,6 +45,16 @@ describe('recipes', () => {
     expect(parseRecipe(r, 'recipes/x/recipe.json').gates.parity).toMatchObject({ minMatch: 1, w8MinMatch: 0.5, w8Why: 'a reason' });
   });
 
+  it('lets a recipe allow non-finite weights only with a stated reason, on any source kind', () => {
+    expectInvalid((r) => { r.source.allowNonFinite = {}; }, 'source.allowNonFinite.reason');
+    expectInvalid((r) => { r.source.allowNonFinite = { reason: '  ' }; }, 'source.allowNonFinite.reason');
+    expectInvalid((r) => { r.source.allowNonFinite = true; }, 'source.allowNonFinite');
+    const r = base();
+    r.source = { kind: 'local', path: '/models/x', allowNonFinite: { reason: 'padding rows are -inf by design' } };
+    expect(parseRecipe(r, 'recipes/x/recipe.json').source).toEqual(r.source);
+    expect(loadRecipe('qwen3-4b').recipe.source.allowNonFinite).toBeUndefined(); // shipped recipes keep the check
+  });
+
   it('validates per-arch settings, naming the arch block', () => {
     expectInvalid((r) => (r.arch.v81 = { maxContext: -5 }), 'arch.v81.maxContext');
     expectInvalid((r) => (r.arch.v79 = { lmHead: { placement: 'middle' } }), 'arch.v79.lmHead');

@@ -35,7 +35,42 @@ int argmax(const float* x, int n) {
 
 size_t graph_index(const Context& c, const Graph* g) { return size_t(g - c.graphs.data()); }
 
+/** Thrown by run() with the position only; generate() knows which generated token that is. */
+struct NonFiniteAt {
+  int position;
+  NonFiniteCount nf;
+};
+
 }  // namespace
+
+NonFiniteCount count_non_finite(const float* x, int64_t n) {
+  // Exponent all ones ⇔ NaN or ±Inf. The first pass is branch-free integer work the compiler
+  // vectorises (it runs on every token, over the whole vocabulary); only a hit walks again.
+  uint32_t acc = 0;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    acc |= (u & 0x7fffffffu) + 0x00800000u;
+  }
+  NonFiniteCount r;
+  if (!(acc & 0x80000000u)) return r;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) {
+      if (r.first < 0) r.first = i;
+      r.count++;
+    }
+  }
+  return r;
+}
+
+NonFiniteLogits::NonFiniteLogits(int position_, int token_index_, NonFiniteCount nf, int vocab)
+    : std::runtime_error("non-finite logits at generation step " + std::to_string(token_index_) + " (position " + std::to_string(position_) +
+                         "): " + std::to_string(nf.count) + " of " + std::to_string(vocab) + " values are NaN or Inf (first at index " +
+                         std::to_string(nf.first) + "); refusing to take their argmax"),
+      position(position_),
+      token_index(token_index_) {}
 
 struct RowsOut {
   int state;
@@ -219,6 +254,8 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   } else {
     logits += size_t(valid - 1) * V;
   }
+  NonFiniteCount nf = count_non_finite(logits, V);
+  if (nf.count) throw NonFiniteAt{start + valid - 1, nf};
   return argmax(logits, V);
 }
 
@@ -241,6 +278,17 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
 
   GenerateResult res;
   res.generated.reserve(size_t(opts.max_new_tokens));  // the decode loop allocates nothing
+  try {
+    loop(prompt, opts, res);
+  } catch (const NonFiniteAt& at) {
+    // The logits at position p choose generated token p - (L - 1).
+    throw NonFiniteLogits(at.position, at.position - (L - 1), at.nf, m_.vocab);
+  }
+  return res;
+}
+
+void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions& opts, GenerateResult& res) {
+  const int L = int(prompt.size());
   double run_ms = 0;
   auto t0 = Clock::now();
   int next;
@@ -278,7 +326,6 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
     res.timings.decode_ms_per_token = decode_ms / n;
     res.timings.host_overhead_ms_per_token = (decode_ms - decode_run_ms) / n;
   }
-  return res;
 }
 
 }  // namespace forge

@@ -17,6 +17,8 @@
 #pragma once
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "executor.h"
@@ -44,6 +46,25 @@ struct GenerateResult {
   GenerateTimings timings;
 };
 
+/** Count of NaN/±Inf among x[0..n) and the index of the first (-1 when all are finite). */
+struct NonFiniteCount {
+  int64_t count = 0;
+  int64_t first = -1;
+};
+NonFiniteCount count_non_finite(const float* x, int64_t n);
+
+/**
+ * The logits generate() would take the argmax of hold NaN/Inf: an argmax over them means nothing
+ * (NaN never compares greater, so it would quietly give token 0). qhx_generate exits with
+ * kExitNonFiniteLogits on it, so the parity gate can report it as what it is.
+ */
+class NonFiniteLogits : public std::runtime_error {
+ public:
+  NonFiniteLogits(int position, int token_index, NonFiniteCount nf, int vocab);
+  int position, token_index;
+};
+constexpr int kExitNonFiniteLogits = 3;
+
 class DecoderGenerate {
  public:
   DecoderGenerate(const Manifest& manifest, Executor& executor);
@@ -54,6 +75,8 @@ class DecoderGenerate {
  private:
   struct Pass;
   std::unique_ptr<Pass> make_pass(GraphRole role, int tokens);
+  /** Prefill (or decode over the prompt), then greedy decode into `res`. */
+  void loop(const std::vector<int>& prompt, const GenerateOptions& opts, GenerateResult& res);
   /** Runs N tokens at positions start.. (valid of them real); returns the argmax of the last real row when `want_token`. */
   int run(Pass& pass, const int* ids, int start, int valid, bool want_token, double* run_ms);
   void fill_mask(Pass& pass, int start, int valid);

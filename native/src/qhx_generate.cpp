@@ -9,8 +9,8 @@
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
 // the big context binaries and embedding table (sizes only): hashing those is most of start-up.
 // --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
-// Any error: one line on stderr, exit status 1. Environment: FORGE_ORT_THREADS (intra-op threads),
-// FORGE_ORT_LOG (ORT's own log level), FORGE_QNN_EP_LIB (the QNN EP plugin library).
+// Any error: one line on stderr, exit status 1; 3 when the logits to take the argmax of held NaN/Inf.
+// Environment: FORGE_ORT_THREADS (intra-op threads), FORGE_ORT_LOG (ORT's own log level), FORGE_QNN_EP_LIB (the QNN EP plugin library).
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -124,6 +124,9 @@ int run(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const forge::NonFiniteLogits& e) {
+    std::fprintf(stderr, "qhx_generate: %s\n", e.what());
+    return forge::kExitNonFiniteLogits;
   } catch (const std::exception& e) {
     std::string msg = e.what();
     for (char& c : msg)

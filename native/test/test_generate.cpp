@@ -1,7 +1,12 @@
 // decoder_generate on the tiny bundle: greedy parity with HF (the key check), prefill against
 // decode-over-prompt, text and id prompts through the tool, and the context limit.
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -11,6 +16,7 @@
 #include "decoder_generate.h"
 #include "executor.h"
 #include "manifest.h"
+#include "sha256.h"
 
 namespace {
 
@@ -161,6 +167,48 @@ TEST(Tool, ErrorsAreOneLineAndExitOne) {
     EXPECT_EQ(err.rfind("qhx_generate: ", 0), 0u) << err;
     EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
   }
+}
+
+TEST(Generate, NonFiniteCountFindsNaNAndInfAnywhere) {
+  std::vector<float> x(1027, 0.5f);
+  EXPECT_EQ(forge::count_non_finite(x.data(), int64_t(x.size())).count, 0);
+  x[1026] = std::numeric_limits<float>::quiet_NaN();
+  x[17] = -std::numeric_limits<float>::infinity();
+  x[400] = std::numeric_limits<float>::max();  // the largest finite value is finite
+  auto nf = forge::count_non_finite(x.data(), int64_t(x.size()));
+  EXPECT_EQ(nf.count, 2);
+  EXPECT_EQ(nf.first, 17);
+}
+
+// A bundle whose embedding row for the prompt's token is NaN (its manifest hash updated to match):
+// the logits are NaN, and the tool refuses them with exit 3 naming the step, instead of reporting
+// token 0 (what an argmax over NaN gives).
+TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("forge-nonfinite-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(bundle, dir, fs::copy_options::recursive);
+  forge::Manifest m = forge::load_manifest((dir / "manifest.json").string(), dir.string());
+  {
+    fs::path table = fs::path(m.embedding_file).is_absolute() ? fs::path(m.embedding_file) : dir / m.embedding_file;
+    std::fstream f(table, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(f) << table;
+    std::vector<uint16_t> nan_row(size_t(m.hidden), 0x7e00);  // f16 quiet NaN
+    f.seekp(std::streamoff(2) * m.hidden * 2);                // row of token id 2
+    f.write(reinterpret_cast<const char*>(nan_row.data()), std::streamsize(nan_row.size() * 2));
+    f.close();
+    std::ifstream in(dir / "manifest.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["hostTables"][0]["sha256"] = forge::sha256_file(table.string());
+    std::ofstream(dir / "manifest.json") << j.dump();
+  }
+  std::string out, err;
+  int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 4 1,2 --ids", &out, &err);
+  fs::remove_all(dir);
+  EXPECT_EQ(code, forge::kExitNonFiniteLogits) << err;
+  EXPECT_NE(err.find("qhx_generate: non-finite logits at generation step 0 (position 1)"), std::string::npos) << err;
+  EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
 // qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches

@@ -46,6 +46,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   const lines: string[] = [];
   lines.push(`# ${recipe.card.title} — ${arch.id} (${arch.soc}, ${arch.marketingName})`, '');
   lines.push(`Built by forge from ${source(recipe.source)}, recipe \`${recipe.id}\`, family \`${recipe.family}\`, host-op \`${manifest.hostOp}\`.`, '');
+  if (recipe.source.allowNonFinite) lines.push(`**NaN/Inf weight check: not run** — the recipe allows non-finite weights: ${recipe.source.allowNonFinite.reason}.`, '');
   lines.push(`**Arch-pinned:** the context binaries are compiled for soc_model ${arch.socModel} (${arch.dspArch}); they do not load on another Hexagon arch. Max context ${manifest.limits.maxContext} tokens. License: ${recipe.card.license}.`, '');
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {

@@ -5,6 +5,7 @@ import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
 import type { GraphBindings } from './types.js';
 import type { ManifestGraph } from '../bundle/manifest.js';
+import type { CompareMask } from '../gates/compare.js';
 import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
 
 export interface Feed {
@@ -13,12 +14,17 @@ export interface Feed {
   dims: number[];
 }
 
-/** One teacher-forced call: feeds, and expected values (NaN where a row is padding, not compared). */
+/** One teacher-forced call: feeds, and expected values. */
 export interface GateCase {
   prompt: number;
   step: number;
   feeds: Record<string, Feed>;
   expected: Record<string, Float32Array>;
+  /**
+   * Per expected output, which entries are compared (the rest are padding rows of a short prefill
+   * chunk, zeros in `expected`); an output without a mask is compared whole.
+   */
+  masks?: Record<string, CompareMask>;
 }
 
 export interface KvLayout {
@@ -27,17 +33,24 @@ export interface KvLayout {
   maxContext: number;
 }
 
-/** Rows of per-step vectors stacked into [1, n, width], NaN-padded past `valid`. */
-async function stackRows(trace: Trace, p: number, steps: number[], n: number, what: string, width: number, pad = NaN): Promise<Float32Array> {
-  const out = new Float32Array(n * width).fill(pad);
+/** Rows of per-step vectors stacked into [1, n, width], zero-padded past the steps given. */
+async function stackRows(trace: Trace, p: number, steps: number[], n: number, what: string, width: number): Promise<Float32Array> {
+  const out = new Float32Array(n * width);
   for (let r = 0; r < steps.length; r++) out.set(await trace.get(p, steps[r], what), r * width);
   return out;
 }
 
-/** Per-step [kv, d] rows stacked into [1, kv, n, d]. */
+/** Compared entries of a [outer, n, inner] tensor whose first `valid` of n rows are real. */
+export function rowMask(outer: number, n: number, inner: number, valid: number): CompareMask {
+  const mask = new Uint8Array(outer * n * inner);
+  for (let o = 0; o < outer; o++) mask.fill(1, o * n * inner, (o * n + valid) * inner);
+  return mask;
+}
+
+/** Per-step [kv, d] rows stacked into [1, kv, n, d], zero-padded past the steps given. */
 async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvLayout): Promise<Float32Array> {
   const { kvHeads: H, headDim: d } = kv;
-  const out = new Float32Array(H * n * d).fill(NaN);
+  const out = new Float32Array(H * n * d);
   for (let r = 0; r < steps.length; r++) {
     const row = await trace.get(p, steps[r], what);
     for (let h = 0; h < H; h++) out.set(row.subarray(h * d, (h + 1) * d), (h * n + r) * d);
@@ -104,7 +117,7 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       await cache.fillTo(trace, p, start);
       const steps = Array.from({ length: valid }, (_, r) => start + r);
       const feeds: Record<string, Feed> = {
-        hidden_in: { dtype: 'float32', data: await stackRows(trace, p, steps, n, `h.${entry.first}`, H, 0), dims: [1, n, H] },
+        hidden_in: { dtype: 'float32', data: await stackRows(trace, p, steps, n, `h.${entry.first}`, H), dims: [1, n, H] },
         position: { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, kv.maxContext - 1)), dims: [n] },
         attn_mask: { dtype: 'float32', data: attentionMask(kv.maxContext, n, start, valid), dims: [1, 1, n, kv.maxContext + n] },
       };
@@ -118,9 +131,20 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
       expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
       if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
-      yield { prompt: p, step: start, feeds, expected };
+      yield { prompt: p, step: start, feeds, expected, ...(valid < n ? { masks: paddingMasks(expected, layers, n, valid, H, trace.meta.vocab, kv) } : {}) };
     }
   }
+}
+
+/** Masks for a chunk whose last n - valid rows are padding: residual rows [1, n, H], logits [1, n, V], K/V rows [1, kv, n, d]. */
+function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
+  const masks: Record<string, CompareMask> = {};
+  const residual = rowMask(1, n, H, valid);
+  const cacheRows = rowMask(kv.kvHeads, n, kv.headDim, valid);
+  for (const name of Object.keys(expected)) masks[name] = residual;
+  for (const i of layers) masks[newKv('k', i)] = masks[newKv('v', i)] = cacheRows;
+  if (expected.logits) masks.logits = rowMask(1, n, vocab, valid);
+  return masks;
 }
 
 /**

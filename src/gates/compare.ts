@@ -1,42 +1,78 @@
-// How an output is compared with the oracle: cosine similarity and max abs error over the entries
-// the oracle defines (NaN marks padding rows that are not compared), and top-1 agreement of logits
-// row by row.
+// How an output is compared with the oracle: cosine similarity and max abs error over the compared
+// entries, and top-1 agreement of logits row by row. Which entries are compared is explicit (a mask
+// carried with the case, for the padding rows of a short prefill chunk); every compared entry must be
+// finite on both sides, and a non-finite one is a failure of its own, never skipped or averaged away.
 import { parseStateOutput } from '../families/state-io.js';
 
-export interface Comparison {
-  cosine: number;
-  maxAbs: number;
+/** Non-finite (NaN, ±Inf) entries on one side of a comparison: how many and the first flat index. */
+export interface NonFinite {
+  count: number;
+  first: number;
 }
 
-export function compare(actual: ArrayLike<number>, expected: ArrayLike<number>): Comparison {
+export interface Comparison {
+  /** -1 when a compared entry is non-finite (the cosine would be meaningless). */
+  cosine: number;
+  maxAbs: number;
+  /** Set when a compared entry is non-finite in forge's output (`forge`) or in the oracle (`oracle`). */
+  nonFinite?: { forge?: NonFinite; oracle?: NonFinite };
+}
+
+/** `mask[i] !== 0` marks entry i as compared; without a mask every entry is. */
+export type CompareMask = Uint8Array;
+
+function note(nf: NonFinite | undefined, i: number): NonFinite {
+  if (!nf) return { count: 1, first: i };
+  nf.count++;
+  return nf;
+}
+
+export function compare(actual: ArrayLike<number>, expected: ArrayLike<number>, mask?: CompareMask): Comparison {
   if (actual.length !== expected.length) throw new Error(`length ${actual.length} vs oracle ${expected.length}`);
+  if (mask && mask.length !== expected.length) throw new Error(`compare mask of ${mask.length} entries for ${expected.length} values`);
   let dot = 0, na = 0, nb = 0, maxAbs = 0;
+  let forge: NonFinite | undefined, oracle: NonFinite | undefined;
   for (let i = 0; i < expected.length; i++) {
-    const b = expected[i];
-    if (Number.isNaN(b)) continue;
-    const a = actual[i];
+    if (mask && mask[i] === 0) continue;
+    const a = actual[i], b = expected[i];
+    // a - a is 0 for finite a, NaN for NaN and ±Inf: one test covers both.
+    if (a - a !== 0) forge = note(forge, i);
+    if (b - b !== 0) oracle = note(oracle, i);
     dot += a * b;
     na += a * a;
     nb += b * b;
     const d = Math.abs(a - b);
-    if (!(d <= maxAbs)) maxAbs = d; // NaN in `actual` propagates as a failure
+    if (d > maxAbs) maxAbs = d;
   }
+  if (forge || oracle) return { cosine: -1, maxAbs: Infinity, nonFinite: { ...(forge ? { forge } : {}), ...(oracle ? { oracle } : {}) } };
   const cosine = na === 0 && nb === 0 ? 1 : dot / Math.sqrt(na * nb);
-  return { cosine: Number.isNaN(cosine) ? -1 : cosine, maxAbs };
+  return { cosine: Number.isFinite(cosine) ? cosine : -1, maxAbs };
 }
 
-/** For logits [rows, vocab]: how many compared rows have the same argmax. */
-export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, vocab: number): { agree: number; rows: number } {
+/** "4 non-finite values in forge's output (first at index 17)", both sides when both have some. */
+export function describeNonFinite(nf: NonNullable<Comparison['nonFinite']>): string {
+  const one = (n: NonFinite, side: string) => `${n.count} non-finite value${n.count === 1 ? '' : 's'} in ${side} (first at index ${n.first})`;
+  return [nf.forge && one(nf.forge, "forge's output"), nf.oracle && one(nf.oracle, 'the oracle')].filter(Boolean).join('; ');
+}
+
+/**
+ * For logits [rows, vocab]: how many compared rows (mask at the row's first entry) have the same
+ * argmax. A row with a non-finite logit on either side never agrees (its argmax means nothing).
+ */
+export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, vocab: number, mask?: CompareMask): { agree: number; rows: number } {
   let agree = 0, rows = 0;
   for (let r = 0; r * vocab < expected.length; r++) {
-    if (Number.isNaN(expected[r * vocab])) continue;
+    const o = r * vocab;
+    if (mask && mask[o] === 0) continue;
     rows++;
-    let ia = 0, ib = 0;
-    for (let i = 1; i < vocab; i++) {
-      if (actual[r * vocab + i] > actual[r * vocab + ia]) ia = i;
-      if (expected[r * vocab + i] > expected[r * vocab + ib]) ib = i;
+    let ia = 0, ib = 0, finite = true;
+    for (let i = 0; i < vocab; i++) {
+      const a = actual[o + i], b = expected[o + i];
+      if (a - a !== 0 || b - b !== 0) { finite = false; break; }
+      if (a > actual[o + ia]) ia = i;
+      if (b > expected[o + ib]) ib = i;
     }
-    if (ia === ib) agree++;
+    if (finite && ia === ib) agree++;
   }
   return { agree, rows };
 }
@@ -56,6 +92,8 @@ export interface OutputTally {
   maxAbs: number;
   /** The case with the lowest cosine. */
   worst: string;
+  /** The first case with a non-finite value on either side, and what was found: a failure whatever the cosine. */
+  nonFinite?: string;
 }
 
 /** A gate's comparisons over its teacher-forced cases: per output the worst cosine (and where), the largest error, and logits top-1. */
@@ -65,9 +103,10 @@ export class GateTally {
 
   constructor(private readonly vocab: number) {}
 
-  add(name: string, actual: ArrayLike<number>, expected: ArrayLike<number>, where: string): void {
-    const r = compare(actual, expected);
-    const a = this.outputs.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
+  add(name: string, actual: ArrayLike<number>, expected: ArrayLike<number>, where: string, mask?: CompareMask): void {
+    const r = compare(actual, expected, mask);
+    const a: OutputTally = this.outputs.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
+    if (r.nonFinite && !a.nonFinite) a.nonFinite = `${where} output ${name}: ${describeNonFinite(r.nonFinite)}`;
     if (r.cosine < a.minCosine) {
       a.minCosine = r.cosine;
       a.worst = where;
@@ -75,7 +114,7 @@ export class GateTally {
     a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
     this.outputs.set(name, a);
     if (name === 'logits') {
-      const t = top1(actual, expected, this.vocab);
+      const t = top1(actual, expected, this.vocab, mask);
       this.top1.agree += t.agree;
       this.top1.rows += t.rows;
     }

@@ -30,8 +30,8 @@ import { toFloat32 } from '../io/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
 import { compileContext, runWithTimeout, type CompileReport } from '../toolchain/qnn/compile.js';
 import { ensureVenv } from '../toolchain/venv.js';
-import { parseQhxJson, qhxArgs, type Target } from '../targets/target.js';
-import { checkParity, type VariantResult } from './parity.js';
+import { EXIT_NON_FINITE_LOGITS, parseQhxJson, qhxArgs, qhxFailure, type Target } from '../targets/target.js';
+import { checkParity, variantOk, type VariantResult } from './parity.js';
 import type { NativeRecord } from './native-stage.js';
 import { Trace } from './trace.js';
 import { GateTally, type OutputTally } from './compare.js';
@@ -100,6 +100,8 @@ export interface SimulatedGraph {
   msPerCall: number;
   loadMs: number;
   outputs: Record<string, SimulatedOutput>;
+  /** The first non-finite value met on either side (the graph fails): case, output, count and index. */
+  nonFinite?: string;
   /** Outputs the family's gate cases give no expected values for (not compared, as in the oracle gate). */
   uncompared?: string[];
 }
@@ -222,7 +224,8 @@ export async function simulateBatch(python: string, script: string, wrapper: str
 
 /**
  * Teacher-forced on the simulator: every case the family's gateCases gives for the graph, run on its
- * compiled context; each output compared with HF (NaN rows of the oracle are padding, not compared).
+ * compiled context; each output compared with HF (padding rows, as the case's masks say, are not), a
+ * non-finite value on either side failing the graph.
  */
 export async function simulateGraph<C>(o: {
   family: Family<C>; config: C; entry: GraphEntry; compiled: CompiledGraph; trace: Trace; maxContext: number;
@@ -257,7 +260,7 @@ export async function simulateGraph<C>(o: {
           const info = file.tensors.get(`${i}/${name}`);
           if (!info) throw new Error(`${what}: no output ${name} for case ${i}`);
           const actual = toFloat32(info.dtype, await file.read(info.name));
-          tally.add(name, actual, expected, `prompt ${c.prompt} step ${c.step}`);
+          tally.add(name, actual, expected, `${o.entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
         }
       }
     } finally {
@@ -292,7 +295,8 @@ export async function simulateGraph<C>(o: {
     minCosine = Math.min(minCosine, acc.get(name)!.minCosine);
   }
   if (!acc.size) throw new Error(`simulating ${o.entry.name}: the oracle gives expected values for none of its outputs`);
-  const g: SimulatedGraph = { minCosine, ok: minCosine >= o.minCosine, cases, msPerCall: (runSeconds * 1000) / cases, loadMs: (loadSeconds * 1000) / batchNo, outputs };
+  const nonFinite = [...acc.values()].find((t) => t.nonFinite)?.nonFinite;
+  const g: SimulatedGraph = { minCosine, ok: minCosine >= o.minCosine && !nonFinite, ...(nonFinite ? { nonFinite } : {}), cases, msPerCall: (runSeconds * 1000) / cases, loadMs: (loadSeconds * 1000) / batchNo, outputs };
   const uncompared = [...outputNames].filter((n) => !acc.has(n));
   if (uncompared.length) g.uncompared = uncompared; // as in the CPU oracle gate: only what the trace defines is compared
   if (tops.rows) {
@@ -337,6 +341,7 @@ export function simulatorTarget(qhxGenerate: string, sim: Pick<SimulatorInfo, 'h
       const r = await runWithTimeout(qhxGenerate, args, timeoutSeconds, { FORGE_QNN_EP_LIB: sim.epLib, FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' });
       if (r.spawnError) throw new Error(`${where}: cannot run ${qhxGenerate}: ${r.spawnError}`);
       if (r.timedOut) throw new Error(`${where} ran past ${timeoutSeconds} s and was killed`);
+      if (r.exitCode === EXIT_NON_FINITE_LOGITS && !r.signal) throw qhxFailure(where, r.exitCode, r.stderr);
       if (r.exitCode !== 0) throw new Error(`${where} failed (${r.signal ?? `exit ${r.exitCode}`}): ${helperTail(r.stderr, 2)}`);
       const res = parseQhxJson(r.stdout, where);
       if (res.backend !== 'qnn') throw new Error(`${where} ran on backend '${res.backend}', not qnn`);
@@ -386,7 +391,7 @@ export async function runEmulation(i: EmulationInput): Promise<EmulationResult> 
         minCosine, minTop1: i.minTop1, python, script, work: join(i.work, 'cases'), timeoutSeconds,
       });
       graphs[entry.name] = g;
-      log(`${entry.name}: min cosine ${g.minCosine.toFixed(6)} over ${g.cases} calls${g.top1 ? `, top-1 ${g.top1}` : ''}, ${g.msPerCall.toFixed(1)} ms/call on the simulator`);
+      log(`${entry.name}: min cosine ${g.minCosine.toFixed(6)} over ${g.cases} calls${g.top1 ? `, top-1 ${g.top1}` : ''}, ${g.msPerCall.toFixed(1)} ms/call on the simulator${g.nonFinite ? `; NON-FINITE: ${g.nonFinite}` : ''}`);
     }
     const oracleSeconds = (Date.now() - t) / 1000;
 
@@ -397,9 +402,9 @@ export async function runEmulation(i: EmulationInput): Promise<EmulationResult> 
     await assembleBundle({ recipe: i.recipe, arch: i.arch, graphsDir: i.graphsDir, embeddingDir: i.graphsDir, checkpointDir: i.checkpointDir, maxNewTokens: i.tokens }, bundle);
     await attachQnnContexts(bundle, compiled);
     const parity = await checkParity(simulatorTarget(i.qhxGenerate, sim, timeoutSeconds), bundle, trace, i.tokens);
-    const parityOk = parity.matched >= i.minMatch * parity.total;
+    const parityOk = variantOk(parity, i.minMatch);
     const paritySeconds = (Date.now() - t) / 1000;
-    log(`parity on the simulator: ${parity.matched}/${parity.total}, ${parity.timings.decode_ms_per_token.toFixed(1)} ms/token`);
+    log(`parity on the simulator: ${parity.matched}/${parity.total}, ${parity.timings.decode_ms_per_token.toFixed(1)} ms/token${parity.nonFinite ? `; NON-FINITE: ${parity.nonFinite}` : ''}`);
     progress(steps, steps);
 
     const oracleOk = Object.values(graphs).every((g) => g.ok);

@@ -33,6 +33,8 @@ export interface OracleRow {
   minCosine: number;
   maxAbs: number;
   worst: string;
+  /** Set when a compared value was NaN/Inf in forge's output or in the oracle: the row fails whatever its cosine. */
+  nonFinite?: string;
   ok: boolean;
 }
 
@@ -52,7 +54,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
       for (const [name, expected] of Object.entries(c.expected)) {
         const actual = out[name];
         if (!actual) throw new Error(`${entry.file} has no output ${name}`);
-        tally.add(name, actual.data as Float32Array, expected, `prompt ${c.prompt} step ${c.step}`);
+        tally.add(name, actual.data as Float32Array, expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
       }
       cases++;
     }
@@ -63,9 +65,9 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
 }
 
 function markdownTable(rows: OracleRow[], failed: boolean): string {
-  const head = failed ? 'ORACLE GATE FAILED: rows marked ✗ are under their threshold.\n\n' : '';
+  const head = failed ? 'ORACLE GATE FAILED: rows marked ✗ are under their threshold or hold non-finite values.\n\n' : '';
   const lines = ['| variant | graph | layer | output | min cosine | max abs err | worst at | |', '|---|---|---|---|---|---|---|---|'];
-  for (const r of rows) lines.push(`| ${r.variant} | ${r.graph} | ${r.layer} | ${r.output} (${r.what}) | ${r.minCosine.toFixed(7)} | ${r.maxAbs.toExponential(2)} | ${r.worst} | ${r.ok ? '✓' : '✗'} |`);
+  for (const r of rows) lines.push(`| ${r.variant} | ${r.graph} | ${r.layer} | ${r.output} (${r.what}) | ${r.minCosine.toFixed(7)} | ${r.maxAbs.toExponential(2)} | ${r.nonFinite ?? r.worst} | ${r.ok ? '✓' : '✗'} |`);
   return head + lines.join('\n') + '\n';
 }
 
@@ -102,18 +104,20 @@ export async function runOracleGate(
       const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       let graphMin = Infinity;
+      let graphOk = true;
       for (const [output, a] of r.acc) {
         const { layer, what } = layerOf(output in g.probes ? g.probes[output].name : output, g.last);
-        const rowOk = a.minCosine >= v.minCosine;
-        rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ok: rowOk });
+        const rowOk = a.minCosine >= v.minCosine && !a.nonFinite;
+        rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ...(a.nonFinite ? { nonFinite: a.nonFinite } : {}), ok: rowOk });
         graphMin = Math.min(graphMin, a.minCosine);
-        ok &&= rowOk;
+        graphOk &&= rowOk;
       }
-      const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphMin >= v.minCosine };
+      const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphOk };
       if (r.tops.rows) {
         entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
         if (r.tops.agree < minTop1 * r.tops.rows) { entry.ok = false; ok = false; }
       }
+      ok &&= entry.ok;
       graphs[`${variant}/${g.name}`] = entry;
     }
   } finally {
@@ -125,9 +129,9 @@ export async function runOracleGate(
   return { ok, rows, graphs };
 }
 
-/** The first row under its threshold, in layer order: where the graph first leaves the oracle. */
+/** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
 export function firstMiss(rows: OracleRow[]): OracleRow | undefined {
-  return rows.find((r) => !r.ok);
+  return rows.find((r) => r.nonFinite) ?? rows.find((r) => !r.ok);
 }
 
 export const stage: StageModule<OracleParams> = {
@@ -141,10 +145,13 @@ export const stage: StageModule<OracleParams> = {
     await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify(result, null, 2));
     await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(result.rows, !result.ok));
     const bad = firstMiss(result.rows);
-    if (bad) ctx.log(`first miss: ${bad.variant} ${bad.graph} layer ${bad.layer} ${bad.output} cosine ${bad.minCosine}`);
+    if (bad) ctx.log(bad.nonFinite ? `non-finite: ${bad.variant} ${bad.nonFinite}` : `first miss: ${bad.variant} ${bad.graph} layer ${bad.layer} ${bad.output} cosine ${bad.minCosine}`);
     return {
       gate: { name: 'oracle', ok: result.ok },
-      summary: { graphs: result.graphs, ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine } } : {}) },
+      summary: {
+        graphs: result.graphs,
+        ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
+      },
     };
   },
 };

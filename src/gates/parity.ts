@@ -12,7 +12,7 @@ import { assembleBundle, readCompiled } from '../bundle/assemble.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { hostTarget } from '../targets/host.js';
 import { adbTarget } from '../targets/adb.js';
-import type { Target } from '../targets/target.js';
+import { NonFiniteLogitsError, type Target } from '../targets/target.js';
 import { getArch } from '../arch/table.js';
 import { Trace } from './trace.js';
 import type { NativeRecord } from './native-stage.js';
@@ -41,8 +41,10 @@ export interface Divergence {
 export interface VariantResult {
   matched: number;
   total: number;
-  perPrompt: Array<{ matched: number; total: number }>;
+  perPrompt: Array<{ matched: number; total: number; nonFinite?: string }>;
   firstDivergence: Divergence | null;
+  /** The runtime refused NaN/Inf logits (first prompt where it did, and its message): the variant fails whatever it matched. */
+  nonFinite?: string;
   /** Means over the prompts; load_ms is the fastest start-up (a device's first run after a push also hashes every file). */
   timings: { load_ms: number; prefill_ms: number; decode_ms_per_token: number; host_overhead_ms_per_token: number };
 }
@@ -59,7 +61,17 @@ export async function checkParity(target: Target, bundleDir: string, trace: Trac
   for (let p = 0; p < prompts.length; p++) {
     const want = prompts[p].generated.slice(0, tokens);
     if (want.length < tokens) throw new Error(`the trace has ${want.length} generated tokens for prompt ${p}, the gate wants ${tokens}`);
-    const got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens });
+    let got;
+    try {
+      got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens });
+    } catch (e) {
+      if (!(e instanceof NonFiniteLogitsError)) throw e;
+      const message = `prompt ${p}: ${e.message}`;
+      r.perPrompt.push({ matched: 0, total: tokens, nonFinite: message });
+      r.total += tokens;
+      r.nonFinite ??= message;
+      continue;
+    }
     let k = 0;
     while (k < tokens && got.generatedIds[k] === want[k]) k++;
     r.perPrompt.push({ matched: k, total: tokens });
@@ -75,6 +87,11 @@ export async function checkParity(target: Target, bundleDir: string, trace: Trac
     for (const key of ['prefill_ms', 'decode_ms_per_token', 'host_overhead_ms_per_token'] as const) r.timings[key] += got.timings[key] / prompts.length;
   }
   return r;
+}
+
+/** A variant passes with enough matched tokens and no refused (non-finite) logits. */
+export function variantOk(v: VariantResult, minMatch: number): boolean {
+  return !v.nonFinite && v.matched >= minMatch * v.total;
 }
 
 export const stage: StageModule<ParityParams> = {
@@ -104,12 +121,15 @@ export const stage: StageModule<ParityParams> = {
     const matched = Object.values(variants).reduce((a, v) => a + v.matched, 0);
     const total = Object.values(variants).reduce((a, v) => a + v.total, 0);
     const threshold = (v: string) => (v === 'quantize' && p.w8 ? p.w8.minMatch : p.minMatch);
-    const ok = Object.entries(variants).every(([k, v]) => v.matched >= threshold(k) * v.total);
+    const ok = Object.entries(variants).every(([k, v]) => variantOk(v, threshold(k)));
+    const nonFinite = Object.entries(variants).find(([, v]) => v.nonFinite);
+    if (nonFinite) ctx.log(`${nonFinite[0]} graphs: ${nonFinite[1].nonFinite}`);
     const first = Object.entries(variants).find(([, v]) => v.firstDivergence);
     const summary = {
       target: target.name, matched, total,
       variants: Object.fromEntries(Object.entries(variants).map(([k, v]) => [k, { matched: v.matched, total: v.total, timings: v.timings }])),
       firstDivergence: first ? { variant: first[0], ...first[1].firstDivergence! } : null,
+      ...(nonFinite ? { nonFinite: { variant: nonFinite[0], message: nonFinite[1].nonFinite! } } : {}),
       thresholds: Object.fromEntries(Object.keys(variants).map((k) => [k, threshold(k)])),
       ...(p.w8 ? { w8Why: p.w8.why } : {}),
     };

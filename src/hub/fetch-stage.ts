@@ -15,6 +15,7 @@ import { fetchHubSnapshot } from './download.js';
 import { localCheckpointDigest, type LocalDigest } from './local-digest.js';
 import { stableStringify } from '../engine/hash.js';
 import { checkTokenizerFiles } from './tokenizer-files.js';
+import { checkFiniteStage } from './finite-check.js';
 
 export interface FetchParams {
   source: Recipe['source'];
@@ -62,11 +63,13 @@ export const stage: StageModule<FetchParams> = {
       const dir = await fetchHubSnapshot(source.repo, source.revision, (m) => ctx.log(m));
       ref = { dir, source, files: sizes(dir) };
     }
-    const checked = await validateCheckpoint(ctx.params.family, isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    const checkpointDir = isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir);
+    const checked = await validateCheckpoint(ctx.params.family, checkpointDir);
     ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
-    const tokenizer = checkTokenizerFiles(isAbsolute(ref.dir) ? ref.dir : join(ctx.out, ref.dir));
+    const tokenizer = checkTokenizerFiles(checkpointDir);
     ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
+    const finite = await checkFiniteStage(source, checkpointDir, ctx.log);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
-    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0) } };
+    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0), finite } };
   },
 };

@@ -102,6 +102,18 @@ export class Bf16W8 {
     }
   }
 
+  /**
+   * The largest (bits & 0x7fff) of the 16-bit values in `src` (bf16 or f16 bits): ≥ 0x7f80 (bf16)
+   * or ≥ 0x7c00 (f16) exactly when one of them is Inf or NaN. In SIMD when `src` is a view of this
+   * object's regions.
+   */
+  maxMagnitude(src: Uint16Array): number {
+    const n = src.length;
+    const simd = n - (n % 8);
+    const m = this.kernels && simd > 0 && src.buffer === this.buffer ? this.kernels.max(src.byteOffset, simd) : maxMagnitude(src, 0, simd);
+    return Math.max(m, maxMagnitude(src, simd, n - simd));
+  }
+
   /** bf16ToF16Array(src, dst), the same bits; in SIMD when both are views of this object's regions. */
   toF16(src: Uint16Array, dst: Uint16Array): Uint16Array {
     const n = src.length;

@@ -9,14 +9,21 @@ const revision = z
   .string()
   .regex(/^[0-9a-f]{40}$/, 'a pinned revision is a 40-hex-digit commit sha (not a branch or tag)');
 
+/**
+ * fetch refuses a checkpoint with a NaN or ±Inf weight; this turns that check off, and must say why
+ * (the run record and the card repeat it). The gates still refuse non-finite outputs.
+ */
+const allowNonFinite = z.object({ reason: z.string().trim().min(1, 'say why non-finite weights are allowed') }).strict().optional();
+
 export const SourceSchema = z.discriminatedUnion('kind', [
   z.object({
     kind: z.literal('hub'),
     repo: z.string().regex(/^[\w.-]+\/[\w.-]+$/, 'expected <org>/<name>'),
     revision,
+    allowNonFinite,
   }).strict(),
-  z.object({ kind: z.literal('local'), path: z.string().min(1) }).strict(),
-  z.object({ kind: z.literal('tiny'), twin: z.enum(FAMILY_IDS) }).strict(),
+  z.object({ kind: z.literal('local'), path: z.string().min(1), allowNonFinite }).strict(),
+  z.object({ kind: z.literal('tiny'), twin: z.enum(FAMILY_IDS), allowNonFinite }).strict(),
 ]);
 
 export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8']);

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { runOwned } from '../engine/subprocess.js';
 import type { HexagonArch } from '../arch/table.js';
-import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
+import { parseQhxJson, qhxArgs, qhxFailure, type GenerateRequest, type Target } from './target.js';
 
 export interface AdbOptions {
   serial: string;
@@ -68,7 +68,7 @@ export function adbTarget(o: AdbOptions): Target {
         await adb(['pull', `${remote}/status`, join(local, 'status')], 'pull status');
         await adb(['pull', `${remote}/stderr.txt`, join(local, 'stderr.txt')], 'pull stderr');
         const status = readFileSync(join(local, 'status'), 'utf8').trim();
-        if (status !== '0') throw new Error(`qhx_generate on ${o.serial} exited ${status}: ${readFileSync(join(local, 'stderr.txt'), 'utf8').trim().split('\n').pop()}`);
+        if (status !== '0') throw qhxFailure(o.serial, status, readFileSync(join(local, 'stderr.txt'), 'utf8'));
         await adb(['pull', `${remote}/result.json`, join(local, 'result.json')], 'pull result');
         const res = parseQhxJson(readFileSync(join(local, 'result.json'), 'utf8'), `adb:${o.serial}`);
         if (res.backend !== 'qnn') throw new Error(`qhx_generate on ${o.serial} ran on backend '${res.backend}', not qnn`);

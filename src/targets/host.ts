@@ -1,7 +1,7 @@
 // The host target: qhx_generate on this machine, CPU EP on the bundle's ONNX graphs.
 import { join } from 'node:path';
 import { runOwned } from '../engine/subprocess.js';
-import { parseQhxJson, qhxArgs, type GenerateRequest, type Target } from './target.js';
+import { parseQhxJson, qhxArgs, qhxFailure, type GenerateRequest, type Target } from './target.js';
 
 export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
   return {
@@ -11,7 +11,7 @@ export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
       const r = await runOwned(qhxGenerate, args, { timeoutSeconds, env: { FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' } });
       if (r.spawnError) throw new Error(`cannot run ${qhxGenerate}: ${r.spawnError}`);
       if (r.timedOut) throw new Error(`qhx_generate on host timed out after ${timeoutSeconds} s and was killed`);
-      if (r.exitCode !== 0) throw new Error(`qhx_generate on host failed (${r.signal ?? r.exitCode}): ${r.stderr.trim().split('\n').pop()}`);
+      if (r.exitCode !== 0) throw qhxFailure('host', r.signal ?? r.exitCode ?? 'no status', r.stderr);
       return parseQhxJson(r.stdout, 'host');
     },
   };

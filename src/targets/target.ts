@@ -19,6 +19,24 @@ export interface Target {
   generate(req: GenerateRequest): Promise<GenerateResult>;
 }
 
+/** qhx_generate's exit status when the logits it would take the argmax of hold NaN/Inf. */
+export const EXIT_NON_FINITE_LOGITS = 3;
+
+/** The runtime refused non-finite logits (its message names the generation step): a gate failure of its own, not a token mismatch. */
+export class NonFiniteLogitsError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'NonFiniteLogitsError';
+  }
+}
+
+/** The error for a failed qhx_generate run: NonFiniteLogitsError for exit 3, a plain Error otherwise. */
+export function qhxFailure(where: string, status: number | string, stderr: string): Error {
+  const last = stderr.trim().split('\n').pop() ?? '';
+  if (Number(status) === EXIT_NON_FINITE_LOGITS) return new NonFiniteLogitsError(last.replace(/^qhx_generate: /, ''));
+  return new Error(`qhx_generate on ${where} exited ${status}: ${last}`);
+}
+
 /** qhx_generate's argv after the program, shared by every target (paths as the target sees them). */
 export function qhxArgs(manifest: string, backend: string, systemLib: string, root: string, req: GenerateRequest): string[] {
   return [manifest, backend, systemLib, root, String(req.maxNewTokens), req.promptIds.join(','), '--ids', '--json', '--ignore-eos'];

@@ -1,0 +1,114 @@
+// Done-when of issue 11 item 1, end to end on the tiny Qwen3 twin: a checkpoint with one Inf and one
+// NaN weight fails at fetch naming the tensor; with the check disabled by the recipe the oracle's
+// reference (the trace) refuses the non-finite outputs; and `forge publish --dry-run` refuses what
+// either build left.
+import { describe, it, expect, beforeAll, afterAll } from 'vitest';
+import { cpSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { build } from '../src/build.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { runPython } from '../src/toolchain/python.js';
+import { openSafetensors } from '../src/io/safetensors.js';
+import { f32ToBf16Bits } from '../src/io/dtype.js';
+import { forge } from './helpers/forge-cli.js';
+import { cacheRoot } from '../src/paths.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { runOracleGate } from '../src/gates/oracle.js';
+
+const INF_TENSOR = 'model.layers.2.mlp.down_proj.weight';
+const NAN_TENSOR = 'model.layers.1.self_attn.v_proj.weight';
+let work: string;
+let poisoned: string;
+
+/** Overwrite element `index` of a BF16 tensor in place. */
+async function poison(file: string, tensor: string, index: number, value: number) {
+  const st = await openSafetensors(file);
+  const { fileOffset, dtype } = st.info(tensor);
+  await st.close();
+  expect(dtype).toBe('BF16');
+  const bytes = readFileSync(file);
+  bytes.writeUInt16LE(f32ToBf16Bits(value), fileOffset + 2 * index);
+  writeFileSync(file, bytes);
+}
+
+beforeAll(async () => {
+  work = mkdtempSync(join(tmpdir(), 'forge-nonfinite-'));
+  const twin = join(work, 'twin');
+  await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', 'qwen3', '--out', twin]);
+  poisoned = join(work, 'poisoned');
+  cpSync(twin, poisoned, { recursive: true });
+  await poison(join(poisoned, 'model.safetensors'), INF_TENSOR, 70, Infinity);
+  await poison(join(poisoned, 'model.safetensors'), NAN_TENSOR, 3, NaN);
+}, 300_000);
+afterAll(() => rmSync(work, { recursive: true, force: true }));
+
+async function buildPoisoned(id: string, allowNonFinite?: { reason: string }) {
+  const r = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
+  r.id = id;
+  r.source = { kind: 'local', path: poisoned, ...(allowNonFinite ? { allowNonFinite } : {}) };
+  const recipes = join(work, 'recipes');
+  mkdirSync(join(recipes, id), { recursive: true });
+  writeFileSync(join(recipes, id, 'recipe.json'), JSON.stringify(r));
+  const prev = process.env.FORGE_RECIPES;
+  process.env.FORGE_RECIPES = recipes;
+  try {
+    const out = join(work, 'out', id);
+    return { record: await build({ recipe: id, arch: 'v81', out, progress: silentProgress }), out };
+  } finally {
+    // Assigning undefined would store the string "undefined".
+    if (prev === undefined) delete process.env.FORGE_RECIPES;
+    else process.env.FORGE_RECIPES = prev;
+  }
+}
+
+describe('a checkpoint with an Inf and a NaN weight', () => {
+  it('fails at fetch naming the file, the first poisoned tensor in file order, the index and the value', async () => {
+    const { record, out } = await buildPoisoned('nonfinite-checked');
+    expect(record.ok).toBe(false);
+    expect(record.stages.find((s) => s.name === 'fetch')!.status).toBe('failed');
+    // Header (file) order puts layer 1's v_proj before layer 2's down_proj.
+    expect(record.error).toContain(`${join(poisoned, 'model.safetensors')}: tensor "${NAN_TENSOR}": NaN at flat index 3 of 4096 (BF16)`);
+    expect(readdirSync(out)).toEqual(['build']);
+    const pub = await forge(['publish', out, '--repo', 'forge-test/nonfinite', '--dry-run']);
+    expect(pub.code).not.toBe(0);
+    expect(pub.stderr).toMatch(/refusing to publish .*the build did not pass .*NaN at flat index 3/);
+  }, 300_000);
+
+  it('with source.allowNonFinite, the oracle refuses the non-finite reference outputs, naming prompt, step and tensor', async () => {
+    const { record, out } = await buildPoisoned('nonfinite-allowed', { reason: 'test: the gates must catch it' });
+    expect(record.ok).toBe(false);
+    expect(record.stages.find((s) => s.name === 'fetch')!.status).toBe('ran');
+    expect((record.summaries.fetch as any).finite).toEqual({ checked: false, reason: 'test: the gates must catch it' });
+    expect(record.stages.find((s) => s.name === 'trace')!.status).toBe('failed');
+    expect(record.error).toMatch(/the Hugging Face reference is not finite.*prompt 0 .* step 0: v\.1 \(layer 1's new value row\) holds 1 non-finite value of 64 \(first at index 0: nan\)/);
+    expect(record.gates?.oracle?.ok).not.toBe(true);
+    expect(readdirSync(out)).toEqual(['build']);
+    const pub = await forge(['publish', out, '--repo', 'forge-test/nonfinite', '--dry-run']);
+    expect(pub.code).not.toBe(0);
+    expect(pub.stderr).toMatch(/refusing to publish [^]*gate oracle is missing from build\/run.json/);
+  }, 600_000);
+});
+
+describe('the oracle gate over graphs that output NaN', () => {
+  it("fails the output, naming graph, prompt, step, count and first index in forge's output, and counts no top-1 agreement", async () => {
+    const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', until: 'oracle', out: join(work, 'out', 'clean'), progress: silentProgress });
+    if (!r.ok) throw new Error(r.error);
+    const entry = (id: string) => join(cacheRoot(), id, r.stages.find((s) => s.name === id)!.key!);
+    const graphs = join(work, 'nan-export');
+    cpSync(entry('export'), graphs, { recursive: true });
+    // The fp32 lm-head's first weight row → logit 0 is NaN at every step, the other logits are untouched.
+    const data = readFileSync(join(graphs, 'lm_head.data'));
+    data.writeUInt32LE(0x7fc00000, 0);
+    writeFileSync(join(graphs, 'lm_head.data'), data);
+    const result = await runOracleGate('qwen3', readCheckpointRef(entry('fetch')).absDir, entry('trace'), [{ label: 'export', dir: graphs, minCosine: 0.99 }], 0.9, join(work, 'scratch'));
+    expect(result.ok).toBe(false);
+    const bad = result.rows.filter((row) => !row.ok);
+    expect(bad.map((row) => `${row.graph}/${row.output}`)).toEqual(['lm_head/logits']);
+    expect(bad[0].nonFinite).toBe("lm_head prompt 0 step 0 output logits: 1 non-finite value in forge's output (first at index 0)");
+    expect(result.graphs['export:fp32/lm_head']).toMatchObject({ ok: false, top1: expect.stringMatching(/^0\//) });
+    // The prompts are shorter than a prefill chunk: its padding rows are masked out, not NaN, and it passes.
+    expect(result.graphs['export:fp32/shard0.decode'].ok).toBe(true);
+    expect(result.graphs['export:fp32/shard0.prefill'].ok).toBe(true);
+  }, 600_000);
+});
