@@ -38,9 +38,8 @@ function deepNesting(depth: number): Json {
   for (let i = 0; i < depth; i++) v = [v];
   return v;
 }
-// Deep enough to trip a recursive validator, shallow enough for JSON.stringify; deeper nesting
-// (100,000 levels) goes in as text (mutateJsonText).
-const DEEP = deepNesting(500);
+// 500 levels: deep enough to trip a recursive validator, shallow enough for JSON.stringify; deeper
+// nesting (100,000 levels) goes in as text (mutateJsonText).
 const DEEP_TEXT = `${'['.repeat(100_000)}${']'.repeat(100_000)}`;
 
 export function oddValue(rng: Rng): Json {
@@ -62,7 +61,7 @@ export function oddValue(rng: Rng): Json {
     () => [],
     () => ({}),
     () => JSON.parse('{"__proto__":1,"constructor":"x"}') as Json,
-    () => DEEP,
+    () => deepNesting(500), // fresh each time: a shared one could be edited into containing itself
   ])();
 }
 
@@ -73,13 +72,18 @@ function pickContainerSlot(rng: Rng, doc: Json): { parent: Json[] | { [k: string
   let at: Json = doc;
   for (;;) {
     const isContainer = at !== null && typeof at === 'object';
-    const keys: (string | number)[] = !isContainer ? [] : Array.isArray(at) ? at.map((_, i) => i) : Object.keys(at);
+    const keys: (string | number)[] = !isContainer ? [] : Array.isArray(at) ? at.map((_, i) => i) : Object.keys(at as object);
     if (!keys.length || (parent !== null && rng.chance(3))) break;
     parent = at as Json[] | { [k: string]: Json };
     key = rng.pick(keys);
     at = (parent as Record<string | number, Json>)[key];
   }
   return parent === null ? null : { parent, key };
+}
+
+/** An own data property even for '__proto__' (plain assignment would set the prototype instead). */
+function put(target: Record<string | number, Json>, key: string | number, v: Json): void {
+  Object.defineProperty(target, key, { value: v, enumerable: true, writable: true, configurable: true });
 }
 
 function editOnce(rng: Rng, doc: Json): void {
@@ -91,7 +95,7 @@ function editOnce(rng: Rng, doc: Json): void {
   switch (rng.below(8)) {
     case 0:
     case 1:
-      p[key] = oddValue(rng);
+      put(p, key, oddValue(rng));
       break;
     case 2: // drop it
       if (Array.isArray(parent)) parent.splice(key as number, 1);
@@ -99,19 +103,19 @@ function editOnce(rng: Rng, doc: Json): void {
       break;
     case 3: // add a sibling
       if (Array.isArray(parent)) parent.push(rng.chance(2) ? structuredClone(value) : oddValue(rng));
-      else p[rng.pick(['extra', 'x\ty', 'x\ny', '__proto__', 'constructor'])] = oddValue(rng);
+      else put(p, rng.pick(['extra', 'x\ty', 'x\ny', '__proto__', 'constructor']), oddValue(rng));
       break;
     case 4: // nudge a number
-      if (typeof value === 'number') p[key] = value + rng.below(5) - 2;
+      if (typeof value === 'number') put(p, key, value + rng.below(5) - 2);
       break;
     case 5: // scale a number
-      if (typeof value === 'number') p[key] = value * rng.pick([-1, 1000003, 1e-9, 2 ** 40]);
+      if (typeof value === 'number') put(p, key, value * rng.pick([-1, 1000003, 1e-9, 2 ** 40]));
       break;
     case 6: // change a string
-      if (typeof value === 'string') p[key] = rng.chance(2) && value.length ? value.slice(0, rng.below(value.length)) : value + rng.pick(['\n', 'é', '\u0000', ' ']);
+      if (typeof value === 'string') put(p, key, rng.chance(2) && value.length ? value.slice(0, rng.below(value.length)) : value + rng.pick(['\n', 'é', '\u0000', ' ']));
       break;
     default: // wrap it
-      p[key] = rng.chance(2) ? [value] : { value };
+      put(p, key, rng.chance(2) ? [value] : { value });
   }
 }
 
