@@ -3,7 +3,8 @@
 // Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
 // QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
-// the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints one JSON object instead:
+// the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints
+// one JSON object instead:
 //   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend, verified,
 //    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
