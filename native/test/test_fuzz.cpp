@@ -42,7 +42,8 @@ class Mutator {
   std::string mutate(const json& good) {
     json doc = good;
     for (size_t k = 0, n = 1 + below(3); k < n; k++) edit(doc);
-    std::string text = doc.dump();
+    // A string cut inside a UTF-8 sequence is written with U+FFFD; raw bad bytes come from bytes().
+    std::string text = doc.dump(-1, ' ', false, json::error_handler_t::replace);
     if (chance(4)) text = bytes(text);
     return text;
   }
