@@ -209,7 +209,7 @@ async function makeBundle(recipeId: string, dir: string): Promise<Bundle> {
   };
   writeFileSync(join(exportDir, GRAPHS_JSON), JSON.stringify(exp, null, 2));
   // The assembler reads config.json and tokenizer.json from the checkpoint. The tokenizer is a stub
-  // the runtime cannot load: it then runs on token ids (--ids) and prints no text.
+  // the runtime cannot load: it then runs on token ids (--prompt-ids) and prints no text.
   writeFileSync(join(ckptDir, 'config.json'), JSON.stringify(recipe.config));
   writeFileSync(join(ckptDir, 'tokenizer.json'), '{}');
   const manifest = await assembleBundle({
@@ -229,7 +229,7 @@ interface Timings {
 }
 
 function runGenerate(qhx: string, b: Bundle, verify = false): Timings {
-  const args = [b.manifestPath, 'cpu', '-', b.root, String(newTokens), PROMPT.join(','), '--ids', '--json', '--ignore-eos', ...(verify ? ['--verify'] : [])];
+  const args = [b.manifestPath, 'cpu', '-', b.root, String(newTokens), '--prompt-ids', PROMPT.join(','), '--json', '--ignore-eos', ...(verify ? ['--verify'] : [])];
   const r = spawnSync(qhx, args, { encoding: 'utf8', maxBuffer: 64 << 20, env: { ...process.env, FORGE_ORT_THREADS: ortThreads } });
   if (r.status !== 0) throw new Error(`qhx_generate ${args.join(' ')} exited ${r.status}${r.signal ? ` (${r.signal})` : ''}: ${r.stderr.trim()}`);
   const out = JSON.parse(r.stdout.trim().split('\n').pop()!) as { timings: Timings; generated_ids: number[] };

@@ -140,7 +140,7 @@ describe('forge build', () => {
     editRecipe('qwen3-4b', (r) => (r.arch.default.quant = 'int3'));
     const invalid = await forge(['plan', 'qwen3-4b', '--arch', 'v81'], { FORGE_RECIPES: recipes });
     expect(invalid.code).toBe(1);
-    expect(invalid.stderr).toMatch(/invalid recipe .*qwen3-4b\/recipe.json:\n\s+arch.default.quant:/);
+    expect(invalid.stderr).toMatch(/invalid recipe .*qwen3-4b\/recipe.json: arch.default.quant:/);
     expect(invalid.stderr).not.toMatch(/\n\s+at /);
   });
 });

@@ -82,7 +82,7 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     expect(calls).toContain('-s R5CT1234 push /tmp/bundle/. /data/local/tmp/forge/bundle');
     expect(calls).toContain('-s R5CT1234 push /build/android/qhx_generate /data/local/tmp/forge/qhx_generate');
     const run = calls.find((c) => c.includes('./qhx_generate'))!;
-    expect(run).toContain('/data/local/tmp/forge/bundle/manifest.json /data/local/tmp/forge/lib/libQnnHtp.so /data/local/tmp/forge/lib/libQnnSystem.so /data/local/tmp/forge/bundle 3 1,2,3 --ids --json --ignore-eos');
+    expect(run).toContain('/data/local/tmp/forge/bundle/manifest.json /data/local/tmp/forge/lib/libQnnHtp.so /data/local/tmp/forge/lib/libQnnSystem.so /data/local/tmp/forge/bundle 3 --prompt-ids 1,2,3 --json --ignore-eos');
     expect(run).toContain('ADSP_LIBRARY_PATH=/data/local/tmp/forge/lib');
   });
 

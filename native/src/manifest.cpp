@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <fstream>
 #include <map>
 #include <set>
@@ -28,6 +29,21 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return o.str();
 }
 
+/** Control characters (a newline inside a quoted name) shown escaped: an error is one line. */
+std::string one_line(const std::string& msg) {
+  std::string out;
+  for (unsigned char c : msg) {
+    if (c >= 0x20 && c != 0x7f) out += char(c);
+    else if (c == '\n') out += "\\n";
+    else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
+
 /** A JSON value with the field path that leads to it, so every complaint can name that path. */
 struct Node {
   const json& j;
@@ -35,7 +51,7 @@ struct Node {
   const std::string& label;
 
   [[noreturn]] void fail(const std::string& msg) const {
-    throw ManifestError(label + ": " + (path.empty() ? "" : path + ": ") + msg);
+    throw ManifestError(one_line(label + ": " + (path.empty() ? "" : path + ": ") + msg));
   }
   std::string child(const std::string& key) const { return path.empty() ? key : path + "." + key; }
 
@@ -66,12 +82,16 @@ struct Node {
     if (!j.is_string() || j.get<std::string>().empty()) fail("expected a non-empty string");
     return j.get<std::string>();
   }
-  int64_t integer(int64_t min = INT64_MIN) const {
+  int64_t integer(int64_t min = INT64_MIN, int64_t max = INT64_MAX) const {
     if (!j.is_number_integer()) fail("expected an integer");
+    if (j.is_number_unsigned() && j.get<uint64_t>() > uint64_t(INT64_MAX)) fail(std::to_string(j.get<uint64_t>()) + " is above " + std::to_string(max));
     int64_t v = j.get<int64_t>();
     if (v < min) fail(std::to_string(v) + " is below " + std::to_string(min));
+    if (v > max) fail(std::to_string(v) + " is above " + std::to_string(max));
     return v;
   }
+  /** An integer the runtime keeps in an int: larger values would wrap, not fail. */
+  int int32(int64_t min = INT32_MIN) const { return int(integer(min, INT32_MAX)); }
   std::string one_of(std::initializer_list<const char*> allowed) const {
     std::string v = str();
     for (const char* a : allowed)
@@ -98,7 +118,7 @@ struct Node {
   std::vector<int64_t> shape() const {
     size_t n = array(1);
     std::vector<int64_t> out;
-    for (size_t i = 0; i < n; i++) out.push_back((*this)[i].integer(1));
+    for (size_t i = 0; i < n; i++) out.push_back((*this)[i].integer(1, INT32_MAX));
     return out;
   }
 };
@@ -169,7 +189,7 @@ struct Parser {
     out.name = g.at("name").str();
     std::string role = g.at("role").one_of({"prefill", "decode", "lm_head"});
     out.role = role == "prefill" ? GraphRole::prefill : role == "decode" ? GraphRole::decode : GraphRole::lm_head;
-    out.tokens = int(g.at("tokens").integer(1));
+    out.tokens = g.at("tokens").int32(1);
     if (out.role != GraphRole::prefill && out.tokens != 1) g.at("tokens").fail("a " + role + " graph takes 1 token, not " + std::to_string(out.tokens));
     if (out.role == GraphRole::prefill && out.tokens < 2) g.at("tokens").fail("a prefill graph takes more than 1 token");
     if (out.tokens > m.max_context) g.at("tokens").fail(std::to_string(out.tokens) + " exceeds limits.maxContext " + std::to_string(m.max_context));
@@ -185,7 +205,7 @@ struct Parser {
     if (g.has("layers")) {
       Node l = g.at("layers");
       if (l.array() != 2) l.fail("expected [first, last]");
-      int a = int(l[0].integer(0)), b = int(l[1].integer(0));
+      int a = l[0].int32(0), b = l[1].int32(0);
       if (a > b) l.fail("first layer " + std::to_string(a) + " is after last " + std::to_string(b));
       if (b >= m.layers) l[1].fail("layer " + std::to_string(b) + " is past model.layers " + std::to_string(m.layers));
       out.layers = {a, b};
@@ -247,7 +267,7 @@ struct Parser {
         const StateSpec& s = m.state[go.state];
         if (go.bind == OutputBind::state_rows) {
           if (s.kind != StateKind::kv_cache) o.at("state").fail("'" + s.name + "' is recurrent state: its output binds as state-replace");
-          go.axis = int(o.at("axis").integer(0));
+          go.axis = o.at("axis").int32(0);
           if (go.axis != s.position_axis) o.at("axis").fail(std::to_string(go.axis) + " must be the position axis " + std::to_string(s.position_axis) + " of state '" + s.name + "'");
           std::vector<int64_t> rows = s.shape;
           rows[go.axis] = N;
@@ -376,21 +396,21 @@ struct Parser {
     Node arch = r.at("arch");
     arch.object({"id", "socModel", "dspArch"});
     m.arch_id = arch.at("id").str();
-    m.soc_model = int(arch.at("socModel").integer());
+    m.soc_model = arch.at("socModel").int32();
     arch.at("dspArch").str();
     m.host_op = r.at("hostOp").one_of({"decoder_generate", "qwen3_5_generate"});
     Node model = r.at("model");
     model.object({"family", "layers", "hidden", "vocab"});
     m.family = model.at("family").str();
-    m.layers = int(model.at("layers").integer(1));
-    m.hidden = int(model.at("hidden").integer(1));
-    m.vocab = int(model.at("vocab").integer(1));
+    m.layers = model.at("layers").int32(1);
+    m.hidden = model.at("hidden").int32(1);
+    m.vocab = model.at("vocab").int32(1);
     Node limits = r.at("limits");
     limits.object({"maxContext"});
-    m.max_context = int(limits.at("maxContext").integer(1));
+    m.max_context = limits.at("maxContext").int32(1);
     Node gen = r.at("generation");
     gen.object({"maxNewTokens", "greedy"});
-    m.max_new_tokens = int(gen.at("maxNewTokens").integer(1));
+    m.max_new_tokens = gen.at("maxNewTokens").int32(1);
     if (gen.at("greedy").j != true) gen.at("greedy").fail("must be true");
     Node mask = r.at("mask");
     mask.object({"masked", "layout"});
@@ -412,7 +432,7 @@ struct Parser {
       spec.shape = s.at("shape").shape();
       s.at("dtype").one_of({"float32"});
       if (spec.kind == StateKind::kv_cache) {
-        spec.position_axis = int(s.at("positionAxis").integer(0));
+        spec.position_axis = s.at("positionAxis").int32(0);
         if (spec.position_axis >= int(spec.shape.size())) s.at("positionAxis").fail(std::to_string(spec.position_axis) + " is not an axis of " + shape_str(spec.shape));
         if (spec.shape[spec.position_axis] != m.max_context)
           s.at("shape").fail(shape_str(spec.shape) + " has " + std::to_string(spec.shape[spec.position_axis]) + " slots on the position axis, limits.maxContext is " + std::to_string(m.max_context));
@@ -445,12 +465,12 @@ struct Parser {
     files.check(tok.at("sha256"), m.tokenizer_file, tok.at("sha256").sha256());
     if (tok.has("config")) files.exists(tok.at("config"), tok.at("config").rel_path());
     if (!tok.at("bos").j.is_null()) {
-      m.bos = int(tok.at("bos").integer(0));
+      m.bos = tok.at("bos").int32(0);
       if (*m.bos >= m.vocab) tok.at("bos").fail(std::to_string(*m.bos) + " is past model.vocab " + std::to_string(m.vocab));
     }
     Node eos = tok.at("eos");
     for (size_t i = 0, n = eos.array(); i < n; i++) {
-      int id = int(eos[i].integer(0));
+      int id = eos[i].int32(0);
       if (id >= m.vocab) eos[i].fail(std::to_string(id) + " is past model.vocab " + std::to_string(m.vocab));
       m.eos.push_back(id);
     }

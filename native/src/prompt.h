@@ -1,13 +1,12 @@
-// The prompt argument of qhx_generate: text to tokenize, or a comma-separated token-id list.
+// The prompt of qhx_generate given as token ids (`--prompt-ids 12,5,7`). Text is never taken for
+// ids: a prompt of digits ("42") is text like any other and is tokenized.
 #pragma once
 #include <string>
 #include <vector>
 
 namespace forge {
 
-/** True for "12,5,7"-style input (digits and commas only, at least one digit). */
-bool looks_like_ids(const std::string& s);
-/** Parses "12,5,7"; throws std::runtime_error naming the bad entry. */
+/** Parses "12,5,7"; throws std::runtime_error naming the flag and the bad entry. */
 std::vector<int> parse_ids(const std::string& s);
 
 }  // namespace forge

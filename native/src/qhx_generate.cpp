@@ -1,9 +1,10 @@
-// qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> <prompt>
-//              [--ids] [--json] [--ignore-eos] [--no-prefill] [--verify]
+// qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
+//              [--json] [--ignore-eos] [--no-prefill] [--verify]
 // Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
 // QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
-// The prompt is text, or token ids "1,2,3" (always with --ids; otherwise when it is only digits and
-// commas). Prints the generated ids and text; --json prints one JSON object instead:
+// The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
+// the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints
+// one JSON object instead:
 //   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend, verified,
 //    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
@@ -31,8 +32,8 @@
 namespace {
 
 const char* kUsage =
-    "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> <prompt> "
-    "[--ids] [--json] [--ignore-eos] [--no-prefill] [--verify]";
+    "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
+    "(<prompt text> | --prompt-ids 1,2,3) [--json] [--ignore-eos] [--no-prefill] [--verify]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -42,10 +43,15 @@ std::string join_ids(const std::vector<int>& ids) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
-  bool force_ids = false, as_json = false, ignore_eos = false, no_prefill = false, verify_all = false;
+  std::optional<std::string> prompt_ids;
+  bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
-    if (a == "--ids") force_ids = true;
+    if (a == "--prompt-ids") {
+      if (i + 1 >= argc) throw std::runtime_error("--prompt-ids needs a value: token ids like 1,2,3");
+      if (prompt_ids) throw std::runtime_error("--prompt-ids given twice");
+      prompt_ids = argv[++i];
+    } else if (a == "--ids") throw std::runtime_error("--ids is gone: give token ids as --prompt-ids 1,2,3 in place of the prompt");
     else if (a == "--json") as_json = true;
     else if (a == "--ignore-eos") ignore_eos = true;
     else if (a == "--no-prefill") no_prefill = true;
@@ -54,8 +60,9 @@ int run(int argc, char** argv) {
     else if (a.rfind("--", 0) == 0 && pos.size() != 5) throw std::runtime_error("unknown option " + a + "; " + kUsage);
     else pos.push_back(a);
   }
-  if (pos.size() != 6) throw std::runtime_error(kUsage);
-  const std::string &manifest_path = pos[0], &backend = pos[1], &system_lib = pos[2], &root = pos[3], &prompt = pos[5];
+  if (prompt_ids && pos.size() == 6) throw std::runtime_error("give the prompt as text or as --prompt-ids, not both; " + std::string(kUsage));
+  if (pos.size() != (prompt_ids ? 5u : 6u)) throw std::runtime_error(kUsage);
+  const std::string &manifest_path = pos[0], &backend = pos[1], &system_lib = pos[2], &root = pos[3];
   int max_new = 0;
   try {
     size_t used;
@@ -75,11 +82,15 @@ int run(int argc, char** argv) {
     tok_error = e.what();
   }
   std::vector<int> ids;
-  if (force_ids || forge::looks_like_ids(prompt)) {
-    ids = forge::parse_ids(prompt);
+  if (prompt_ids) {
+    ids = forge::parse_ids(*prompt_ids);
+    for (size_t i = 0; i < ids.size(); i++)
+      if (ids[i] >= m.vocab)
+        throw std::runtime_error("--prompt-ids: entry " + std::to_string(i + 1) + " token id " + std::to_string(ids[i]) +
+                                 " is outside the vocabulary [0, " + std::to_string(m.vocab) + ")");
   } else {
     if (!tok) throw std::runtime_error(tok_error);
-    ids = tok->encode(prompt);
+    ids = tok->encode(pos[5]);
     if (m.bos) ids.insert(ids.begin(), *m.bos);
   }
 

@@ -1,5 +1,6 @@
 #include "tokenizer.h"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
@@ -22,7 +23,22 @@ const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
   throw std::runtime_error(label + ": " + what + " is not supported by the native tokenizer");
 }
 
-bool truthy(const json& j, const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
+bool truthy(const json& j, const char* key) { return j.is_object() && j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
+
+/** Control characters (a newline in a token or pattern quoted in a message) shown escaped: errors are one line. */
+std::string one_line(const std::string& msg) {
+  std::string out;
+  for (unsigned char c : msg) {
+    if (c >= 0x20 && c != 0x7f) out += char(c);
+    else if (c == '\n') out += "\\n";
+    else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -53,25 +69,60 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& label
   try {
     j = json::parse(text);
   } catch (const json::exception& e) {
-    throw std::runtime_error(label + ": not valid JSON: " + e.what());
+    throw std::runtime_error(one_line(label + ": not valid JSON: " + e.what()));
   }
+  // Every failure below becomes one line naming the file and the field being read (`where`), be it
+  // our own refusal, a JSON type error (a string where an id belongs) or an unsupported regex.
   Tokenizer t;
+  std::string where = "(root)";
+  try {
+    t.load(j, label, where);
+  } catch (const json::exception& e) {
+    throw std::runtime_error(one_line(label + ": " + where + ": " + e.what()));
+  } catch (const std::runtime_error& e) {
+    std::string msg = e.what();
+    throw std::runtime_error(one_line(msg.rfind(label + ": ", 0) == 0 ? msg : label + ": " + where + ": " + msg));
+  }
+  return t;
+}
+
+void Tokenizer::load(const json& j, const std::string& label, std::string& where) {
+  Tokenizer& t = *this;
+  where = "model";
   const json& model = j.at("model");
+  if (!model.is_object()) throw std::runtime_error("expected an object");
   if (model.value("type", "") != "BPE") refuse(label, "model.type '" + model.value("type", "") + "'");
   if (truthy(model, "byte_fallback")) refuse(label, "model.byte_fallback");
   for (const char* k : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (model.contains(k) && model[k].is_string() && !model[k].get<std::string>().empty()) refuse(label, std::string("model.") + k);
   t.ignore_merges_ = truthy(model, "ignore_merges");
 
+  where = "model.vocab";
+  const json& vocab = model.at("vocab");
+  if (!vocab.is_object()) throw std::runtime_error("expected an object of token → id");
+  const json& added_tokens = j.value("added_tokens", json::array());
+  if (!added_tokens.is_array()) throw std::runtime_error("added_tokens: expected an array");
+  // Ids index the id → token table: each must lie below the number of entries that could fill it,
+  // so a corrupt id can neither index outside the table nor make it absurdly large.
+  const int64_t id_limit = int64_t(vocab.size() + added_tokens.size());
+  auto checked_id = [&](const json& v) {
+    if (!v.is_number_integer()) throw std::runtime_error("id " + v.dump() + " is not an integer");
+    int64_t id = v.get<int64_t>();
+    if (id < 0 || id >= id_limit) throw std::runtime_error("id " + std::to_string(id) + " is outside [0, " + std::to_string(id_limit) + ") (the number of vocab and added entries)");
+    return int(id);
+  };
   int max_id = -1;
-  for (auto it = model.at("vocab").begin(); it != model.at("vocab").end(); ++it) {
-    int id = it.value().get<int>();
+  for (auto it = vocab.begin(); it != vocab.end(); ++it) {
+    where = "model.vocab[" + json(it.key()).dump(-1, ' ', true, json::error_handler_t::replace) + "]";
+    int id = checked_id(it.value());
     t.vocab_[utf8_decode(it.key())] = id;
     max_id = std::max(max_id, id);
   }
-  for (const json& a : j.value("added_tokens", json::array())) {
+  for (size_t i = 0; i < added_tokens.size(); i++) {
+    where = "added_tokens[" + std::to_string(i) + "]";
+    const json& a = added_tokens[i];
     if (truthy(a, "single_word")) refuse(label, "added token with single_word");
-    Added added{utf8_decode(a.at("content").get<std::string>()), a.at("id").get<int>(), truthy(a, "lstrip"),
+    Added added{utf8_decode(a.at("content").get<std::string>()), checked_id(a.at("id")), truthy(a, "lstrip"),
                 truthy(a, "rstrip"), truthy(a, "special"), truthy(a, "normalized")};
     max_id = std::max(max_id, added.id);
     t.added_.push_back(std::move(added));
@@ -84,8 +135,11 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& label
     t.special_[size_t(a.id)] = a.special;
   }
 
+  where = "model.merges";
   const json& merges = model.at("merges");
+  if (!merges.is_array()) throw std::runtime_error("expected an array");
   for (size_t rank = 0; rank < merges.size(); rank++) {
+    where = "model.merges[" + std::to_string(rank) + "]";
     std::string left, right;
     if (merges[rank].is_array()) {  // ["a", "b"] (newer files)
       left = merges[rank].at(0).get<std::string>();
@@ -104,6 +158,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& label
   }
 
   // normalizer: none or NFC (possibly alone in a Sequence).
+  where = "normalizer";
   const json& norm = j.value("normalizer", json());
   if (!norm.is_null()) {
     std::string type = norm.value("type", "");
@@ -113,6 +168,7 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& label
   }
 
   // pre_tokenizer: ByteLevel(use_regex) or Sequence[Split(regex, Isolated), ByteLevel(no regex)].
+  where = "pre_tokenizer";
   const json& pre = j.value("pre_tokenizer", json());
   auto byte_level = [&](const json& b, bool regex_allowed) {
     t.add_prefix_space_ = truthy(b, "add_prefix_space");
@@ -135,9 +191,9 @@ Tokenizer Tokenizer::from_json(const std::string& text, const std::string& label
   } else {
     refuse(label, "pre_tokenizer '" + pre.dump().substr(0, 200) + "'");
   }
+  where = "decoder";
   const json& dec = j.value("decoder", json());
   if (dec.is_null() || dec.value("type", "") != "ByteLevel") refuse(label, "decoder '" + dec.dump().substr(0, 200) + "'");
-  return t;
 }
 
 void Tokenizer::split_added(std::vector<Piece>& pieces, bool normalized) const {

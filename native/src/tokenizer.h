@@ -11,6 +11,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace forge {
 
 class SplitRegex;
@@ -29,6 +31,8 @@ class Tokenizer {
 
  private:
   Tokenizer();
+  /** Fills this from a parsed tokenizer.json; `where` follows the field being read, for errors. */
+  void load(const nlohmann::json& j, const std::string& label, std::string& where);
   struct Added {
     std::u32string content;
     int id;

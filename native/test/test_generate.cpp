@@ -16,7 +16,9 @@
 #include "decoder_generate.h"
 #include "executor.h"
 #include "manifest.h"
+#include "prompt.h"
 #include "sha256.h"
+#include "tokenizer.h"
 
 namespace {
 
@@ -140,7 +142,7 @@ TEST(Tool, TextAndIdPromptsGiveHFTokens) {
   for (const auto& tp : forge_test::load_trace(trace)) {
     std::string base = std::string(QHX_GENERATE_PATH) + " " + bundle + "/manifest.json cpu - " + bundle + " " +
                        std::to_string(tp.generated.size()) + " ";
-    for (const std::string& prompt : std::vector<std::string>{"'" + tp.text + "'", ids_csv(tp.prompt_tokens), ids_csv(tp.prompt_tokens) + " --ids"}) {
+    for (const std::string& prompt : std::vector<std::string>{"'" + tp.text + "'", "--prompt-ids " + ids_csv(tp.prompt_tokens)}) {
       std::string out, err;
       int rc = forge_test::run_command(base + prompt + " --json --ignore-eos", &out, &err);
       ASSERT_EQ(rc, 0) << err;
@@ -157,11 +159,54 @@ TEST(Tool, TextAndIdPromptsGiveHFTokens) {
   }
 }
 
+TEST(Tool, APromptOfDigitsIsTextNotTokenIds) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle, {forge::Verify::none});
+  std::vector<int> expected = forge::Tokenizer::from_file(m.resolve(m.tokenizer_file)).encode("42");
+  if (m.bos) expected.insert(expected.begin(), *m.bos);
+  std::string out, err;
+  int rc = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + bundle + "/manifest.json cpu - " + bundle + " 1 42 --json", &out, &err);
+  ASSERT_EQ(rc, 0) << err;
+  auto ids = nlohmann::json::parse(out).at("prompt_ids").get<std::vector<int>>();
+  EXPECT_EQ(ids, expected);
+  EXPECT_NE(ids, std::vector<int>{42});
+  // Seven digits were "not a token id" when digit-only prompts were taken for ids; as text they run.
+  rc = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + bundle + "/manifest.json cpu - " + bundle + " 1 1234567 --json", &out, &err);
+  EXPECT_EQ(rc, 0) << err;
+}
+
+TEST(Tool, PromptIdsOutsideTheVocabularyAreNamed) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  forge::Manifest m = forge::load_manifest(bundle + "/manifest.json", bundle, {forge::Verify::none});
+  std::string out, err;
+  std::string bad = std::to_string(m.vocab);
+  int rc = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + bundle + "/manifest.json cpu - " + bundle + " 1 --prompt-ids 1," + bad, &out, &err);
+  EXPECT_EQ(rc, 1);
+  EXPECT_NE(err.find("--prompt-ids: entry 2 token id " + bad + " is outside the vocabulary"), std::string::npos) << err;
+}
+
+TEST(PromptIds, EachBadEntryIsNamedByPositionAndValue) {
+  EXPECT_EQ(forge::parse_ids("1, 2,3"), (std::vector<int>{1, 2, 3}));
+  for (const auto& [arg, message] : std::vector<std::pair<std::string, std::string>>{
+           {"1,x", "--prompt-ids: entry 2 'x' is not a token id"},
+           {"1,,2", "--prompt-ids: entry 2 '' is not a token id"},
+           {"-3", "--prompt-ids: entry 1 '-3' is not a token id"},
+           {"1234567890", "--prompt-ids: entry 1 '1234567890' is not a token id"}}) {
+    try {
+      forge::parse_ids(arg);
+      ADD_FAILURE() << arg << " was accepted";
+    } catch (const std::runtime_error& e) {
+      EXPECT_EQ(std::string(e.what()), message);
+    }
+  }
+}
+
 TEST(Tool, ErrorsAreOneLineAndExitOne) {
   NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
   std::string tool = QHX_GENERATE_PATH;
-  for (const std::string& args : std::vector<std::string>{" /nonexistent/manifest.json cpu - /tmp 4 1,2", " " + bundle + "/manifest.json cpu - " + bundle + " 0 1,2",
-                           " " + bundle + "/manifest.json cpu - " + bundle + " 4 1,x --ids", " " + bundle + "/manifest.json cpu - " + bundle + " 500 1,2"}) {
+  for (const std::string& args : std::vector<std::string>{" /nonexistent/manifest.json cpu - /tmp 4 --prompt-ids 1,2", " " + bundle + "/manifest.json cpu - " + bundle + " 0 --prompt-ids 1,2",
+                           " " + bundle + "/manifest.json cpu - " + bundle + " 4 --prompt-ids 1,x", " " + bundle + "/manifest.json cpu - " + bundle + " 500 --prompt-ids 1,2",
+                           " " + bundle + "/manifest.json cpu - " + bundle + " 4 1,2 --ids", " " + bundle + "/manifest.json cpu - " + bundle + " 4 hi --prompt-ids 1,2"}) {
     std::string out, err;
     EXPECT_EQ(forge_test::run_command(tool + args, &out, &err), 1) << args;
     EXPECT_EQ(err.rfind("qhx_generate: ", 0), 0u) << err;
@@ -204,7 +249,7 @@ TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
     std::ofstream(dir / "manifest.json") << j.dump();
   }
   std::string out, err;
-  int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 4 1,2 --ids", &out, &err);
+  int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 4 --prompt-ids 1,2", &out, &err);
   fs::remove_all(dir);
   EXPECT_EQ(code, forge::kExitNonFiniteLogits) << err;
   EXPECT_NE(err.find("qhx_generate: non-finite logits at generation step 0 (position 1)"), std::string::npos) << err;

@@ -11,28 +11,12 @@ import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { MASKED } from '../families/blocks.js';
+import { readSpecialTokens } from './special-tokens.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from './manifest.js';
 
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
-
-/** Token ids of the eos/bos a tokenizer config names, looked up in tokenizer.json. */
-function specialIds(checkpointDir: string): { bos: number | null; eos: number[]; chatTemplate: string | null } {
-  const tok = JSON.parse(readFileSync(join(checkpointDir, 'tokenizer.json'), 'utf8')) as { added_tokens?: Array<{ id: number; content: string }>; model: { vocab: Record<string, number> } };
-  const cfg = existsSync(join(checkpointDir, 'tokenizer_config.json')) ? JSON.parse(readFileSync(join(checkpointDir, 'tokenizer_config.json'), 'utf8')) : {};
-  const gen = existsSync(join(checkpointDir, 'generation_config.json')) ? JSON.parse(readFileSync(join(checkpointDir, 'generation_config.json'), 'utf8')) : {};
-  const idOf = (t: unknown): number | null => {
-    const content = typeof t === 'string' ? t : (t as { content?: string } | null)?.content;
-    if (!content) return null;
-    return tok.added_tokens?.find((a) => a.content === content)?.id ?? tok.model.vocab[content] ?? null;
-  };
-  const eos = new Set<number>();
-  for (const e of [gen.eos_token_id].flat()) if (typeof e === 'number') eos.add(e);
-  const cfgEos = idOf(cfg.eos_token);
-  if (cfgEos !== null) eos.add(cfgEos);
-  return { bos: cfg.add_bos_token ? idOf(cfg.bos_token) : null, eos: [...eos].sort((a, b) => a - b), chatTemplate: typeof cfg.chat_template === 'string' ? cfg.chat_template : null };
-}
 
 export interface AssembleInput {
   recipe: Pick<Recipe, 'id' | 'family'>;
@@ -101,7 +85,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   }
   linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
-  const special = specialIds(input.checkpointDir);
+  const special = readSpecialTokens(input.checkpointDir);
   const [vocab, hidden] = emb.embedding.shape;
   const manifest: Manifest = {
     format: MANIFEST_FORMAT,

@@ -2,7 +2,7 @@
 // k_norm) before RoPE; GQA; head_dim set explicitly (128 on 4B, not hidden/heads); no biases;
 // SiLU-gated MLP; Qwen3-4B ties the lm-head to the embedding.
 import { z } from 'zod';
-import { ConfigError, parseConfigWith, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import { checkElements, ConfigError, MAX_DIM, MAX_LAYERS, parseConfigWith, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { newKv, pastKv } from './state-io.js';
@@ -68,16 +68,28 @@ export function attentionDecoderConfig(c: AttentionDecoderFields, tied: boolean,
     throw new ConfigError(file, `${at}rope_parameters.rope_type`, `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
   }
   if (c.attention_bias) throw new ConfigError(file, `${at}attention_bias`, 'the graphs are built without attention biases');
+  for (const field of ['hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads', 'head_dim', 'vocab_size', 'max_position_embeddings'] as const) {
+    const v = c[field];
+    if (v !== undefined && v > MAX_DIM) throw new ConfigError(file, `${at}${field}`, `${v} is above ${MAX_DIM}`);
+  }
+  if (c.num_hidden_layers > MAX_LAYERS) throw new ConfigError(file, `${at}num_hidden_layers`, `${c.num_hidden_layers} is above ${MAX_LAYERS} (taken as corrupt)`);
+  if (c.head_dim === undefined && c.hidden_size % c.num_attention_heads !== 0) {
+    throw new ConfigError(file, `${at}head_dim`, `missing, and hidden_size ${c.hidden_size} is not a multiple of num_attention_heads ${c.num_attention_heads}`);
+  }
   if (c.num_attention_heads % c.num_key_value_heads !== 0) {
     throw new ConfigError(file, `${at}num_key_value_heads`, `${c.num_key_value_heads} does not divide num_attention_heads ${c.num_attention_heads}`);
   }
+  const headDim = c.head_dim ?? c.hidden_size / c.num_attention_heads;
+  checkElements(file, `${at}head_dim`, [c.num_attention_heads, headDim, c.hidden_size], 'q_proj');
+  checkElements(file, `${at}intermediate_size`, [c.intermediate_size, c.hidden_size], 'an MLP weight');
+  checkElements(file, `${at}vocab_size`, [c.vocab_size, c.hidden_size], 'the embedding');
   return {
     hidden: c.hidden_size,
     ffn: c.intermediate_size,
     layers: c.num_hidden_layers,
     heads: c.num_attention_heads,
     kvHeads: c.num_key_value_heads,
-    headDim: c.head_dim ?? c.hidden_size / c.num_attention_heads,
+    headDim,
     vocab: c.vocab_size,
     eps: c.rms_norm_eps,
     ropeTheta,

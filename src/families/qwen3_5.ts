@@ -16,7 +16,7 @@
 //  - Decode graphs only (N = 1): a prefill graph would have to run the chunked delta rule; recipes
 //    set prefillLength 0 (decode over the prompt), and buildShard refuses N > 1.
 import { z } from 'zod';
-import { ConfigError, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
@@ -113,6 +113,12 @@ export function parseQwen35Config(raw: unknown, file: string): Qwen35Config {
     layerTypes = Array.from({ length: n }, (_, i) => ((i + 1) % every === 0 ? 'full_attention' : 'linear_attention'));
   }
   const { linear_num_key_heads: kHeads, linear_num_value_heads: vHeads, linear_key_head_dim: kDim, linear_value_head_dim: vDim } = t;
+  for (const [field, v] of Object.entries({ linear_num_key_heads: kHeads, linear_num_value_heads: vHeads, linear_key_head_dim: kDim, linear_value_head_dim: vDim, linear_conv_kernel_dim: t.linear_conv_kernel_dim })) {
+    if (v > MAX_DIM) throw new ConfigError(file, f(field), `${v} is above ${MAX_DIM}`);
+  }
+  checkElements(file, f('linear_key_head_dim'), [2 * kHeads * kDim + vHeads * vDim, t.hidden_size], 'in_proj_qkv');
+  checkElements(file, f('linear_value_head_dim'), [vHeads * vDim, t.hidden_size], 'in_proj_z');
+  checkElements(file, f('linear_conv_kernel_dim'), [2 * kHeads * kDim + vHeads * vDim, t.linear_conv_kernel_dim], 'the conv state');
   return {
     ...base,
     rotaryDim,

@@ -20,9 +20,25 @@ export interface TensorSpec {
 
 export class ConfigError extends Error {
   constructor(file: string, field: string, message: string) {
-    super(`${file}: field ${field}: ${message}`);
+    // Control characters (a newline in a quoted value) escaped: a refusal is one line.
+    super(`${file}: field ${field}: ${message}`.replace(/[\u0000-\u001f\u007f]/g, (c) => JSON.stringify(c).slice(1, -1)));
     this.name = 'ConfigError';
   }
+}
+
+/**
+ * A corrupt size must fail here, naming its field, not later as a fractional, overflowing or
+ * multi-million-entry shape list: the runtime keeps dimensions in 32-bit ints, a tensor's element
+ * count must stay exact in a double, and a layer count past MAX_LAYERS is taken as corruption
+ * (the largest public decoders have a few hundred).
+ */
+export const MAX_DIM = 2 ** 31 - 1;
+export const MAX_LAYERS = 65_536;
+
+/** Refuses `dims` whose product (a tensor's element count) is not an exact integer in a double. */
+export function checkElements(file: string, field: string, dims: readonly number[], what: string): void {
+  const n = dims.reduce((a, d) => a * d, 1);
+  if (!Number.isSafeInteger(n)) throw new ConfigError(file, field, `gives ${what} of ${dims.join(' × ')} elements, more than any tensor can hold`);
 }
 
 /** Parses a config with a zod schema; the first problem becomes a ConfigError naming file and field. */

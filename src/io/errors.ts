@@ -21,9 +21,9 @@ export class CheckpointError extends Error {
     if (location.tensor !== undefined) this.tensor = location.tensor;
   }
 
-  /** `<file>: tensor "<tensor>": <detail>` — the usual shape of a message. */
+  /** `<file>: tensor "<tensor>": <detail>` — the usual shape of a message (the name JSON-quoted, so one with a newline keeps it one line). */
   static at(file: string, tensor: string | undefined, detail: string, cause?: unknown): CheckpointError {
-    const where = tensor === undefined ? file : `${file}: tensor "${tensor}"`;
+    const where = tensor === undefined ? file : `${file}: tensor ${JSON.stringify(tensor)}`;
     return new CheckpointError(`${where}: ${detail}`, { file, tensor, cause });
   }
 }

@@ -131,7 +131,7 @@ async function readHeader(fh: FileHandle, file: string, fileSize: number): Promi
     if (name === '__metadata__') {
       if (entry === null || typeof entry !== 'object' || Array.isArray(entry)) throw fail(`__metadata__ is not an object`);
       for (const [key, value] of Object.entries(entry)) {
-        if (typeof value !== 'string') throw fail(`__metadata__ value for "${key}" is not a string`);
+        if (typeof value !== 'string') throw fail(`__metadata__ value for ${JSON.stringify(key)} is not a string`);
       }
       // fromEntries defines own properties, so a "__proto__" key stays data.
       metadata = Object.fromEntries(Object.entries(entry as Record<string, string>));
@@ -178,7 +178,7 @@ function checkCoverage(spans: { name: string; begin: number; end: number }[], da
       throw CheckpointError.at(
         file,
         span.name,
-        `data_offsets [${span.begin},${span.end}] overlap tensor "${previous}" (which ends at ${expectedBegin})`,
+        `data_offsets [${span.begin},${span.end}] overlap tensor ${JSON.stringify(previous)} (which ends at ${expectedBegin})`,
       );
     }
     if (span.begin > expectedBegin) {

@@ -6,8 +6,9 @@ import { ARCH_SETTING_DEFAULTS, ArchSettingsSchema, RecipeSchema, type ArchSetti
 import { repoRoot } from '../paths.js';
 
 export class RecipeError extends Error {
+  /** Control characters (a newline quoted from the file) are escaped: a refusal is one line. */
   constructor(message: string) {
-    super(message);
+    super(message.replace(/[\u0000-\u001f\u007f]/g, (c) => JSON.stringify(c).slice(1, -1)));
     this.name = 'RecipeError';
   }
 }
@@ -23,9 +24,17 @@ export function listRecipeIds(dir = recipesDir()): string[] {
     .sort();
 }
 
+/** `a.b[0]."odd key"`: how a field path reads in a message. */
+function fieldPath(path: readonly PropertyKey[]): string {
+  if (!path.length) return '(root)';
+  return path
+    .map((k, n) => (typeof k === 'number' ? `[${k}]` : `${n ? '.' : ''}${/^[\w-]+$/.test(String(k)) ? String(k) : JSON.stringify(String(k))}`))
+    .join('');
+}
+
+/** One line: the file, then each problem as `field: message`, separated by `; `. */
 function describeIssues(file: string, error: z.ZodError): string {
-  const lines = error.issues.map((i) => `  ${i.path.length ? i.path.join('.') : '(root)'}: ${i.message}`);
-  return `invalid recipe ${file}:\n${lines.join('\n')}`;
+  return `invalid recipe ${file}: ${error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`;
 }
 
 /** Parses a recipe object; `file` only names where it came from in errors. */
@@ -35,7 +44,7 @@ export function parseRecipe(raw: unknown, file: string): Recipe {
   const recipe = parsed.data;
   for (const key of Object.keys(recipe.arch)) {
     if (key !== 'default' && !(ARCH_IDS as string[]).includes(key)) {
-      throw new RecipeError(`invalid recipe ${file}:\n  arch.${key}: not an arch (valid: default, ${ARCH_IDS.join(', ')})`);
+      throw new RecipeError(`invalid recipe ${file}: ${fieldPath(['arch', key])}: not an arch (valid: default, ${ARCH_IDS.join(', ')})`);
     }
   }
   return recipe;
@@ -60,7 +69,7 @@ export function loadRecipe(id: string, dir = recipesDir()): LoadedRecipe {
     throw new RecipeError(`invalid recipe ${file}: not valid JSON (${(e as Error).message})`);
   }
   const recipe = parseRecipe(raw, file);
-  if (recipe.id !== id) throw new RecipeError(`invalid recipe ${file}:\n  id: '${recipe.id}' does not match its folder '${id}'`);
+  if (recipe.id !== id) throw new RecipeError(`invalid recipe ${file}: id: '${recipe.id}' does not match its folder '${id}'`);
   return { recipe, file, dir: join(dir, id) };
 }
 

@@ -39,7 +39,7 @@ export function qhxFailure(where: string, status: number | string, stderr: strin
 
 /** qhx_generate's argv after the program, shared by every target (paths as the target sees them). */
 export function qhxArgs(manifest: string, backend: string, systemLib: string, root: string, req: GenerateRequest): string[] {
-  return [manifest, backend, systemLib, root, String(req.maxNewTokens), req.promptIds.join(','), '--ids', '--json', '--ignore-eos'];
+  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), '--json', '--ignore-eos'];
 }
 
 export function parseQhxJson(stdout: string, where: string): GenerateResult {

@@ -1,0 +1,87 @@
+// The ids of the BOS/EOS tokens a checkpoint names, and its chat template, for the manifest: read
+// from tokenizer.json, tokenizer_config.json and generation_config.json. These are outside input,
+// so each is checked for the shape read here, and any problem is one CheckpointError line naming the
+// file and field, never a TypeError from deep inside the bundle stage.
+import { existsSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { z } from 'zod';
+import { CheckpointError } from '../io/errors.js';
+
+export interface SpecialTokens {
+  bos: number | null;
+  eos: number[];
+  chatTemplate: string | null;
+}
+
+const tokenId = z.number().int().nonnegative();
+
+const TokenizerJsonSchema = z.object({
+  added_tokens: z.array(z.object({ id: tokenId, content: z.string() }).passthrough()).optional(),
+  model: z.object({ vocab: z.record(z.string(), tokenId) }).passthrough(),
+}).passthrough();
+
+const TokenizerConfigSchema = z.object({
+  add_bos_token: z.boolean().nullable().optional(),
+  // A token is named by its text, or by an AddedToken object {content, ...}.
+  bos_token: z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional(),
+  eos_token: z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional(),
+}).passthrough();
+
+const GenerationConfigSchema = z.object({
+  eos_token_id: z.union([tokenId, z.array(tokenId)]).nullable().optional(),
+}).passthrough();
+
+/** One file's text (undefined: the file is absent, which only tokenizer.json may not be). */
+export interface SpecialTokenSources {
+  tokenizer: { file: string; text: string };
+  tokenizerConfig?: { file: string; text: string };
+  generationConfig?: { file: string; text: string };
+}
+
+function parseJson<T>(source: { file: string; text: string }, schema: z.ZodType<T>): T {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(source.text);
+  } catch (e) {
+    throw CheckpointError.at(source.file, undefined, `not valid JSON (${(e as Error).message})`.replace(/\s+/g, ' '));
+  }
+  const parsed = schema.safeParse(raw);
+  if (!parsed.success) {
+    const issue = parsed.error.issues[0];
+    const field = issue.path.length ? issue.path.map((k) => (typeof k === 'number' ? `[${k}]` : /^[\w-]+$/.test(String(k)) ? String(k) : JSON.stringify(String(k)))).join('.') : '(root)';
+    throw CheckpointError.at(source.file, undefined, `field ${field}: ${issue.message}`.replace(/\s+/g, ' '));
+  }
+  return parsed.data;
+}
+
+export function parseSpecialTokens(sources: SpecialTokenSources): SpecialTokens {
+  const tok = parseJson(sources.tokenizer, TokenizerJsonSchema);
+  const cfg = sources.tokenizerConfig ? parseJson(sources.tokenizerConfig, TokenizerConfigSchema) : {};
+  const gen = sources.generationConfig ? parseJson(sources.generationConfig, GenerationConfigSchema) : {};
+  const vocab = new Map(Object.entries(tok.model.vocab));
+  const idOf = (t: string | { content: string } | null | undefined): number | null => {
+    const content = typeof t === 'string' ? t : t?.content;
+    if (!content) return null;
+    return tok.added_tokens?.find((a) => a.content === content)?.id ?? vocab.get(content) ?? null;
+  };
+  const eos = new Set<number>([gen.eos_token_id ?? []].flat());
+  const cfgEos = idOf(cfg.eos_token);
+  if (cfgEos !== null) eos.add(cfgEos);
+  const chatTemplate = (cfg as { chat_template?: unknown }).chat_template;
+  return {
+    bos: cfg.add_bos_token ? idOf(cfg.bos_token) : null,
+    eos: [...eos].sort((a, b) => a - b),
+    chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
+  };
+}
+
+/** Reads the three files from a checkpoint directory (the two configs are optional). */
+export function readSpecialTokens(checkpointDir: string): SpecialTokens {
+  const source = (name: string) => {
+    const file = join(checkpointDir, name);
+    return existsSync(file) ? { file, text: readFileSync(file, 'utf8') } : undefined;
+  };
+  const tokenizer = source('tokenizer.json');
+  if (!tokenizer) throw CheckpointError.at(join(checkpointDir, 'tokenizer.json'), undefined, 'missing (the bundle ships it)');
+  return parseSpecialTokens({ tokenizer, tokenizerConfig: source('tokenizer_config.json'), generationConfig: source('generation_config.json') });
+}
