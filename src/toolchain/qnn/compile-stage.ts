@@ -5,6 +5,7 @@
 // after compiling: every binary under the arch's per-context ceiling, the context count within the
 // arch's limit, and the target the binary reports equal to the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { sha256Hex, stableStringify } from '../../engine/hash.js';
 import { linkOrCopy } from '../../io/files.js';
 import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
@@ -37,6 +38,12 @@ export interface CompiledContext {
   bytes: number;
   graphs: Array<{ graph: string; wrapper: string }>;
   target: CompileReport['target'];
+  /**
+   * sha256 of the binary's own description (size, target, what QnnSystem reads from it: graphs, API
+   * and SDK versions, blob size). Two compiles of the same graphs give different bytes (see
+   * NONDETERMINISTIC_QNN_BINARY in bundle/compare.ts) but this same description.
+   */
+  describeSha256: string;
   compileSeconds: number;
   qairtVersion: string | null;
   toolchain: CompileToolchain['kind'];
@@ -58,7 +65,7 @@ function stableSource(quantizeDir: string, archId: string): string {
 }
 
 /** The compile itself, by either toolchain: the binary, its wrappers and what the binary says it targets. */
-async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target'] }; wrappers: Array<{ graph: string; path: string }> }> {
+async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target']; describe: unknown }; wrappers: Array<{ graph: string; path: string }> }> {
   const arch = { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb };
   if (qairt) {
     const r = await compileQairtContext({
@@ -67,10 +74,13 @@ async function compileWith(c: ContextEntry, src: string, out: string, p: Compile
     });
     const target = { socModel: r.target.socModel, socType: null, arch: r.target.dspArch ? Number(r.target.dspArch.slice(1)) : null, dspArch: r.target.dspArch, vtcmBytes: null, fp16Relaxed: null, optLevel: null };
     // The tools run as child processes of their own; their peak memory is not measured here.
-    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target }, wrappers: r.wrappers };
+    const describe = { toolchain: 'qairt', qairt: qairt.version, bytes: r.bytes, target, graphs: r.wrappers.map((w) => w.qnnGraph) };
+    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target, describe }, wrappers: r.wrappers };
   }
   const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds });
-  return { report: r, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
+  if (r.binaryInfo && 'error' in r.binaryInfo) throw new Error(`${c.name}.bin: QnnSystem cannot read it: ${String(r.binaryInfo.error)}`);
+  const describe = { toolchain: 'onnxruntime-qnn', bytes: r.bytes, target: r.target, binaryInfo: r.binaryInfo };
+  return { report: { ...r, describe }, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
 }
 
 async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
@@ -96,7 +106,7 @@ async function compileOne(c: ContextEntry, src: string, out: string, p: CompileP
     entry: {
       name: c.name, bin: `${c.name}/${c.name}.bin`, bytes: r.bytes,
       graphs: done.wrappers.map((w) => ({ graph: w.graph, wrapper: relative(out, w.path) })),
-      target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion, toolchain: p.toolchain.kind,
+      target: r.target, describeSha256: sha256Hex(stableStringify(r.describe)), compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion, toolchain: p.toolchain.kind,
     },
   };
 }
@@ -118,7 +128,7 @@ function qairtFor(t: CompileToolchain): Qairt | null {
 
 export const stage: StageModule<CompileParams> = {
   name: 'compile',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const p = ctx.params;
     const exp = JSON.parse(readFileSync(join(ctx.inputs.quantize, GRAPHS_JSON), 'utf8')) as ExportManifest;
