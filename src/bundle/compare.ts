@@ -18,11 +18,11 @@ const NOT_BUNDLE = new Set(['build']);
 export const NONDETERMINISTIC_QNN_BINARY =
   'QNN HTP graph prepare (QAIRT 2.51 libHtpPrepare, onnxruntime-qnn 2.7.0) is not deterministic: its ' +
   'constant propagation runs on 4 threads and, depending on their timing, leaves the upper lane of ' +
-  'interleaved float16 constant blocks unwritten (heap or pool leftovers) or orders constant blocks ' +
-  'differently; the per-graph hash ids inside the binary follow. Tool options, thread affinity, ' +
-  'ASLR and a zeroing allocator did not remove it. Compared by size and by describeSha256 (the ' +
-  "binary's graphs, API and SDK versions, target and blob size as QnnSystem reads them); the " +
-  'runtime still checks the real sha256.';
+  'the interleaved float16 copies of RMSNorm weights unwritten (heap or pool leftovers); the ' +
+  'per-graph hash ids inside the binary follow. Tool options, one CPU, no ASLR and a zeroing ' +
+  'allocator did not remove it; giving it those weights as float16 moved the race into the order ' +
+  'of the constant blocks. Compared by size and by describeSha256 (the binary\'s graphs, API and ' +
+  'SDK versions, target and blob size as QnnSystem reads them); the runtime still checks the real sha256.';
 
 export interface BundleDifference {
   file: string;
