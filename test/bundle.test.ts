@@ -106,7 +106,10 @@ describe('bundle', () => {
       const dir = changed((d) => flipByte(join(d, 'shard0.bin'), 1000));
       const r = await compareBundles(a.bundle, dir);
       expect(r.same).toBe(false);
-      expect(r.differences).toEqual([{ file: 'shard0.bin', what: `${join(dir, 'shard0.bin')} does not match the sha256 its manifest records` }]);
+      expect(r.differences).toEqual([
+        { file: 'shard0.bin', what: `${join(dir, 'shard0.bin')} does not match the sha256 its manifest records` },
+        { file: 'SHA256SUMS', what: `${join(dir, 'SHA256SUMS')}: the sha256 of shard0.bin is not that file's` },
+      ]);
     });
 
     it('compares manifest.json exactly except the nondeterministic binaries\' sha256', async () => {
@@ -114,7 +117,15 @@ describe('bundle', () => {
       const r = await compareBundles(a.bundle, dir);
       expect(r.differences).toHaveLength(1);
       expect(r.differences[0].file).toBe('manifest.json');
-      expect(r.differences[0].what).toMatch(/differs outside the nondeterministic files' sha256: line \d+: .*"sha256": "a{64}"/);
+      expect(r.differences[0].what).toMatch(/differs outside the sha256s that vary with the nondeterministic files: line \d+: .*"sha256": "a{64}"/);
+    });
+
+    it('checks the SHA256SUMS lines it blanks (a binary\'s, manifest.json\'s) against the files they name', async () => {
+      const dir = changed((d) => {
+        const sums = readFileSync(join(d, 'SHA256SUMS'), 'utf8').replace(/^[0-9a-f]{64}(?=  shard0\.bin$)/m, 'e'.repeat(64));
+        writeFileSync(join(d, 'SHA256SUMS'), sums);
+      });
+      expect((await compareBundles(a.bundle, dir)).differences).toEqual([{ file: 'SHA256SUMS', what: `${join(dir, 'SHA256SUMS')}: the sha256 of shard0.bin is not that file's` }]);
     });
 
     it('refuses an exemption only one side declares, and binaries whose description differs', async () => {

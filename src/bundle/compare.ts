@@ -1,9 +1,11 @@
 // Compares two bundles for reproducibility (nightly builds, `forge compare`): every file byte for
 // byte, except the files the manifests declare nondeterministic (the QNN context binaries, see
-// below), which are compared on size and on the digest of their own description, and whose real
-// sha256 appears in manifest.json and SHA256SUMS: those two files are compared with exactly those
-// hashes blanked and byte for byte otherwise. The run record and reports under build/ hold timings
-// and are not part of the bundle.
+// below), which are compared on size and on the digest of their own description. Their real sha256
+// appears in manifest.json, so manifest.json's own sha256 varies too: both appear in SHA256SUMS.
+// manifest.json is compared with exactly those binaries' sha256 blanked, SHA256SUMS with exactly
+// their lines and manifest.json's blanked, each blanked hash first checked against the file it
+// names on its own side; everything else byte for byte. The run record and reports under build/
+// hold timings and are not part of the bundle.
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { open } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -71,11 +73,22 @@ function blankedManifest(m: Manifest, files: Set<string>): string {
   return JSON.stringify(copy, null, 2) + '\n';
 }
 
-function blankedSums(text: string, files: Set<string>): string {
-  return text.split('\n').map((line) => {
+/** SHA256SUMS with the lines of `files` blanked, after checking each against the file in `dir`. */
+async function blankedSums(dir: string, files: Set<string>, differences: BundleDifference[]): Promise<string> {
+  const lines = readFileSync(join(dir, BUNDLE_SUMS), 'utf8').split('\n');
+  const out: string[] = [];
+  for (const line of lines) {
     const m = /^([0-9a-f]{64}) {2}(.+)$/.exec(line);
-    return m && files.has(m[2]) ? `${'-'.repeat(64)}  ${m[2]}` : line;
-  }).join('\n');
+    if (!m || !files.has(m[2])) {
+      out.push(line);
+      continue;
+    }
+    if (!existsSync(join(dir, m[2])) || (await sha256OfFile(join(dir, m[2]))) !== m[1]) {
+      differences.push({ file: BUNDLE_SUMS, what: `${join(dir, BUNDLE_SUMS)}: the sha256 of ${m[2]} is not that file's` });
+    }
+    out.push(`${'-'.repeat(64)}  ${m[2]}`);
+  }
+  return out.join('\n');
 }
 
 /** Offset of the first byte where the two files differ (they have the same size), or null. */
@@ -148,10 +161,12 @@ export async function compareBundles(a: string, b: string): Promise<BundleCompar
   for (const f of common) {
     if (exempt.has(f)) continue;
     if (f === BUNDLE_MANIFEST || f === BUNDLE_SUMS) {
+      // manifest.json holds the exempt binaries' real sha256, so its own hash varies with them.
+      const sumsBlanked = new Set([...exempt, ...(exempt.size ? [BUNDLE_MANIFEST] : [])]);
       const [ta, tb] = f === BUNDLE_MANIFEST
         ? [blankedManifest(ma.raw, exempt), blankedManifest(mb.raw, exempt)]
-        : [blankedSums(readFileSync(join(a, f), 'utf8'), exempt), blankedSums(readFileSync(join(b, f), 'utf8'), exempt)];
-      if (ta !== tb) differences.push({ file: f, what: `differs outside the nondeterministic files' sha256: ${firstLineDifference(ta, tb)}` });
+        : [await blankedSums(a, sumsBlanked, differences), await blankedSums(b, sumsBlanked, differences)];
+      if (ta !== tb) differences.push({ file: f, what: `differs outside the sha256s that vary with the nondeterministic files: ${firstLineDifference(ta, tb)}` });
       continue;
     }
     const [sa, sb] = [statSync(join(a, f)).size, statSync(join(b, f)).size];

@@ -6,6 +6,7 @@
 // arch's limit, and the target the binary reports equal to the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import { sha256Hex, stableStringify } from '../../engine/hash.js';
+import lockfile from 'proper-lockfile';
 import { linkOrCopy } from '../../io/files.js';
 import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
@@ -52,16 +53,32 @@ export interface CompiledContext {
 /** The marker build.ts looks for to re-plan with smaller shards. */
 export const MEMORY_FAILURE = 'HTP memory failure';
 
-/** Hard-links the graphs into a directory fixed by the quantize entry's key (see below). */
-function stableSource(quantizeDir: string, archId: string): string {
+/**
+ * Runs fn with the graphs hard-linked into a directory fixed by the quantize entry's key (see
+ * below). Builds in other caches compile the same graphs from the same path, so the directory is
+ * held under a lock (stale when its holder dies, as the cache's are) for the whole compile: without
+ * it, one build's clean-up deleted the graphs under another's running compile.
+ */
+async function withStableSource<T>(quantizeDir: string, archId: string, fn: (src: string) => Promise<T>): Promise<T> {
   // Per arch too: builds for v79 and v81 of the same graphs may compile at the same time.
-  const src = join(tmpdir(), 'forge-qnn-src', `${basename(quantizeDir)}-${archId}`);
-  rmSync(src, { recursive: true, force: true });
-  mkdirSync(src, { recursive: true });
-  for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
-    linkOrCopy(join(quantizeDir, f), join(src, f));
+  const root = join(tmpdir(), 'forge-qnn-src');
+  const src = join(root, `${basename(quantizeDir)}-${archId}`);
+  mkdirSync(root, { recursive: true });
+  const release = await lockfile.lock(root, {
+    lockfilePath: `${src}.lock`, stale: 10_000, update: 2_000,
+    retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
+  });
+  try {
+    rmSync(src, { recursive: true, force: true });
+    mkdirSync(src, { recursive: true });
+    for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
+      linkOrCopy(join(quantizeDir, f), join(src, f));
+    }
+    return await fn(src);
+  } finally {
+    rmSync(src, { recursive: true, force: true });
+    await release().catch(() => undefined);
   }
-  return src;
 }
 
 /** The compile itself, by either toolchain: the binary, its wrappers and what the binary says it targets. */
@@ -143,18 +160,16 @@ export const stage: StageModule<CompileParams> = {
     // ORT names a compiled partition after a hash that covers the source model's path, and the name
     // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
     // depend on where the cache is), so clean builds in different caches agree.
-    const src = stableSource(ctx.inputs.quantize, p.arch.id);
-    const compiled: CompiledContext[] = [];
-    try {
+    const compiled = await withStableSource(ctx.inputs.quantize, p.arch.id, async (src) => {
+      const done: CompiledContext[] = [];
       for (const [i, c] of exp.contexts.entries()) {
         ctx.progress(i, exp.contexts.length, c.name);
         const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
         ctx.notePeakRss(r.peak);
-        compiled.push(r.entry);
+        done.push(r.entry);
       }
-    } finally {
-      rmSync(src, { recursive: true, force: true });
-    }
+      return done;
+    });
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
     return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
   },
