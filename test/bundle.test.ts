@@ -1,4 +1,4 @@
-import { describe, it, expect, beforeAll } from 'vitest';
+import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
@@ -78,8 +78,11 @@ describe('bundle', () => {
 
   describe('the comparison nightly uses', () => {
     // Each case: a copy of bundle b with one change; the comparison with a must name it.
+    const copies: string[] = [];
+    afterAll(() => { for (const d of copies) rmSync(d, { recursive: true, force: true }); });
     const changed = (edit: (dir: string) => void): string => {
       const dir = mkdtempSync(join(tmpdir(), 'forge-bundle-copy-'));
+      copies.push(dir);
       cpSync(b.bundle, dir, { recursive: true });
       edit(dir);
       return dir;
