@@ -7,6 +7,7 @@ import { doctor, formatDoctor } from './toolchain/doctor.js';
 import { clean } from './clean.js';
 import { runTests } from './selftest.js';
 import { publishBundle } from './hub/publish.js';
+import { compareBundles } from './bundle/compare.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
@@ -112,6 +113,20 @@ program.command('publish <bundle-dir>')
   .action(async (dir: string, o: { repo: string; dryRun?: boolean; private?: boolean; json?: boolean }) => {
     const r = await publishBundle({ bundleDir: dir, repo: o.repo, dryRun: Boolean(o.dryRun), private: o.private, log: (m) => process.stderr.write(`${m}\n`) });
     if (o.json) console.log(JSON.stringify(r));
+  });
+
+program.command('compare <bundle-a> <bundle-b>')
+  .description('compare two bundles for reproducibility: byte for byte, except the context binaries their manifests declare nondeterministic (compared by size and description); exit 1 on any difference')
+  .option('--json', 'print the comparison as JSON')
+  .action(async (a: string, b: string, o: { json?: boolean }) => {
+    const r = await compareBundles(resolve(a), resolve(b));
+    if (o.json) console.log(JSON.stringify(r));
+    else {
+      for (const d of r.differences) console.log(`DIFFERS ${d.file}: ${d.what}`);
+      console.log(`${r.same ? 'same' : 'DIFFERENT'}: ${r.files} files, ${r.differences.length} differences` +
+        (r.nondeterministic.length ? `; compared by size and description only (declared nondeterministic): ${r.nondeterministic.join(', ')}` : ''));
+    }
+    if (!r.same) process.exitCode = 1;
   });
 
 program.command('doctor')

@@ -1,11 +1,13 @@
-import { describe, it, expect, beforeAll } from 'vitest';
-import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { describe, it, expect, beforeAll, afterAll } from 'vitest';
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import type { RunRecord } from '../src/engine/record.js';
+import { compareBundles, NONDETERMINISTIC_QNN_BINARY } from '../src/bundle/compare.js';
+import { forge } from './helpers/forge-cli.js';
 
 // Two builds from two clean caches.
 let a: RunRecord;
@@ -63,19 +65,100 @@ describe('bundle', () => {
     expect(card).not.toMatch(/\d+\.\d+ ms/); // host timings live in build/report.md, not in the card
   });
 
-  it('is byte-identical across clean builds, except the context binaries the QNN compiler varies', () => {
-    expect(bundleFiles(b)).toEqual(bundleFiles(a));
-    const varying = new Set(['shard0.bin', 'lm_head.bin', 'manifest.json', 'SHA256SUMS']);
-    for (const f of bundleFiles(a).filter((x) => !varying.has(x))) {
-      expect(readFileSync(join(b.bundle!, f)).equals(readFileSync(join(a.bundle!, f))), f).toBe(true);
-    }
-    // The manifests differ only in the binaries' sha256s.
-    const mask = (r: RunRecord) => {
-      const m = JSON.parse(readFileSync(join(r.bundle!, 'manifest.json'), 'utf8'));
-      for (const c of m.contexts) for (const f of c.files) f.sha256 = 'x';
-      return m;
+  it('is byte-identical across clean builds except the context binaries, which its manifest declares nondeterministic and why', async () => {
+    const r = await compareBundles(a.bundle!, b.bundle!);
+    expect(r.differences).toEqual([]);
+    expect(r.same).toBe(true);
+    expect(r.files).toBe(bundleFiles(a).length);
+    // Exactly the QNN context binaries are exempt from the byte comparison, each declared so with the reason.
+    expect(r.nondeterministic).toEqual(['lm_head.bin', 'shard0.bin']);
+    const m = JSON.parse(readFileSync(join(a.bundle!, 'manifest.json'), 'utf8'));
+    for (const c of m.contexts) expect(c.files[0].nondeterministic).toEqual({ why: NONDETERMINISTIC_QNN_BINARY, describeSha256: expect.stringMatching(/^[0-9a-f]{64}$/) });
+  });
+
+  describe('the comparison nightly uses', () => {
+    // Each case: a copy of bundle b with one change; the comparison with a must name it.
+    const copies: string[] = [];
+    afterAll(() => { for (const d of copies) rmSync(d, { recursive: true, force: true }); });
+    const changed = (edit: (dir: string) => void): string => {
+      const dir = mkdtempSync(join(tmpdir(), 'forge-bundle-copy-'));
+      copies.push(dir);
+      cpSync(b.bundle!, dir, { recursive: true });
+      edit(dir);
+      return dir;
     };
-    expect(mask(b)).toEqual(mask(a));
+    const flipByte = (file: string, at: number) => {
+      const buf = readFileSync(file);
+      buf[at] ^= 0xff;
+      writeFileSync(file, buf);
+    };
+    const editManifest = (dir: string, f: (m: any) => void) => {
+      const m = JSON.parse(readFileSync(join(dir, 'manifest.json'), 'utf8'));
+      f(m);
+      writeFileSync(join(dir, 'manifest.json'), JSON.stringify(m, null, 2) + '\n');
+    };
+
+    it('names a flipped byte in any deterministic file, with its offset', async () => {
+      for (const f of ['embedding.f16.bin', 'shard0.decode_ctx.onnx', 'tokenizer.json', 'README.md']) {
+        const dir = changed((d) => flipByte(join(d, f), 7));
+        expect((await compareBundles(a.bundle!, dir)).differences, f).toEqual([{ file: f, what: 'first differing byte at offset 7' }]);
+      }
+    });
+
+    it('still checks each nondeterministic binary against the sha256 its own manifest records', async () => {
+      const dir = changed((d) => flipByte(join(d, 'shard0.bin'), 1000));
+      const r = await compareBundles(a.bundle!, dir);
+      expect(r.same).toBe(false);
+      expect(r.differences).toEqual([
+        { file: 'shard0.bin', what: `${join(dir, 'shard0.bin')} does not match the sha256 its manifest records` },
+        { file: 'SHA256SUMS', what: `${join(dir, 'SHA256SUMS')}: the sha256 of shard0.bin is not that file's` },
+      ]);
+    });
+
+    it('compares manifest.json exactly except the nondeterministic binaries\' sha256', async () => {
+      const dir = changed((d) => editManifest(d, (m) => { m.tokenizer.sha256 = 'a'.repeat(64); }));
+      const r = await compareBundles(a.bundle!, dir);
+      expect(r.differences.map((x) => x.file)).toEqual(['SHA256SUMS', 'manifest.json']);
+      // SHA256SUMS: its manifest.json line no longer matches the edited file.
+      expect(r.differences[0].what).toBe(`${join(dir, 'SHA256SUMS')}: the sha256 of manifest.json is not that file's`);
+      expect(r.differences[1].what).toMatch(/^differs outside the sha256s that vary with the nondeterministic files: line \d+: .* vs .*\\"sha256\\": \\"a{64}\\"/);
+    });
+
+    it('checks the SHA256SUMS lines it blanks (a binary\'s, manifest.json\'s) against the files they name', async () => {
+      const dir = changed((d) => {
+        const sums = readFileSync(join(d, 'SHA256SUMS'), 'utf8').replace(/^[0-9a-f]{64}(?=  shard0\.bin$)/m, 'e'.repeat(64));
+        writeFileSync(join(d, 'SHA256SUMS'), sums);
+      });
+      expect((await compareBundles(a.bundle!, dir)).differences).toEqual([{ file: 'SHA256SUMS', what: `${join(dir, 'SHA256SUMS')}: the sha256 of shard0.bin is not that file's` }]);
+    });
+
+    it('refuses an exemption only one side declares, and binaries whose description differs', async () => {
+      const undeclared = changed((d) => editManifest(d, (m) => { delete m.contexts[1].files[0].nondeterministic; }));
+      expect((await compareBundles(a.bundle!, undeclared)).differences.map((x) => `${x.file}: ${x.what}`)).toEqual(expect.arrayContaining([
+        `lm_head.bin: declared nondeterministic in ${a.bundle!} only`,
+      ]));
+      const redescribed = changed((d) => editManifest(d, (m) => { m.contexts[0].files[0].nondeterministic.describeSha256 = 'c'.repeat(64); }));
+      const r = await compareBundles(a.bundle!, redescribed);
+      expect(r.differences.some((x) => x.file === 'shard0.bin' && x.what.startsWith('its description differs'))).toBe(true);
+    });
+
+    it('names files only one bundle has, and ignores build/ (timings)', async () => {
+      const dir = changed((d) => {
+        writeFileSync(join(d, 'extra.txt'), 'x');
+        writeFileSync(join(d, 'build', 'run.json'), '{}');
+      });
+      expect((await compareBundles(a.bundle!, dir)).differences).toEqual([{ file: 'extra.txt', what: `only in ${dir}` }]);
+    });
+
+    it('is `forge compare`, which exits 1 on a difference', async () => {
+      const same = await forge(['compare', a.bundle!, b.bundle!]);
+      expect(same.code).toBe(0);
+      expect(same.stdout).toContain('same: 11 files, 0 differences; compared by size and description only (declared nondeterministic): lm_head.bin, shard0.bin');
+      const dir = changed((d) => flipByte(join(d, 'tokenizer.json'), 3));
+      const diff = await forge(['compare', a.bundle!, dir]);
+      expect(diff.code).toBe(1);
+      expect(diff.stdout).toContain('DIFFERS tokenizer.json: first differing byte at offset 3');
+    });
   });
 
   it('is fully byte-identical when rebuilt over the same cache', async () => {

@@ -187,10 +187,17 @@ describe('forge plan, list, doctor', () => {
   });
 
   it('has --help on every command', async () => {
-    for (const cmd of ['list', 'plan', 'build', 'publish', 'doctor', 'clean', 'test']) {
+    for (const cmd of ['list', 'plan', 'build', 'publish', 'compare', 'doctor', 'clean', 'test']) {
       const r = await forge([cmd, '--help']);
       expect(r.code).toBe(0);
       expect(r.stdout).toMatch(new RegExp(`Usage: forge ${cmd}`));
     }
+  });
+
+  it('forge compare refuses a directory that is not a bundle in one line naming it', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-not-bundle-'));
+    const r = await forge(['compare', dir, dir]);
+    expect(r.code).toBe(1);
+    expect(r.stderr.trim()).toBe(`forge: ${dir} is not a bundle: it has no manifest.json`);
   });
 });

@@ -25,6 +25,9 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     expect(c79.contexts[0].target).toMatchObject({ socModel: 69, dspArch: 'v79' });
     const bin = (r: RunRecord, c: any) => readFileSync(join(cacheRoot(), 'compile', r.stages.find((s) => s.name === 'compile')!.key!, c.bin));
     expect(bin(r81, c81.contexts[0]).equals(bin(r79, c79.contexts[0]))).toBe(false);
+    // The description bundles are compared by (the bytes are not reproducible) tells the targets apart.
+    expect(c81.contexts[0].describeSha256).toMatch(/^[0-9a-f]{64}$/);
+    expect(c81.contexts[0].describeSha256).not.toBe(c79.contexts[0].describeSha256);
     expect(r81.summaries.compile).toMatchObject({ qairt: '2.51.0' });
     expect(r81.tools['onnxruntime-qnn']).toBe('2.7.0');
   });

@@ -311,7 +311,15 @@ struct Parser {
       Node fs = c.at("files");
       for (size_t i = 0, k = fs.array(); i < k; i++) {
         Node f = fs[i];
-        f.object({"path", "sha256", "bytes"});
+        // `nondeterministic`: the file's bytes differ between builds (QNN context binaries); forge compares
+        // bundles by it. The runtime checks the real sha256 and size all the same.
+        f.object({"path", "sha256", "bytes"}, {"nondeterministic"});
+        if (f.has("nondeterministic")) {
+          Node nd = f.at("nondeterministic");
+          nd.object({"why", "describeSha256"});
+          nd.at("why").str();
+          nd.at("describeSha256").sha256();
+        }
         ContextFile cf{f.at("path").rel_path(), f.at("sha256").sha256(), uint64_t(f.at("bytes").integer(0))};
         uint64_t size = files.exists(f.at("path"), cf.path);
         if (size != cf.bytes) f.at("bytes").fail(std::to_string(cf.bytes) + " but '" + cf.path + "' has " + std::to_string(size) + " bytes");

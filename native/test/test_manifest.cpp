@@ -113,8 +113,24 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
        "contexts[0].graphs[0].role: qwen3_5_generate decodes over the prompt"},
       // Only a graph that reads no KV cache (Qwen3.5's linear-attention shard) may go without a mask.
       {"kv graph without mask", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"].erase(2); }, "contexts[0].graphs[1].inputs: a decode graph needs a mask input"},
+      {"nondeterministic without a digest", [](json& j) { j["contexts"][0]["files"][0]["nondeterministic"] = {{"why", "x"}}; },
+       "contexts[0].files[0].nondeterministic.describeSha256: missing"},
+      {"nondeterministic with an unknown field", [](json& j) {
+         j["contexts"][0]["files"][0]["nondeterministic"] = {{"why", "x"}, {"describeSha256", std::string(64, 'a')}, {"ranges", 1}};
+       }, "contexts[0].files[0].nondeterministic.ranges: unknown field"},
   };
   expect_each_refused(good, bundle, mutations);
+}
+
+// A compiled context binary's bytes vary between builds; its manifest entry says so, and the
+// runtime still checks its real size and sha256.
+TEST(Manifest, NondeterministicFileIsAcceptedAndStillChecked) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  json doc = read_json(bundle + "/manifest.json");
+  doc["contexts"][0]["files"][0]["nondeterministic"] = {{"why", "QNN graph prepare is not deterministic"}, {"describeSha256", std::string(64, 'b')}};
+  EXPECT_EQ(error_of(doc, bundle), "");
+  doc["contexts"][0]["files"][0]["sha256"] = std::string(64, 'a');
+  EXPECT_NE(error_of(doc, bundle).find("contexts[0].files[0].sha256: sha256 of"), std::string::npos);
 }
 
 // The hybrid (qwen3_5_generate) bundle: recurrent state, a shard without mask or positions.

@@ -14,6 +14,7 @@ import { MASKED } from '../families/blocks.js';
 import { readSpecialTokens } from './special-tokens.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from './manifest.js';
+import { NONDETERMINISTIC_QNN_BINARY } from './compare.js';
 
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
@@ -81,7 +82,8 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
         quant: { weights: g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme, activations: 'float32' },
       });
     }
-    contexts.push({ name: c.name, files: [{ ...weights, sha256: await sha(weights.path) }], graphs });
+    const nondeterministic = cc ? { nondeterministic: { why: NONDETERMINISTIC_QNN_BINARY, describeSha256: cc.describeSha256 } } : {};
+    contexts.push({ name: c.name, files: [{ ...weights, sha256: await sha(weights.path), ...nondeterministic }], graphs });
   }
   linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));

@@ -50,10 +50,18 @@ export const GraphSchema = z.object({
   .refine((g) => g.file !== undefined || g.qnn !== undefined, 'a graph needs an ONNX file or a compiled context (qnn)')
   .refine((g) => (g.file === undefined) === (g.sha256 === undefined), "'file' and 'sha256' go together");
 
+/**
+ * A file whose bytes differ between builds of identical inputs (a QNN context binary: see
+ * NONDETERMINISTIC_QNN_BINARY in compare.ts). `sha256` is still this file's real hash, checked by
+ * the runtime; bundles are compared on `bytes` and on `describeSha256`, the sha256 of the file's own
+ * description (graphs, API and SDK versions, target, blob size), which is stable.
+ */
+export const NondeterministicSchema = z.object({ why: z.string().min(1), describeSha256: sha256 }).strict();
+
 export const ContextSchema = z.object({
   name: z.string().min(1),
   /** Weight files shared by the context's graphs. */
-  files: z.array(z.object({ path: relPath, sha256, bytes: z.number().int().nonnegative() }).strict()),
+  files: z.array(z.object({ path: relPath, sha256, bytes: z.number().int().nonnegative(), nondeterministic: NondeterministicSchema.optional() }).strict()),
   graphs: z.array(GraphSchema).min(1),
 }).strict();
 

@@ -5,6 +5,8 @@
 // after compiling: every binary under the arch's per-context ceiling, the context count within the
 // arch's limit, and the target the binary reports equal to the requested soc_model/arch. A memory failure is reported as such so the build can re-plan.
 import { mkdirSync, readFileSync, readdirSync, rmSync } from 'node:fs';
+import { sha256Hex, stableStringify } from '../../engine/hash.js';
+import lockfile from 'proper-lockfile';
 import { linkOrCopy } from '../../io/files.js';
 import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
@@ -37,6 +39,12 @@ export interface CompiledContext {
   bytes: number;
   graphs: Array<{ graph: string; wrapper: string }>;
   target: CompileReport['target'];
+  /**
+   * sha256 of the binary's own description (size, target, what QnnSystem reads from it: graphs, API
+   * and SDK versions, blob size). Two compiles of the same graphs give different bytes (see
+   * NONDETERMINISTIC_QNN_BINARY in bundle/compare.ts) but this same description.
+   */
+  describeSha256: string;
   compileSeconds: number;
   qairtVersion: string | null;
   toolchain: CompileToolchain['kind'];
@@ -45,20 +53,36 @@ export interface CompiledContext {
 /** The marker build.ts looks for to re-plan with smaller shards. */
 export const MEMORY_FAILURE = 'HTP memory failure';
 
-/** Hard-links the graphs into a directory fixed by the quantize entry's key (see below). */
-function stableSource(quantizeDir: string, archId: string): string {
+/**
+ * Runs fn with the graphs hard-linked into a directory fixed by the quantize entry's key (see
+ * below). Builds in other caches compile the same graphs from the same path, so the directory is
+ * held under a lock (stale when its holder dies, as the cache's are) for the whole compile: without
+ * it, one build's clean-up deleted the graphs under another's running compile.
+ */
+async function withStableSource<T>(quantizeDir: string, archId: string, fn: (src: string) => Promise<T>): Promise<T> {
   // Per arch too: builds for v79 and v81 of the same graphs may compile at the same time.
-  const src = join(tmpdir(), 'forge-qnn-src', `${basename(quantizeDir)}-${archId}`);
-  rmSync(src, { recursive: true, force: true });
-  mkdirSync(src, { recursive: true });
-  for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
-    linkOrCopy(join(quantizeDir, f), join(src, f));
+  const root = join(tmpdir(), 'forge-qnn-src');
+  const src = join(root, `${basename(quantizeDir)}-${archId}`);
+  mkdirSync(root, { recursive: true });
+  const release = await lockfile.lock(root, {
+    lockfilePath: `${src}.lock`, stale: 10_000, update: 2_000,
+    retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
+  });
+  try {
+    rmSync(src, { recursive: true, force: true });
+    mkdirSync(src, { recursive: true });
+    for (const f of readdirSync(quantizeDir).filter((x) => x.endsWith('.onnx') || x.endsWith('.data'))) {
+      linkOrCopy(join(quantizeDir, f), join(src, f));
+    }
+    return await fn(src);
+  } finally {
+    rmSync(src, { recursive: true, force: true });
+    await release().catch(() => undefined);
   }
-  return src;
 }
 
 /** The compile itself, by either toolchain: the binary, its wrappers and what the binary says it targets. */
-async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target'] }; wrappers: Array<{ graph: string; path: string }> }> {
+async function compileWith(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null): Promise<{ report: Pick<CompileReport, 'bytes' | 'compileSeconds' | 'qairtVersion' | 'peakRssBytes'> & { target: CompiledContext['target']; describe: unknown }; wrappers: Array<{ graph: string; path: string }> }> {
   const arch = { socModel: p.arch.socModel, dspArch: p.arch.dspArch, vtcmMb: p.arch.vtcmMb };
   if (qairt) {
     const r = await compileQairtContext({
@@ -67,10 +91,13 @@ async function compileWith(c: ContextEntry, src: string, out: string, p: Compile
     });
     const target = { socModel: r.target.socModel, socType: null, arch: r.target.dspArch ? Number(r.target.dspArch.slice(1)) : null, dspArch: r.target.dspArch, vtcmBytes: null, fp16Relaxed: null, optLevel: null };
     // The tools run as child processes of their own; their peak memory is not measured here.
-    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target }, wrappers: r.wrappers };
+    const describe = { toolchain: 'qairt', qairt: qairt.version, bytes: r.bytes, target, graphs: r.wrappers.map((w) => w.qnnGraph) };
+    return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target, describe }, wrappers: r.wrappers };
   }
   const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds });
-  return { report: r, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
+  if (r.binaryInfo && 'error' in r.binaryInfo) throw new Error(`${c.name}.bin: QnnSystem cannot read it: ${String(r.binaryInfo.error)}`);
+  const describe = { toolchain: 'onnxruntime-qnn', bytes: r.bytes, target: r.target, binaryInfo: r.binaryInfo };
+  return { report: { ...r, describe }, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
 }
 
 async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
@@ -96,7 +123,7 @@ async function compileOne(c: ContextEntry, src: string, out: string, p: CompileP
     entry: {
       name: c.name, bin: `${c.name}/${c.name}.bin`, bytes: r.bytes,
       graphs: done.wrappers.map((w) => ({ graph: w.graph, wrapper: relative(out, w.path) })),
-      target: r.target, compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion, toolchain: p.toolchain.kind,
+      target: r.target, describeSha256: sha256Hex(stableStringify(r.describe)), compileSeconds: r.compileSeconds, qairtVersion: r.qairtVersion, toolchain: p.toolchain.kind,
     },
   };
 }
@@ -118,7 +145,7 @@ function qairtFor(t: CompileToolchain): Qairt | null {
 
 export const stage: StageModule<CompileParams> = {
   name: 'compile',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const p = ctx.params;
     const exp = JSON.parse(readFileSync(join(ctx.inputs.quantize, GRAPHS_JSON), 'utf8')) as ExportManifest;
@@ -133,18 +160,16 @@ export const stage: StageModule<CompileParams> = {
     // ORT names a compiled partition after a hash that covers the source model's path, and the name
     // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
     // depend on where the cache is), so clean builds in different caches agree.
-    const src = stableSource(ctx.inputs.quantize, p.arch.id);
-    const compiled: CompiledContext[] = [];
-    try {
+    const compiled = await withStableSource(ctx.inputs.quantize, p.arch.id, async (src) => {
+      const done: CompiledContext[] = [];
       for (const [i, c] of exp.contexts.entries()) {
         ctx.progress(i, exp.contexts.length, c.name);
         const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
         ctx.notePeakRss(r.peak);
-        compiled.push(r.entry);
+        done.push(r.entry);
       }
-    } finally {
-      rmSync(src, { recursive: true, force: true });
-    }
+      return done;
+    });
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
     return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
   },

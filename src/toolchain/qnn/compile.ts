@@ -58,6 +58,8 @@ export interface CompileReport {
   compatibility: string | null;
   /** What the binary says it targets (QnnSystem binary info + the HTP options string inside it). */
   target: { socModel: number | null; socType: string | null; arch: number | null; dspArch: string | null; vtcmBytes: number | null; fp16Relaxed: boolean | null; optLevel: number | null };
+  /** What QnnSystem reads from the main binary: graphs, API and SDK versions, blob size, soc ({error} if it could not). */
+  binaryInfo: Record<string, unknown>;
   compileSeconds: number;
   graphSeconds: number[];
   /** Peak RSS of the compiling Python process. */
