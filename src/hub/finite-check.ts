@@ -55,6 +55,7 @@ export async function checkFiniteStage(source: Recipe['source'], dir: string, lo
       tensors += floating.get(file)?.tensors ?? 0;
       bytes += floating.get(file)?.bytes ?? 0;
     } else {
+      log(`${file}: its NaN/Inf scan was made as the content digest read it (the file's stat is unchanged since)`);
       throw nonFiniteError(file, record);
     }
   }
