@@ -6,6 +6,7 @@
 // One read, two uses: a .safetensors file's bytes also go through fetch's NaN/Inf scan as they are
 // hashed, and the result is kept beside the digest, so fetch need not read the weights again.
 import { createHash } from 'node:crypto';
+import { z } from 'zod';
 import { open } from 'node:fs/promises';
 import { mkdirSync, readFileSync, readdirSync, renameSync, statSync, writeFileSync, type BigIntStats } from 'node:fs';
 import { join, relative, resolve, sep } from 'node:path';
@@ -150,9 +151,11 @@ async function hashAndScan(path: string, scanner: FiniteScanner): Promise<{ sha2
   return { sha256: hash.digest('hex'), finite };
 }
 
-const isFiniteRecord = (r: unknown): r is FiniteRecord => r === 'ok' || (typeof r === 'object' && r !== null &&
-  typeof (r as NonFinite).tensor === 'string' && isDType((r as NonFinite).dtype) && Number.isSafeInteger((r as NonFinite).index) &&
-  Number.isSafeInteger((r as NonFinite).count) && ['NaN', '+Inf', '-Inf'].includes((r as NonFinite).value));
+/** A recorded result as it must read back; a damaged stat cache fails this and the file is scanned. */
+const finiteRecordSchema = z.union([z.literal('ok'), z.object({
+  tensor: z.string(), dtype: z.string().refine(isDType), index: z.number().int().nonnegative(),
+  count: z.number().int().positive(), value: z.enum(['NaN', '+Inf', '-Inf']),
+})]);
 
 /**
  * The NaN/Inf scan results the digest recorded for files under `dir`, keyed by relative path: only
@@ -162,9 +165,10 @@ const isFiniteRecord = (r: unknown): r is FiniteRecord => r === 'ok' || (typeof 
 export function recordedFinite(dir: string): Map<string, FiniteRecord> {
   const out = new Map<string, FiniteRecord>();
   for (const [rel, entry] of Object.entries(readStatCache(statCacheFile(dir), dir))) {
-    if (!isFiniteRecord(entry.finite)) continue; // absent, or a damaged cache: fetch scans that file
+    const finite = finiteRecordSchema.safeParse(entry.finite);
+    if (!finite.success) continue; // absent, 'unparsed', or a damaged cache: fetch scans that file
     try {
-      if (sameStat(entry, statKey(statSync(join(dir, rel), { bigint: true })))) out.set(rel, entry.finite);
+      if (sameStat(entry, statKey(statSync(join(dir, rel), { bigint: true })))) out.set(rel, finite.data as FiniteRecord);
     } catch {
       // gone since: nothing recorded for it
     }
