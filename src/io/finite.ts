@@ -169,7 +169,7 @@ export async function checkFinite(files: readonly string[], scanner = new Finite
         if (bad) throw nonFiniteError(path, bad);
         bytes += c.length;
       });
-      tensors += new Set(chunks.map((c) => c.tensor)).size;
+      tensors += [...file.tensors.values()].filter((t) => FLOAT_DTYPES.has(t.dtype)).length;
     } finally {
       await file.close();
     }
