@@ -49,8 +49,9 @@ async function sharded(opts: { nanIn?: 'a' | 'b' } = {}) {
   // Tensor names must differ across shards: the second shard's are renamed in its own header.
   await writeSafetensors(join(dir, 'b.safetensors'), [
     { name: 'lm_head.weight', dtype: 'BF16', shape: [8], data: Uint16Array.from({ length: 8 }, (_, i) => f32ToBf16Bits(opts.nanIn === 'b' && i === 6 ? NaN : i)) },
+    { name: 'empty', dtype: 'F32', shape: [0, 4], data: new Float32Array(0) },
   ]);
-  const weight_map = { ids: 'a.safetensors', 'model.embed_tokens.weight': 'a.safetensors', 'model.norm.weight': 'a.safetensors', 'lm_head.weight': 'b.safetensors' };
+  const weight_map = { ids: 'a.safetensors', 'model.embed_tokens.weight': 'a.safetensors', 'model.norm.weight': 'a.safetensors', 'lm_head.weight': 'b.safetensors', empty: 'b.safetensors' };
   writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: {}, weight_map }));
 }
 
@@ -105,7 +106,10 @@ describe("fetch's NaN/Inf check on a local checkpoint", () => {
     const r = await checkFiniteStage(source(), dir, (m) => lines.push(m), { scan });
     expect(scan).not.toHaveBeenCalled();
     const full = await checkFinite([join(dir, 'a.safetensors'), join(dir, 'b.safetensors')]);
+    expect(full.tensors).toBe(4); // the zero-element one included
     expect(r).toMatchObject({ checked: true, tensors: full.tensors, bytes: full.bytes, filesFromDigest: 2 });
+    rmSync(statCacheFile(dir)); // nothing recorded: the same totals from fetch's own scan
+    expect(await checkFiniteStage(source(), dir, quiet)).toMatchObject({ tensors: full.tensors, bytes: full.bytes, filesFromDigest: 0 });
     expect(lines.join('\n')).toContain('all scanned as the content digest read them');
   });
 
