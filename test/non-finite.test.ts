@@ -75,6 +75,16 @@ describe('a checkpoint with an Inf and a NaN weight', () => {
     expect(pub.stderr).toMatch(/refusing to publish .*the build did not pass .*NaN at flat index 3/);
   }, 300_000);
 
+  it('is refused at fetch from the scan the content digest made, once the files are older than its racy window', async () => {
+    await new Promise((r) => setTimeout(r, 2100)); // the first build's digest kept nothing: the files were fresh
+    const { record } = await buildPoisoned('nonfinite-fused');
+    const fetch = record.stages.find((s) => s.name === 'fetch')!;
+    expect(fetch.status).toBe('failed');
+    expect(record.error).toContain(`${join(poisoned, 'model.safetensors')}: tensor "${NAN_TENSOR}": NaN at flat index 3 of 4096 (BF16)`);
+    const log = readFileSync(join(cacheRoot(), 'fetch', 'logs', `${fetch.key}.log`), 'utf8');
+    expect(log).toContain('its NaN/Inf scan was made as the content digest read it');
+  }, 300_000);
+
   it('with source.allowNonFinite, the oracle refuses the non-finite reference outputs, naming prompt, step and tensor', async () => {
     const { record, out } = await buildPoisoned('nonfinite-allowed', { reason: 'test: the gates must catch it' });
     expect(record.ok).toBe(false);

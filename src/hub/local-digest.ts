@@ -3,18 +3,33 @@
 // of seconds, so a stat cache remembers each file's digest with its size, mtime, ctime and inode;
 // while all four are unchanged the digest is reused. mtime alone can be set back (`touch -r`), ctime
 // cannot: any write or metadata change moves it to "now", so no edit is missed.
+// One read, two uses: a .safetensors file's bytes also go through fetch's NaN/Inf scan as they are
+// hashed, and the result is kept beside the digest, so fetch need not read the weights again.
 import { createHash } from 'node:crypto';
+import { z } from 'zod';
+import { open } from 'node:fs/promises';
 import { mkdirSync, readFileSync, readdirSync, renameSync, statSync, writeFileSync, type BigIntStats } from 'node:fs';
 import { join, relative, resolve, sep } from 'node:path';
 import { cacheRoot } from '../paths.js';
 import { sha256OfFile } from '../engine/hash.js';
+import { fileChunks, FiniteScanner, type NonFinite } from '../io/finite.js';
+import { isDType } from '../io/dtype.js';
+import { openSafetensors, readFully, type SafetensorsFile } from '../io/safetensors.js';
 import { checkLocalSource } from '../recipe/load.js';
 import type { Recipe } from '../recipe/schema.js';
 
 /** Relative path → sha256 of every file under a local checkpoint directory. */
 export type LocalDigest = Record<string, string>;
 
-interface StatEntry { size: string; mtimeNs: string; ctimeNs: string; ino: string; dev: string; sha256: string }
+/** A .safetensors file's NaN/Inf scan as the digest read it: every floating tensor finite, or the first bad element. */
+export type FiniteRecord = 'ok' | NonFinite;
+
+interface StatKey { size: string; mtimeNs: string; ctimeNs: string; ino: string; dev: string }
+/**
+ * `finite` is there for every .safetensors file: its scan, or 'unparsed' when its header did not
+ * parse (nothing scanned; fetch's own checks name the problem). Absent: an entry from before the scan.
+ */
+interface StatEntry extends StatKey { sha256: string; finite?: FiniteRecord | 'unparsed' }
 
 /**
  * A digest computed within this long of the file's last change is not cached: an edit in the same
@@ -28,8 +43,8 @@ export function statCacheFile(dir: string): string {
   return join(cacheRoot(), '.stat-cache', `${id}.json`);
 }
 
-const statKey = (s: BigIntStats) => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev) });
-const sameStat = (a: Omit<StatEntry, 'sha256'>, b: Omit<StatEntry, 'sha256'>) =>
+const statKey = (s: BigIntStats): StatKey => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev) });
+const sameStat = (a: StatKey, b: StatKey) =>
   a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev;
 
 function listRegularFiles(dir: string): string[] {
@@ -80,27 +95,85 @@ export async function localCheckpointDigest(dir: string, opts: DigestOptions = {
   const digest: LocalDigest = {};
   const racyNs = opts.racyMs === undefined ? RACY_NS : BigInt(opts.racyMs) * 1_000_000n;
   let announced = false;
+  let scanner: FiniteScanner | undefined;
   for (const rel of listRegularFiles(dir)) {
     const abs = join(dir, rel);
     const before = statKey(statSync(abs, { bigint: true }));
     const known = cached[rel];
-    if (known && sameStat(known, before)) {
+    // An entry from before the fused scan (no `finite`) is read again once, to record the scan too.
+    if (known && sameStat(known, before) && (known.finite || !isSafetensors(rel))) {
       digest[rel] = known.sha256;
       next[rel] = known;
       continue;
     }
     if (!announced) opts.log?.(`hashing the local checkpoint ${dir} (files new or changed since the last build)`);
     announced = true;
-    const sha256 = await sha256OfFile(abs);
+    const { sha256, finite } = isSafetensors(rel) ? await hashAndScan(abs, (scanner ??= new FiniteScanner())) : { sha256: await sha256OfFile(abs), finite: undefined };
+    // The racy rule below holds for the scan too: it covers exactly the bytes the digest covers.
     const afterStats = statSync(abs, { bigint: true });
     const after = statKey(afterStats);
     if (!sameStat(before, after)) throw new Error(`${abs} changed while it was being hashed; run again once it is written`);
     digest[rel] = sha256;
     const nowNs = BigInt(Date.now()) * 1_000_000n;
-    if (nowNs - afterStats.ctimeNs >= racyNs) next[rel] = { ...after, sha256 };
+    if (nowNs - afterStats.ctimeNs >= racyNs) next[rel] = { ...after, sha256, ...(finite ? { finite } : {}) };
   }
   writeStatCache(cacheFile, dir, next);
   return digest;
+}
+
+const isSafetensors = (rel: string) => rel.endsWith('.safetensors');
+
+/**
+ * sha256 of a .safetensors file and its NaN/Inf scan, from one read: header, then every tensor in
+ * file order (they tile the rest, so every byte is hashed once, in order). A file whose header does
+ * not parse is only hashed; fetch's checks name its problem.
+ */
+async function hashAndScan(path: string, scanner: FiniteScanner): Promise<{ sha256: string; finite: FiniteRecord | 'unparsed' }> {
+  let layout: SafetensorsFile;
+  try {
+    layout = await openSafetensors(path);
+  } catch {
+    return { sha256: await sha256OfFile(path), finite: 'unparsed' };
+  }
+  await layout.close();
+  const chunks = fileChunks(layout, { withHeader: true, floatOnly: false });
+  const hash = createHash('sha256');
+  let finite: FiniteRecord = 'ok';
+  const fh = await open(path, 'r');
+  try {
+    await scanner.readChunks(chunks, (c, target) => readFully(fh, target, c.position, path), (c, data) => {
+      hash.update(data);
+      if (finite === 'ok') finite = scanner.test(c, data) ?? 'ok';
+    });
+  } finally {
+    await fh.close();
+  }
+  return { sha256: hash.digest('hex'), finite };
+}
+
+/** A recorded result as it must read back; a damaged stat cache fails this and the file is scanned. */
+const finiteRecordSchema = z.union([z.literal('ok'), z.object({
+  tensor: z.string(), dtype: z.string().refine(isDType), index: z.number().int().nonnegative(),
+  count: z.number().int().positive(), value: z.enum(['NaN', '+Inf', '-Inf']),
+})]);
+
+/**
+ * The NaN/Inf scan results the digest recorded for files under `dir`, keyed by relative path: only
+ * those whose size, mtime, ctime, inode and device still match the entry (so the result covers the
+ * bytes there now).
+ */
+export function recordedFinite(dir: string): Map<string, FiniteRecord> {
+  const out = new Map<string, FiniteRecord>();
+  for (const [rel, entry] of Object.entries(readStatCache(statCacheFile(dir), dir))) {
+    const finite = finiteRecordSchema.safeParse(entry.finite);
+    if (!finite.success) continue; // absent, 'unparsed', or a damaged cache: fetch scans that file
+    try {
+      if (sameStat(entry, statKey(statSync(join(dir, rel), { bigint: true })))) out.set(rel, finite.data as FiniteRecord);
+    } catch {
+      // gone since: nothing recorded for it
+    }
+  }
+  return out;
 }
 
 /** For a recipe with a local source: its path checked (errors name `file` and source.path), then digested. */

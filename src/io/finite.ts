@@ -2,10 +2,12 @@
 // downstream, a non-finite weight only shows up as garbage logits that some comparisons cannot tell
 // from agreement. The scan streams each shard once through two reused buffers (one read in flight
 // while the other is scanned); bf16/f16 chunks (nearly every checkpoint) are tested in WebAssembly
-// SIMD by w8-simd's max-magnitude kernel, everything else on the exponent bits in JS.
+// SIMD by w8-simd's max-magnitude kernel, everything else on the exponent bits in JS. FiniteScanner
+// tests chunks for any reader: checkFinite here, and a local checkpoint's content digest, which
+// scans the bytes it hashes (src/hub/local-digest.ts) so fetch need not read them a second time.
 import { CheckpointError } from './errors.js';
 import { DTYPE_BYTES, type DType } from './dtype.js';
-import { openSafetensors, type TensorInfo } from './safetensors.js';
+import { openSafetensors, type SafetensorsFile, type TensorInfo } from './safetensors.js';
 import { Bf16W8 } from '../quant/w8-simd.js';
 
 /** Bytes per read; a multiple of every element size. Measured: larger chunks did not read faster. */
@@ -60,7 +62,7 @@ function scanHalves(bytes: Uint8Array, carry: number): number {
 }
 
 /** What a non-finite element is, for the message: "NaN", "+Inf" or "-Inf". */
-function describe(dtype: DType, bytes: Uint8Array, index: number): string {
+function describe(dtype: DType, bytes: Uint8Array, index: number): NonFinite['value'] {
   const size = DTYPE_BYTES[dtype];
   const view = new DataView(bytes.buffer, bytes.byteOffset + index * size, size);
   let value: number;
@@ -77,58 +79,100 @@ export interface FiniteScan {
   bytes: number;
 }
 
+/** The first non-finite element of a file: what a scan records and what its error names. */
+export interface NonFinite { tensor: string; dtype: DType; index: number; count: number; value: 'NaN' | '+Inf' | '-Inf' }
+
+/** The one-line error for a non-finite weight, the same whichever reader found it. */
+export function nonFiniteError(file: string, bad: NonFinite): CheckpointError {
+  return CheckpointError.at(file, bad.tensor,
+    `${bad.value} at flat index ${bad.index} of ${bad.count} (${bad.dtype}): ` +
+    `non-finite weights are refused (a recipe may allow them with source.allowNonFinite and a reason)`);
+}
+
+/** A piece of a .safetensors file as a reader walks it: header bytes (no tensor) or part of one tensor. */
+export interface FileChunk { position: number; length: number; tensor?: TensorInfo; start: number }
+
+/**
+ * The chunks that read a file front to back: every tensor in file order in pieces of at most
+ * CHUNK_BYTES (each starting on an element), preceded by the header when `withHeader`. Tensors tile
+ * the data section (openSafetensors checks it), so with the header this is every byte once.
+ */
+export function fileChunks(file: SafetensorsFile, opts: { withHeader: boolean; floatOnly: boolean }): FileChunk[] {
+  const out: FileChunk[] = [];
+  if (opts.withHeader) for (let p = 0; p < file.dataOffset; p += CHUNK_BYTES) out.push({ position: p, length: Math.min(CHUNK_BYTES, file.dataOffset - p), start: 0 });
+  const tensors = [...file.tensors.values()].filter((t) => !opts.floatOnly || FLOAT_DTYPES.has(t.dtype)).sort((a, b) => a.fileOffset - b.fileOffset);
+  for (const t of tensors) {
+    for (let start = 0; start < t.byteLength; start += CHUNK_BYTES) {
+      out.push({ position: t.fileOffset + start, length: Math.min(CHUNK_BYTES, t.byteLength - start), tensor: t, start });
+    }
+  }
+  return out;
+}
+
+/**
+ * Tests chunks of tensors for NaN/Inf, whoever reads them: checkFinite below, or the local
+ * checkpoint's content digest, which feeds it the chunks it hashes. Read into `buffers` (two
+ * CHUNK_BYTES regions of the SIMD kernel's memory, for one read in flight while the other is
+ * tested): bf16/f16 chunks there are tested in SIMD, located in JS only on a hit.
+ */
+export class FiniteScanner {
+  private readonly simd = new Bf16W8([CHUNK_BYTES, CHUNK_BYTES]);
+  readonly buffers: readonly Uint8Array[] = this.simd.regions;
+
+  /** The first non-finite element of `data` (the chunk's bytes), or undefined; non-float chunks pass. */
+  test(chunk: FileChunk, data: Uint8Array): NonFinite | undefined {
+    const t = chunk.tensor;
+    if (!t || !FLOAT_DTYPES.has(t.dtype)) return undefined;
+    const limit = t.dtype === 'BF16' ? 0x7f80 : t.dtype === 'F16' ? 0x7c00 : 0;
+    if (limit && this.simd.maxMagnitude(new Uint16Array(data.buffer, data.byteOffset, data.byteLength >>> 1)) < limit) return undefined;
+    const bad = firstNonFinite(t.dtype, data);
+    if (bad < 0) return undefined;
+    const size = DTYPE_BYTES[t.dtype];
+    return { tensor: t.name, dtype: t.dtype, index: chunk.start / size + bad, count: t.byteLength / size, value: describe(t.dtype, data, bad) };
+  }
+
+  /**
+   * Reads `chunks` in order through `readInto`, one read ahead, handing each to `visit` while the
+   * next is read. `visit` must be done with the bytes when it returns (its buffer is reused).
+   */
+  async readChunks(chunks: readonly FileChunk[], readInto: (chunk: FileChunk, target: Uint8Array) => Promise<void>,
+    visit: (chunk: FileChunk, data: Uint8Array) => void): Promise<void> {
+    const read = (k: number) => {
+      const target = this.buffers[k & 1].subarray(0, chunks[k].length);
+      return readInto(chunks[k], target).then(() => target);
+    };
+    let pending = chunks.length ? read(0) : undefined;
+    try {
+      for (let k = 0; k < chunks.length; k++) {
+        const data = await pending!;
+        pending = k + 1 < chunks.length ? read(k + 1) : undefined;
+        visit(chunks[k], data);
+      }
+    } finally {
+      await pending?.catch(() => {}); // never leave a read landing in a buffer someone else reuses
+    }
+  }
+}
+
 /**
  * Read every floating tensor of the given .safetensors files; throws a CheckpointError naming the
  * file, the tensor, the first bad flat index and what is there. Returns what was scanned.
  */
-export async function checkFinite(files: readonly string[]): Promise<FiniteScan> {
-  const simd = new Bf16W8([CHUNK_BYTES, CHUNK_BYTES]);
-  const buffers = simd.regions;
-  /** -1, or where the first non-finite element of the chunk is: half types in SIMD first, located only on a hit. */
-  const firstBad = (dtype: DType, data: Uint8Array): number => {
-    const limit = dtype === 'BF16' ? 0x7f80 : dtype === 'F16' ? 0x7c00 : 0;
-    if (limit && simd.maxMagnitude(new Uint16Array(data.buffer, data.byteOffset, data.byteLength >>> 1)) < limit) return -1;
-    return firstNonFinite(dtype, data);
-  };
+export async function checkFinite(files: readonly string[], scanner = new FiniteScanner()): Promise<FiniteScan> {
   let tensors = 0, bytes = 0;
   for (const path of files) {
     const file = await openSafetensors(path);
     try {
-      // File order: the reads walk the shard front to back.
-      const work = [...file.tensors.values()].filter((t) => FLOAT_DTYPES.has(t.dtype)).sort((a, b) => a.fileOffset - b.fileOffset);
-      const chunks = work.flatMap((t) => chunksOf(t));
-      let next = 0;
-      const read = (k: number) => {
-        const c = chunks[k];
-        const target = buffers[k & 1].subarray(0, c.length);
-        return file.readRangeInto(c.tensor.name, c.start, target).then(() => target);
-      };
-      let pending = chunks.length ? read(0) : undefined;
-      for (; next < chunks.length; next++) {
-        const data = await pending!;
-        pending = next + 1 < chunks.length ? read(next + 1) : undefined;
-        const c = chunks[next];
-        const bad = firstBad(c.tensor.dtype, data);
-        if (bad >= 0) {
-          await pending?.catch(() => {});
-          const size = DTYPE_BYTES[c.tensor.dtype];
-          const index = c.start / size + bad;
-          throw CheckpointError.at(path, c.tensor.name,
-            `${describe(c.tensor.dtype, data, bad)} at flat index ${index} of ${c.tensor.byteLength / size} (${c.tensor.dtype}): ` +
-            `non-finite weights are refused (a recipe may allow them with source.allowNonFinite and a reason)`);
-        }
+      const chunks = fileChunks(file, { withHeader: false, floatOnly: true });
+      await scanner.readChunks(chunks, (c, target) => file.readRangeInto(c.tensor!.name, c.start, target), (c, data) => {
+        const bad = scanner.test(c, data);
+        if (bad) throw nonFiniteError(path, bad);
         bytes += c.length;
-      }
-      tensors += work.length;
+      });
+      tensors += [...file.tensors.values()].filter((t) => FLOAT_DTYPES.has(t.dtype)).length;
     } finally {
       await file.close();
     }
   }
   return { tensors, bytes };
-}
-
-function chunksOf(t: TensorInfo): Array<{ tensor: TensorInfo; start: number; length: number }> {
-  const out = [];
-  for (let start = 0; start < t.byteLength; start += CHUNK_BYTES) out.push({ tensor: t, start, length: Math.min(CHUNK_BYTES, t.byteLength - start) });
-  return out;
 }
