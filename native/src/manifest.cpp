@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "sha256.h"
+#include "utf8.h"
 
 namespace forge {
 namespace {
@@ -27,21 +28,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   for (size_t i = 0; i < s.size(); i++) o << (i ? "," : "") << s[i];
   o << ']';
   return o.str();
-}
-
-/** Control characters (a newline inside a quoted name) shown escaped: an error is one line. */
-std::string one_line(const std::string& msg) {
-  std::string out;
-  for (unsigned char c : msg) {
-    if (c >= 0x20 && c != 0x7f) out += char(c);
-    else if (c == '\n') out += "\\n";
-    else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  return out;
 }
 
 /** A JSON value with the field path that leads to it, so every complaint can name that path. */

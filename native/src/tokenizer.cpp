@@ -25,21 +25,6 @@ const char* kGpt2Pattern = R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p
 
 bool truthy(const json& j, const char* key) { return j.is_object() && j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
 
-/** Control characters (a newline in a token or pattern quoted in a message) shown escaped: errors are one line. */
-std::string one_line(const std::string& msg) {
-  std::string out;
-  for (unsigned char c : msg) {
-    if (c >= 0x20 && c != 0x7f) out += char(c);
-    else if (c == '\n') out += "\\n";
-    else {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\x%02x", c);
-      out += buf;
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 Tokenizer::Tokenizer() {

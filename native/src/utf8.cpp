@@ -1,5 +1,6 @@
 #include "utf8.h"
 
+#include <cstdio>
 #include <stdexcept>
 
 namespace forge {
@@ -80,6 +81,20 @@ std::string utf8_lossy(const std::string& s) {
     } else {
       out += "\xEF\xBF\xBD";
       i += bad;
+    }
+  }
+  return out;
+}
+
+std::string one_line(const std::string& msg) {
+  std::string out;
+  for (unsigned char c : msg) {
+    if (c >= 0x20 && c != 0x7f) out += char(c);
+    else if (c == '\n') out += "\\n";
+    else {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
     }
   }
   return out;

@@ -12,4 +12,8 @@ std::string utf8_encode(const std::u32string& s);
 void utf8_append(std::string& out, char32_t cp);
 std::string utf8_lossy(const std::string& bytes);
 
+// Control characters (a newline inside a quoted name or token) shown escaped, so an error message
+// quoting outside input stays one line.
+std::string one_line(const std::string& msg);
+
 }  // namespace forge
