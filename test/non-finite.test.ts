@@ -91,6 +91,7 @@ describe('a checkpoint with an Inf and a NaN weight', () => {
     expect(record.stages.find((s) => s.name === 'fetch')!.status).toBe('ran');
     expect((record.summaries.fetch as any).finite).toEqual({ checked: false, reason: 'test: the gates must catch it' });
     expect(record.stages.find((s) => s.name === 'trace')!.status).toBe('failed');
+    expect(record.error).not.toContain('\n'); // the script's own refusal, one line
     expect(record.error).toMatch(/the Hugging Face reference is not finite.*prompt 0 .* step 0: v\.1 \(layer 1's new value row\) holds 1 non-finite value of 64 \(first at index 0: nan\)/);
     expect(record.gates?.oracle?.ok).not.toBe(true);
     expect(readdirSync(out)).toEqual(['build']);

@@ -24,8 +24,11 @@ export interface PythonResult {
 
 export class PythonError extends Error {
   constructor(script: string, code: number | string | null, stderr: string) {
-    const tail = stderr.trim().split('\n').slice(-15).join('\n');
-    super(`${script} exited with ${code}:\n${tail}`);
+    const lines = stderr.trim().split('\n');
+    // forge's own scripts refuse with one "<name>: error: …" line: that line is the message. Anything
+    // else (a crash) keeps the end of stderr, whose traceback is what there is to go on.
+    const own = [...lines].reverse().find((l) => /^[\w.-]+: error: /.test(l));
+    super(own ? `${script}: ${own}` : `${script} exited with ${code}:\n${lines.slice(-15).join('\n')}`);
     this.name = 'PythonError';
   }
 }
