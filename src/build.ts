@@ -3,13 +3,12 @@
 // or failed build never leaves a mix of old and new files, and never replaces a good bundle with
 // less than one (see writeOutput).
 import { cpSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, renameSync, writeFileSync } from 'node:fs';
-import { basename } from 'node:path';
 import { killOwnedGroups } from './engine/subprocess.js';
 import { describeFailure } from './engine/io-failure.js';
 import { reportHtml, reportMarkdown } from './bundle/report.js';
 import type { OracleRow } from './gates/oracle.js';
 import type { ShardPlan } from './plan/shards.js';
-import { dirname, join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings } from './recipe/load.js';
@@ -24,9 +23,8 @@ import { toolVersions } from './toolchain/versions.js';
 import { ensureVenv } from './toolchain/venv.js';
 import { cacheRoot } from './paths.js';
 import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
-import type { Json } from './engine/stage.js';
+import type { Json, Pipeline } from './engine/stage.js';
 import type { TargetSpec } from './gates/parity.js';
-import type { Pipeline } from './engine/stage.js';
 
 export interface BuildRequest {
   recipe: string;
@@ -59,8 +57,9 @@ export function defaultOut(recipe: string, arch: string): string {
 export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const loaded = loadRecipe(req.recipe);
-  const { arch } = archSettings(loaded.recipe, req.arch);
-  const recipe = loaded.recipe;
+  const { recipe } = loaded;
+  const forArch = archSettings(recipe, req.arch);
+  const { arch } = forArch;
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   // Ctrl-C or SIGTERM: stop the running stages (they kill their subprocesses), then finish with a
@@ -73,15 +72,17 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {
-    return await buildUnderSignals(req, loaded, out, progress, interrupt.signal, t0);
+    return await buildUnderSignals(req, loaded, forArch, out, progress, interrupt.signal, t0);
   } finally {
     process.removeListener('SIGINT', onSignal);
     process.removeListener('SIGTERM', onSignal);
   }
 }
 
-async function buildUnderSignals(req: BuildRequest, { recipe, file }: ReturnType<typeof loadRecipe>, out: string, progress: Progress, signal: AbortSignal, t0: number): Promise<RunRecord> {
-  const { arch, settings } = archSettings(recipe, req.arch);
+async function buildUnderSignals(
+  req: BuildRequest, { recipe, file }: ReturnType<typeof loadRecipe>, { arch, settings }: ReturnType<typeof archSettings>,
+  out: string, progress: Progress, signal: AbortSignal, t0: number,
+): Promise<RunRecord> {
   const tools = toolVersions();
   // Every build traces with the Python oracle: set its environment up here, where the user sees it,
   // rather than silently inside the first stage that needs it.

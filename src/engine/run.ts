@@ -175,9 +175,9 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   else opts.signal?.addEventListener('abort', onInterrupt, { once: true });
   // Temp dirs of builds killed earlier (nothing else will remove them).
   await opts.cache.sweepStaleTemps();
-  const cancelled = (node: StageNode) => {
-    records.set(node.id, { name: node.id, status: 'cancelled', seconds: 0, peakRssBytes: null, error: String(stopAll.signal.reason) });
-    opts.progress.end(node.id, 'cancelled', 0);
+  const cancelled = (node: StageNode, seconds = 0, key?: string) => {
+    records.set(node.id, { name: node.id, status: 'cancelled', seconds, peakRssBytes: null, ...(key ? { key } : {}), error: String(stopAll.signal.reason) });
+    opts.progress.end(node.id, 'cancelled', seconds);
     return null;
   };
 
@@ -245,11 +245,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       failedGate(meta.meta);
       return meta.meta;
     } catch (e) {
-      if (e instanceof StageCancelled) {
-        records.set(node.id, { name: node.id, status: 'cancelled', seconds: seconds(), peakRssBytes: null, key, error: e.message });
-        opts.progress.end(node.id, 'cancelled', seconds());
-        return null;
-      }
+      if (e instanceof StageCancelled) return cancelled(node, seconds(), key);
       const message = (e as Error).message;
       records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), peakRssBytes: null, key, error: message });
       opts.progress.end(node.id, 'failed', seconds());
