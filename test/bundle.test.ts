@@ -6,7 +6,8 @@ import { $ } from 'zx';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import type { RunRecord } from '../src/engine/record.js';
-import { compareBundles, NONDETERMINISTIC_QNN_BINARY } from '../src/bundle/compare.js';
+import { compareBundles } from '../src/bundle/compare.js';
+import { NONDETERMINISTIC_QNN_BINARY } from '../src/bundle/manifest.js';
 import { forge } from './helpers/forge-cli.js';
 
 // Two builds from two clean caches.
@@ -76,7 +77,7 @@ describe('bundle', () => {
     for (const c of m.contexts) expect(c.files[0].nondeterministic).toEqual({ why: NONDETERMINISTIC_QNN_BINARY, describeSha256: expect.stringMatching(/^[0-9a-f]{64}$/) });
   });
 
-  describe('the comparison nightly uses', () => {
+  describe('forge compare', () => {
     // Each case: a copy of bundle b with one change; the comparison with a must name it.
     const copies: string[] = [];
     afterAll(() => { for (const d of copies) rmSync(d, { recursive: true, force: true }); });

@@ -98,6 +98,11 @@ describe('a local source path', () => {
     expect(() => checkLocalSource(local('rel/m'), FILE)).toThrow(new RegExp(`^recipes/x/recipe\\.json: source\\.path: rel/m \\(${join(process.cwd(), 'rel/m')}\\) does not exist$`));
   });
 
+  it('is resolved against the working directory once, when the recipe is read, so every stage reads the folder that was checked', () => {
+    const parsed = parseRecipe({ ...base(), source: { kind: 'local', path: 'rel/m' } }, FILE);
+    expect(parsed.source).toMatchObject({ kind: 'local', path: join(process.cwd(), 'rel/m') });
+  });
+
   it('is refused when it names a file, not a folder', () => {
     const file = join(mkdtempSync(join(tmpdir(), 'forge-src-')), 'model.safetensors');
     writeFileSync(file, '');

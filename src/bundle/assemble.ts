@@ -13,8 +13,7 @@ import type { Family } from '../families/types.js';
 import { MASKED } from '../families/blocks.js';
 import { readSpecialTokens } from './special-tokens.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
-import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, type Manifest } from './manifest.js';
-import { NONDETERMINISTIC_QNN_BINARY } from './compare.js';
+import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, NONDETERMINISTIC_QNN_BINARY, type Manifest } from './manifest.js';
 
 export const MANIFEST = 'manifest.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];

@@ -1,4 +1,4 @@
-// Compares two bundles for reproducibility (nightly builds, `forge compare`): every file byte for
+// Compares two bundles for reproducibility (`forge compare`): every file byte for
 // byte, except the files the manifests declare nondeterministic (the QNN context binaries, see
 // below), which are compared on size and on the digest of their own description. Their real sha256
 // appears in manifest.json, so manifest.json's own sha256 varies too: both appear in SHA256SUMS.
@@ -11,20 +11,10 @@ import { open } from 'node:fs/promises';
 import { join } from 'node:path';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
 import { ManifestSchema, type Manifest } from './manifest.js';
+import { MANIFEST } from './assemble.js';
+import { SUMS } from './bundle-stage.js';
 
-export const BUNDLE_MANIFEST = 'manifest.json';
-export const BUNDLE_SUMS = 'SHA256SUMS';
 const NOT_BUNDLE = new Set(['build']);
-
-/** Why a QNN context binary is declared nondeterministic (written into the manifest beside it). */
-export const NONDETERMINISTIC_QNN_BINARY =
-  'QNN HTP graph prepare (QAIRT 2.51 libHtpPrepare, onnxruntime-qnn 2.7.0) is not deterministic: its ' +
-  'constant propagation runs on 4 threads and, depending on their timing, leaves the upper lane of ' +
-  'the interleaved float16 copies of RMSNorm weights unwritten (heap or pool leftovers); the ' +
-  'per-graph hash ids inside the binary follow. Tool options, one CPU, no ASLR and a zeroing ' +
-  'allocator did not remove it; giving it those weights as float16 moved the race into the order ' +
-  'of the constant blocks. Compared by size and by describeSha256 (the binary\'s graphs, API and ' +
-  'SDK versions, target and blob size as QnnSystem reads them); the runtime still checks the real sha256.';
 
 export interface BundleDifference {
   file: string;
@@ -44,8 +34,8 @@ export interface BundleComparison {
 type ManifestFile = Manifest['contexts'][number]['files'][number];
 
 function readManifest(dir: string): { text: string; raw: Manifest; manifest: Manifest } {
-  const path = join(dir, BUNDLE_MANIFEST);
-  if (!existsSync(path)) throw new Error(`${dir} is not a bundle: it has no ${BUNDLE_MANIFEST}`);
+  const path = join(dir, MANIFEST);
+  if (!existsSync(path)) throw new Error(`${dir} is not a bundle: it has no ${MANIFEST}`);
   const text = readFileSync(path, 'utf8');
   let raw: unknown;
   try {
@@ -75,7 +65,7 @@ function blankedManifest(m: Manifest, files: Set<string>): string {
 
 /** SHA256SUMS with the lines of `files` blanked, after checking each against the file in `dir`. */
 async function blankedSums(dir: string, files: Set<string>, differences: BundleDifference[]): Promise<string> {
-  const lines = readFileSync(join(dir, BUNDLE_SUMS), 'utf8').split('\n');
+  const lines = readFileSync(join(dir, SUMS), 'utf8').split('\n');
   const out: string[] = [];
   for (const line of lines) {
     const m = /^([0-9a-f]{64}) {2}(.+)$/.exec(line);
@@ -84,7 +74,7 @@ async function blankedSums(dir: string, files: Set<string>, differences: BundleD
       continue;
     }
     if (!existsSync(join(dir, m[2])) || (await sha256OfFile(join(dir, m[2]))) !== m[1]) {
-      differences.push({ file: BUNDLE_SUMS, what: `${join(dir, BUNDLE_SUMS)}: the sha256 of ${m[2]} is not that file's` });
+      differences.push({ file: SUMS, what: `${join(dir, SUMS)}: the sha256 of ${m[2]} is not that file's` });
     }
     out.push(`${'-'.repeat(64)}  ${m[2]}`);
   }
@@ -155,15 +145,15 @@ export async function compareBundles(a: string, b: string): Promise<BundleCompar
 
   // Parsing must not hide formatting: each manifest must be exactly what re-serialising it gives.
   for (const [dir, m] of [[a, ma], [b, mb]] as const) {
-    if (JSON.stringify(JSON.parse(m.text), null, 2) + '\n' !== m.text) differences.push({ file: BUNDLE_MANIFEST, what: `${dir}/${BUNDLE_MANIFEST} is not in forge's canonical formatting` });
+    if (JSON.stringify(JSON.parse(m.text), null, 2) + '\n' !== m.text) differences.push({ file: MANIFEST, what: `${dir}/${MANIFEST} is not in forge's canonical formatting` });
   }
   const common = filesA.filter((f) => filesB.includes(f));
   for (const f of common) {
     if (exempt.has(f)) continue;
-    if (f === BUNDLE_MANIFEST || f === BUNDLE_SUMS) {
+    if (f === MANIFEST || f === SUMS) {
       // manifest.json holds the exempt binaries' real sha256, so its own hash varies with them.
-      const sumsBlanked = new Set([...exempt, ...(exempt.size ? [BUNDLE_MANIFEST] : [])]);
-      const [ta, tb] = f === BUNDLE_MANIFEST
+      const sumsBlanked = new Set([...exempt, ...(exempt.size ? [MANIFEST] : [])]);
+      const [ta, tb] = f === MANIFEST
         ? [blankedManifest(ma.raw, exempt), blankedManifest(mb.raw, exempt)]
         : [await blankedSums(a, sumsBlanked, differences), await blankedSums(b, sumsBlanked, differences)];
       if (ta !== tb) differences.push({ file: f, what: `differs outside the sha256s that vary with the nondeterministic files: ${firstLineDifference(ta, tb)}` });

@@ -7,6 +7,16 @@ import { z } from 'zod';
 export const MANIFEST_FORMAT = 'forge-bundle';
 export const MANIFEST_VERSION = 1;
 
+/** Why a QNN context binary is declared nondeterministic (written into the manifest beside it). */
+export const NONDETERMINISTIC_QNN_BINARY =
+  'QNN HTP graph prepare is not deterministic (seen with QAIRT 2.51 libHtpPrepare in onnxruntime-qnn 2.7.0): its ' +
+  'constant propagation runs on 4 threads and, depending on their timing, leaves the upper lane of ' +
+  'the interleaved float16 copies of RMSNorm weights unwritten (heap or pool leftovers); the ' +
+  'per-graph hash ids inside the binary follow. Tool options, one CPU, no ASLR and a zeroing ' +
+  'allocator did not remove it; giving it those weights as float16 moved the race into the order ' +
+  'of the constant blocks. Compared by size and by describeSha256 (the binary\'s graphs, API and ' +
+  'SDK versions, target and blob size as QnnSystem reads them); the runtime still checks the real sha256.';
+
 const sha256 = z.string().regex(/^[0-9a-f]{64}$/);
 const relPath = z.string().min(1).refine((p) => !p.startsWith('/') && !p.split('/').includes('..'), 'a path inside the bundle');
 const dtype = z.enum(['float32', 'float16', 'int8', 'uint8', 'int16', 'uint16', 'int32', 'int64', 'bool']);
@@ -52,7 +62,7 @@ export const GraphSchema = z.object({
 
 /**
  * A file whose bytes differ between builds of identical inputs (a QNN context binary: see
- * NONDETERMINISTIC_QNN_BINARY in compare.ts). `sha256` is still this file's real hash, checked by
+ * NONDETERMINISTIC_QNN_BINARY above). `sha256` is still this file's real hash, checked by
  * the runtime; bundles are compared on `bytes` and on `describeSha256`, the sha256 of the file's own
  * description (graphs, API and SDK versions, target, blob size), which is stable.
  */

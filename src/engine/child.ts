@@ -1,6 +1,6 @@
 // The process a stage runs in. Its own process gives each stage a true peak RSS, frees its memory
 // when it ends, and lets the parent kill a hung stage. It dies with its parent (IPC disconnect) or
-// when told to stop (SIGTERM, SIGINT), and takes the subprocess groups it started with it, so a
+// when told to stop (SIGTERM), and takes the subprocess groups it started with it, so a
 // killed build leaves no orphan writing into the cache or holding a lock.
 import { pathToFileURL } from 'node:url';
 import { killOwnedGroups } from './subprocess.js';
@@ -55,5 +55,7 @@ const stop = (code: number) => () => {
 };
 process.on('disconnect', stop(0));
 process.on('SIGTERM', stop(143));
-process.on('SIGINT', stop(130));
+// Ctrl-C reaches the whole foreground process group, this stage too: the build decides (it stops its
+// stages with SIGTERM and records them cancelled), so a stage exiting first is not taken for a failure.
+process.on('SIGINT', () => undefined);
 process.once('message', (req) => void main(req as ChildRequest));

@@ -20,9 +20,8 @@ const NEARLY_FULL_BYTES = 16 << 20;
  * The failure's message, naming the path and ENOSPC when the disk filled: Node's write errors name
  * neither the file nor (for a subprocess) the cause, so the stage's output directory is named.
  */
-export function describeFailure(err: Error & { code?: string; path?: string }, out: string): string {
+export function describeFailure(err: Error & { code?: string; path?: string }, out: string, free = freeBytes(out)): string {
   const message = err.message ?? String(err);
-  const free = freeBytes(out);
   const enospc = err.code === 'ENOSPC' || /\bENOSPC\b|No space left on device/i.test(message);
   if (!enospc && (free === null || free >= NEARLY_FULL_BYTES)) return message;
   const where = err.path && !message.includes(err.path) ? err.path : out;

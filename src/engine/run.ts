@@ -136,8 +136,6 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     child.on('exit', (code, signal) => {
       clearTimeout(killTimer);
       if (pending) finish(() => reject(pending));
-      // Under Ctrl-C the stage gets SIGINT with its build and may be gone before the build has acted on it.
-      if (stop.aborted) finish(() => reject(new StageCancelled(String(stop.reason ?? 'stopped'))));
       finish(() => reject(new Error(`stage process exited (${signal ?? code}) before finishing; log: ${logFile}`)));
     });
     if (stop.aborted) onStop();

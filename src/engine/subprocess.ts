@@ -21,8 +21,6 @@ export interface OwnedOptions {
   env?: Record<string, string>;
   /** Past this, the whole group gets SIGKILL and the result says timedOut. */
   timeoutSeconds?: number;
-  /** Bytes fed to stdin (default: none). */
-  input?: string;
 }
 
 export interface OwnedResult {
@@ -60,7 +58,7 @@ export function runOwned(cmd: string, args: string[], opts: OwnedOptions = {}): 
       cwd: opts.cwd,
       env: { ...process.env, ...opts.env },
       detached: true,
-      stdio: [opts.input === undefined ? 'ignore' : 'pipe', 'pipe', 'pipe'],
+      stdio: ['ignore', 'pipe', 'pipe'],
     });
     const pgid = child.pid;
     if (pgid !== undefined) groups.add(pgid);
@@ -68,7 +66,6 @@ export function runOwned(cmd: string, args: string[], opts: OwnedOptions = {}): 
     const err: Buffer[] = [];
     child.stdout!.on('data', (b: Buffer) => out.push(b));
     child.stderr!.on('data', (b: Buffer) => err.push(b));
-    if (opts.input !== undefined) child.stdin!.end(opts.input);
     let timedOut = false;
     let spawnError: string | undefined;
     const timer = opts.timeoutSeconds

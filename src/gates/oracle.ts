@@ -115,7 +115,7 @@ export async function runOracleGate(
       const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphOk };
       if (r.tops.rows) {
         entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
-        if (r.tops.agree < minTop1 * r.tops.rows) { entry.ok = false; ok = false; }
+        if (r.tops.agree < minTop1 * r.tops.rows) entry.ok = false;
       }
       ok &&= entry.ok;
       graphs[`${variant}/${g.name}`] = entry;

@@ -42,6 +42,9 @@ export function parseRecipe(raw: unknown, file: string): Recipe {
   const parsed = RecipeSchema.safeParse(raw);
   if (!parsed.success) throw new RecipeError(describeIssues(file, parsed.error));
   const recipe = parsed.data;
+  // A relative local path means the working directory's, resolved once here: the digest, the fetch
+  // stage (whose relative paths are its own entry's) and the later stages then read the same folder.
+  if (recipe.source.kind === 'local') recipe.source.path = resolve(recipe.source.path);
   for (const key of Object.keys(recipe.arch)) {
     if (key !== 'default' && !(ARCH_IDS as string[]).includes(key)) {
       throw new RecipeError(`invalid recipe ${file}: ${fieldPath(['arch', key])}: not an arch (valid: default, ${ARCH_IDS.join(', ')})`);

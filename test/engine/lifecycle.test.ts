@@ -64,6 +64,9 @@ describe('failed stages', () => {
     );
     // A helper that died of a full disk without saying so (SIGABRT) is read off the free space left.
     expect(describeFailure(new Error('killed by SIGABRT'), dir)).toBe('killed by SIGABRT'); // this disk has room
+    expect(describeFailure(new Error('killed by SIGABRT'), '/cache/compile/.tmp/k', 1 << 20)).toBe(
+      'killed by SIGABRT (ENOSPC: no space left on device writing under /cache/compile/.tmp/k, 1048576 bytes free)',
+    );
   });
 });
 

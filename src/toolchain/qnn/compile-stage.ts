@@ -42,7 +42,7 @@ export interface CompiledContext {
   /**
    * sha256 of the binary's own description (size, target, what QnnSystem reads from it: graphs, API
    * and SDK versions, blob size). Two compiles of the same graphs give different bytes (see
-   * NONDETERMINISTIC_QNN_BINARY in bundle/compare.ts) but this same description.
+   * NONDETERMINISTIC_QNN_BINARY in bundle/manifest.ts) but this same description.
    */
   describeSha256: string;
   compileSeconds: number;
@@ -64,8 +64,9 @@ async function withStableSource<T>(quantizeDir: string, archId: string, fn: (src
   const root = join(tmpdir(), 'forge-qnn-src');
   const src = join(root, `${basename(quantizeDir)}-${archId}`);
   mkdirSync(root, { recursive: true });
-  const release = await lockfile.lock(root, {
-    lockfilePath: `${src}.lock`, stale: 10_000, update: 2_000,
+  // The lock is on src itself (which need not exist): proper-lockfile keeps one record per locked path.
+  const release = await lockfile.lock(src, {
+    realpath: false, lockfilePath: `${src}.lock`, stale: 10_000, update: 2_000,
     retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
   });
   try {
