@@ -75,6 +75,17 @@ describe('a damaged checkpoint', () => {
     expect(record.stages.find((s) => s.name === 'trace')?.status).not.toBe('ran');
   });
 
+  it('a tokenizer.json the bundle stage could not read its special tokens from: fetch fails, not the bundle after the compile', async () => {
+    const { record } = await buildDamaged('unigram-vocab', (d) => {
+      const tok = JSON.parse(readFileSync(join(d, 'tokenizer.json'), 'utf8'));
+      tok.model.vocab = Object.keys(tok.model.vocab).map((piece) => [piece, 0]); // a Unigram-style list
+      writeFileSync(join(d, 'tokenizer.json'), JSON.stringify(tok));
+    });
+    expect(record.ok).toBe(false);
+    expect(record.error).toMatch(/^fetch: .*unigram-vocab\/tokenizer\.json.*model\.vocab/);
+    expect(record.stages.find((s) => s.name === 'compile')?.status).not.toBe('ran');
+  });
+
   it('a tensor whose shape disagrees with config.json: names tensor, file and both shapes', async () => {
     const { record } = await buildDamaged('shape', (d) => {
       const cfg = JSON.parse(readFileSync(join(d, 'config.json'), 'utf8'));

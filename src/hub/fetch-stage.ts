@@ -2,9 +2,9 @@
 // environment (seeded, byte-identical every time); a local directory is referenced with a
 // content digest of its files in the params; a hub revision is downloaded into the standard HF cache.
 import { fileURLToPath } from 'node:url';
-import { readdirSync, statSync } from 'node:fs';
+import { statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
-import { join, relative } from 'node:path';
+import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import type { FamilyId, Recipe } from '../recipe/schema.js';
 import { validateCheckpoint } from '../families/validate.js';
@@ -16,6 +16,8 @@ import { localCheckpointDigest, type LocalDigest } from './local-digest.js';
 import { stableStringify } from '../engine/hash.js';
 import { checkTokenizerFiles } from './tokenizer-files.js';
 import { checkFiniteStage } from './finite-check.js';
+import { listFilesBelow } from '../io/files.js';
+import { readSpecialTokens } from '../bundle/special-tokens.js';
 
 export interface FetchParams {
   source: Recipe['source'];
@@ -25,20 +27,7 @@ export interface FetchParams {
   digest?: LocalDigest;
 }
 
-export function listDirFiles(dir: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string) => {
-    for (const e of readdirSync(d, { withFileTypes: true })) {
-      const p = join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else out.push(relative(dir, p));
-    }
-  };
-  walk(dir);
-  return out.sort();
-}
-
-const sizes = (dir: string) => Object.fromEntries(listDirFiles(dir).map((f) => [f, statSync(join(dir, f)).size]));
+const sizes = (dir: string) => Object.fromEntries(listFilesBelow(dir).map((f) => [f, statSync(join(dir, f)).size]));
 
 export const stage: StageModule<FetchParams> = {
   name: 'fetch',
@@ -67,6 +56,8 @@ export const stage: StageModule<FetchParams> = {
     const checked = await validateCheckpoint(ctx.params.family, checkpointDir);
     ctx.log(`checkpoint ok: ${checked.tensors} tensors with the shapes config.json implies`);
     const tokenizer = checkTokenizerFiles(checkpointDir);
+    // What the bundle stage will read of them (special token ids), refused now rather than after the compile.
+    readSpecialTokens(checkpointDir);
     ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
     const finite = await checkFiniteStage(source, checkpointDir, ctx.log);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));

@@ -8,14 +8,15 @@
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { open } from 'node:fs/promises';
-import { mkdirSync, readFileSync, readdirSync, renameSync, statSync, writeFileSync, type BigIntStats } from 'node:fs';
-import { join, relative, resolve, sep } from 'node:path';
+import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync, type BigIntStats } from 'node:fs';
+import { join, resolve } from 'node:path';
 import { cacheRoot } from '../paths.js';
 import { sha256OfFile } from '../engine/hash.js';
 import { fileChunks, FiniteScanner, type NonFinite } from '../io/finite.js';
 import { isDType } from '../io/dtype.js';
 import { openSafetensors, readFully, type SafetensorsFile } from '../io/safetensors.js';
 import { checkLocalSource } from '../recipe/load.js';
+import { listFilesBelow } from '../io/files.js';
 import type { Recipe } from '../recipe/schema.js';
 
 /** Relative path → sha256 of every file under a local checkpoint directory. */
@@ -46,19 +47,6 @@ export function statCacheFile(dir: string): string {
 const statKey = (s: BigIntStats): StatKey => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev) });
 const sameStat = (a: StatKey, b: StatKey) =>
   a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev;
-
-function listRegularFiles(dir: string): string[] {
-  const out: string[] = [];
-  const walk = (d: string) => {
-    for (const e of readdirSync(d, { withFileTypes: true })) {
-      const p = join(d, e.name);
-      if (e.isDirectory()) walk(p);
-      else out.push(relative(dir, p).split(sep).join('/'));
-    }
-  };
-  walk(dir);
-  return out.sort();
-}
 
 function readStatCache(file: string, dir: string): Record<string, StatEntry> {
   try {
@@ -96,7 +84,7 @@ export async function localCheckpointDigest(dir: string, opts: DigestOptions = {
   const racyNs = opts.racyMs === undefined ? RACY_NS : BigInt(opts.racyMs) * 1_000_000n;
   let announced = false;
   let scanner: FiniteScanner | undefined;
-  for (const rel of listRegularFiles(dir)) {
+  for (const rel of listFilesBelow(dir)) {
     const abs = join(dir, rel);
     const before = statKey(statSync(abs, { bigint: true }));
     const known = cached[rel];
