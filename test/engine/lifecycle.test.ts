@@ -162,6 +162,20 @@ describe('subprocesses', () => {
     await waitFor(() => pids.every((p) => !alive(p)), 'the group to die', 2000);
   });
 
+  it('die with their stage when the build stops it (SIGTERM to the stage process): the helper and its grandchild are gone 2 s later', async () => {
+    const pidFile = join(dir, 'helper.pids');
+    const stop = new AbortController();
+    const pending = run({ nodes: [spawnStage('compile', { pidFile, seconds: 300 })], publish: [] }, { signal: stop.signal });
+    await waitFor(() => existsSync(pidFile), 'the helper and its grandchild to start');
+    const pids = readFileSync(pidFile, 'utf8').trim().split(' ').map(Number);
+    expect(pids.every(alive)).toBe(true);
+    stop.abort('SIGTERM');
+    const r = await pending;
+    expect(r.stages[0]).toMatchObject({ status: 'cancelled' });
+    await sleep(2000);
+    expect(pids.filter(alive), `still alive:\n${describePids(pids.filter(alive))}`).toEqual([]);
+  });
+
   for (const how of ['SIGKILL', 'SIGTERM', 'SIGINT'] as const) {
     it(`die with the build: ${how} of the process running the pipeline leaves no stage process or helper alive 2 s later`, async () => {
       const marker = randomUUID();
