@@ -25,7 +25,8 @@ Writes, into a temp dir beside --out renamed at the end:
                      (the row this step appended to layer i's cache, keys after RoPE). float32.
                      kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
-"weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"}.
+"weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
+(wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
 Format checked by check_trace.py.
 """
 import argparse
@@ -389,10 +390,10 @@ def main():
             fail(f"prompt {s!r}: {len(ids)} tokens + {n_new} new > max context {ctx_max}")
 
     torch.manual_seed(0)
-    started = time.monotonic()
+    started, started_cpu = time.monotonic(), time.process_time()
     try:
         family, model, streamed = load(args.model, args.whole_model)
-        loaded = time.monotonic()
+        loaded, loaded_cpu = time.monotonic(), time.process_time()
         capture, hooks, pending = FAMILIES[family]
         tc = model.config.get_text_config()
         n_layers, vocab = tc.num_hidden_layers, tc.vocab_size
@@ -410,7 +411,7 @@ def main():
                 gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
                                 "steps": len(ids) + n_new - 1})
-        traced = time.monotonic()
+        traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")
     except NonFiniteReference as e:
@@ -447,7 +448,9 @@ def main():
     print(json.dumps({"out": out, "prompts": len(records), "steps": total, "bytes": size,
                       "weights": "whole-model" if streamed is None else "streamed",
                       "weights_fp32_peak_bytes": None if streamed is None else streamed.peak_live,
-                      "load_s": round(loaded - started, 3), "trace_s": round(traced - loaded, 3)}, sort_keys=True))
+                      "load_s": round(loaded - started, 3), "trace_s": round(traced - loaded, 3),
+                      "load_cpu_s": round(loaded_cpu - started_cpu, 3), "trace_cpu_s": round(traced_cpu - loaded_cpu, 3)},
+                     sort_keys=True))
 
 
 if __name__ == "__main__":
