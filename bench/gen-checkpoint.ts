@@ -1,12 +1,13 @@
 // Synthetic full-size checkpoint of a recipe's model for benchmarks (qwen3-4b: Qwen3-4B, ~8 GB;
-// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB): the real tensor names and shapes (from the
+// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB), or of a bench-only shape no recipe has
+// (qwen3-8b: Qwen3-8B, ~16.4 GB): the real tensor names and shapes (from the
 // family module and the recipe's recorded config), dtype (bf16) and HF sharded layout
 // (model-0000k-of-0000n.safetensors of at most 4 GB each plus model.safetensors.index.json),
 // filled with deterministic pseudo-random values of a realistic scale: matmul weights, the
 // embedding and other tensors ~ N(0, 0.02), norm weights ~ 1 + N(0, 0.05). Cached under
 // $FORGE_HOME/bench/<recipe>-synthetic with a completion marker, so later runs reuse it.
 //
-//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b] [--out DIR] [--force]
+//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|qwen3-8b] [--out DIR] [--force]
 //
 // Values come from a table of 65,536 bf16 quantiles of the normal distribution indexed by a
 // xorshift32 stream (two values per 32-bit draw): exact-shape normal values at ~1 ns per element,
@@ -51,6 +52,25 @@ const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Rec
   'qwen3.5-4b': { config: { architectures: ['Qwen3_5ForConditionalGeneration'], torch_dtype: 'bfloat16' } },
 };
 export const BENCH_RECIPES = Object.keys(EXTRAS);
+
+/**
+ * Bench-only shapes: no recipe of forge's builds them; they exist to measure stages at sizes no
+ * recipe has yet. qwen3-8b: Qwen3-8B's config.json (untied lm_head, ~16.4 GB bf16), e.g. for the
+ * trace's memory at 8B (issue 12).
+ */
+const SHAPES: Record<string, { family: string; config: Record<string, unknown>; generation?: Record<string, unknown> }> = {
+  'qwen3-8b': {
+    family: 'qwen3',
+    config: {
+      ...EXTRAS['qwen3-4b'].config, model_type: 'qwen3', hidden_size: 4096, intermediate_size: 12288, num_hidden_layers: 36,
+      num_attention_heads: 32, num_key_value_heads: 8, head_dim: 128, vocab_size: 151936, rms_norm_eps: 1e-6,
+      rope_theta: 1000000, tie_word_embeddings: false, max_position_embeddings: 40960, attention_bias: false,
+      use_sliding_window: false,
+    },
+    generation: EXTRAS['qwen3-4b'].generation,
+  },
+};
+export const BENCH_SHAPES = Object.keys(SHAPES);
 
 export function defaultCheckpointDir(recipe = 'qwen3-4b'): string {
   return join(forgeHome(), 'bench', `${recipe}-synthetic`);
@@ -114,15 +134,17 @@ interface Gen {
 }
 
 function recipeConfig(recipeId: string): { config: Record<string, unknown>; family: string } {
+  const shape = SHAPES[recipeId];
+  if (shape) return { config: shape.config, family: shape.family };
   const extras = EXTRAS[recipeId]?.config;
-  if (!extras) throw new Error(`no synthetic checkpoint for recipe '${recipeId}' (known: ${BENCH_RECIPES.join(', ')})`);
+  if (!extras) throw new Error(`no synthetic checkpoint for '${recipeId}' (recipes: ${BENCH_RECIPES.join(', ')}; bench shapes: ${BENCH_SHAPES.join(', ')})`);
   const { recipe } = loadRecipe(recipeId);
   return { config: { ...extras, ...(recipe.config as Record<string, unknown>) }, family: recipe.family };
 }
 
 function tensorsInOrder(recipeId: string, familyId: string, config: Record<string, unknown>): Gen[] {
   const family = getFamily(familyId as Parameters<typeof getFamily>[0]);
-  const c = family.parseConfig(config, `recipes/${recipeId}/recipe.json`);
+  const c = family.parseConfig(config, SHAPES[recipeId] ? `bench shape ${recipeId}` : `recipes/${recipeId}/recipe.json`);
   const specs: FamilyTensorSpec[] = [family.embedding(c)];
   for (let i = 0; i < family.numLayers(c); i++) specs.push(...family.layerTensors(c, i));
   specs.push(...family.finalTensors(c));
@@ -235,7 +257,7 @@ export async function ensureCheckpoint(dir: string, opts: { recipe?: string; for
   const sortedMap = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
   writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: total }, weight_map: sortedMap }, null, 2) + '\n');
   writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2) + '\n');
-  const generation = EXTRAS[recipeId].generation;
+  const generation = (SHAPES[recipeId] ?? EXTRAS[recipeId]).generation;
   if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
   await copyTwinTokenizer(dir, log);
   const seconds = (performance.now() - t0) / 1000;

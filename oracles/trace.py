@@ -1,7 +1,13 @@
 #!/usr/bin/env python3
 """Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
 
-    python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
+    python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C [--whole-model]
+
+Weights are streamed (see "streamed weights" below): the checkpoint stays memory-mapped in its own
+dtype and each decoder layer, embedding, norm and lm_head gets its fp32 weights just for its own
+forward, so private memory holds about one layer or one lm_head in fp32, not the model.
+--whole-model is HF's plain fp32 from_pretrained (~4 bytes per parameter): the reference the
+streamed trace is tested against, byte for byte, on every tiny twin.
 
 Each prompt is fed one token at a time through the model with its KV cache (never a full-sequence
 forward: the exported graphs decode one token at a time, and some families' prefill kernels differ
@@ -18,14 +24,19 @@ Writes, into a temp dir beside --out renamed at the end:
                      lm_head), logits [V] (after any softcap), k.{i} / v.{i} [kv_heads, head_dim]
                      (the row this step appended to layer i's cache, keys after RoPE). float32.
                      kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
-Prints one JSON line: {"bytes", "out", "prompts", "steps"}. Format checked by check_trace.py.
+Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
+"weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
+(wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
+Format checked by check_trace.py.
 """
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")  # keep stderr for our own error line
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -35,7 +46,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import cache_utils  # noqa: E402
+from transformers import cache_utils, core_model_loading  # noqa: E402
 from transformers.integrations.heterogeneity.configuration_utils import (  # noqa: E402
     AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayer)
 
@@ -144,6 +155,115 @@ FAMILIES = {  # model_type -> (capture, hooks, what is not captured yet)
 }
 
 
+# ---- streamed weights (the default; --whole-model loads every weight in fp32 up front) -----------
+# HF's fp32 model with its weights kept in the checkpoint's memory-mapped bytes, upcast per module.
+# HF's own `from_pretrained(dtype=float32)` builds the model, renames and converts the checkpoint's
+# keys, ties weights and computes every buffer (rotary inv_freq, embedding scales) exactly as in a
+# plain fp32 load. Only one step differs: HF's per-tensor materialisation (`tensor[...]` on a
+# safetensors mmap slice, then `.to(float32)`) keeps the slice's own dtype, so each weight stays a
+# zero-copy view of the file mapping (file-backed pages, not private memory). Every parameter is
+# then replaced by a NaN placeholder of its shape (one float, expanded) and the checkpoint view is
+# kept aside; forward pre-hooks put the exact fp32 upcast (`view.to(float32)`, the value HF's fp32
+# load gives) into a module just before it runs and forward hooks put the placeholder back after.
+#
+# Units: a decoder layer materialises its whole subtree; every other module with parameters of its
+# own (embeddings, final norm, lm_head, projections) materialises just those. An nn.Embedding called
+# with token ids gets a full-shape weight whose rows for those ids only are filled (the rest are
+# never read, and an untouched torch.empty is not resident), so a 150k-row table costs a few rows.
+# So the private peak is max(largest decoder layer, lm_head) in fp32 plus activations and caches.
+# A parameter read outside its module's forward reads NaN and the trace's finite check names it.
+#
+# HF's weight converters (e.g. per-expert tensors stacked into one for MoE) run on the checkpoint
+# dtype here instead of fp32; they only move data (stack, concatenate, split, transpose), which
+# commutes with an exact upcast. Such outputs are private copies in the checkpoint dtype.
+# The trace test holds this to identical trace bytes against --whole-model on every twin.
+
+class StreamedWeights:
+    """The checkpoint views and the hooks that upcast them around each unit's forward."""
+
+    def __init__(self, model, units):
+        self.model = model
+        self.sources = {}  # (module, name) -> checkpoint tensor (mmap view, or HF's own fp32)
+        self.placeholders = {}
+        self.live = 0  # bytes of fp32 weights materialised right now
+        self.peak_live = 0
+        for module in model.modules():
+            for name, p in list(module._parameters.items()):
+                if p is None:
+                    continue
+                if not p.is_floating_point():
+                    raise Unsupported(f"parameter {name} of {type(module).__name__} is {p.dtype}, not floating point")
+                self.sources[(module, name)] = p.detach()
+                ph = self.placeholders.get(tuple(p.shape))
+                if ph is None:
+                    ph = torch.full((1,), float("nan"), dtype=torch.float32).expand(p.shape)
+                    self.placeholders[tuple(p.shape)] = ph
+                module._parameters[name] = torch.nn.Parameter(ph, requires_grad=False)
+        in_unit = set()
+        for unit in units:
+            in_unit.update(unit.modules())
+            self._hook(unit, list(unit.modules()))
+        for module in model.modules():
+            if module not in in_unit and any(p is not None for p in module._parameters.values()):
+                self._hook(module, [module])
+
+    def _hook(self, unit, modules):
+        owned = [(m, n) for m in modules for n in m._parameters if (m, n) in self.sources]
+        if not owned:
+            return
+        rows = isinstance(unit, torch.nn.Embedding) and len(owned) == 1
+        held = [0]
+
+        def pre(mod, args, kwargs):
+            ids = args[0] if args else kwargs.get("input")
+            for m, n in owned:
+                src = self.sources[(m, n)]
+                if rows and isinstance(ids, torch.Tensor) and not ids.is_floating_point():
+                    w = torch.empty(src.shape, dtype=torch.float32)
+                    used = ids.reshape(-1).unique()
+                    w[used] = src[used].to(torch.float32)
+                    size = used.numel() * src[0].numel() * 4
+                else:
+                    w = src.to(torch.float32)
+                    size = w.numel() * 4 if w.data_ptr() != src.data_ptr() else 0
+                held[0] += size
+                m._parameters[n] = torch.nn.Parameter(w, requires_grad=False)
+            self.live += held[0]
+            self.peak_live = max(self.peak_live, self.live)
+
+        def post(mod, args, out):
+            for m, n in owned:
+                m._parameters[n] = torch.nn.Parameter(self.placeholders[tuple(m._parameters[n].shape)], requires_grad=False)
+            self.live -= held[0]
+            held[0] = 0
+
+        unit.register_forward_pre_hook(pre, with_kwargs=True)
+        unit.register_forward_hook(post)
+
+
+@contextlib.contextmanager
+def checkpoint_dtype_views():
+    """While active, HF's loader keeps each checkpoint tensor as the mmap view it sliced."""
+    original = core_model_loading._materialize_copy
+
+    def keep_dtype(tensor, device=None, dtype=None):
+        return original(tensor, device, None)
+
+    core_model_loading._materialize_copy = keep_dtype
+    try:
+        yield
+    finally:
+        core_model_loading._materialize_copy = original
+
+
+def load_streamed(auto, model_dir, units_of):
+    """HF's fp32 model of model_dir with streamed weights; units_of(model) names the decoder layers."""
+    with checkpoint_dtype_views():
+        model = auto.from_pretrained(model_dir, dtype=torch.float32)
+    model.eval()
+    return model, StreamedWeights(model, list(units_of(model)))
+
+
 # ---- generic driver -----------------------------------------------------------------------------
 
 class Ctx:
@@ -170,7 +290,8 @@ def text_dim(tc, attr):
         raise
 
 
-def load(model_dir):
+def load(model_dir, whole_model):
+    """The model and, when streamed, its StreamedWeights (None for --whole-model)."""
     cfg = transformers.AutoConfig.from_pretrained(model_dir)
     if cfg.model_type not in FAMILIES:
         raise Unsupported(f"family {cfg.model_type!r}")
@@ -180,8 +301,10 @@ def load(model_dir):
         auto = transformers.AutoModelForImageTextToText  # e.g. qwen3_vl: no CausalLM mapping; text only
     else:
         raise Unsupported(f"no causal-LM or image-text-to-text class for {cfg.model_type}")
-    model = auto.from_pretrained(model_dir, dtype=torch.float32)
-    return cfg.model_type, model.eval()
+    if whole_model:
+        return cfg.model_type, auto.from_pretrained(model_dir, dtype=torch.float32).eval(), None
+    model, streamed = load_streamed(auto, model_dir, lambda m: m.get_decoder().layers)
+    return cfg.model_type, model, streamed
 
 
 def install_hooks(ctx, n_layers):
@@ -235,6 +358,9 @@ def main():
     ap.add_argument("--prompts", required=True, help="JSON list of prompt strings")
     ap.add_argument("--new-tokens", type=int, required=True)
     ap.add_argument("--max-context", type=int, required=True)
+    ap.add_argument("--whole-model", action="store_true",
+                    help="load every weight in fp32 up front (HF's plain from_pretrained): the reference the "
+                         "streamed default is tested against byte for byte; needs ~4 bytes per parameter")
     args = ap.parse_args()
     n_new, ctx_max = args.new_tokens, args.max_context
 
@@ -264,8 +390,10 @@ def main():
             fail(f"prompt {s!r}: {len(ids)} tokens + {n_new} new > max context {ctx_max}")
 
     torch.manual_seed(0)
+    started, started_cpu = time.monotonic(), time.process_time()
     try:
-        family, model = load(args.model)
+        family, model, streamed = load(args.model, args.whole_model)
+        loaded, loaded_cpu = time.monotonic(), time.process_time()
         capture, hooks, pending = FAMILIES[family]
         tc = model.config.get_text_config()
         n_layers, vocab = tc.num_hidden_layers, tc.vocab_size
@@ -283,6 +411,7 @@ def main():
                 gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
                                 "steps": len(ids) + n_new - 1})
+        traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")
     except NonFiniteReference as e:
@@ -315,7 +444,13 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
         fail(f"writing {out}: {type(e).__name__}: {e}")
     total = sum(r["steps"] for r in records)
-    print(json.dumps({"out": out, "prompts": len(records), "steps": total, "bytes": size}, sort_keys=True))
+    # Timings and the weights' fp32 peak go to stdout only: trace.json stays byte-identical.
+    print(json.dumps({"out": out, "prompts": len(records), "steps": total, "bytes": size,
+                      "weights": "whole-model" if streamed is None else "streamed",
+                      "weights_fp32_peak_bytes": None if streamed is None else streamed.peak_live,
+                      "load_s": round(loaded - started, 3), "trace_s": round(traced - loaded, 3),
+                      "load_cpu_s": round(loaded_cpu - started_cpu, 3), "trace_cpu_s": round(traced_cpu - loaded_cpu, 3)},
+                     sort_keys=True))
 
 
 if __name__ == "__main__":
