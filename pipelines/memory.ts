@@ -107,8 +107,31 @@ export const stageMemory = {
   parity: { from: ['export'], predict: (d) => linear(PARITY, exportedTotal(d.export), 'all fp32 graph weights; provisional') } satisfies StageMemory,
   emulation: { from: ['quantize'], predict: (d) => linear(EMULATION, exportedTotal(d.quantize), 'all W8 graph weights; provisional') } satisfies StageMemory,
   /** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */
-  compile: { from: ['plan'], predict: (d) => compilePrediction(readPlan(d.plan)) } satisfies StageMemory,
+  compile: {
+    from: ['plan'],
+    predict: (d) => compilePrediction(readPlan(d.plan)),
+    remedy: (d, p, limit) => compileOptions(readPlan(d.plan), p, limit),
+  } satisfies StageMemory,
 };
+
+/**
+ * What a user whose machine cannot compile this plan can do. forge never changes the plan by itself
+ * to suit the build machine: the plan is cut for the device, and a smaller ceiling means more,
+ * smaller contexts on the phone too.
+ */
+export function compileOptions(plan: ShardPlan, p: MemoryPrediction, limitBytes: number): string {
+  const machine = `a machine with at least ${Math.ceil(workingSetOf(p) / 0.75 / GB)} GB of memory (the default budget is 75% of it)`;
+  // The largest context that would fit under the limit, by the same model.
+  const fits = (limitBytes - COMPILE.floor - p.mappedBytes) / COMPILE.perByte;
+  const layer = Math.max(...plan.shards.map((s) => s.weightBytes / (s.last - s.first + 1)));
+  const head = plan.lmHead.placement === 'separate' ? plan.lmHead.bytes : 0;
+  // A smaller shard ceiling helps only when a layer and the separate lm-head fit under it.
+  if (fits < layer || head > fits) return `options: ${machine} (no shard ceiling fits: ${head > fits ? `the lm-head context alone is ${gb(head)}` : `one layer stores ${gb(layer)}`})`;
+  const ceiling = Math.floor((fits / GB) * 100) / 100;
+  return `options: a smaller shard ceiling for this build (--shard-ceiling ${ceiling.toFixed(2)} or less: more, smaller contexts than the device-optimal plan), or ${machine}`;
+}
+
+const workingSetOf = (p: MemoryPrediction) => p.privateBytes + p.mappedBytes;
 
 /** The compile's peak: its largest context's (they compile one after another). */
 export function compilePrediction(plan: ShardPlan): MemoryPrediction {

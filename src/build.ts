@@ -34,6 +34,11 @@ export interface BuildRequest {
   force?: string[];
   jobs?: number;
   memoryBudgetBytes?: number;
+  /**
+   * A lower per-context ceiling for the layer shards than the arch's (--shard-ceiling): asked for by
+   * the user, e.g. so the compile fits this machine; never chosen by forge on its own.
+   */
+  shardCeilingBytes?: number;
   progress?: Progress;
   verbose?: boolean;
   /** Where the parity gate runs the bundle (default: this machine). */
@@ -95,12 +100,13 @@ async function buildUnderSignals(
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
   const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest });
+  const asked = req.shardCeilingBytes;
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, ...(asked ? { ceilingBytes: asked } : {}) });
   let result: PipelineResult;
   try {
   result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
   while (result.failure?.stage === 'compile' && result.failure.message.includes(MEMORY_FAILURE) && replans.length < 2) {
-    const ceilingBytes = smallerCeiling(result, arch.contextCeilingBytes);
+    const ceilingBytes = smallerCeiling(result, Math.min(arch.contextCeilingBytes, asked ?? Infinity));
     if (!ceilingBytes) break;
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);

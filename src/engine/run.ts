@@ -213,6 +213,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     failures.set(node.id, message);
     if (!stopAll.signal.aborted) stopAll.abort(`stopped: ${node.id} was refused (memory)`);
   };
+  const blocked = (m: EntryMeta | null) => m === null || (m.outcome.gate !== undefined && !m.outcome.gate.ok);
   const predictNode = async (node: StageNode): Promise<MemoryPrediction | null> => {
     const metas = await Promise.all(node.memory.from.map((id) => done.get(id)!));
     if (metas.some((m) => m === null)) return null; // the stage will be skipped with its failed input
@@ -225,9 +226,22 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       return null;
     }
     predicted.set(node.id, p);
-    const why = opts.scheduler.refusal(node.id, p);
-    if (why) refuse(node, why);
-    return why ? null : p;
+    const remedy = node.memory.remedy;
+    const why = opts.scheduler.refusal(node.id, p, remedy ? (limit) => remedy(dirs, p, limit) : undefined);
+    if (!why) return p;
+    // Only a stage that would run is refused: one in the cache needs no memory. Its inputs fix its
+    // key; they are waited for, its `after` nodes (the long gates before a compile) are not.
+    const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, await done.get(id)!] as const));
+    if (upstream.some(([, m]) => blocked(m))) return null; // skipped with its failed input
+    const key = keyOf(node, Object.fromEntries(upstream.map(([name, m]) => [name, m!.contentHash])));
+    if (!force.has(node.id) && (await opts.cache.lookup(node.id, key))) return p;
+    refuse(node, why);
+    return null;
+  };
+  const keyOf = (node: StageNode, inputHashes: Record<string, string>) => {
+    const mod = modules.get(node.id)!;
+    const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
+    return cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
   };
 
   const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
@@ -237,7 +251,6 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     if (refused.has(node.id)) return null;
     const t0 = performance.now();
     const seconds = () => (performance.now() - t0) / 1000;
-    const blocked = (m: EntryMeta | null) => m === null || (m.outcome.gate !== undefined && !m.outcome.gate.ok);
     if (upstream.some(([, , m]) => blocked(m)) || order.some(blocked) || prediction === null) {
       records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, ...NOT_MEASURED, ...predictedOf(node) });
       return null;
@@ -245,8 +258,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     if (stopAll.signal.aborted) return cancelled(node);
     const mod = modules.get(node.id)!;
     const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
-    const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
-    const key = cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
+    const key = keyOf(node, Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash])));
     const inputs = Object.fromEntries(upstream.map(([name, id, m]) => [name, opts.cache.entryDir(id, m!.key)]));
     // A gate's verdict is part of its entry: a cached failed gate fails this build too.
     const failedGate = (m: EntryMeta) => {

@@ -30,7 +30,7 @@ export class Scheduler {
   }
 
   /** Why a stage with this prediction may not run at all (it alone exceeds the limit), or null. */
-  refusal(stage: string, p: MemoryPrediction): string | null {
+  refusal(stage: string, p: MemoryPrediction, remedy?: (limitBytes: number) => string): string | null {
     const need = workingSet(p);
     if (need <= this.limitBytes) return null;
     const machine = this.options.machineBytes ?? totalmem();
@@ -38,7 +38,8 @@ export class Scheduler {
       ? `the memory budget of ${gb(this.options.memoryBudgetBytes)} (--memory-budget; this machine has ${gb(machine)})`
       : `this machine's ${gb(machine)} of memory (--memory-budget ${gb(this.options.memoryBudgetBytes)} is more than it has)`;
     const split = p.mappedBytes > 0 ? ` (${gb(p.privateBytes)} private + ${gb(p.mappedBytes)} mapped)` : '';
-    return `refused before it started: ${stage} is predicted to need ${gb(need)}${split}, over ${limit}; predicted from ${p.how}`;
+    const options = remedy ? `; ${remedy(this.limitBytes)}` : '';
+    return `refused before it started: ${stage} is predicted to need ${gb(need)}${split}, over ${limit}; predicted from ${p.how}${options}`;
   }
 
   private async reserve(bytes: number): Promise<void> {

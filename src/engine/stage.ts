@@ -78,6 +78,8 @@ export interface StageMemory {
   from: string[];
   /** dirs: node id (of `from`) → its output directory. */
   predict(dirs: Record<string, string>): MemoryPrediction;
+  /** What the user can do when the stage is refused under limitBytes (appended to the refusal). */
+  remedy?(dirs: Record<string, string>, p: MemoryPrediction, limitBytes: number): string;
 }
 
 /** A prediction that does not depend on any input (a stage whose memory is independent of model size). */

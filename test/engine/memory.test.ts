@@ -124,16 +124,17 @@ describe('refusal', () => {
     expect(r.failure?.message).toMatch(/over this machine's 8\.00 GB of memory \(--memory-budget 100\.00 GB is more than it has\)/);
   });
 
-  it('refuses as soon as the outputs its prediction reads exist, stopping stages that would have run for long', async () => {
-    // plan → slow (20 s) → compile; compile's prediction reads plan only, so it is refused right after
-    // plan: the slow stage is stopped (cancelled), not run to its end first.
+  it('refuses as soon as the outputs its prediction and key need exist, not after the long stages it waits for', async () => {
+    // As in the build: compile reads plan's output, runs after a slow gate (20 s), predicts from plan.
+    // It is refused once plan is done and its own entry is found missing: the slow stage is stopped
+    // (cancelled), not run to its end first.
     const huge: StageMemory = { from: ['plan'], predict: () => ({ privateBytes: 50 * GB, mappedBytes: 0, how: 'the plan' }) };
     const compileCounter = join(dir, 'compile.count');
     const p: Pipeline = {
       nodes: [
         write('plan', { text: 'P' }),
         write('slow', { text: 'S', sleepMs: 20_000 }, fixedMemory(1, 'test'), { up: 'plan' }),
-        write('compile', { text: 'C', counter: compileCounter }, huge, { up: 'slow' }),
+        { ...write('compile', { text: 'C', counter: compileCounter }, huge, { up: 'plan' }), after: ['slow'] },
       ],
       publish: [],
     };
@@ -143,6 +144,17 @@ describe('refusal', () => {
     expect(r.failure?.stage).toBe('compile');
     expect(r.failure?.message).toMatch(/^refused before it started: compile is predicted to need 50\.00 GB, over the memory budget of 10\.00 GB/);
     expect(runs(compileCounter)).toBe(0);
+  });
+
+  it('does not refuse a stage that is in the cache: it will not run', async () => {
+    const memory = fixedMemory(50 * GB, 'too much');
+    const p: Pipeline = { nodes: [write('a', { text: 'A' }), write('b', { text: 'B' }, fixedMemory(1, 'test'), { up: 'a' })], publish: [] };
+    expect((await run(p)).ok).toBe(true);
+    const scheduler = new Scheduler({ concurrency: 2, memoryBudgetBytes: 1 * GB, machineBytes: 24 * GB });
+    const again = await run({ ...p, nodes: [p.nodes[0], { ...p.nodes[1], memory }] }, { scheduler });
+    expect(again.stages.map((s) => s.status)).toEqual(['cached', 'cached']);
+    const forced = await run({ ...p, nodes: [p.nodes[0], { ...p.nodes[1], memory }] }, { scheduler, force: ['b'] });
+    expect(forced.failure).toMatchObject({ stage: 'b', message: expect.stringMatching(/^refused before it started: b is predicted to need 50\.00 GB/) });
   });
 
   it('fails a stage whose prediction cannot be computed, naming why', async () => {
