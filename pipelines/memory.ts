@@ -9,14 +9,13 @@
 // private = anonymous memory; mapped = file pages the stage keeps touching (see MemoryPrediction).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { MemoryPrediction, StageMemory } from '../src/engine/stage.js';
+import { workingSet, type MemoryPrediction, type StageMemory } from '../src/engine/stage.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { formatBytes as gb } from '../src/engine/memory.js';
 
-const MB = 1e6;
 const GB = 1e9;
-const gb = (b: number) => `${(b / GB).toFixed(2)} GB`;
 
 /** floor + perByte × bytes, as private (and optionally mapped) bytes, saying how. */
 interface Linear {
@@ -32,8 +31,8 @@ interface Linear {
 function linear(m: Linear, bytes: number, what: string): MemoryPrediction {
   const privateBytes = Math.round(m.floor + m.perByte * bytes);
   const mappedBytes = Math.round((m.mappedFloor ?? 0) + (m.mappedPerByte ?? 0) * bytes);
-  const mapped = m.mappedFloor !== undefined || m.mappedPerByte ? `; mapped ${gb(m.mappedFloor ?? 0)} + ${m.mappedPerByte ?? 0} × that` : '';
-  return { privateBytes, mappedBytes, how: `${gb(m.floor)} + ${m.perByte} × ${gb(bytes)} (${what})${mapped}` };
+  const mapped = m.mappedPerByte ? `${gb(m.mappedFloor ?? 0)} + ${m.mappedPerByte} × that` : gb(m.mappedFloor ?? 0);
+  return { privateBytes, mappedBytes, how: `${gb(m.floor)} + ${m.perByte} × ${gb(bytes)} (${what}) private, ${mapped} mapped` };
 }
 
 const fixed = (privateBytes: number, mappedBytes: number, source: string): StageMemory => ({
@@ -69,36 +68,58 @@ function exportedTotal(dir: string): number {
 }
 
 // ---- the constants ----------------------------------------------------------------------------
+// Floors: tiny-qwen3 v81 on this machine (2 cores, 24 GB), FORGE_CACHE empty, each stage's measured
+// peak private / mapped: fetch 558 / 514 MB (the twin is made with torch), plan 54 / 45, trace
+// 471 / 499, export 66 / 46, quantize 75 / 46, oracle 79 / 74, compile 148 / 147, parity 73 / 75,
+// emulation 211 / 147, bundle 62 / 45 (native: 44 / 45, its C++ build was cached). Reproduce:
+// FORGE_CACHE=$(mktemp -d) ./forge build tiny-qwen3 --arch v81 --json (stages[].peakPrivateBytes …).
 
 /**
- * compile (onnxruntime-qnn, oracles/qnn_compile.py), per context, contexts one after another, so the
- * stage's peak is its largest context's. measured: Qwen3-4B synthetic, 1.91 GB W8 context → 20.2 GB
- * (issue 12); tiny-qwen3 v81 contexts (see COMPILE_FLOOR). The QNN prepare holds ~10× the context's
- * weights while it writes the binary.
+ * compile (onnxruntime-qnn), per context; contexts compile one after another, so the stage's peak is
+ * its largest context's. measured, in the plan's weight bytes of the context:
+ * - tiny-qwen3 shard0 (0.2 MB): 148 MB private, 147 MB mapped (the floor);
+ * - synthetic Qwen3-4B shard0 under --shard-ceiling 0.65 (615 MB, 6 layers; binary 639 MB):
+ *   6.69 GB private at the spike as the binary is written (steady ~3.7 GB while the decode graph
+ *   prepares), 0.70 GB mapped (the binary read back at the end), 424 s
+ *   (bench/compile-memory.ts, under heavy.sh -x);
+ * - synthetic Qwen3-4B default plan (1.85 GB shards, 1.91 GB binaries): 20.2 GB peak RSS (issue 12;
+ *   not split into private and mapped).
+ * 0.15 GB + 10.7 × bytes gives 6.73 GB (+0.6%) and 19.9 GB (-1.5% of the RSS) for the two.
  */
-export const COMPILE: Linear = { floor: 0.9 * GB, perByte: 10, mappedFloor: 0.35 * GB };
+export const COMPILE: Linear = { floor: 0.15 * GB, perByte: 10.7, mappedFloor: 0.16 * GB, mappedPerByte: 0.9 };
 
-/** trace: provisional (engineer A is bounding it). today: the whole model in fp32, 21.4 GB for the 8.04 GB bf16 Qwen3-4B (issue 12) ≈ 2.6 × its bytes. */
-export const TRACE: Linear = { floor: 0.6 * GB, perByte: 2.6, mappedFloor: 0.4 * GB };
+/**
+ * trace: provisional (engineer A is bounding it): today the whole model in fp32, 21.4 GB RSS for the
+ * 8.04 GB bf16 Qwen3-4B (issue 12) ≈ 2.6 × its bytes; floor measured on tiny-qwen3 (torch).
+ */
+export const TRACE: Linear = { floor: 0.5 * GB, perByte: 2.6, mappedFloor: 0.55 * GB };
 
-/** oracle: provisional (engineer C). today: 8.5 GB at 4B with a 7.3 GB fp32 largest context (issue 12) ≈ 1.1 × it; one session at a time. */
-export const ORACLE: Linear = { floor: 0.4 * GB, perByte: 1.1, mappedFloor: 0.1 * GB };
+/**
+ * oracle: provisional (engineer C): 8.5 GB at 4B (issue 12), its largest fp32 context 7.4 GB ≈ 1.1 ×;
+ * one session at a time. Floor measured on tiny-qwen3.
+ */
+export const ORACLE: Linear = { floor: 0.1 * GB, perByte: 1.1, mappedFloor: 0.1 * GB };
 
-/** parity: provisional (engineer D). today: every graph its own session and copy of its shard (prefill + decode): > 22 GB at 4B, killed (issue 12) — 2 × the fp32 weights is the lower bound taken. */
-export const PARITY: Linear = { floor: 0.4 * GB, perByte: 2, mappedFloor: 0.1 * GB };
+/**
+ * parity: provisional (engineer D): today every graph has its own session and copy of its shard's
+ * weights (prefill and decode): over 22 GB at 4B and killed (issue 12), so 2 × the fp32 weights is
+ * a lower bound. Floor measured on tiny-qwen3.
+ */
+export const PARITY: Linear = { floor: 0.1 * GB, perByte: 2, mappedFloor: 0.1 * GB };
 
-/** emulation (x86 HTP simulator, tiny twins only): provisional, 3 × the W8 weights it runs. */
-export const EMULATION: Linear = { floor: 1.0 * GB, perByte: 3, mappedFloor: 0.4 * GB };
+/** emulation (x86 HTP simulator; tiny twins only): provisional 3 × the W8 weights; floor measured on tiny-qwen3. */
+export const EMULATION: Linear = { floor: 0.25 * GB, perByte: 3, mappedFloor: 0.2 * GB };
 
 export const stageMemory = {
-  /** fetch: streams the checkpoint through sha256 and the NaN scan in chunks; measured 0.15 GB (twin). */
-  fetch: fixed(0.5 * GB, 0.2 * GB, 'streams the checkpoint; measured on tiny-qwen3'),
-  plan: fixed(0.2 * GB, 0.1 * GB, 'reads config.json; measured on tiny-qwen3'),
-  /** export and quantize stream tensor by tensor: measured 0.15 / 0.18 GB at 4B (issue 12), independent of size. */
-  export: fixed(0.4 * GB, 0.1 * GB, 'streams tensor by tensor: 0.15 GB measured at 4B (issue 12)'),
-  quantize: fixed(0.4 * GB, 0.1 * GB, 'streams tensor by tensor: 0.18 GB measured at 4B (issue 12)'),
-  native: fixed(1.5 * GB, 0.2 * GB, 'the C++ build: measured on this machine'),
-  bundle: fixed(0.5 * GB, 0.2 * GB, 'copies files'),
+  /** fetch: streams the checkpoint through sha256 and the NaN scan; a twin is made with torch (measured 558 / 514 MB). */
+  fetch: fixed(0.65 * GB, 0.6 * GB, 'measured on tiny-qwen3, whose twin is made with torch; a local checkpoint is streamed'),
+  plan: fixed(0.1 * GB, 0.1 * GB, 'reads config.json; measured on tiny-qwen3'),
+  /** export and quantize stream tensor by tensor: quantize of the 4B synthetic measured 121 / 46 MB here; export 0.15 GB RSS (issue 12). */
+  export: fixed(0.2 * GB, 0.1 * GB, 'streams tensor by tensor: 0.15 GB RSS at 4B (issue 12)'),
+  quantize: fixed(0.2 * GB, 0.1 * GB, 'streams tensor by tensor: 121 MB private, 46 MB mapped at 4B'),
+  /** native: the C++ build (g++ on 2 cores); not measured (it was cached in every run here): provisional. */
+  native: fixed(1.0 * GB, 0.1 * GB, 'the C++ build; provisional, not measured'),
+  bundle: fixed(0.1 * GB, 0.1 * GB, 'copies files; measured on tiny-qwen3'),
   trace: { from: ['fetch'], predict: (d) => linear(TRACE, checkpointBytes(d.fetch), 'checkpoint bytes; provisional') } satisfies StageMemory,
   oracle: {
     from: ['export'],
@@ -106,7 +127,7 @@ export const stageMemory = {
   } satisfies StageMemory,
   parity: { from: ['export'], predict: (d) => linear(PARITY, exportedTotal(d.export), 'all fp32 graph weights; provisional') } satisfies StageMemory,
   emulation: { from: ['quantize'], predict: (d) => linear(EMULATION, exportedTotal(d.quantize), 'all W8 graph weights; provisional') } satisfies StageMemory,
-  /** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */
+/** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */
   compile: {
     from: ['plan'],
     predict: (d) => compilePrediction(readPlan(d.plan)),
@@ -120,18 +141,21 @@ export const stageMemory = {
  * smaller contexts on the phone too.
  */
 export function compileOptions(plan: ShardPlan, p: MemoryPrediction, limitBytes: number): string {
-  const machine = `a machine with at least ${Math.ceil(workingSetOf(p) / 0.75 / GB)} GB of memory (the default budget is 75% of it)`;
-  // The largest context that would fit under the limit, by the same model.
-  const fits = (limitBytes - COMPILE.floor - p.mappedBytes) / COMPILE.perByte;
+  // The default budget keeps 10% of the machine (at least 2 GB) back: see defaultMemoryBudget.
+  const need = workingSet(p);
+  const machine = `a machine with at least ${Math.ceil(Math.max(need / 0.9, need + 2 * GB) / GB)} GB of memory`;
+  // The largest context that would fit under the limit, by the same model (private and mapped).
+  const fits = (limitBytes - COMPILE.floor - (COMPILE.mappedFloor ?? 0)) / (COMPILE.perByte + (COMPILE.mappedPerByte ?? 0));
   const layer = Math.max(...plan.shards.map((s) => s.weightBytes / (s.last - s.first + 1)));
   const head = plan.lmHead.placement === 'separate' ? plan.lmHead.bytes : 0;
   // A smaller shard ceiling helps only when a layer and the separate lm-head fit under it.
   if (fits < layer || head > fits) return `options: ${machine} (no shard ceiling fits: ${head > fits ? `the lm-head context alone is ${gb(head)}` : `one layer stores ${gb(layer)}`})`;
-  const ceiling = Math.floor((fits / GB) * 100) / 100;
-  return `options: a smaller shard ceiling for this build (--shard-ceiling ${ceiling.toFixed(2)} or less: more, smaller contexts than the device-optimal plan), or ${machine}`;
+  // Three significant digits, rounded down (a tiny twin's contexts are kilobytes).
+  const digits = Math.max(0, 2 - Math.floor(Math.log10(fits / GB)));
+  const ceiling = Math.floor((fits / GB) * 10 ** digits) / 10 ** digits;
+  return `options: a smaller shard ceiling for this build (--shard-ceiling ${ceiling} or less: more, smaller contexts than the device-optimal plan), or ${machine}`;
 }
 
-const workingSetOf = (p: MemoryPrediction) => p.privateBytes + p.mappedBytes;
 
 /** The compile's peak: its largest context's (they compile one after another). */
 export function compilePrediction(plan: ShardPlan): MemoryPrediction {
@@ -140,4 +164,3 @@ export function compilePrediction(plan: ShardPlan): MemoryPrediction {
   return { ...p, how: `compile of ${largest.name}: ${p.how}` };
 }
 
-export { MB };

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
+import { formatBytes } from '../src/engine/memory.js';
 import { cacheRoot } from '../src/paths.js';
 import { toolVersions } from '../src/toolchain/versions.js';
 import { buildPipeline } from '../pipelines/build.js';
@@ -93,5 +94,33 @@ describe('the simulator gate in the pipeline', () => {
     expect(loadRecipe('qwen3-4b').recipe.gates.emulation).toBe(false);
     // A QAIRT build's QDQ graphs do not compile for the simulator through onnxruntime-qnn.
     expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'qairt', version: '2.51.0' } }).gatesNotRun?.emulation).toMatch(/QAIRT/);
+  });
+});
+
+describe('compile memory (predicted from the plan)', () => {
+  it('refuses a compile predicted over --memory-budget before compiling, naming the context, the prediction, the budget and the options', async () => {
+    const out = mkdtempSync(join(tmpdir(), 'forge-refuse-'));
+    const first = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress: silentProgress });
+    expect(first.ok).toBe(true);
+    const compile = first.stages.find((s) => s.name === 'compile')!;
+    // The prediction is realistic for a tiny twin's contexts: within 25% of what this run measured
+    // when it compiled here (not when it came from the cache).
+    const predicted = compile.predicted!;
+    if (compile.status === 'ran') expect(compile.overPrediction).toBeUndefined();
+    // Just under it: still room for a smaller shard ceiling to fit.
+    const budget = predicted.privateBytes + predicted.mappedBytes - 200e3;
+    const started: string[] = [];
+    const progress = { ...silentProgress, start: (s: string) => void started.push(s) };
+    // Everything else is in the cache (so not refused); the compile is asked to run again.
+    const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress, memoryBudgetBytes: budget, force: ['compile'] });
+    expect(r.ok).toBe(false);
+    expect(started).not.toContain('compile');
+    const rec = r.stages.find((s) => s.name === 'compile')!;
+    expect(rec).toMatchObject({ status: 'failed', seconds: 0, peakPrivateBytes: null });
+    expect(r.error).toBe(`compile: ${rec.error}`);
+    expect(rec.error).toContain(`refused before it started: compile is predicted to need ${formatBytes(predicted.privateBytes + predicted.mappedBytes)}`);
+    expect(rec.error).toContain(`over the memory budget of ${formatBytes(budget)} (--memory-budget`);
+    expect(rec.error).toMatch(/predicted from compile of shard0: .* \(context shard0's weights in plan\.json, the largest of 2\)/);
+    expect(rec.error).toMatch(/; options: a smaller shard ceiling for this build \(--shard-ceiling [\d.]+ or less: more, smaller contexts than the device-optimal plan\), or a machine with at least \d+ GB of memory/);
   });
 });

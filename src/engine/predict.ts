@@ -3,10 +3,10 @@
 // gone stale shows up in the next run that exercises it.
 import type { MemoryPeak } from './memory.js';
 import type { MemoryPrediction } from './stage.js';
+import { formatBytes as gb } from './memory.js';
 
 export const OVER_PREDICTION = 1.25;
 
-const gb = (b: number) => `${(b / 1e9).toFixed(2)} GB`;
 
 /** Says which measured figure exceeded its prediction by more than 25%, or undefined when none did. */
 export function checkPrediction(predicted: MemoryPrediction | undefined, measured: MemoryPeak | null): string | undefined {

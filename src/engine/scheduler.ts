@@ -5,6 +5,7 @@
 import { totalmem } from 'node:os';
 import PQueue from 'p-queue';
 import { workingSet, type MemoryPrediction } from './stage.js';
+import { formatBytes as gb } from './memory.js';
 
 export interface SchedulerOptions {
   concurrency: number;
@@ -13,7 +14,6 @@ export interface SchedulerOptions {
   machineBytes?: number;
 }
 
-const gb = (b: number) => `${(b / 1e9).toFixed(2)} GB`;
 
 export class Scheduler {
   private readonly queue: PQueue;
