@@ -149,6 +149,7 @@ export function compileOptions(plan: ShardPlan, p: MemoryPrediction, limitBytes:
   const layer = Math.max(...plan.shards.map((s) => s.weightBytes / (s.last - s.first + 1)));
   const head = plan.lmHead.placement === 'separate' ? plan.lmHead.bytes : 0;
   // A smaller shard ceiling helps only when a layer and the separate lm-head fit under it.
+  if (fits <= 0) return `options: ${machine} (no shard ceiling fits: the compiler needs ${gb(COMPILE.floor + (COMPILE.mappedFloor ?? 0))} before any weights)`;
   if (fits < layer || head > fits) return `options: ${machine} (no shard ceiling fits: ${head > fits ? `the lm-head context alone is ${gb(head)}` : `one layer stores ${gb(layer)}`})`;
   // Three significant digits, rounded down (a tiny twin's contexts are kilobytes).
   const digits = Math.max(0, 2 - Math.floor(Math.log10(fits / GB)));

@@ -53,6 +53,13 @@ describe('compile memory', () => {
   });
 });
 
+describe('the options a refused compile names', () => {
+  it('says when not even an empty context fits: only a bigger machine helps', () => {
+    const pl = plan(1, 0.2e6, 0.1e6);
+    expect(compileOptions(pl, compilePrediction(pl), 0.3 * GB)).toMatch(/^options: a machine with at least \d+ GB of memory \(no shard ceiling fits: the compiler needs 310\.0 MB before any weights\)$/);
+  });
+});
+
 describe('the build pipeline\'s predictions', () => {
   it('every stage has one, computed from earlier stages only; the compile\'s from the plan', () => {
     const { recipe } = loadRecipe('tiny-qwen3');
