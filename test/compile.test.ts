@@ -98,6 +98,15 @@ describe('the simulator gate in the pipeline', () => {
 });
 
 describe('compile memory (predicted from the plan)', () => {
+  it('cuts the shards under --shard-ceiling when the user asks for it, and the plan says so', async () => {
+    const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-ceiling-')), progress: silentProgress, until: 'plan', shardCeilingBytes: 100_000 });
+    expect(r.status).toBe('partial');
+    expect((r.summaries.plan as any).shards).toBeGreaterThan(1);
+    const plan = JSON.parse(readFileSync(join(cacheRoot(), 'plan', r.stages.find((s) => s.name === 'plan')!.key!, 'plan.json'), 'utf8'));
+    expect(plan.shardCeilingBytes).toBe(100_000);
+    expect(plan.ceilingBytes).toBe(2e9); // the arch's own ceiling is still what the plan records as the device's
+  }, 600_000);
+
   it('refuses a compile predicted over --memory-budget before compiling, naming the context, the prediction, the budget and the options', async () => {
     const out = mkdtempSync(join(tmpdir(), 'forge-refuse-'));
     const first = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress: silentProgress });
