@@ -331,7 +331,10 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     for (const dep of [...Object.values(node.inputs), ...(node.after ?? []), ...node.memory.from]) {
       if (!done.has(dep)) throw new Error(`stage ${node.id} reads '${dep}', which is not an earlier stage`);
     }
-    predictions.set(node.id, predictNode(node));
+    predictions.set(node.id, predictNode(node).catch((e: Error) => {
+      refuse(node, `cannot predict its memory: ${e.message}`);
+      return null;
+    }));
     done.set(node.id, runNode(node));
   }
   await Promise.all(done.values());
