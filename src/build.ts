@@ -148,6 +148,7 @@ async function buildUnderSignals(
     ...(req.until ? { until: req.until } : {}),
     ...(error ? { error } : {}),
     stages: result.stages,
+    ...(asked ? { shardCeilingBytes: asked } : {}),
     ...(replans.length ? { replans } : {}),
     gates,
     ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),

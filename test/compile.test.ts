@@ -101,6 +101,7 @@ describe('compile memory (predicted from the plan)', () => {
   it('cuts the shards under --shard-ceiling when the user asks for it, and the plan says so', async () => {
     const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-ceiling-')), progress: silentProgress, until: 'plan', shardCeilingBytes: 100_000 });
     expect(r.status).toBe('partial');
+    expect(r.shardCeilingBytes).toBe(100_000); // the record says the plan is not the device-optimal one
     expect((r.summaries.plan as any).shards).toBeGreaterThan(1);
     const plan = JSON.parse(readFileSync(join(cacheRoot(), 'plan', r.stages.find((s) => s.name === 'plan')!.key!, 'plan.json'), 'utf8'));
     expect(plan.shardCeilingBytes).toBe(100_000);
