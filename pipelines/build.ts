@@ -20,8 +20,8 @@ import type { EmulationParams } from '../src/gates/emulation.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { nativeSourceHash } from '../src/toolchain/native.js';
 import { repoRoot } from '../src/paths.js';
+import { stageMemory } from './memory.js';
 
-const GB = 1_000_000_000;
 const src = (p: string) => join(repoRoot(), 'src', p);
 
 function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageNode {
@@ -33,12 +33,12 @@ function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageN
     if (!localDigest) throw new Error(`recipe ${recipe.id}: a local source needs its content digest (localCheckpointDigest) to be keyed`);
     params.digest = localDigest;
   }
-  return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, peakMemoryBytes: 2 * GB };
+  return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, memory: stageMemory.fetch };
 }
 
 function traceNode(recipe: Recipe, s: ArchSettings): StageNode {
   const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
-  return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], peakMemoryBytes: 4 * GB };
+  return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
 }
 
 function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
@@ -48,12 +48,12 @@ function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
     variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: s.quant === 'fp32' ? o.fp32MinCosine : o.w8MinCosine }],
     minTop1: o.minTop1,
   };
-  return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], peakMemoryBytes: 4 * GB };
+  return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], memory: stageMemory.oracle };
 }
 
 function nativeNode(): StageNode {
   const params: NativeParams = { sources: nativeSourceHash() };
-  return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800 };
+  return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], memory: stageMemory.native, timeoutSeconds: 1800 };
 }
 
 /** A recipe's lowered W8 parity threshold and its reason, when it has one. */
@@ -76,7 +76,7 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   return {
     id: 'parity', module: src('gates/parity.ts'), params: params as any,
     inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native', ...(onDevice ? { compile: 'compile' } : {}) },
-    tools: [], peakMemoryBytes: 3 * GB, timeoutSeconds: 3600,
+    tools: [], memory: stageMemory.parity, timeoutSeconds: 3600,
   };
 }
 
@@ -98,7 +98,7 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   // After the oracle gate: graphs that left the oracle are not worth an hour of compiling (but the
   // gate's figures are not an input, so a new prompt does not recompile).
   const tools = toolchain.kind === 'qairt' ? ['qairt-sdk'] : ['onnxruntime', 'onnxruntime-qnn', 'python-env'];
-  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, peakMemoryBytes: 6 * GB, timeoutSeconds: 4 * 3600 };
+  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, memory: stageMemory.compile, timeoutSeconds: 4 * 3600 };
 }
 
 /** The gates a recipe asks for; the run record keeps this list and `forge publish` requires each. */
@@ -125,7 +125,7 @@ function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain):
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,
     inputs: { checkpoint: 'fetch', trace: 'trace', quantize: 'quantize', native: 'native' },
-    tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], peakMemoryBytes: 2 * GB, timeoutSeconds: 1800,
+    tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], memory: stageMemory.emulation, timeoutSeconds: 1800,
   };
 }
 
@@ -138,7 +138,7 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
     id: 'bundle', module: src('bundle/bundle-stage.ts'), params: params as any,
     // Every gate is an input: a bundle exists only when all of them passed.
     inputs: { checkpoint: 'fetch', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])) },
-    tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], peakMemoryBytes: 1 * GB,
+    tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], memory: stageMemory.bundle,
   };
 }
 
@@ -154,8 +154,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
     // W8 in the form the compile toolchain reads as int8 weights (see quant/weights.ts).
     ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
   };
-  // Streaming export: a few row chunks plus the largest layer's graph structure.
-  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], peakMemoryBytes: 1.5 * GB };
+  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
 }
 
 export interface PipelineOptions {
@@ -178,7 +177,7 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
   return {
     nodes: [
       fetchNode(recipe, opts.localDigest),
-      { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], peakMemoryBytes: 0.2 * GB },
+      { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], memory: stageMemory.plan },
       traceNode(recipe, settings),
       exportNode('export', recipe, settings, 'fp32', toolchain),
       exportNode('quantize', recipe, settings, settings.quant, toolchain),

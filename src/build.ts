@@ -34,6 +34,11 @@ export interface BuildRequest {
   force?: string[];
   jobs?: number;
   memoryBudgetBytes?: number;
+  /**
+   * A lower per-context ceiling for the layer shards than the arch's (--shard-ceiling): asked for by
+   * the user, e.g. so the compile fits this machine; never chosen by forge on its own.
+   */
+  shardCeilingBytes?: number;
   progress?: Progress;
   verbose?: boolean;
   /** Where the parity gate runs the bundle (default: this machine). */
@@ -48,6 +53,15 @@ function smallerCeiling(result: PipelineResult, current: number): number | null 
   const biggest = Math.max(...p.shards.map((s) => s.weightBytes));
   const next = Math.floor(Math.min(current, biggest) * 0.6);
   return next > 0 ? next : null;
+}
+
+/**
+ * The machine's memory less a reserve for the system, the build's own process and the page cache:
+ * 10%, at least 2 GB. (It was 75% while stage peaks were guesses; predictions are now calibrated and
+ * every run checks them, warning past 25% over.)
+ */
+export function defaultMemoryBudget(total = totalmem()): number {
+  return Math.floor(total - Math.max(2e9, 0.1 * total));
 }
 
 export function defaultOut(recipe: string, arch: string): string {
@@ -90,17 +104,18 @@ async function buildUnderSignals(
   const cache = new StageCache(cacheRoot());
   const scheduler = new Scheduler({
     concurrency: req.jobs ?? cpus().length,
-    memoryBudgetBytes: req.memoryBudgetBytes ?? Math.floor(totalmem() * 0.75),
+    memoryBudgetBytes: req.memoryBudgetBytes ?? defaultMemoryBudget(),
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
   const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest });
+  const asked = req.shardCeilingBytes;
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, ...(asked ? { ceilingBytes: asked } : {}) });
   let result: PipelineResult;
   try {
   result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
   while (result.failure?.stage === 'compile' && result.failure.message.includes(MEMORY_FAILURE) && replans.length < 2) {
-    const ceilingBytes = smallerCeiling(result, arch.contextCeilingBytes);
+    const ceilingBytes = smallerCeiling(result, Math.min(arch.contextCeilingBytes, asked ?? Infinity));
     if (!ceilingBytes) break;
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
@@ -133,6 +148,7 @@ async function buildUnderSignals(
     ...(req.until ? { until: req.until } : {}),
     ...(error ? { error } : {}),
     stages: result.stages,
+    ...(asked ? { shardCeilingBytes: asked } : {}),
     ...(replans.length ? { replans } : {}),
     gates,
     ...(pipeline.gatesNotRun ? { gatesNotRun: pipeline.gatesNotRun } : {}),

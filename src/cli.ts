@@ -28,9 +28,9 @@ const positiveInt = (flag: string) => (v: string) => {
   if (!/^\s*\d+\s*$/.test(v) || Number(v) < 1) throw new Error(`${flag} wants a whole number of at least 1, got '${v}'`);
   return Number(v);
 };
-const gbToBytes = (v: string) => {
+const gbToBytes = (flag: string) => (v: string) => {
   const n = /^\s*(\d+(\.\d*)?|\.\d+)\s*$/.test(v) ? Number(v) : NaN;
-  if (!Number.isFinite(n) || n <= 0) throw new Error(`--memory-budget wants a number of GB above 0, got '${v}'`);
+  if (!Number.isFinite(n) || n <= 0) throw new Error(`${flag} wants a number of GB above 0, got '${v}'`);
   return Math.floor(n * 1e9);
 };
 
@@ -72,18 +72,19 @@ program.command('build <recipe>')
   .option('--until <stage>', 'stop after this stage')
   .option('--force <stage...>', 're-run these stages even when cached')
   .option('--jobs <n>', 'stages run at once (default: CPU count)', positiveInt('--jobs'))
-  .option('--memory-budget <GB>', 'sum of declared stage peaks allowed at once (default 75% of RAM)', gbToBytes)
+  .option('--memory-budget <GB>', 'sum of predicted stage peaks allowed at once; a stage predicted over it is refused (default: RAM less 10%, at least 2 GB)', gbToBytes('--memory-budget'))
+  .option('--shard-ceiling <GB>', "cut layer shards under this ceiling instead of the arch's (more, smaller contexts: a compile that fits a smaller machine; not the device-optimal plan)", gbToBytes('--shard-ceiling'))
   .addOption(new Option('--target <where>', 'where the parity gate runs the bundle').choices(['host', 'adb']).default('host'))
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
     let target: TargetSpec = { kind: 'host' };
     if (o.target === 'adb') {
       if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, verbose, target });
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
     if (o.json) console.log(JSON.stringify(record));
     else {
       for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(9)} ${s.seconds.toFixed(1)} s`);

@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
+import { formatBytes } from '../src/engine/memory.js';
 import { cacheRoot } from '../src/paths.js';
 import { toolVersions } from '../src/toolchain/versions.js';
 import { buildPipeline } from '../pipelines/build.js';
@@ -94,4 +95,42 @@ describe('the simulator gate in the pipeline', () => {
     // A QAIRT build's QDQ graphs do not compile for the simulator through onnxruntime-qnn.
     expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'qairt', version: '2.51.0' } }).gatesNotRun?.emulation).toMatch(/QAIRT/);
   });
+});
+
+describe('compile memory (predicted from the plan)', () => {
+  it('cuts the shards under --shard-ceiling when the user asks for it, and the plan says so', async () => {
+    const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-ceiling-')), progress: silentProgress, until: 'plan', shardCeilingBytes: 100_000 });
+    expect(r.status).toBe('partial');
+    expect(r.shardCeilingBytes).toBe(100_000); // the record says the plan is not the device-optimal one
+    expect((r.summaries.plan as any).shards).toBeGreaterThan(1);
+    const plan = JSON.parse(readFileSync(join(cacheRoot(), 'plan', r.stages.find((s) => s.name === 'plan')!.key!, 'plan.json'), 'utf8'));
+    expect(plan.shardCeilingBytes).toBe(100_000);
+    expect(plan.ceilingBytes).toBe(2e9); // the arch's own ceiling is still what the plan records as the device's
+  }, 600_000);
+
+  it('refuses a compile predicted over --memory-budget before compiling, naming the context, the prediction, the budget and the options', async () => {
+    const out = mkdtempSync(join(tmpdir(), 'forge-refuse-'));
+    const first = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress: silentProgress });
+    expect(first.ok).toBe(true);
+    const compile = first.stages.find((s) => s.name === 'compile')!;
+    // The prediction is realistic for a tiny twin's contexts: within 25% of what this run measured
+    // when it compiled here (not when it came from the cache).
+    const predicted = compile.predicted!;
+    if (compile.status === 'ran') expect(compile.overPrediction).toBeUndefined();
+    // Just under it: still room for a smaller shard ceiling to fit.
+    const budget = predicted.privateBytes + predicted.mappedBytes - 200e3;
+    const started: string[] = [];
+    const progress = { ...silentProgress, start: (s: string) => void started.push(s) };
+    // Everything else is in the cache (so not refused); the compile is asked to run again.
+    const r = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress, memoryBudgetBytes: budget, force: ['compile'] });
+    expect(r.ok).toBe(false);
+    expect(started).not.toContain('compile');
+    const rec = r.stages.find((s) => s.name === 'compile')!;
+    expect(rec).toMatchObject({ status: 'failed', seconds: 0, peakPrivateBytes: null });
+    expect(r.error).toBe(`compile: ${rec.error}`);
+    expect(rec.error).toContain(`refused before it started: compile is predicted to need ${formatBytes(predicted.privateBytes + predicted.mappedBytes)}`);
+    expect(rec.error).toContain(`over the memory budget of ${formatBytes(budget)} (--memory-budget`);
+    expect(rec.error).toMatch(/predicted from compile of shard0: .* \(context shard0's weights in plan\.json, the largest of 2\)/);
+    expect(rec.error).toMatch(/; options: a smaller shard ceiling for this build \(--shard-ceiling [\d.]+ or less: more, smaller contexts than the device-optimal plan\), or a machine with at least \d+ GB of memory/);
+  }, 900_000); // run alone it builds the twin from a cold cache first
 });

@@ -7,7 +7,7 @@ import { StageCache } from '../src/engine/cache.js';
 import { Scheduler } from '../src/engine/scheduler.js';
 import { runPipeline, type RunOptions } from '../src/engine/run.js';
 import { silentProgress } from '../src/engine/progress.js';
-import type { Pipeline, StageNode } from '../src/engine/stage.js';
+import { fixedMemory, type Pipeline, type StageNode } from '../src/engine/stage.js';
 import type { WriteParams } from './fixtures/stages/write.js';
 
 const WRITE = resolve('test/fixtures/stages/write.ts');
@@ -22,7 +22,7 @@ beforeEach(() => {
 });
 
 const write = (id: string, params: WriteParams, inputs: Record<string, string> = {}, extra: Partial<StageNode> = {}): StageNode => ({
-  id, module: WRITE, params: params as any, inputs, tools: [], peakMemoryBytes: 100 * MB, ...extra,
+  id, module: WRITE, params: params as any, inputs, tools: [], memory: fixedMemory(100 * MB, 'test'), ...extra,
 });
 
 const runs = (counter: string) => (existsSync(counter) ? readFileSync(counter, 'utf8').trim().split('\n').filter(Boolean).length : 0);
@@ -110,7 +110,7 @@ describe('stage cache', () => {
     const p: Pipeline = {
       nodes: [
         write('a', { text: 'A' }),
-        { id: 'g', module: GATE, params: { want: 'Z' }, inputs: { value: 'a' }, tools: [], peakMemoryBytes: MB },
+        { id: 'g', module: GATE, params: { want: 'Z' }, inputs: { value: 'a' }, tools: [], memory: fixedMemory(MB, 'test') },
         write('after', { text: 'C' }, { up: 'g' }),
       ],
       publish: [],
@@ -145,7 +145,7 @@ describe('stage cache', () => {
 describe('scheduler', () => {
   it('never runs stages together whose declared peaks exceed the memory budget', async () => {
     const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
-    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 300 }, {}, { peakMemoryBytes: 6e9 }));
+    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 300 }, {}, { memory: fixedMemory(6e9, 'test') }));
     const r = await run({ nodes, publish: [] }, { scheduler });
     expect(r.ok).toBe(true);
     expect(scheduler.maxReserved).toBe(6e9);
@@ -153,7 +153,7 @@ describe('scheduler', () => {
 
   it('runs independent stages side by side when they fit', async () => {
     const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
-    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1500 }, {}, { peakMemoryBytes: 3e9 }));
+    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1500 }, {}, { memory: fixedMemory(3e9, 'test') }));
     await run({ nodes, publish: [] }, { scheduler });
     expect(scheduler.maxReserved).toBe(9e9);
   });

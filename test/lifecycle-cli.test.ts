@@ -225,6 +225,8 @@ describe('numeric flags', () => {
     ['--jobs', '2x', "--jobs wants a whole number of at least 1, got '2x'"],
     ['--memory-budget', '-1', "--memory-budget wants a number of GB above 0, got '-1'"],
     ['--memory-budget', '8GB', "--memory-budget wants a number of GB above 0, got '8GB'"],
+    ['--shard-ceiling', '0', "--shard-ceiling wants a number of GB above 0, got '0'"],
+    ['--shard-ceiling', '1.5x', "--shard-ceiling wants a number of GB above 0, got '1.5x'"],
   ]) {
     it(`refuses ${flag} ${value} in one line naming the flag`, async () => {
       const r = await forge(['build', 'tiny-qwen3', '--arch', 'v81', flag, value]);

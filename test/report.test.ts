@@ -10,7 +10,7 @@ import type { OracleRow } from '../src/gates/oracle.js';
 
 const record: RunRecord = {
   recipe: 'tiny-qwen3', arch: 'v81', ok: false, status: 'failed', error: 'oracle: gate oracle failed',
-  stages: [{ name: 'fetch', status: 'cached', seconds: 0.01, peakRssBytes: null }, { name: 'oracle', status: 'ran', seconds: 1.5, peakRssBytes: 150e6 }],
+  stages: [{ name: 'fetch', status: 'cached', seconds: 0.01, peakRssBytes: null, peakPrivateBytes: null, peakMappedBytes: null }, { name: 'oracle', status: 'ran', seconds: 1.5, peakRssBytes: 150e6, peakPrivateBytes: 120e6, peakMappedBytes: 30e6, predicted: { privateBytes: 400e6, mappedBytes: 100e6, how: 'a fixed figure' } }],
   gates: { oracle: { ok: false, graphs: { 'quantize:w8/shard0.decode': { minCosine: 0.9123, ok: false } } as any } },
   summaries: {}, tools: { torch: '2.15.0' }, bundle: null, buildDir: '/x/build', seconds: 2.5,
 };

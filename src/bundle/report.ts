@@ -39,7 +39,14 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
   const out: Array<{ title: string; table: Table }> = [];
   out.push({
     title: 'Stages',
-    table: { head: ['stage', 'status', 'seconds', 'peak RSS'], rows: r.stages.map((s) => [s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(cached)' : mb(s.peakRssBytes)]) },
+    table: {
+      head: ['stage', 'status', 'seconds', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
+      rows: r.stages.map((s) => [
+        s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
+        s.peakPrivateBytes == null ? '' : mb(s.peakPrivateBytes), s.peakMappedBytes == null ? '' : mb(s.peakMappedBytes),
+        s.predicted ? `${mb(s.predicted.privateBytes)} + ${mb(s.predicted.mappedBytes)}${s.overPrediction ? ' (EXCEEDED)' : ''}` : '',
+      ]),
+    },
   });
   out.push({
     title: 'Gates',

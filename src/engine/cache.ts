@@ -7,7 +7,7 @@ import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import lockfile from 'proper-lockfile';
 import { hashTree, type FileDigest } from './hash.js';
-import type { Json } from './stage.js';
+import type { Json, MemoryPrediction } from './stage.js';
 
 export const META = 'meta.json';
 /** A lock its holder has not refreshed for this long belongs to a killed build. */
@@ -22,6 +22,12 @@ export interface EntryMeta {
   files: Record<string, FileDigest>;
   seconds: number;
   peakRssBytes: number;
+  /** Peak private (RssAnon) and mapped (RssFile) bytes of the stage's process tree (null off Linux; absent in entries made before they were measured). */
+  peakPrivateBytes?: number | null;
+  peakMappedBytes?: number | null;
+  /** What the stage was predicted to need when it ran, and whether it went over by more than 25%. */
+  predicted?: MemoryPrediction;
+  overPrediction?: string;
   outcome: { summary?: Json; gate?: { name: string; ok: boolean } };
 }
 

@@ -5,11 +5,13 @@ export interface Progress {
   start(stage: string): void;
   update(stage: string, done: number, total: number, label?: string): void;
   log(stage: string, message: string): void;
+  /** Shown whatever the verbosity (a stage that used more memory than predicted …). */
+  warn(stage: string, message: string): void;
   end(stage: string, status: string, seconds: number): void;
   close(): void;
 }
 
-export const silentProgress: Progress = { start() {}, update() {}, log() {}, end() {}, close() {} };
+export const silentProgress: Progress = { start() {}, update() {}, log() {}, warn() {}, end() {}, close() {} };
 
 /** One line per event on a stream (stderr by default, so `--json` keeps stdout clean). */
 export function lineProgress(stream: NodeJS.WritableStream = process.stderr, verbose = false): Progress {
@@ -24,6 +26,7 @@ export function lineProgress(stream: NodeJS.WritableStream = process.stderr, ver
       stream.write(`[forge] ${s}: ${pct}%${label ? ` ${label}` : ''}\n`);
     },
     log: (s, m) => verbose && stream.write(`[forge] ${s}: ${m}\n`),
+    warn: (s, m) => stream.write(`[forge] ${s}: warning: ${m}\n`),
     end: (s, status, seconds) => stream.write(`[forge] ${s}: ${status} (${seconds.toFixed(1)} s)\n`),
     close: () => {},
   };
@@ -51,6 +54,7 @@ export function barProgress(verbose = false): Progress {
       b.update(done, { label: label ?? '' });
     },
     log: (s, m) => verbose && multi.log(`${s}: ${m}\n`),
+    warn: (s, m) => multi.log(`${s}: warning: ${m}\n`),
     end: (s, status, seconds) => {
       const b = bar(s);
       b.setTotal(1);

@@ -18,6 +18,8 @@ export interface RunRecord {
   until?: string;
   error?: string;
   stages: StageRecord[];
+  /** The smaller shard ceiling the user asked for (--shard-ceiling): the plan is not the device-optimal one. */
+  shardCeilingBytes?: number;
   /** Re-plans after the compile ran out of HTP memory (at most two). */
   replans?: Array<{ reason: string; ceilingBytes: number }>;
   gates: Record<string, GateRecord>;

@@ -10,7 +10,9 @@ import { sha256Hex, stableStringify } from './hash.js';
 import { codeHash } from './code-hash.js';
 import type { EntryMeta, StageCache } from './cache.js';
 import type { Scheduler } from './scheduler.js';
-import type { Pipeline, StageModule, StageNode } from './stage.js';
+import { workingSet, type MemoryPrediction, type Pipeline, type StageModule, type StageNode } from './stage.js';
+import { watchTreeMemory, type MemoryPeak } from './memory.js';
+import { checkPrediction } from './predict.js';
 import type { ChildMessage, ChildRequest } from './child.js';
 import type { Progress } from './progress.js';
 import { repoRoot } from '../paths.js';
@@ -27,6 +29,13 @@ export interface StageRecord {
   seconds: number;
   /** Peak RSS of the stage's process tree when it ran here; null when it came from the cache. */
   peakRssBytes: number | null;
+  /** Peak private (RssAnon) and mapped (RssFile) bytes summed over its process tree, sampled from /proc; null when it did not run here (or off Linux). */
+  peakPrivateBytes: number | null;
+  peakMappedBytes: number | null;
+  /** What the stage was predicted to need (absent when its prediction could not be made: an input failed). */
+  predicted?: MemoryPrediction;
+  /** Set when the measured peak exceeded the prediction by more than 25%: which figure, by how much. */
+  overPrediction?: string;
   key?: string;
   error?: string;
 }
@@ -65,7 +74,8 @@ export function selectNodes(p: Pipeline, until?: string): StageNode[] {
   const visit = (id: string) => {
     if (keep.has(id)) return;
     keep.add(id);
-    for (const dep of [...Object.values(byId.get(id)!.inputs), ...(byId.get(id)!.after ?? [])]) visit(dep);
+    const n = byId.get(id)!;
+    for (const dep of [...Object.values(n.inputs), ...(n.after ?? []), ...n.memory.from]) visit(dep);
   };
   visit(until);
   return p.nodes.filter((n) => keep.has(n.id));
@@ -78,10 +88,14 @@ const tsxLoader = () => pathToFileURL(join(repoRoot(), 'node_modules', 'tsx', 'd
 // follows if it has not gone after this long.
 const STOP_GRACE_MS = 1500;
 
-function runChild(node: StageNode, req: ChildRequest, logFile: string, progress: Progress, stop: AbortSignal): Promise<{ outcome: EntryMeta['outcome']; peakRssBytes: number }> {
+type ChildResult = { outcome: EntryMeta['outcome']; peakRssBytes: number; memory: MemoryPeak | null };
+
+function runChild(node: StageNode, req: ChildRequest, logFile: string, progress: Progress, stop: AbortSignal): Promise<ChildResult> {
   return new Promise((resolve, reject) => {
     const log = createWriteStream(logFile);
     const child = fork(childScript(), [], { execArgv: ['--import', tsxLoader()], stdio: ['ignore', 'pipe', 'pipe', 'ipc'] });
+    // The whole tree (the stage process and every subprocess it runs), from fork to its 'done'.
+    const memory = child.pid !== undefined ? watchTreeMemory(child.pid) : null;
     child.stdout!.pipe(log, { end: false });
     child.stderr!.pipe(log, { end: false });
     let settled = false;
@@ -101,6 +115,7 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
     const finish = (fn: () => void) => {
       if (settled) return;
       settled = true;
+      memory?.stop();
       clearTimeout(timer);
       stop.removeEventListener('abort', onStop);
       fn();
@@ -126,7 +141,10 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
         progress.log(node.id, m.message);
       } else if (m.type === 'progress') progress.update(node.id, m.done, m.total, m.label);
       else if (pending) return; // being stopped: what it says now no longer counts
-      else if (m.type === 'done') finish(() => resolve({ outcome: (m.outcome ?? {}) as EntryMeta['outcome'], peakRssBytes: m.peakRssBytes }));
+      else if (m.type === 'done') {
+        const peak = memory?.stop() ?? null;
+        finish(() => resolve({ outcome: (m.outcome ?? {}) as EntryMeta['outcome'], peakRssBytes: m.peakRssBytes, memory: peak }));
+      }
       else if (m.type === 'failed') {
         if (!log.destroyed) log.write(`${m.stack ?? m.message}\n`);
         finish(() => reject(new Error(m.message)));
@@ -145,6 +163,9 @@ function runChild(node: StageNode, req: ChildRequest, logFile: string, progress:
 
 /** A stage stopped because another one failed or the build was interrupted. */
 export class StageCancelled extends Error {}
+
+/** The measured figures of a stage that did not run here (cached, skipped, failed, cancelled). */
+const NOT_MEASURED = { peakRssBytes: null, peakPrivateBytes: null, peakMappedBytes: null } as const;
 
 export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise<PipelineResult> {
   const nodes = selectNodes(pipeline, opts.until);
@@ -174,26 +195,70 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   // Temp dirs of builds killed earlier (nothing else will remove them).
   await opts.cache.sweepStaleTemps();
   const cancelled = (node: StageNode, seconds = 0, key?: string) => {
-    records.set(node.id, { name: node.id, status: 'cancelled', seconds, peakRssBytes: null, ...(key ? { key } : {}), error: String(stopAll.signal.reason) });
+    records.set(node.id, { name: node.id, status: 'cancelled', seconds, ...NOT_MEASURED, ...predictedOf(node), ...(key ? { key } : {}), error: String(stopAll.signal.reason) });
     opts.progress.end(node.id, 'cancelled', seconds);
     return null;
+  };
+
+  // Each node's memory prediction, made as soon as the outputs it reads exist (plan.json for the
+  // compile), so a stage that cannot fit is refused then, before hours of other stages.
+  const predictions = new Map<string, Promise<MemoryPrediction | null>>();
+  const predicted = new Map<string, MemoryPrediction>();
+  const predictedOf = (node: StageNode) => (predicted.has(node.id) ? { predicted: predicted.get(node.id)! } : {});
+  const refused = new Set<string>();
+  const refuse = (node: StageNode, message: string) => {
+    refused.add(node.id);
+    records.set(node.id, { name: node.id, status: 'failed', seconds: 0, ...NOT_MEASURED, ...predictedOf(node), error: message });
+    opts.progress.end(node.id, 'failed', 0);
+    failures.set(node.id, message);
+    if (!stopAll.signal.aborted) stopAll.abort(`stopped: ${node.id} was refused (memory)`);
+  };
+  const blocked = (m: EntryMeta | null) => m === null || (m.outcome.gate !== undefined && !m.outcome.gate.ok);
+  const predictNode = async (node: StageNode): Promise<MemoryPrediction | null> => {
+    const metas = await Promise.all(node.memory.from.map((id) => done.get(id)!));
+    if (metas.some((m) => m === null)) return null; // the stage will be skipped with its failed input
+    const dirs = Object.fromEntries(node.memory.from.map((id, i) => [id, opts.cache.entryDir(id, metas[i]!.key)]));
+    let p: MemoryPrediction;
+    try {
+      p = node.memory.predict(dirs);
+    } catch (e) {
+      refuse(node, `cannot predict its memory: ${(e as Error).message}`);
+      return null;
+    }
+    predicted.set(node.id, p);
+    const remedy = node.memory.remedy;
+    const why = opts.scheduler.refusal(node.id, p, remedy ? (limit) => remedy(dirs, p, limit) : undefined);
+    if (!why) return p;
+    // Only a stage that would run is refused: one in the cache needs no memory. Its inputs fix its
+    // key; they are waited for, its `after` nodes (the long gates before a compile) are not.
+    const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, await done.get(id)!] as const));
+    if (upstream.some(([, m]) => blocked(m))) return null; // skipped with its failed input
+    const key = keyOf(node, Object.fromEntries(upstream.map(([name, m]) => [name, m!.contentHash])));
+    if (!force.has(node.id) && (await opts.cache.lookup(node.id, key))) return p;
+    refuse(node, why);
+    return null;
+  };
+  const keyOf = (node: StageNode, inputHashes: Record<string, string>) => {
+    const mod = modules.get(node.id)!;
+    const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
+    return cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
   };
 
   const runNode = async (node: StageNode): Promise<EntryMeta | null> => {
     const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, id, await done.get(id)!] as const));
     const order = await Promise.all((node.after ?? []).map((id) => done.get(id)!));
+    const prediction = await predictions.get(node.id)!;
+    if (refused.has(node.id)) return null;
     const t0 = performance.now();
     const seconds = () => (performance.now() - t0) / 1000;
-    const blocked = (m: EntryMeta | null) => m === null || (m.outcome.gate !== undefined && !m.outcome.gate.ok);
-    if (upstream.some(([, , m]) => blocked(m)) || order.some(blocked)) {
-      records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, peakRssBytes: null });
+    if (upstream.some(([, , m]) => blocked(m)) || order.some(blocked) || prediction === null) {
+      records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, ...NOT_MEASURED, ...predictedOf(node) });
       return null;
     }
     if (stopAll.signal.aborted) return cancelled(node);
     const mod = modules.get(node.id)!;
     const tools = Object.fromEntries(node.tools.map((t) => [t, opts.toolVersions[t]]));
-    const inputHashes = Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash]));
-    const key = cacheKey({ stage: mod.name, version: mod.version, code: codeHash(node.module), params: node.params, inputs: inputHashes, tools });
+    const key = keyOf(node, Object.fromEntries(upstream.map(([name, , m]) => [name, m!.contentHash])));
     const inputs = Object.fromEntries(upstream.map(([name, id, m]) => [name, opts.cache.entryDir(id, m!.key)]));
     // A gate's verdict is part of its entry: a cached failed gate fails this build too.
     const failedGate = (m: EntryMeta) => {
@@ -202,14 +267,14 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     };
     const hit = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
     if (hit) {
-      records.set(node.id, { name: node.id, status: 'cached', seconds: seconds(), peakRssBytes: null, key });
+      records.set(node.id, { name: node.id, status: 'cached', seconds: seconds(), ...NOT_MEASURED, predicted: prediction, key });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: hit });
       opts.progress.end(node.id, 'cached', seconds());
       failedGate(hit);
       return hit;
     }
     try {
-      const meta = await opts.scheduler.run(node.peakMemoryBytes, async () => {
+      const meta = await opts.scheduler.run(workingSet(prediction), async () => {
         if (stopAll.signal.aborted) throw new StageCancelled(String(stopAll.signal.reason));
         return opts.cache.withLock(node.id, key, async () => {
           // Another build may have made it while we waited for the lock.
@@ -223,9 +288,13 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
           try {
             const started = performance.now();
             const res = await runChild(node, { module: node.module, params: node.params, inputs, out, tools }, join(logDir, `${key}.log`), opts.progress, stopAll.signal);
+            const overPrediction = checkPrediction(prediction, res.memory);
+            if (overPrediction) opts.progress.warn(node.id, overPrediction);
             const meta = await opts.cache.commit(out, {
               stage: node.id, module: mod.name, version: mod.version, key,
-              seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes, outcome: res.outcome,
+              seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes,
+              peakPrivateBytes: res.memory?.privateBytes ?? null, peakMappedBytes: res.memory?.mappedBytes ?? null,
+              predicted: prediction, ...(overPrediction ? { overPrediction } : {}), outcome: res.outcome,
             });
             return { meta, ran: true };
           } catch (e) {
@@ -237,7 +306,11 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
         });
       });
       const status = meta.ran ? 'ran' : 'cached';
-      records.set(node.id, { name: node.id, status, seconds: seconds(), peakRssBytes: meta.ran ? meta.meta.peakRssBytes : null, key });
+      const m = meta.meta;
+      const measured = meta.ran
+        ? { peakRssBytes: m.peakRssBytes, peakPrivateBytes: m.peakPrivateBytes ?? null, peakMappedBytes: m.peakMappedBytes ?? null, ...(m.overPrediction ? { overPrediction: m.overPrediction } : {}) }
+        : NOT_MEASURED;
+      records.set(node.id, { name: node.id, status, seconds: seconds(), ...measured, predicted: prediction, key });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
       opts.progress.end(node.id, status, seconds());
       failedGate(meta.meta);
@@ -245,7 +318,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     } catch (e) {
       if (e instanceof StageCancelled) return cancelled(node, seconds(), key);
       const message = (e as Error).message;
-      records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), peakRssBytes: null, key, error: message });
+      records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), ...NOT_MEASURED, predicted: prediction, key, error: message });
       opts.progress.end(node.id, 'failed', seconds());
       failures.set(node.id, message);
       if (!stopAll.signal.aborted) stopAll.abort(`stopped after ${node.id} failed`);
@@ -255,9 +328,13 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
 
   // Nodes are listed in dependency order; each awaits its inputs, so independent ones overlap.
   for (const node of nodes) {
-    for (const dep of [...Object.values(node.inputs), ...(node.after ?? [])]) {
+    for (const dep of [...Object.values(node.inputs), ...(node.after ?? []), ...node.memory.from]) {
       if (!done.has(dep)) throw new Error(`stage ${node.id} reads '${dep}', which is not an earlier stage`);
     }
+    predictions.set(node.id, predictNode(node).catch((e: Error) => {
+      refuse(node, `cannot predict its memory: ${e.message}`);
+      return null;
+    }));
     done.set(node.id, runNode(node));
   }
   await Promise.all(done.values());

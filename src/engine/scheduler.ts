@@ -1,51 +1,70 @@
 // p-queue bounds how many stages run at once; the memory budget bounds what they may use together.
-// A stage that alone exceeds the budget still runs, but only when nothing else is running.
+// Each stage reserves its predicted working set (private bytes plus the mapped pages it keeps
+// touching: see MemoryPrediction) for as long as it runs. A stage predicted over the limit alone is
+// never started: the engine refuses it (refusal()) as soon as its prediction is known.
+import { totalmem } from 'node:os';
 import PQueue from 'p-queue';
+import { workingSet, type MemoryPrediction } from './stage.js';
+import { formatBytes as gb } from './memory.js';
 
 export interface SchedulerOptions {
   concurrency: number;
   memoryBudgetBytes: number;
+  /** The machine's memory (default: os.totalmem()); a budget above it is capped to it. */
+  machineBytes?: number;
 }
+
 
 export class Scheduler {
   private readonly queue: PQueue;
   private reserved = 0;
-  private running = 0;
   private waiters: Array<() => void> = [];
-  /** Highest sum of declared peaks that ran at once; tests read it to check the budget held. */
+  /** Highest sum of reserved working sets that ran at once; tests read it to check the budget held. */
   maxReserved = 0;
+  /** What running stages may reserve together: the budget, or the machine when that is smaller. */
+  readonly limitBytes: number;
 
   constructor(readonly options: SchedulerOptions) {
     this.queue = new PQueue({ concurrency: Math.max(1, options.concurrency) });
+    this.limitBytes = Math.min(options.memoryBudgetBytes, options.machineBytes ?? totalmem());
   }
 
-  private fits(bytes: number): boolean {
-    return this.running === 0 || this.reserved + bytes <= this.options.memoryBudgetBytes;
+  /** Why a stage with this prediction may not run at all (it alone exceeds the limit), or null. */
+  refusal(stage: string, p: MemoryPrediction, remedy?: (limitBytes: number) => string): string | null {
+    const need = workingSet(p);
+    if (need <= this.limitBytes) return null;
+    const machine = this.options.machineBytes ?? totalmem();
+    const limit = this.options.memoryBudgetBytes <= machine
+      ? `the memory budget of ${gb(this.options.memoryBudgetBytes)} (--memory-budget; this machine has ${gb(machine)})`
+      : `this machine's ${gb(machine)} of memory (--memory-budget ${gb(this.options.memoryBudgetBytes)} is more than it has)`;
+    const split = p.mappedBytes > 0 ? ` (${gb(p.privateBytes)} private + ${gb(p.mappedBytes)} mapped)` : '';
+    const options = remedy ? `; ${remedy(this.limitBytes)}` : '';
+    return `refused before it started: ${stage} is predicted to need ${gb(need)}${split}, over ${limit}; predicted from ${p.how}${options}`;
   }
 
   private async reserve(bytes: number): Promise<void> {
-    while (!this.fits(bytes)) await new Promise<void>((r) => this.waiters.push(r));
+    while (this.reserved + bytes > this.limitBytes) await new Promise<void>((r) => this.waiters.push(r));
     this.reserved += bytes;
-    this.running += 1;
     this.maxReserved = Math.max(this.maxReserved, this.reserved);
   }
 
   private release(bytes: number): void {
     this.reserved -= bytes;
-    this.running -= 1;
     const waiters = this.waiters;
     this.waiters = [];
     for (const w of waiters) w();
   }
 
-  /** Runs fn when a slot is free and its declared peak memory fits beside what is running. */
-  run<T>(peakMemoryBytes: number, fn: () => Promise<T>): Promise<T> {
+  /** Runs fn when a slot is free and its predicted working set fits beside what is running. */
+  run<T>(bytes: number, fn: () => Promise<T>): Promise<T> {
+    // The engine refuses such a stage first; waiting here would be forever.
+    if (bytes > this.limitBytes) return Promise.reject(new Error(`a stage needing ${gb(bytes)} cannot run under a ${gb(this.limitBytes)} limit`));
     return this.queue.add(async () => {
-      await this.reserve(peakMemoryBytes);
+      await this.reserve(bytes);
       try {
         return await fn();
       } finally {
-        this.release(peakMemoryBytes);
+        this.release(bytes);
       }
     }) as Promise<T>;
   }

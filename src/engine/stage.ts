@@ -48,11 +48,47 @@ export interface StageNode {
   after?: string[];
   /** Tool names whose versions enter the cache key (see toolchain/versions). */
   tools: string[];
-  /** Expected peak memory, so the scheduler keeps the sum under the budget. */
-  peakMemoryBytes: number;
+  /**
+   * Expected peak memory, a function of what the stage processes: the scheduler keeps the sum of
+   * running stages' predictions under the budget, and a stage predicted over it is refused.
+   */
+  memory: StageMemory;
   /** Give up after this long (a hung compile must not hang the build). */
   timeoutSeconds?: number;
 }
+
+/**
+ * A stage's predicted peak. private: anonymous memory (cannot be dropped); mapped: file pages it
+ * maps and keeps touching (weights read at every step), its resident working set beside private.
+ * Pages it only streams through once are not counted: the kernel drops them as it goes.
+ */
+export interface MemoryPrediction {
+  privateBytes: number;
+  mappedBytes: number;
+  /** How the figure was computed (the inputs' sizes and the formula), for the record and a refusal. */
+  how: string;
+}
+
+export interface StageMemory {
+  /**
+   * Earlier nodes whose outputs the prediction reads (plan.json, the checkpoint …). It is
+   * evaluated as soon as they are done, so a stage that cannot fit is refused then, not when its
+   * turn comes after hours of other stages. Need not be inputs of the stage.
+   */
+  from: string[];
+  /** dirs: node id (of `from`) → its output directory. */
+  predict(dirs: Record<string, string>): MemoryPrediction;
+  /** What the user can do when the stage is refused under limitBytes (appended to the refusal). */
+  remedy?(dirs: Record<string, string>, p: MemoryPrediction, limitBytes: number): string;
+}
+
+/** A prediction that does not depend on any input (a stage whose memory is independent of model size). */
+export function fixedMemory(privateBytes: number, how: string, mappedBytes = 0): StageMemory {
+  return { from: [], predict: () => ({ privateBytes, mappedBytes, how }) };
+}
+
+/** What the scheduler reserves for a prediction: the private bytes plus the mapped working set. */
+export const workingSet = (p: MemoryPrediction) => p.privateBytes + p.mappedBytes;
 
 export interface Pipeline {
   nodes: StageNode[];

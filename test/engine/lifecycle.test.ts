@@ -13,7 +13,7 @@ import { runPipeline, type RunOptions } from '../../src/engine/run.js';
 import { silentProgress } from '../../src/engine/progress.js';
 import { runOwned, killOwnedGroups, ownedGroupCount } from '../../src/engine/subprocess.js';
 import { describeFailure } from '../../src/engine/io-failure.js';
-import type { Pipeline, StageNode } from '../../src/engine/stage.js';
+import { fixedMemory, type Pipeline, type StageNode } from '../../src/engine/stage.js';
 import type { WriteParams } from '../fixtures/stages/write.js';
 import type { SpawnParams } from '../fixtures/stages/spawn.js';
 import { alive, describePids, pidsWithEnv, sleep, waitFor } from '../helpers/procs.js';
@@ -30,9 +30,9 @@ beforeEach(() => {
 afterEach(() => rmSync(dir, { recursive: true, force: true }));
 
 const write = (id: string, params: WriteParams, inputs: Record<string, string> = {}): StageNode => ({
-  id, module: WRITE, params: params as any, inputs, tools: [], peakMemoryBytes: 1,
+  id, module: WRITE, params: params as any, inputs, tools: [], memory: fixedMemory(1, 'test'),
 });
-const spawnStage = (id: string, params: SpawnParams): StageNode => ({ id, module: SPAWN, params: params as any, inputs: {}, tools: [], peakMemoryBytes: 1 });
+const spawnStage = (id: string, params: SpawnParams): StageNode => ({ id, module: SPAWN, params: params as any, inputs: {}, tools: [], memory: fixedMemory(1, 'test') });
 
 function run(p: Pipeline, opts: Partial<RunOptions> = {}) {
   return runPipeline(p, {
@@ -113,7 +113,7 @@ describe('the first error', () => {
     const r = await run({
       nodes: [
         write('trace', { text: 'T' }),
-        { id: 'oracle', module: GATE, params: { want: 'nothing like it' } as any, inputs: { value: 'trace' }, tools: [], peakMemoryBytes: 1 },
+        { id: 'oracle', module: GATE, params: { want: 'nothing like it' } as any, inputs: { value: 'trace' }, tools: [], memory: fixedMemory(1, 'test') },
         write('parity', { text: 'P', sleepMs: 500 }, { up: 'trace' }),
       ],
       publish: [],

@@ -16,6 +16,7 @@ import { GRAPHS_JSON, type ContextEntry, type ExportManifest } from '../../famil
 import { compileContext, QnnCompileError, type CompileReport } from './compile.js';
 import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
+import { watchTreeMemory, type MemoryPeak } from '../../engine/memory.js';
 
 /** Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version. */
 export type CompileToolchain = { kind: 'onnxruntime-qnn' } | { kind: 'qairt'; version: string };
@@ -48,6 +49,13 @@ export interface CompiledContext {
   compileSeconds: number;
   qairtVersion: string | null;
   toolchain: CompileToolchain['kind'];
+  /**
+   * Peak private (RssAnon) and mapped (RssFile) bytes of the stage's process tree while this context
+   * compiled (the helper with its QNN libraries): what pipelines/memory.ts COMPILE is calibrated
+   * against, per context. null off Linux.
+   */
+  peakPrivateBytes: number | null;
+  peakMappedBytes: number | null;
 }
 
 /** The marker build.ts looks for to re-plan with smaller shards. */
@@ -101,7 +109,7 @@ async function compileWith(c: ContextEntry, src: string, out: string, p: Compile
   return { report: { ...r, describe }, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
 }
 
-async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null, log: (m: string) => void): Promise<{ entry: CompiledContext; peak: number }> {
+async function compileOne(c: ContextEntry, src: string, out: string, p: CompileParams, qdq: boolean, qairt: Qairt | null, log: (m: string) => void): Promise<{ entry: Omit<CompiledContext, 'peakPrivateBytes' | 'peakMappedBytes'>; peak: number }> {
   if (p.fakeHtpLimitBytes !== undefined && c.dataBytes > p.fakeHtpLimitBytes) {
     throw new Error(`${MEMORY_FAILURE} compiling ${c.name} (${c.dataBytes} bytes of weights; simulated by FORGE_FAKE_HTP_LIMIT_BYTES=${p.fakeHtpLimitBytes})`);
   }
@@ -165,13 +173,20 @@ export const stage: StageModule<CompileParams> = {
       const done: CompiledContext[] = [];
       for (const [i, c] of exp.contexts.entries()) {
         ctx.progress(i, exp.contexts.length, c.name);
-        const r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
+        const memory = watchTreeMemory(process.pid);
+        let r: Awaited<ReturnType<typeof compileOne>>;
+        let peak: MemoryPeak | null;
+        try {
+          r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
+        } finally {
+          peak = memory.stop();
+        }
         ctx.notePeakRss(r.peak);
-        done.push(r.entry);
+        done.push({ ...r.entry, peakPrivateBytes: peak?.privateBytes ?? null, peakMappedBytes: peak?.mappedBytes ?? null });
       }
       return done;
     });
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
-    return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch })), qairt: compiled[0]?.qairtVersion ?? null } };
+    return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch, peakPrivateBytes: c.peakPrivateBytes, peakMappedBytes: c.peakMappedBytes })), qairt: compiled[0]?.qairtVersion ?? null } };
   },
 };

@@ -1,0 +1,167 @@
+// Every stage's predicted peak memory, in one place: a floor (the process and its runtime: node,
+// Python with torch, ORT) plus a multiple of the bytes the stage processes (the checkpoint, a
+// context's weights from plan.json, the exported graphs' weights). Each constant names the
+// measurement it comes from; `measured` ones were fitted to runs, `provisional` ones describe a stage
+// that is being rewritten (its figure is today's, and will move). The run record puts each stage's
+// prediction beside its measured peak and warns past 25% over: recalibrate here from those records
+// (bench/build.ts prints them at real size).
+//
+// private = anonymous memory; mapped = file pages the stage keeps touching (see MemoryPrediction).
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { workingSet, type MemoryPrediction, type StageMemory } from '../src/engine/stage.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import type { ShardPlan } from '../src/plan/shards.js';
+import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { formatBytes as gb } from '../src/engine/memory.js';
+
+const GB = 1e9;
+
+/** floor + perByte × bytes, as private (and optionally mapped) bytes, saying how. */
+interface Linear {
+  /** Private bytes with nothing to process. */
+  floor: number;
+  /** Private bytes per byte processed. */
+  perByte: number;
+  /** Mapped working set: floor, and per byte processed. */
+  mappedFloor?: number;
+  mappedPerByte?: number;
+}
+
+function linear(m: Linear, bytes: number, what: string): MemoryPrediction {
+  const privateBytes = Math.round(m.floor + m.perByte * bytes);
+  const mappedBytes = Math.round((m.mappedFloor ?? 0) + (m.mappedPerByte ?? 0) * bytes);
+  const mapped = m.mappedPerByte ? `${gb(m.mappedFloor ?? 0)} + ${m.mappedPerByte} × that` : gb(m.mappedFloor ?? 0);
+  return { privateBytes, mappedBytes, how: `${gb(m.floor)} + ${m.perByte} × ${gb(bytes)} (${what}) private, ${mapped} mapped` };
+}
+
+const fixed = (privateBytes: number, mappedBytes: number, source: string): StageMemory => ({
+  from: [], predict: () => ({ privateBytes, mappedBytes, how: `a fixed ${gb(privateBytes)} private, ${gb(mappedBytes)} mapped (${source})` }),
+});
+
+/** The checkpoint's weight bytes, from the fetch stage's record of its files. */
+export function checkpointBytes(fetchDir: string): number {
+  const ref = readCheckpointRef(fetchDir);
+  return Object.entries(ref.files).filter(([f]) => f.endsWith('.safetensors')).reduce((a, [, n]) => a + n, 0);
+}
+
+function readPlan(planDir: string): ShardPlan {
+  return JSON.parse(readFileSync(join(planDir, 'plan.json'), 'utf8')) as ShardPlan;
+}
+
+/** The contexts a plan compiles, by name and weight bytes (the compile runs them one after another). */
+export function planContexts(plan: ShardPlan): Array<{ name: string; bytes: number }> {
+  const out = plan.shards.map((s) => ({ name: `shard${s.index}`, bytes: s.weightBytes }));
+  if (plan.lmHead.placement === 'separate') out.push({ name: 'lm_head', bytes: plan.lmHead.bytes });
+  return out;
+}
+
+/** The largest context of an export (weights as that export stored them). */
+function largestExported(dir: string): { name: string; bytes: number } {
+  const m = JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  return m.contexts.map((c) => ({ name: c.name, bytes: c.dataBytes })).reduce((a, b) => (b.bytes > a.bytes ? b : a));
+}
+
+function exportedTotal(dir: string): number {
+  const m = JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  return m.contexts.reduce((a, c) => a + c.dataBytes, 0);
+}
+
+// ---- the constants ----------------------------------------------------------------------------
+// Floors: tiny-qwen3 v81 on this machine (2 cores, 24 GB), FORGE_CACHE empty, each stage's measured
+// peak private / mapped: fetch 558 / 514 MB (the twin is made with torch), plan 54 / 45, trace
+// 471 / 499, export 66 / 46, quantize 75 / 46, oracle 79 / 74, compile 148 / 147, parity 73 / 75,
+// emulation 211 / 147, bundle 62 / 45 (native: 44 / 45, its C++ build was cached). Reproduce:
+// FORGE_CACHE=$(mktemp -d) ./forge build tiny-qwen3 --arch v81 --json (stages[].peakPrivateBytes …).
+
+/**
+ * compile (onnxruntime-qnn), per context; contexts compile one after another, so the stage's peak is
+ * its largest context's. measured, in the plan's weight bytes of the context:
+ * - tiny-qwen3 shard0 (0.2 MB): 148 MB private, 147 MB mapped (the floor);
+ * - synthetic Qwen3-4B shard0 under --shard-ceiling 0.65 (615 MB, 6 layers; binary 639 MB):
+ *   6.69 GB private at the spike as the binary is written (steady ~3.7 GB while the decode graph
+ *   prepares), 0.70 GB mapped (the binary read back at the end), 424 s
+ *   (bench/compile-memory.ts, under heavy.sh -x);
+ * - synthetic Qwen3-4B default plan (1.85 GB shards, 1.91 GB binaries): 20.2 GB peak RSS (issue 12;
+ *   not split into private and mapped).
+ * 0.15 GB + 10.7 × bytes gives 6.73 GB (+0.6%) and 19.9 GB (-1.5% of the RSS) for the two.
+ */
+export const COMPILE: Linear = { floor: 0.15 * GB, perByte: 10.7, mappedFloor: 0.16 * GB, mappedPerByte: 0.9 };
+
+/**
+ * trace: provisional (engineer A is bounding it): today the whole model in fp32, 21.4 GB RSS for the
+ * 8.04 GB bf16 Qwen3-4B (issue 12) ≈ 2.6 × its bytes; floor measured on tiny-qwen3 (torch).
+ */
+export const TRACE: Linear = { floor: 0.5 * GB, perByte: 2.6, mappedFloor: 0.55 * GB };
+
+/**
+ * oracle: provisional (engineer C): 8.5 GB at 4B (issue 12), its largest fp32 context 7.4 GB ≈ 1.1 ×;
+ * one session at a time. Floor measured on tiny-qwen3.
+ */
+export const ORACLE: Linear = { floor: 0.1 * GB, perByte: 1.1, mappedFloor: 0.1 * GB };
+
+/**
+ * parity: provisional (engineer D): today every graph has its own session and copy of its shard's
+ * weights (prefill and decode): over 22 GB at 4B and killed (issue 12), so 2 × the fp32 weights is
+ * a lower bound. Floor measured on tiny-qwen3.
+ */
+export const PARITY: Linear = { floor: 0.1 * GB, perByte: 2, mappedFloor: 0.1 * GB };
+
+/** emulation (x86 HTP simulator; tiny twins only): provisional 3 × the W8 weights; floor measured on tiny-qwen3. */
+export const EMULATION: Linear = { floor: 0.25 * GB, perByte: 3, mappedFloor: 0.2 * GB };
+
+export const stageMemory = {
+  /** fetch: streams the checkpoint through sha256 and the NaN scan; a twin is made with torch (measured 558 / 514 MB). */
+  fetch: fixed(0.65 * GB, 0.6 * GB, 'measured on tiny-qwen3, whose twin is made with torch; a local checkpoint is streamed'),
+  plan: fixed(0.1 * GB, 0.1 * GB, 'reads config.json; measured on tiny-qwen3'),
+  /** export and quantize stream tensor by tensor: quantize of the 4B synthetic measured 121 / 46 MB here; export 0.15 GB RSS (issue 12). */
+  export: fixed(0.2 * GB, 0.1 * GB, 'streams tensor by tensor: 0.15 GB RSS at 4B (issue 12)'),
+  quantize: fixed(0.2 * GB, 0.1 * GB, 'streams tensor by tensor: 121 MB private, 46 MB mapped at 4B'),
+  /** native: the C++ build (g++ on 2 cores); not measured (it was cached in every run here): provisional. */
+  native: fixed(1.0 * GB, 0.1 * GB, 'the C++ build; provisional, not measured'),
+  bundle: fixed(0.1 * GB, 0.1 * GB, 'copies files; measured on tiny-qwen3'),
+  trace: { from: ['fetch'], predict: (d) => linear(TRACE, checkpointBytes(d.fetch), 'checkpoint bytes; provisional') } satisfies StageMemory,
+  oracle: {
+    from: ['export'],
+    predict: (d) => { const c = largestExported(d.export); return linear(ORACLE, c.bytes, `largest fp32 context ${c.name}; provisional`); },
+  } satisfies StageMemory,
+  parity: { from: ['export'], predict: (d) => linear(PARITY, exportedTotal(d.export), 'all fp32 graph weights; provisional') } satisfies StageMemory,
+  emulation: { from: ['quantize'], predict: (d) => linear(EMULATION, exportedTotal(d.quantize), 'all W8 graph weights; provisional') } satisfies StageMemory,
+/** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */
+  compile: {
+    from: ['plan'],
+    predict: (d) => compilePrediction(readPlan(d.plan)),
+    remedy: (d, p, limit) => compileOptions(readPlan(d.plan), p, limit),
+  } satisfies StageMemory,
+};
+
+/**
+ * What a user whose machine cannot compile this plan can do. forge never changes the plan by itself
+ * to suit the build machine: the plan is cut for the device, and a smaller ceiling means more,
+ * smaller contexts on the phone too.
+ */
+export function compileOptions(plan: ShardPlan, p: MemoryPrediction, limitBytes: number): string {
+  // The default budget keeps 10% of the machine (at least 2 GB) back: see defaultMemoryBudget.
+  const need = workingSet(p);
+  const machine = `a machine with at least ${Math.ceil(Math.max(need / 0.9, need + 2 * GB) / GB)} GB of memory`;
+  // The largest context that would fit under the limit, by the same model (private and mapped).
+  const fits = (limitBytes - COMPILE.floor - (COMPILE.mappedFloor ?? 0)) / (COMPILE.perByte + (COMPILE.mappedPerByte ?? 0));
+  const layer = Math.max(...plan.shards.map((s) => s.weightBytes / (s.last - s.first + 1)));
+  const head = plan.lmHead.placement === 'separate' ? plan.lmHead.bytes : 0;
+  // A smaller shard ceiling helps only when a layer and the separate lm-head fit under it.
+  if (fits <= 0) return `options: ${machine} (no shard ceiling fits: the compiler needs ${gb(COMPILE.floor + (COMPILE.mappedFloor ?? 0))} before any weights)`;
+  if (fits < layer || head > fits) return `options: ${machine} (no shard ceiling fits: ${head > fits ? `the lm-head context alone is ${gb(head)}` : `one layer stores ${gb(layer)}`})`;
+  // Three significant digits, rounded down (a tiny twin's contexts are kilobytes).
+  const digits = Math.max(0, 2 - Math.floor(Math.log10(fits / GB)));
+  const ceiling = Math.floor((fits / GB) * 10 ** digits) / 10 ** digits;
+  return `options: a smaller shard ceiling for this build (--shard-ceiling ${ceiling} or less: more, smaller contexts than the device-optimal plan), or ${machine}`;
+}
+
+
+/** The compile's peak: its largest context's (they compile one after another). */
+export function compilePrediction(plan: ShardPlan): MemoryPrediction {
+  const largest = planContexts(plan).reduce((a, b) => (b.bytes > a.bytes ? b : a));
+  const p = linear(COMPILE, largest.bytes, `context ${largest.name}'s weights in plan.json, the largest of ${plan.contexts}`);
+  return { ...p, how: `compile of ${largest.name}: ${p.how}` };
+}
+

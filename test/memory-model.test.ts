@@ -1,0 +1,90 @@
+// The build's memory model (pipelines/memory.ts): what each stage is predicted to need, from what it
+// processes, and what a user whose machine cannot compile a plan is told.
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { COMPILE, TRACE, compileOptions, compilePrediction, stageMemory } from '../pipelines/memory.js';
+import { buildPipeline } from '../pipelines/build.js';
+import { defaultMemoryBudget } from '../src/build.js';
+import { archSettings, loadRecipe } from '../src/recipe/load.js';
+import type { ShardPlan } from '../src/plan/shards.js';
+
+const GB = 1e9;
+
+/** A plan of `shards` shards of `layers` layers each at `shardBytes`, and a separate lm-head. */
+function plan(shards: number, shardBytes: number, headBytes: number, layers = 6): ShardPlan {
+  return {
+    arch: 'v81', socModel: 87, ceilingBytes: 2 * GB, quant: 'w8', layers: shards * layers,
+    shards: Array.from({ length: shards }, (_, i) => ({ index: i, first: i * layers, last: i * layers + layers - 1, weightBytes: shardBytes, graphs: ['prefill', 'decode'] })),
+    lmHead: { placement: 'separate', quant: 'fp16', bytes: headBytes, tied: true },
+    hostTables: [], contexts: shards + 1, totalContextBytes: shards * shardBytes + headBytes,
+  };
+}
+
+describe('compile memory', () => {
+  it('is its largest context\'s prediction (contexts compile one after another), naming the context', () => {
+    const p = compilePrediction(plan(2, 1.91 * GB, 0.78 * GB));
+    expect(p.privateBytes).toBe(Math.round(COMPILE.floor + COMPILE.perByte * 1.91 * GB));
+    expect(p.how).toMatch(/^compile of shard0: .* × 1\.91 GB \(context shard0's weights in plan\.json, the largest of 3\)/);
+    // A separate lm-head larger than every shard is the one that counts.
+    expect(compilePrediction(plan(6, 0.6 * GB, 0.78 * GB)).how).toMatch(/^compile of lm_head:/);
+  });
+
+  it('grows with the context: a plan cut under a smaller ceiling is predicted to need less', () => {
+    expect(compilePrediction(plan(7, 0.6 * GB, 0.3 * GB)).privateBytes).toBeLessThan(compilePrediction(plan(2, 1.91 * GB, 0.78 * GB)).privateBytes);
+  });
+
+  it('names a shard ceiling that would fit the limit, when the layers and the lm-head allow one', () => {
+    const pl = plan(2, 1.91 * GB, 0.5 * GB);
+    const p = compilePrediction(pl);
+    const text = compileOptions(pl, p, 12 * GB);
+    const ceiling = Number(/--shard-ceiling ([\d.]+)/.exec(text)![1]) * GB;
+    expect(text).toMatch(/^options: a smaller shard ceiling for this build \(--shard-ceiling [\d.]+ or less: more, smaller contexts than the device-optimal plan\), or a machine with at least \d+ GB of memory/);
+    // The ceiling it names is predicted to fit the limit by the same model.
+    const at = compilePrediction(plan(6, ceiling, 0.5 * GB));
+    expect(at.privateBytes + at.mappedBytes).toBeLessThanOrEqual(12 * GB);
+    expect(ceiling).toBeGreaterThan(0.3 * GB); // a layer (0.32 GB) fits under it
+  });
+
+  it('names only a bigger machine when no shard ceiling can help (the lm-head context alone is over)', () => {
+    const pl = plan(2, 1.91 * GB, 0.78 * GB);
+    expect(compileOptions(pl, compilePrediction(pl), 5 * GB)).toMatch(/^options: a machine with at least \d+ GB of memory \(no shard ceiling fits: the lm-head context alone is 780\.0 MB\)$/);
+  });
+});
+
+describe('the options a refused compile names', () => {
+  it('says when not even an empty context fits: only a bigger machine helps', () => {
+    const pl = plan(1, 0.2e6, 0.1e6);
+    expect(compileOptions(pl, compilePrediction(pl), 0.3 * GB)).toMatch(/^options: a machine with at least \d+ GB of memory \(no shard ceiling fits: the compiler needs 310\.0 MB before any weights\)$/);
+  });
+});
+
+describe('the build pipeline\'s predictions', () => {
+  it('every stage has one, computed from earlier stages only; the compile\'s from the plan', () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const p = buildPipeline(recipe, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } });
+    const seen = new Set<string>();
+    for (const n of p.nodes) {
+      for (const f of n.memory.from) expect(seen.has(f), `${n.id} predicts from ${f}`).toBe(true);
+      seen.add(n.id);
+    }
+    expect(p.nodes.find((n) => n.id === 'compile')!.memory.from).toEqual(['plan']);
+  });
+
+  it('predicts the trace from the checkpoint\'s bytes as the fetch stage recorded them', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-memory-model-'));
+    writeFileSync(join(dir, 'checkpoint.json'), JSON.stringify({ dir: '/x', source: { kind: 'local', path: '/x' }, files: { 'model-1.safetensors': 5 * GB, 'model-2.safetensors': 3 * GB, 'tokenizer.json': 1e7 } }));
+    const p = stageMemory.trace.predict({ fetch: dir });
+    expect(p.privateBytes).toBe(Math.round(TRACE.floor + TRACE.perByte * 8 * GB));
+    expect(p.how).toMatch(/8\.00 GB \(checkpoint bytes/);
+  });
+});
+
+describe('the default memory budget', () => {
+  it('keeps 10% of the machine back, at least 2 GB', () => {
+    expect(defaultMemoryBudget(25 * GB)).toBe(22.5 * GB);
+    expect(defaultMemoryBudget(8 * GB)).toBe(6 * GB);
+  });
+});
