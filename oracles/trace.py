@@ -170,7 +170,9 @@ FAMILIES = {  # model_type -> (capture, hooks, what is not captured yet)
 # own (embeddings, final norm, lm_head, projections) materialises just those. An nn.Embedding called
 # with token ids gets a full-shape weight whose rows for those ids only are filled (the rest are
 # never read, and an untouched torch.empty is not resident), so a 150k-row table costs a few rows.
-# So the private peak is max(largest decoder layer, lm_head) in fp32 plus activations and caches.
+# The other units take turns in one reused fp32 buffer (the arena, as large as the largest unit), so
+# the private peak is max(largest decoder layer, lm_head) in fp32 plus the process, caches and the
+# recorded tensors.
 # A parameter read outside its module's forward reads NaN and the trace's finite check names it.
 #
 # HF's weight converters (e.g. per-expert tensors stacked into one for MoE) run on the checkpoint
@@ -187,6 +189,7 @@ class StreamedWeights:
         self.placeholders = {}
         self.live = 0  # bytes of fp32 weights materialised right now
         self.peak_live = 0
+        self.arena_buf = torch.empty(0, dtype=torch.float32)
         for module in model.modules():
             for name, p in list(module._parameters.items()):
                 if p is None:
@@ -207,6 +210,15 @@ class StreamedWeights:
             if module not in in_unit and any(p is not None for p in module._parameters.values()):
                 self._hook(module, [module])
 
+    def _arena(self, elements):
+        """One fp32 buffer the units take turns to fill, grown to the largest unit: at real size a
+        fresh allocation per tensor and step (~100 MB, above glibc's mmap threshold) is a new
+        mapping whose pages fault in zeroed every time; a reused buffer pays that once."""
+        if self.arena_buf.numel() < elements:
+            self.arena_buf = torch.empty(0, dtype=torch.float32)  # drop the old one before growing
+            self.arena_buf = torch.empty(elements, dtype=torch.float32)
+        return self.arena_buf
+
     def _hook(self, unit, modules):
         owned = [(m, n) for m in modules for n in m._parameters if (m, n) in self.sources]
         if not owned:
@@ -216,6 +228,9 @@ class StreamedWeights:
 
         def pre(mod, args, kwargs):
             ids = args[0] if args else kwargs.get("input")
+            # Units do not nest in these models; one that did would get fresh memory, not the arena.
+            arena = self._arena(sum(self.sources[k].numel() for k in owned)) if self.live == 0 else None
+            at = 0
             for m, n in owned:
                 src = self.sources[(m, n)]
                 if rows and isinstance(ids, torch.Tensor) and not ids.is_floating_point():
@@ -223,9 +238,13 @@ class StreamedWeights:
                     used = ids.reshape(-1).unique()
                     w[used] = src[used].to(torch.float32)
                     size = used.numel() * src[0].numel() * 4
-                else:
-                    w = src.to(torch.float32)
-                    size = w.numel() * 4 if w.data_ptr() != src.data_ptr() else 0
+                elif src.dtype == torch.float32:
+                    w, size = src, 0  # an fp32 checkpoint's own view, or a weight HF initialised itself
+                elif arena is None:
+                    w, size = src.to(torch.float32), src.numel() * 4
+                else:  # copy_ upcasts exactly as .to(float32) does
+                    w = arena[at:at + src.numel()].view(src.shape).copy_(src)
+                    at, size = at + src.numel(), src.numel() * 4
                 held[0] += size
                 m._parameters[n] = torch.nn.Parameter(w, requires_grad=False)
             self.live += held[0]
