@@ -89,10 +89,26 @@ function exportedTotal(dir: string): number {
 export const COMPILE: Linear = { floor: 0.15 * GB, perByte: 10.7, mappedFloor: 0.16 * GB, mappedPerByte: 0.9 };
 
 /**
- * trace: provisional (engineer A is bounding it): today the whole model in fp32, 21.4 GB RSS for the
- * 8.04 GB bf16 Qwen3-4B (issue 12) ≈ 2.6 × its bytes; floor measured on tiny-qwen3 (torch).
+ * trace (oracles/trace.py streams the weights: the checkpoint stays memory-mapped in its dtype, each
+ * module gets its fp32 upcast only for its own forward): private = the Python/torch floor + the
+ * largest unit in fp32 (the lm_head, vocab × hidden, or one decoder layer) + the recorded tensors;
+ * mapped = the checkpoint, re-read every step. measured (bench/trace.ts, 1 prompt, 6 steps):
+ * synthetic Qwen3-4B 2.00 GB private (lm_head 1.56 GB fp32) / 8.40 GB mapped; the Qwen3-8B shape
+ * 2.94 GB (lm_head 2.49 GB) / 15.4 GB; tiny twins 0.43 GB. The recorded tensors of 144 steps add
+ * ~0.2 GB at 4B (written once at the end): `recorded` below.
  */
-export const TRACE: Linear = { floor: 0.5 * GB, perByte: 2.6, mappedFloor: 0.55 * GB };
+export const TRACE = { floor: 0.45 * GB, recorded: 0.4 * GB, mappedFloor: 0.45 * GB };
+
+/** The largest unit the streamed trace upcasts at once, in fp32 bytes, from config.json and the checkpoint's size. */
+export function traceUnitBytes(config: Record<string, unknown>, weightBytes: number): { bytes: number; what: string } {
+  const text = (config.text_config ?? config) as Record<string, unknown>;
+  const num = (k: string) => (typeof text[k] === 'number' ? (text[k] as number) : typeof config[k] === 'number' ? (config[k] as number) : 0);
+  const head = 4 * num('vocab_size') * num('hidden_size');
+  const layers = num('num_hidden_layers');
+  // bf16/f16 weights double in fp32; a layer is at most its share of the checkpoint.
+  const layer = layers > 0 ? (2 * weightBytes) / layers : 0;
+  return head >= layer ? { bytes: head, what: 'the fp32 lm_head (vocab × hidden × 4)' } : { bytes: layer, what: 'one decoder layer in fp32' };
+}
 
 /**
  * oracle: provisional (engineer C): 8.5 GB at 4B (issue 12), its largest fp32 context 7.4 GB ≈ 1.1 ×;
@@ -120,7 +136,19 @@ export const stageMemory = {
   /** native: the C++ build (g++ on 2 cores); not measured (it was cached in every run here): provisional. */
   native: fixed(1.0 * GB, 0.1 * GB, 'the C++ build; provisional, not measured'),
   bundle: fixed(0.1 * GB, 0.1 * GB, 'copies files; measured on tiny-qwen3'),
-  trace: { from: ['fetch'], predict: (d) => linear(TRACE, checkpointBytes(d.fetch), 'checkpoint bytes; provisional') } satisfies StageMemory,
+  trace: {
+    from: ['fetch'],
+    predict: (d) => {
+      const weights = checkpointBytes(d.fetch);
+      const config = JSON.parse(readFileSync(join(readCheckpointRef(d.fetch).absDir, 'config.json'), 'utf8')) as Record<string, unknown>;
+      const unit = traceUnitBytes(config, weights);
+      return {
+        privateBytes: Math.round(TRACE.floor + unit.bytes + TRACE.recorded),
+        mappedBytes: Math.round(TRACE.mappedFloor + weights),
+        how: `${gb(TRACE.floor)} + ${gb(unit.bytes)} (${unit.what}) + ${gb(TRACE.recorded)} (recorded tensors) private, ${gb(TRACE.mappedFloor)} + ${gb(weights)} (the checkpoint, mapped)`,
+      };
+    },
+  } satisfies StageMemory,
   oracle: {
     from: ['export'],
     predict: (d) => { const c = largestExported(d.export); return linear(ORACLE, c.bytes, `largest fp32 context ${c.name}; provisional`); },
