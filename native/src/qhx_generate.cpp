@@ -6,7 +6,9 @@
 // the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints
 // one JSON object instead:
 //   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend, verified,
-//    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
+//    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps},
+//    weights: {mapped_files, mapped_bytes, shared_tensors, shared_tensor_uses} (CPU: weights mapped once, shared by the graphs),
+//    memory: {rss_anon_bytes, rss_file_bytes, vm_hwm_bytes} (this process, at the end; -1 where /proc has none)}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
 // the big context binaries and embedding table (sizes only): hashing those is most of start-up.
 // --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
@@ -104,6 +106,7 @@ int run(int argc, char** argv) {
   if (tok) text = tok->decode(r.generated);
 
   if (as_json) {
+    const forge::ProcessMemory mem = forge::process_memory();  // at the end of the run
     nlohmann::json out{
         {"prompt_ids", ids},
         {"generated_ids", r.generated},
@@ -117,7 +120,13 @@ int run(int argc, char** argv) {
           {"prefill_ms", r.timings.prefill_ms},
           {"decode_ms_per_token", r.timings.decode_ms_per_token},
           {"host_overhead_ms_per_token", r.timings.host_overhead_ms_per_token},
-          {"decode_steps", r.timings.decode_steps}}}};
+          {"decode_steps", r.timings.decode_steps}}},
+        {"weights",
+         {{"mapped_files", exec.shared_weights().files},
+          {"mapped_bytes", exec.shared_weights().file_bytes},
+          {"shared_tensors", exec.shared_weights().tensors},
+          {"shared_tensor_uses", exec.shared_weights().uses}}},
+        {"memory", {{"rss_anon_bytes", mem.anon}, {"rss_file_bytes", mem.file}, {"vm_hwm_bytes", mem.hwm}}}};
     // Generated text can hold U+FFFD from a split UTF-8 sequence: dump replaces, never throws.
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
