@@ -66,8 +66,9 @@ class SharedWeights {
 };
 
 /** ORT's settings for CPU sessions over shared, mapped weights (see native/README.md "Weights"):
- *  no prepacking (a packed copy is private memory), no constant folding (it would turn a weight's
- *  Cast into a private fp32 copy), and the Env's one arena instead of one per session. */
+ *  no prepacking (a packed copy is private memory), no constant folding and optimizations only up
+ *  to ORT_ENABLE_LAYOUT (both would turn a weight's Cast into a private fp32 copy), and the Env's
+ *  one arena instead of one per session. Sets the optimization level. */
 void configure_cpu_session(Ort::SessionOptions& so);
 
 /** Registers the Env-wide CPU arena configure_cpu_session's sessions use: it grows by what is asked

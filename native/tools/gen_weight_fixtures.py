@@ -7,6 +7,7 @@ Shapes follow forge's linear layers (Gemm(transB=1) on a [out, in] weight):
   decode.onnx / prefill.onnx  x[1|8, K] -> Gemm(x, W, B)             W f32 [N,K] @0, B f32 [N] @K*N*4 in weights.data
   cast_bf16.onnx              x[1, K]   -> Gemm(x, Cast(Wb -> f32))  Wb bf16 [N,K] @0 in weights_bf16.data
                                          (the fp32 reference graphs' form over checkpoint bf16 bytes)
+  cast_f16.onnx               the same over Wh f16 in weights_f16.data (the W8 bundle's fp16 lm-head)
   misaligned.onnx             decode.onnx with W at offset 2 (not a multiple of 4)
 """
 import os
@@ -44,6 +45,8 @@ os.makedirs(HERE, exist_ok=True)
 gemm_graph('decode.onnx', 1, 0)
 gemm_graph('prefill.onnx', 8, 0)
 gemm_graph('misaligned.onnx', 1, 2)
-save('cast_bf16.onnx', 1, [helper.make_node('Cast', ['Wb'], ['W'], to=TensorProto.FLOAT),
-                           helper.make_node('Gemm', ['x', 'W'], ['y'], transB=1)],
-     [external('Wb', TensorProto.BFLOAT16, [N, K], 'weights_bf16.data', 0, N * K * 2)])
+for fname, name, dtype, data in (('cast_bf16.onnx', 'Wb', TensorProto.BFLOAT16, 'weights_bf16.data'),
+                                  ('cast_f16.onnx', 'Wh', TensorProto.FLOAT16, 'weights_f16.data')):
+    save(fname, 1, [helper.make_node('Cast', [name], ['W'], to=TensorProto.FLOAT),
+                    helper.make_node('Gemm', ['x', 'W'], ['y'], transB=1)],
+         [external(name, dtype, [N, K], data, 0, N * K * 2)])
