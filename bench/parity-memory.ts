@@ -6,9 +6,10 @@
 //
 //   node --import tsx bench/parity-memory.ts BUNDLE_DIR [--tokens 4] [--prompt TEXT] [--threads 1]
 //        [--assemble-from EXPORT_DIR --checkpoint CKPT [--recipe qwen3-4b]]
-//        [--before-rev REV] [--skip-before] [--stop-anon-gb 14] [--timeout-s 1800]
+//        [--before-rev REV] [--skip-before] [--after QHX_GENERATE] [--stop-anon-gb 14] [--timeout-s 1800]
 //
-// --assemble-from puts BUNDLE_DIR together from an export/quantize output first (as the parity gate
+// --after measures that qhx_generate (e.g. a CMake build of this checkout's native/) instead of the
+// one ensureNative() builds. --assemble-from puts BUNDLE_DIR together from an export/quantize output first (as the parity gate
 // does). The "before" runtime is native/ at --before-rev (default: the last commit before shared
 // weights), built once with CMake into ${FORGE_HOME}/bench/native-<rev>/ (qhx_generate only). A run
 // whose private memory passes --stop-anon-gb, or that runs past --timeout-s, is stopped and reported
@@ -34,6 +35,7 @@ const { values: a, positionals: [bundle], num } = benchArgs({
   checkpoint: { type: 'string', default: '' },
   recipe: { type: 'string', default: 'qwen3-4b' },
   'before-rev': { type: 'string', default: BEFORE_SHARED_WEIGHTS },
+  after: { type: 'string', default: '' },
   'skip-before': { type: 'boolean' },
   'stop-anon-gb': { type: 'string', default: '14' },
   'timeout-s': { type: 'string', default: '1800' },
@@ -147,7 +149,7 @@ function run(exe: string): Promise<RunResult> {
   });
 }
 
-const afterExe = (await ensureNative()).qhxGenerate;
+const afterExe = a.after || (await ensureNative()).qhxGenerate;
 const beforeExe = a['skip-before'] ? null : await buildAt(a['before-rev']);
 const after = await run(afterExe);
 const before = beforeExe ? await run(beforeExe) : null;
