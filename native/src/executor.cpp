@@ -125,7 +125,6 @@ Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
   so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (opts.intra_op_threads > 0) so.SetIntraOpNumThreads(opts.intra_op_threads);
   if (opts.backend == "cpu") {
-    register_cpu_arena(env_);
     configure_cpu_session(so);
     return so;
   }

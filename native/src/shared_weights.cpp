@@ -111,13 +111,10 @@ void configure_cpu_session(Ort::SessionOptions& so) {
   so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_LAYOUT);
   so.AddConfigEntry("session.disable_prepacking", "1");
   so.AddConfigEntry("optimization.disable_specified_optimizers", "ConstantFolding");
-  so.AddConfigEntry("session.use_env_allocators", "1");
-}
-
-void register_cpu_arena(Ort::Env& env) {
-  // max_mem 0 = no limit; extend strategy 1 = kSameAsRequested; initial chunk and dead bytes: ORT's defaults.
-  Ort::ArenaCfg cfg(0, 1, -1, -1);
-  env.CreateAndRegisterAllocator(Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault), cfg);
+  // No arena: a weight's Cast output (1.56 GB for a 4B lm-head) goes back to the system after its
+  // graph ran instead of staying reserved, and arenas that keep a fragment of it in use cannot
+  // force another region of that size (measured: bench/README.md, parity-memory).
+  so.DisableCpuMemArena();
 }
 
 ProcessMemory process_memory() {

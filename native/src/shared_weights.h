@@ -67,13 +67,9 @@ class SharedWeights {
 
 /** ORT's settings for CPU sessions over shared, mapped weights (see native/README.md "Weights"):
  *  no prepacking (a packed copy is private memory), no constant folding and optimizations only up
- *  to ORT_ENABLE_LAYOUT (both would turn a weight's Cast into a private fp32 copy), and the Env's
- *  one arena instead of one per session. Sets the optimization level. */
+ *  to ORT_ENABLE_LAYOUT (both would turn a weight's Cast into a private fp32 copy), and no CPU
+ *  arena (what a graph allocates is returned when it has run). Sets the optimization level. */
 void configure_cpu_session(Ort::SessionOptions& so);
-
-/** Registers the Env-wide CPU arena configure_cpu_session's sessions use: it grows by what is asked
- *  (not by powers of two), so its size is the largest set of live intermediates of any graph. */
-void register_cpu_arena(Ort::Env& env);
 
 /** RssAnon, RssFile and VmHWM of this process in bytes (Linux /proc/self/status); -1 when unknown. */
 struct ProcessMemory {
