@@ -38,6 +38,7 @@ MappedFile::MappedFile(const std::string& path) : path_(path) {
     throw std::runtime_error("weight file '" + path + "' cannot be read: " + std::strerror(e));
   }
   size_ = uint64_t(st.st_size);
+  id_ = {uint64_t(st.st_dev), uint64_t(st.st_ino)};
   if (size_ > 0) {
     // Read-only and shared: the pages are the page cache's, never a private copy.
     base_ = mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
@@ -88,9 +89,7 @@ void SharedWeights::add_to(Ort::SessionOptions& so, const std::string& onnx_path
     if (t.offset % elem != 0)
       throw std::runtime_error(where + " starts at offset " + std::to_string(t.offset) + " of " + f.path() + ", not a multiple of its element size " + std::to_string(elem));
 
-    struct stat st;
-    stat(f.path().c_str(), &st);
-    TensorKey key{FileId{uint64_t(st.st_dev), uint64_t(st.st_ino)}, t.offset, bytes, t.onnx_type, t.dims};
+    TensorKey key{f.id(), t.offset, bytes, t.onnx_type, t.dims};
     auto it = values_.find(key);
     if (it == values_.end()) {
       static const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <onnxruntime_cxx_api.h>
@@ -32,11 +33,14 @@ class MappedFile {
   const uint8_t* data() const { return static_cast<const uint8_t*>(base_); }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
+  /** Device and inode: hard links of one file are one file. */
+  std::pair<uint64_t, uint64_t> id() const { return id_; }
 
  private:
   std::string path_;
   void* base_ = nullptr;
   uint64_t size_ = 0;
+  std::pair<uint64_t, uint64_t> id_;
 };
 
 struct SharedWeightStats {
@@ -58,7 +62,7 @@ class SharedWeights {
 
  private:
   const MappedFile& file(const std::string& path);
-  using FileId = std::pair<uint64_t, uint64_t>;  // st_dev, st_ino: hard links map once
+  using FileId = std::pair<uint64_t, uint64_t>;  // MappedFile::id()
   using TensorKey = std::tuple<FileId, uint64_t, uint64_t, int32_t, std::vector<int64_t>>;
   std::map<FileId, std::unique_ptr<MappedFile>> files_;
   std::map<TensorKey, Ort::Value> values_;  // must outlive the sessions that were given them
