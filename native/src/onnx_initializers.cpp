@@ -1,5 +1,7 @@
 #include "onnx_initializers.h"
 
+#include "utf8.h"
+
 #include <fstream>
 #include <iterator>
 
@@ -51,7 +53,7 @@ class Wire {
     } else fail("unsupported wire type " + std::to_string(wire));
   }
   [[noreturn]] void fail(const std::string& why) const {
-    throw OnnxFileError(file_ + ": not a readable ONNX model (" + why + ")");
+    throw OnnxFileError(one_line(file_ + ": not a readable ONNX model (" + why + ")"));
   }
 
  private:
@@ -69,7 +71,7 @@ uint64_t parse_u64(const std::string& s, const std::string& what, const std::str
     used = 0;
   }
   if (s.empty() || used != s.size() || s[0] == '-')
-    throw OnnxFileError(file + ": initializer '" + tensor + "' has external data " + what + " '" + s + "', not a byte count");
+    throw OnnxFileError(one_line(file + ": initializer '" + tensor + "' has external data " + what + " '" + s + "', not a byte count"));
   return v;
 }
 
@@ -105,7 +107,7 @@ std::optional<ExternalInitializer> read_tensor(Wire w, const std::string& file) 
     else if (k == "offset") t.offset = parse_u64(v, "offset", file, t.name);
     else if (k == "length") t.length = parse_u64(v, "length", file, t.name);
   }
-  if (t.location.empty()) throw OnnxFileError(file + ": initializer '" + t.name + "' is marked external but names no location");
+  if (t.location.empty()) throw OnnxFileError(one_line(file + ": initializer '" + t.name + "' is marked external but names no location"));
   return t;
 }
 

@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "onnx_initializers.h"
+#include "utf8.h"
 
 namespace forge {
 namespace {
@@ -69,6 +70,15 @@ const MappedFile& SharedWeights::file(const std::string& path) {
 }
 
 void SharedWeights::add_to(Ort::SessionOptions& so, const std::string& onnx_path) {
+  // Names and locations are outside input: every refusal is one line (control characters escaped).
+  try {
+    add_each(so, onnx_path);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(one_line(e.what()));
+  }
+}
+
+void SharedWeights::add_each(Ort::SessionOptions& so, const std::string& onnx_path) {
   const std::string dir = dir_of(onnx_path);
   for (const ExternalInitializer& t : read_external_initializers(onnx_path)) {
     const std::string where = onnx_path + ": initializer '" + t.name + "'";
@@ -83,7 +93,13 @@ void SharedWeights::add_to(Ort::SessionOptions& so, const std::string& onnx_path
     if (t.length && *t.length != bytes)
       throw std::runtime_error(where + " declares " + std::to_string(*t.length) + " bytes of external data, its shape " + dims_text(t.dims) + " needs " + std::to_string(bytes));
     if (t.location.empty() || t.location[0] == '/') throw std::runtime_error(where + " has external data location '" + t.location + "', not a path relative to the model");
-    const MappedFile& f = file(dir + "/" + t.location);
+    const MappedFile* mapped = nullptr;
+    try {
+      mapped = &file(dir + "/" + t.location);
+    } catch (const std::runtime_error& e) {
+      throw std::runtime_error(where + ": " + e.what());
+    }
+    const MappedFile& f = *mapped;
     if (t.offset > f.size() || bytes > f.size() - t.offset)
       throw std::runtime_error(where + " lies past the end of " + f.path() + " (offset " + std::to_string(t.offset) + " + " + std::to_string(bytes) + " bytes > " + std::to_string(f.size()) + ")");
     if (t.offset % elem != 0)
@@ -99,7 +115,11 @@ void SharedWeights::add_to(Ort::SessionOptions& so, const std::string& onnx_path
       stats_.tensors++;
       stats_.tensor_bytes += bytes;
     }
-    so.AddInitializer(t.name.c_str(), it->second);
+    try {
+      so.AddInitializer(t.name.c_str(), it->second);
+    } catch (const Ort::Exception& e) {  // e.g. two initializers of one name
+      throw std::runtime_error(where + ": " + e.what());
+    }
     stats_.uses++;
   }
 }

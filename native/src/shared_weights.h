@@ -55,12 +55,14 @@ class SharedWeights {
  public:
   /** Adds every external initializer of the ONNX model `onnx_path` to `so` as a view into its data
    *  file's one mapping. Throws one line naming the model and tensor when a tensor lies outside its
-   *  file, is not aligned to its element size, or has a length that disagrees with its shape; a
-   *  tensor type that cannot be viewed (string, sub-byte) throws too. */
+   *  file (or its file is missing), is not aligned to its element size, or has a length that
+   *  disagrees with its shape; a tensor type that cannot be viewed (string, sub-byte) and a name
+   *  given twice throw too. */
   void add_to(Ort::SessionOptions& so, const std::string& onnx_path);
   const SharedWeightStats& stats() const { return stats_; }
 
  private:
+  void add_each(Ort::SessionOptions& so, const std::string& onnx_path);
   const MappedFile& file(const std::string& path);
   using FileId = std::pair<uint64_t, uint64_t>;  // MappedFile::id()
   using TensorKey = std::tuple<FileId, uint64_t, uint64_t, int32_t, std::vector<int64_t>>;
