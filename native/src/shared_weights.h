@@ -9,7 +9,7 @@
 //   - AddExternalInitializers / AddExternalInitializersFromFilesInMemory: ORT copies the bytes into
 //     private memory, per session;
 //   - a PrepackedWeightsContainer shares prepacked copies only of shared initializers, and those
-//     copies are private: prepacking is off on the CPU path instead (cpu_session_options).
+//     copies are private: prepacking is off on the CPU path instead (configure_cpu_session).
 #pragma once
 #include <cstdint>
 #include <map>
