@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <optional>
 #include <stdexcept>
 
 namespace forge {
@@ -123,7 +124,10 @@ Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
   Ort::SessionOptions so;
   so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (opts.intra_op_threads > 0) so.SetIntraOpNumThreads(opts.intra_op_threads);
-  if (opts.backend == "cpu") return so;
+  if (opts.backend == "cpu") {
+    configure_cpu_session(so);
+    return so;
+  }
 
   // QNN: the plugin EP, found before anything else so a missing piece fails with its name.
   if (!is_file(opts.backend)) throw std::runtime_error("QNN backend library '" + opts.backend + "' does not exist");
@@ -165,8 +169,15 @@ Executor::Executor(const Manifest& manifest, const ExecutorOptions& opts)
         if (g.file.empty()) throw std::runtime_error("graph '" + g.name + "' ships only a compiled QNN context (a device bundle); run it with a QNN backend library, not 'cpu'");
         file = manifest.resolve(g.file);
       }
+      // CPU: this graph's weights are views into the one mapping of its data files (shared_weights.h);
+      // QNN: the wrappers carry no weights, and every session takes the one set of options.
+      std::optional<Ort::SessionOptions> graph_so;
+      if (!qnn_) {
+        graph_so = so.Clone();
+        weights_.add_to(*graph_so, file);
+      }
       try {
-        sessions_.back().push_back(std::make_unique<Ort::Session>(env_, file.c_str(), so));
+        sessions_.back().push_back(std::make_unique<Ort::Session>(env_, file.c_str(), graph_so ? *graph_so : so));
       } catch (const Ort::Exception& e) {
         throw std::runtime_error("graph '" + g.name + "' (" + file + ") does not load: " + e.what());
       }

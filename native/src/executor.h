@@ -1,5 +1,7 @@
 // Runs the manifest's graphs through the ONNX Runtime C++ API: one Ort::Env, one session per graph.
-// backend "cpu" → the CPU EP on each graph's ONNX file. backend = path to a QNN backend library
+// backend "cpu" → the CPU EP on each graph's ONNX file, its external weights mapped once per data
+// file and shared by every session that reads them (shared_weights.h: one copy per shard, in
+// file-backed pages, not one private copy per graph). backend = path to a QNN backend library
 // (libQnnHtp.so) → the QNN EP as a plugin EP (RegisterExecutionProviderLibrary + GetEpDevices +
 // AppendExecutionProvider_V2, backend_path=<backend>) on each graph's qnn.wrapper (an EPContext
 // model), with CPU fallback disabled so a graph that does not run on QNN fails instead of silently
@@ -17,6 +19,7 @@
 #include <onnxruntime_cxx_api.h>
 
 #include "manifest.h"
+#include "shared_weights.h"
 
 namespace forge {
 
@@ -58,12 +61,15 @@ class Executor {
   Ort::Session& session(size_t context, size_t graph);
   std::unique_ptr<GraphBinding> bind(size_t context, size_t graph);
   bool on_qnn() const { return qnn_; }
+  /** What the CPU sessions share (all zero on QNN, whose weights are in the context binaries). */
+  const SharedWeightStats& shared_weights() const { return weights_.stats(); }
 
  private:
   Ort::SessionOptions session_options(const ExecutorOptions& opts);
   const Manifest& manifest_;
   Ort::Env env_;
   bool qnn_ = false;
+  SharedWeights weights_;  // declared before sessions_: outlives them
   std::vector<std::vector<std::unique_ptr<Ort::Session>>> sessions_;
 };
 

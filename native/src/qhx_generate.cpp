@@ -5,8 +5,11 @@
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
 // the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints
 // one JSON object instead:
-//   {prompt_ids, generated_ids, text, stopped_at_eos, prefill, backend, verified,
-//    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps}}
+//   {prompt_ids, generated_ids, text (null when it cannot be had), text_error (why, else null),
+//    stopped_at_eos, prefill, backend, verified,
+//    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps},
+//    weights: {mapped_files, mapped_bytes, shared_tensors, shared_tensor_uses} (CPU: weights mapped once, shared by the graphs),
+//    memory: {rss_anon_bytes, rss_file_bytes, vm_hwm_bytes} (this process, at the end; -1 where /proc has none)}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
 // the big context binaries and embedding table (sizes only): hashing those is most of start-up.
 // --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
@@ -100,14 +103,25 @@ int run(int argc, char** argv) {
   forge::DecoderGenerate gen(m, exec);
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
   forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill});
+  // The ids are the result; the text is a convenience. A model whose vocabulary is larger than its
+  // tokenizer's (padded embeddings; forge's synthetic 4B checkpoints carry the tiny twin's
+  // tokenizer) can generate an id the tokenizer has no text for: the text is then null, not an error.
   std::optional<std::string> text;
-  if (tok) text = tok->decode(r.generated);
+  if (tok) {
+    try {
+      text = tok->decode(r.generated);
+    } catch (const std::runtime_error& e) {
+      tok_error = std::string("generated ids not decodable: ") + e.what();
+    }
+  }
 
   if (as_json) {
+    const forge::ProcessMemory mem = forge::process_memory();  // at the end of the run
     nlohmann::json out{
         {"prompt_ids", ids},
         {"generated_ids", r.generated},
         {"text", text ? nlohmann::json(*text) : nlohmann::json(nullptr)},
+        {"text_error", text ? nlohmann::json(nullptr) : nlohmann::json(tok_error)},
         {"stopped_at_eos", r.stopped_at_eos},
         {"prefill", r.used_prefill},
         {"backend", exec.on_qnn() ? "qnn" : "cpu"},
@@ -117,13 +131,19 @@ int run(int argc, char** argv) {
           {"prefill_ms", r.timings.prefill_ms},
           {"decode_ms_per_token", r.timings.decode_ms_per_token},
           {"host_overhead_ms_per_token", r.timings.host_overhead_ms_per_token},
-          {"decode_steps", r.timings.decode_steps}}}};
+          {"decode_steps", r.timings.decode_steps}}},
+        {"weights",
+         {{"mapped_files", exec.shared_weights().files},
+          {"mapped_bytes", exec.shared_weights().file_bytes},
+          {"shared_tensors", exec.shared_weights().tensors},
+          {"shared_tensor_uses", exec.shared_weights().uses}}},
+        {"memory", {{"rss_anon_bytes", mem.anon}, {"rss_file_bytes", mem.file}, {"vm_hwm_bytes", mem.hwm}}}};
     // Generated text can hold U+FFFD from a split UTF-8 sequence: dump replaces, never throws.
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "prompt_ids: " << join_ids(ids) << "\n";
     std::cout << "generated_ids: " << join_ids(r.generated) << "\n";
-    std::cout << "text: " << (text ? *text : "(no tokenizer: " + tok_error + ")") << "\n";
+    std::cout << "text: " << (text ? *text : "(" + std::string(tok ? "" : "no tokenizer: ") + tok_error + ")") << "\n";
     std::printf("load_ms: %.1f  prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", load_ms, r.timings.prefill_ms,
                 r.timings.decode_ms_per_token, r.timings.host_overhead_ms_per_token);
   }

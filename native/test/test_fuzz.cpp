@@ -1,7 +1,8 @@
-// Fuzzing the runtime's two readers of outside input, in-process: the manifest loader and the
+// Fuzzing the runtime's readers of outside input, in-process: the manifest loader and the
 // tokenizer.json loader get 10,000 structure-aware mutations each of a valid document (values
 // swapped for other types, huge and negative numbers, fields dropped or added, deep nesting,
-// control characters in strings, truncated and byte-flipped text). Each case must load, or be
+// control characters in strings, truncated and byte-flipped text); the reader of a graph's external
+// initializers (shared_weights.h) gets 10,000 byte-level mutations of a valid ONNX file. Each case must load, or be
 // refused with the loader's own error type in ONE line that names the file. A crash (segfault,
 // abort, an exception of another type) fails the test; the seed and the failing case are printed so
 // a failure reproduces. FORGE_FUZZ_SEED picks another seed, FORGE_FUZZ_CASES another count.
@@ -9,6 +10,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <sstream>
 
@@ -17,6 +19,7 @@
 
 #include "manifest.h"
 #include "sha256.h"
+#include "shared_weights.h"
 #include "tokenizer.h"
 
 using nlohmann::json;
@@ -130,6 +133,7 @@ class Mutator {
   }
 
   /** Text-level damage: truncation, a flipped byte, a stray non-UTF-8 byte. */
+ public:
   std::string bytes(std::string t) {
     if (t.empty()) return t;
     switch (below(3)) {
@@ -140,6 +144,7 @@ class Mutator {
     return t;
   }
 
+ private:
   std::mt19937_64 rng_;
 };
 
@@ -270,4 +275,41 @@ TEST(Fuzz, TokenizerLoaderRefusesEveryMutationInOneLine) {
   }
   std::printf("[ fuzz     ] tokenizer.json: %zu cases, %zu refused, seed %llu\n", kCases, refused, (unsigned long long)kSeed + 1);
   EXPECT_GT(refused, kCases / 10);
+}
+
+TEST(Fuzz, GraphWeightReaderRefusesEveryMutationInOneLine) {
+  // A valid graph (two fp32 initializers in weights.data) next to a data file of the right size.
+  const std::string dir = temp_dir();
+  std::ifstream in(std::string(FORGE_FIXTURES_DIR) + "/weights/decode.onnx", std::ios::binary);
+  const std::string good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write_file(dir + "/weights.data", "");
+  ASSERT_EQ(truncate((dir + "/weights.data").c_str(), 2048 * 4096 * 4 + 4096 * 4), 0);
+  const std::string path = dir + "/graph.onnx";
+  write_file(path, good);
+  {
+    forge::SharedWeights w;
+    Ort::SessionOptions so;
+    ASSERT_NO_THROW(w.add_to(so, path)) << "the seed graph must load";
+    ASSERT_EQ(w.stats().tensors, 2u);
+  }
+  Mutator mu(kSeed + 2);
+  size_t refused = 0;
+  for (size_t i = 0; i < kCases && !HasFailure(); i++) {
+    std::string bytes = good;
+    for (size_t k = 0, n = 1 + mu.below(3); k < n; k++) bytes = mu.bytes(bytes);
+    write_file(path, bytes);
+    try {
+      forge::SharedWeights w;
+      Ort::SessionOptions so;
+      w.add_to(so, path);
+    } catch (const std::runtime_error& e) {
+      refused++;
+      expect_one_clear_line(e.what(), path, i, bytes);
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "seed " << kSeed + 2 << " case " << i << ": not a runtime_error: " << e.what();
+    }
+  }
+  std::printf("[ fuzz     ] graph weights: %zu cases, %zu refused, seed %llu\n", kCases, refused, (unsigned long long)kSeed + 2);
+  EXPECT_GT(refused, kCases / 10);
+  std::system(("rm -rf '" + dir + "'").c_str());
 }

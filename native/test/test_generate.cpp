@@ -256,6 +256,51 @@ TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
+TEST(Tool, GeneratedIdsTheTokenizerCannotDecodeGiveNullTextNotAFailure) {
+  // A model's vocabulary can be larger than its tokenizer's (padded embeddings; forge's synthetic 4B
+  // checkpoints carry the tiny twin's tokenizer): the ids are the result, the text is then null.
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("forge-short-vocab-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(bundle, dir, fs::copy_options::recursive);
+  std::string out, err;
+  const std::string cmd = std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 3 --prompt-ids 1,2 --json --ignore-eos";
+  ASSERT_EQ(forge_test::run_command(cmd, &out, &err), 0) << err;
+  const std::vector<int> ids = nlohmann::json::parse(out)["generated_ids"].get<std::vector<int>>();
+  const int top = *std::max_element(ids.begin(), ids.end());
+  {  // drop the generated id with the highest number, and every token above it, from the tokenizer
+    std::ifstream in(dir / "tokenizer.json");
+    nlohmann::json t = nlohmann::json::parse(in);
+    nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array(), added = nlohmann::json::array();
+    for (auto& [tok, id] : t["model"]["vocab"].items())
+      if (id.get<int>() < top) vocab[tok] = id;
+    for (auto& m : t["model"]["merges"]) {
+      std::string a = m[0], b = m[1];
+      if (vocab.contains(a) && vocab.contains(b) && vocab.contains(a + b)) merges.push_back(m);
+    }
+    for (auto& a : t["added_tokens"])
+      if (a["id"].get<int>() < top) added.push_back(a);
+    t["model"]["vocab"] = vocab;
+    t["model"]["merges"] = merges;
+    t["added_tokens"] = added;
+    std::ofstream(dir / "tokenizer.json") << t.dump();
+    std::ifstream min(dir / "manifest.json");
+    nlohmann::json j = nlohmann::json::parse(min);
+    j["tokenizer"]["sha256"] = forge::sha256_file((dir / "tokenizer.json").string());
+    std::ofstream(dir / "manifest.json") << j.dump();
+  }
+  out.clear();
+  err.clear();
+  const int code = forge_test::run_command(cmd, &out, &err);
+  fs::remove_all(dir);
+  ASSERT_EQ(code, 0) << err;
+  const nlohmann::json r = nlohmann::json::parse(out);
+  EXPECT_EQ(r["generated_ids"].get<std::vector<int>>(), ids);
+  EXPECT_TRUE(r["text"].is_null());
+  EXPECT_EQ(r["text_error"].get<std::string>(), "generated ids not decodable: token id " + std::to_string(top) + " is outside the tokenizer's vocabulary");
+}
+
 // qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches
 // for the full-attention layers, a shard of linear-attention layers only, decode over the prompt.
 TEST(Hybrid, Fp32GreedyParityWithHF) {
