@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, readdirSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, readdirSync, statSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -57,6 +57,26 @@ describe('export', () => {
     expect(shard.dataBytes).toBeLessThan(plan.shards[0].weightBytes * 1.5);
   });
 
+  it('writes the reference graphs, not weights: they read the checkpoint\'s own file, hard-linked into the cache entry', async () => {
+    const mf = manifest(entry('export'));
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    expect(mf.linked).toEqual([{ file: 'model.safetensors', bytes: statSync(join(ckptDir, 'model.safetensors')).size, how: 'hardlink' }]);
+    // Survived the cache's rename of the entry: still the checkpoint's inode.
+    expect(statSync(join(entry('export'), 'model.safetensors')).ino).toBe(statSync(join(ckptDir, 'model.safetensors')).ino);
+    for (const c of mf.contexts) {
+      expect(c, c.name).toMatchObject({ dataBytes: 0, linked: ['model.safetensors'] });
+      expect(c.data).toBeUndefined();
+    }
+    expect(readdirSync(entry('export')).filter((f) => f.endsWith('.data'))).toEqual([]);
+    const ckpt = await openCheckpoint(ckptDir);
+    const m = readModel(join(entry('export'), 'shard0.decode.onnx'));
+    for (const t of m.initializers().filter((i) => i.external)) {
+      expect(t.external, t.name).toEqual({ location: 'model.safetensors', offset: ckpt.info(t.name).fileOffset, length: ckpt.info(t.name).byteLength });
+      expect(t.dtype).toBe('bfloat16');
+    }
+    await ckpt.close();
+  });
+
   it('writes the embedding as a host f16 table equal to the checkpoint\'s', async () => {
     const ckpt = await openCheckpoint(readCheckpointRef(entry('fetch')).absDir);
     const want = await ckpt.readF16('model.embed_tokens.weight');
@@ -101,8 +121,10 @@ describe('oracle gate', () => {
     cpSync(entry('export'), copy, { recursive: true });
     const name = 'model.layers.2.self_attn.o_proj.weight';
     const m = readModel(join(copy, 'shard0.decode.onnx'));
-    const w = m.initializerData(name) as Float32Array;
-    const perturbed = Float32Array.from(w, (x, i) => (i % 3 === 0 ? -x : x));
+    // The reference graphs hold the checkpoint's bf16 bytes (cpSync made a copy of the linked file): flip signs.
+    expect(m.initializer(name).dtype).toBe('bfloat16');
+    const w = m.initializerData(name) as Uint16Array;
+    const perturbed = Uint16Array.from(w, (x, i) => (i % 3 === 0 ? x ^ 0x8000 : x));
     overwriteInitializer(join(copy, 'shard0.decode.onnx'), name, perturbed);
     const result = await runOracleGate('qwen3', readCheckpointRef(entry('fetch')).absDir, entry('trace'),
       [{ label: 'export', dir: copy, minCosine: 0.99999 }], 1, join(work, 'scratch'));

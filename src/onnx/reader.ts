@@ -1,4 +1,4 @@
-import { closeSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs';
 import { dirname, isAbsolute, join, normalize, resolve, sep } from 'node:path';
 import type { Dim } from './builder.js';
 import { ELEM, elemTypeFromCode, weightElemTypeFromCode, tensorBytes, typedFromBytes, type ElemType, type WeightElemType, type TensorData } from './dtype.js';
@@ -160,7 +160,12 @@ export function overwriteInitializer(modelPath: string, name: string, data: Tens
   const s = m.initializer(name);
   const bytes = tensorBytes(data, s.dims, s.dtype, `overwrite ${name}`);
   if (s.external) {
-    const fd = openSync(m.dataPath(s.external), 'r+');
+    const file = m.dataPath(s.external);
+    // A reference export's weights are hard links to the checkpoint's own files: patching one in
+    // place would edit the checkpoint (and every export linked to it).
+    const links = statSync(file).nlink;
+    if (links > 1) throw new Error(`${file}: the data of initializer ${name} is also reachable under ${links - 1} other name(s) (a hard link to a checkpoint file?): patch a copy, not this file`);
+    const fd = openSync(file, 'r+');
     try {
       for (let w = 0; w < bytes.byteLength; ) w += writeSync(fd, bytes, w, bytes.byteLength - w, s.external.offset + w);
     } finally {
