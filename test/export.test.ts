@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, readdirSync, statSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -13,6 +13,9 @@ import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { checkIoNames, runExport, type ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, firstMiss } from '../src/gates/oracle.js';
 import type { RunRecord } from '../src/engine/record.js';
+import { assembleBundle } from '../src/bundle/assemble.js';
+import { loadRecipe, archSettings } from '../src/recipe/load.js';
+import { sha256OfFile } from '../src/engine/hash.js';
 
 let record: RunRecord;
 const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
@@ -75,6 +78,31 @@ describe('export', () => {
       expect(t.dtype).toBe('bfloat16');
     }
     await ckpt.close();
+  });
+
+  it('assembles the reference graphs into a bundle whose context files are the linked checkpoint file, with the sha256 the cache recorded', async () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch } = archSettings(recipe, 'v81');
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    const input = { recipe, arch, graphsDir: entry('export'), embeddingDir: entry('quantize'), checkpointDir: ckptDir, maxNewTokens: 4 };
+    const out = mkdtempSync(join(tmpdir(), 'forge-ref-bundle-'));
+    const m = await assembleBundle(input, join(out, 'a'));
+    const file = join(ckptDir, 'model.safetensors');
+    for (const c of m.contexts) expect(c.files, c.name).toEqual([{ path: 'model.safetensors', bytes: statSync(file).size, sha256: await sha256OfFile(file) }]);
+    expect(statSync(join(out, 'a', 'model.safetensors')).ino).toBe(statSync(file).ino);
+    // The recorded digest is taken, not recomputed (a checkpoint's GBs are not hashed per gate run):
+    // shown by a copy of the export whose record says otherwise for a file of the recorded size.
+    const copy = join(out, 'export');
+    cpSync(entry('export'), copy, { recursive: true });
+    const meta = JSON.parse(readFileSync(join(copy, 'meta.json'), 'utf8'));
+    meta.files['model.safetensors'].sha256 = 'f'.repeat(64);
+    writeFileSync(join(copy, 'meta.json'), JSON.stringify(meta));
+    expect((await assembleBundle({ ...input, graphsDir: copy }, join(out, 'b'))).contexts[0].files[0].sha256).toBe('f'.repeat(64));
+    // A file whose size is not the recorded one is hashed.
+    meta.files['model.safetensors'].size += 1;
+    writeFileSync(join(copy, 'meta.json'), JSON.stringify(meta));
+    expect((await assembleBundle({ ...input, graphsDir: copy }, join(out, 'c'))).contexts[0].files[0].sha256).toBe(await sha256OfFile(file));
+    rmSync(out, { recursive: true });
   });
 
   it('writes the embedding as a host f16 table equal to the checkpoint\'s', async () => {

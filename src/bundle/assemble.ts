@@ -2,8 +2,9 @@
 // and manifest.json describing them with sha256s and the binding of every graph input/output.
 // Files are hard-linked when possible (a scratch bundle for a gate costs no copy), else copied.
 // A reference export's weights are the checkpoint's own safetensors files (linked into the export):
-// a context lists each file its graphs read, and a file's sha256 recorded by the stage cache when
-// its entry was committed is taken rather than hashing gigabytes again per gate run.
+// a context lists each file its graphs read. The sha256 of a big file (weights, context binary,
+// embedding) is the one the stage cache recorded when its entry was committed, not hashed again for
+// every gate run's scratch bundle.
 import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { linkOrCopy } from '../io/files.js';
 import { join } from 'node:path';
@@ -60,10 +61,11 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   const family = getFamily(input.recipe.family) as Family<unknown>;
   const config = family.parseConfig(JSON.parse(readFileSync(join(input.checkpointDir, 'config.json'), 'utf8')), 'config.json');
   const sha = async (f: string) => sha256OfFile(join(out, f));
-  const recorded = recordedDigests(input.graphsDir);
-  /** `f`, linked from the export: its recorded sha256 while its size is the recorded one, else hashed. */
-  const exportedSha = async (f: string) => {
-    const r = recorded[f];
+  const recorded = new Map<string, Record<string, FileDigest>>();
+  /** The sha256 of `f`, placed from `dir/src`: what the stage cache recorded for it while the size is the recorded one, else hashed. */
+  const placedSha = async (f: string, dir: string, src = f) => {
+    if (!recorded.has(dir)) recorded.set(dir, recordedDigests(dir));
+    const r = recorded.get(dir)![src];
     return r && r.size === statSync(join(out, f)).size ? r.sha256 : sha(f);
   };
 
@@ -76,12 +78,12 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     if (cc) {
       const bin = `${c.name}.bin`;
       linkOrCopy(join(input.compiled!.dir, cc.bin), join(out, bin));
-      files = [{ path: bin, bytes: cc.bytes, sha256: await sha(bin), nondeterministic: { why: NONDETERMINISTIC_QNN_BINARY, describeSha256: cc.describeSha256 } }];
+      files = [{ path: bin, bytes: cc.bytes, sha256: await placedSha(bin, input.compiled!.dir, cc.bin), nondeterministic: { why: NONDETERMINISTIC_QNN_BINARY, describeSha256: cc.describeSha256 } }];
     } else {
       files = [];
       for (const f of [...(c.data ? [c.data] : []), ...(c.linked ?? [])]) {
         linkOrCopy(join(input.graphsDir, f), join(out, f));
-        files.push({ path: f, bytes: statSync(join(out, f)).size, sha256: await exportedSha(f) });
+        files.push({ path: f, bytes: statSync(join(out, f)).size, sha256: await placedSha(f, input.graphsDir) });
       }
     }
     const graphs: Manifest['contexts'][number]['graphs'] = [];
@@ -125,7 +127,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],
-    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await sha(emb.embedding.file), dtype: 'float16', shape: [vocab, hidden] }],
+    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }],
     mask: { masked: MASKED, layout: 'past-then-new' },
     tokenizer: {
       file: 'tokenizer.json',

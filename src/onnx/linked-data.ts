@@ -7,6 +7,12 @@
 // and `forge clean` removing it leaves the checkpoint alone. Where a hard link cannot be made (the
 // checkpoint on another filesystem, or linking refused), the file is copied once (a reflink where
 // the filesystem can), and the export says so.
+// At run time ONNX Runtime maps these bytes, but constant folding (any optimization level from
+// 'basic') turns each Cast(initializer) into a new fp32 initializer: the fp32 copy again, in private
+// memory. The session config entry `optimization.disable_specified_optimizers` = `ConstantFolding`
+// keeps the weights mapped (onnxruntime-node: `extra: { optimization: { disable_specified_optimizers:
+// 'ConstantFolding' } }`); the Cast then runs per call, and Gemm gets an unpacked B, whose sums round
+// like the same graph run with `session.disable_prepacking` = 1 (not bit-identical to prepacked B).
 import { constants, copyFileSync, linkSync, realpathSync, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type { ExternalRef } from './external.js';
