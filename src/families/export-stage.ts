@@ -159,7 +159,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
         make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
       })), tick, embCopy, w8Form, links));
       const c = contexts[contexts.length - 1];
-      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${c.dataBytes} bytes of weights written${c.linked ? `, the rest read in place from ${c.linked.join(', ')}` : ''}`);
+      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${c.dataBytes} bytes of weights written${c.linked ? `; weights read in place from ${c.linked.join(', ')}` : ''}`);
     }
     if (!lmHeadInside) {
       contexts.push(await exportContext(out, 'lm_head', ckpt, [{
