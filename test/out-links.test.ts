@@ -1,6 +1,6 @@
 // The output directory gets the bundle's big files from the stage cache by link, not by copy, and
 // nothing forge writes there (or a user edits there) reaches the cache entry.
-import { describe, it, expect } from 'vitest';
+import { describe, it, expect, onTestFinished } from 'vitest';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
@@ -12,7 +12,9 @@ import { placeFile } from '../src/io/files.js';
 
 describe('output directory', () => {
   it('links the bundle\'s big files from the cache (copies the small ones), and writing the output never reaches the cache', { timeout: 900_000 }, async () => {
-    const out = join(mkdtempSync(join(tmpdir(), 'forge-out-links-')), 'out');
+    const work = mkdtempSync(join(tmpdir(), 'forge-out-links-'));
+    onTestFinished(() => rmSync(work, { recursive: true, force: true }));
+    const out = join(work, 'out');
     const linkAtLeastBytes = 100_000; // the tiny twin's context binaries and embedding table
     const first = await build({ recipe: 'tiny-qwen3', arch: 'v81', out, progress: silentProgress, linkAtLeastBytes });
     expect(first.ok, first.error).toBe(true);
