@@ -153,6 +153,8 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
     embedding: id === 'quantize',
     // W8 in the form the compile toolchain reads as int8 weights (see quant/weights.ts).
     ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
+    // The reference graphs read the checkpoint's own bytes: no fp32 copy of the weights on disk.
+    ...(id === 'export' ? { inPlace: true } : {}),
   };
   return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
 }

@@ -4,6 +4,7 @@
 // less than one (see writeOutput).
 import { cpSync, existsSync, mkdirSync, readFileSync, readdirSync, rmSync, renameSync, writeFileSync } from 'node:fs';
 import { killOwnedGroups } from './engine/subprocess.js';
+import { placeTree } from './io/files.js';
 import { describeFailure } from './engine/io-failure.js';
 import { reportHtml, reportMarkdown } from './bundle/report.js';
 import type { OracleRow } from './gates/oracle.js';
@@ -43,6 +44,8 @@ export interface BuildRequest {
   verbose?: boolean;
   /** Where the parity gate runs the bundle (default: this machine). */
   target?: TargetSpec;
+  /** Bundle files of this many bytes or more are linked from the cache into the output, not copied (default LINK_AT_LEAST). */
+  linkAtLeastBytes?: number;
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -160,7 +163,7 @@ async function buildUnderSignals(
     seconds: (performance.now() - t0) / 1000,
   };
   try {
-    writeOutput(target, record, result, pipeline, madeBundle);
+    writeOutput(target, record, result, pipeline, madeBundle, req.linkAtLeastBytes ?? LINK_AT_LEAST);
     // A good bundle makes the record of an earlier run that made none obsolete.
     if (madeBundle) rmSync(`${out}${INCOMPLETE}`, { recursive: true, force: true });
   } catch (e) {
@@ -174,6 +177,12 @@ async function buildUnderSignals(
 
 /** Suffix of the directory beside out/<recipe>/<arch> where a run that made no bundle leaves its build/. */
 export const INCOMPLETE = '.incomplete';
+
+/**
+ * Bundle files this big are placed by link (placeTree); smaller ones (README.md, the manifest, the
+ * tokenizer, wrappers) are copies of their own, so editing one in out/ cannot reach the cache.
+ */
+export const LINK_AT_LEAST = 64 << 20;
 
 /**
  * Where this run's output goes. A bundle replaces `out` whole. A run that made none (a failure, an
@@ -211,12 +220,12 @@ function pidAlive(pid: number): boolean {
 }
 
 /** Writes the bundle (when made) and build/ beside `target`, then renames it into place. */
-function writeOutput(target: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean): void {
+function writeOutput(target: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean, linkAtLeast: number): void {
   mkdirSync(dirname(target), { recursive: true });
   const staging = `${target}.staging-${process.pid}`;
   rmSync(staging, { recursive: true, force: true });
   try {
-    fillStaging(staging, record, result, pipeline, madeBundle);
+    fillStaging(staging, record, result, pipeline, madeBundle, linkAtLeast);
     const old = `${target}.old-${process.pid}`;
     if (existsSync(target)) renameSync(target, old);
     renameSync(staging, target);
@@ -227,13 +236,16 @@ function writeOutput(target: string, record: RunRecord, result: PipelineResult, 
   }
 }
 
-function fillStaging(staging: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean): void {
+function fillStaging(staging: string, record: RunRecord, result: PipelineResult, pipeline: Pipeline, madeBundle: boolean, linkAtLeast: number): void {
   mkdirSync(join(staging, 'build'), { recursive: true });
   if (madeBundle) {
     for (const id of pipeline.publish) {
       const entry = result.entries.get(id);
       if (!entry) continue; // not reached with --until
-      cpSync(entry.dir, staging, { recursive: true, filter: (p) => !p.endsWith(`/${META}`) });
+      // The GB context binaries and embedding table are reflinked or hard-linked from the cache, not
+      // copied: nothing writes into a bundle file once it is placed (the record and reports are new
+      // files in build/), and the output is only ever replaced whole, by rename.
+      placeTree(entry.dir, staging, { linkAtLeast, skip: new Set([META]) });
     }
   }
   for (const id of pipeline.reports ?? []) {

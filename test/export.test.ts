@@ -1,5 +1,5 @@
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, readdirSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
@@ -13,6 +13,9 @@ import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { checkIoNames, runExport, type ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, firstMiss } from '../src/gates/oracle.js';
 import type { RunRecord } from '../src/engine/record.js';
+import { assembleBundle } from '../src/bundle/assemble.js';
+import { loadRecipe, archSettings } from '../src/recipe/load.js';
+import { sha256OfFile } from '../src/engine/hash.js';
 
 let record: RunRecord;
 const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
@@ -55,6 +58,51 @@ describe('export', () => {
     // The plan's byte estimate is what lands on disk, less alignment padding and the small float tensors kept inline.
     expect(shard.dataBytes).toBeGreaterThan(plan.shards[0].weightBytes * 0.9);
     expect(shard.dataBytes).toBeLessThan(plan.shards[0].weightBytes * 1.5);
+  });
+
+  it('writes the reference graphs, not weights: they read the checkpoint\'s own file, hard-linked into the cache entry', async () => {
+    const mf = manifest(entry('export'));
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    expect(mf.linked).toEqual([{ file: 'model.safetensors', bytes: statSync(join(ckptDir, 'model.safetensors')).size, how: 'hardlink' }]);
+    // Survived the cache's rename of the entry: still the checkpoint's inode.
+    expect(statSync(join(entry('export'), 'model.safetensors')).ino).toBe(statSync(join(ckptDir, 'model.safetensors')).ino);
+    for (const c of mf.contexts) {
+      expect(c, c.name).toMatchObject({ dataBytes: 0, linked: ['model.safetensors'] });
+      expect(c.data).toBeUndefined();
+    }
+    expect(readdirSync(entry('export')).filter((f) => f.endsWith('.data'))).toEqual([]);
+    const ckpt = await openCheckpoint(ckptDir);
+    const m = readModel(join(entry('export'), 'shard0.decode.onnx'));
+    for (const t of m.initializers().filter((i) => i.external)) {
+      expect(t.external, t.name).toEqual({ location: 'model.safetensors', offset: ckpt.info(t.name).fileOffset, length: ckpt.info(t.name).byteLength });
+      expect(t.dtype).toBe('bfloat16');
+    }
+    await ckpt.close();
+  });
+
+  it('assembles the reference graphs into a bundle whose context files are the linked checkpoint file, with the sha256 the cache recorded', async () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch } = archSettings(recipe, 'v81');
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    const input = { recipe, arch, graphsDir: entry('export'), embeddingDir: entry('quantize'), checkpointDir: ckptDir, maxNewTokens: 4 };
+    const out = mkdtempSync(join(tmpdir(), 'forge-ref-bundle-'));
+    const m = await assembleBundle(input, join(out, 'a'));
+    const file = join(ckptDir, 'model.safetensors');
+    for (const c of m.contexts) expect(c.files, c.name).toEqual([{ path: 'model.safetensors', bytes: statSync(file).size, sha256: await sha256OfFile(file) }]);
+    expect(statSync(join(out, 'a', 'model.safetensors')).ino).toBe(statSync(file).ino);
+    // The recorded digest is taken, not recomputed (a checkpoint's GBs are not hashed per gate run):
+    // shown by a copy of the export whose record says otherwise for a file of the recorded size.
+    const copy = join(out, 'export');
+    cpSync(entry('export'), copy, { recursive: true });
+    const meta = JSON.parse(readFileSync(join(copy, 'meta.json'), 'utf8'));
+    meta.files['model.safetensors'].sha256 = 'f'.repeat(64);
+    writeFileSync(join(copy, 'meta.json'), JSON.stringify(meta));
+    expect((await assembleBundle({ ...input, graphsDir: copy }, join(out, 'b'))).contexts[0].files[0].sha256).toBe('f'.repeat(64));
+    // A file whose size is not the recorded one is hashed.
+    meta.files['model.safetensors'].size += 1;
+    writeFileSync(join(copy, 'meta.json'), JSON.stringify(meta));
+    expect((await assembleBundle({ ...input, graphsDir: copy }, join(out, 'c'))).contexts[0].files[0].sha256).toBe(await sha256OfFile(file));
+    rmSync(out, { recursive: true });
   });
 
   it('writes the embedding as a host f16 table equal to the checkpoint\'s', async () => {
@@ -101,8 +149,10 @@ describe('oracle gate', () => {
     cpSync(entry('export'), copy, { recursive: true });
     const name = 'model.layers.2.self_attn.o_proj.weight';
     const m = readModel(join(copy, 'shard0.decode.onnx'));
-    const w = m.initializerData(name) as Float32Array;
-    const perturbed = Float32Array.from(w, (x, i) => (i % 3 === 0 ? -x : x));
+    // The reference graphs hold the checkpoint's bf16 bytes (cpSync made a copy of the linked file): flip signs.
+    expect(m.initializer(name).dtype).toBe('bfloat16');
+    const w = m.initializerData(name) as Uint16Array;
+    const perturbed = Uint16Array.from(w, (x, i) => (i % 3 === 0 ? x ^ 0x8000 : x));
     overwriteInitializer(join(copy, 'shard0.decode.onnx'), name, perturbed);
     const result = await runOracleGate('qwen3', readCheckpointRef(entry('fetch')).absDir, entry('trace'),
       [{ label: 'export', dir: copy, minCosine: 0.99999 }], 1, join(work, 'scratch'));

@@ -1,10 +1,15 @@
 // Puts a runnable bundle together: graph files, weight data, the host embedding, tokenizer files,
 // and manifest.json describing them with sha256s and the binding of every graph input/output.
 // Files are hard-linked when possible (a scratch bundle for a gate costs no copy), else copied.
-import { existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+// A reference export's weights are the checkpoint's own safetensors files (linked into the export):
+// a context lists each file its graphs read. The sha256 of a big file (weights, context binary,
+// embedding) is the one the stage cache recorded when its entry was committed, not hashed again for
+// every gate run's scratch bundle.
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { linkOrCopy } from '../io/files.js';
 import { join } from 'node:path';
-import { sha256OfFile } from '../engine/hash.js';
+import { sha256OfFile, type FileDigest } from '../engine/hash.js';
+import { META } from '../engine/cache.js';
 import type { HexagonArch } from '../arch/table.js';
 import type { Recipe } from '../recipe/schema.js';
 import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
@@ -39,6 +44,15 @@ export function readCompiled(compileDir: string): { dir: string; contexts: Compi
   return { dir: compileDir, contexts: (JSON.parse(readFileSync(join(compileDir, 'compile.json'), 'utf8')) as { contexts: CompiledContext[] }).contexts };
 }
 
+/** The digests the stage cache recorded for an entry's files; empty for a directory outside the cache. */
+function recordedDigests(dir: string): Record<string, FileDigest> {
+  try {
+    return (JSON.parse(readFileSync(join(dir, META), 'utf8')) as { files?: Record<string, FileDigest> }).files ?? {};
+  } catch {
+    return {};
+  }
+}
+
 export async function assembleBundle(input: AssembleInput, out: string): Promise<Manifest> {
   mkdirSync(out, { recursive: true });
   const exp = JSON.parse(readFileSync(join(input.graphsDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
@@ -47,26 +61,43 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   const family = getFamily(input.recipe.family) as Family<unknown>;
   const config = family.parseConfig(JSON.parse(readFileSync(join(input.checkpointDir, 'config.json'), 'utf8')), 'config.json');
   const sha = async (f: string) => sha256OfFile(join(out, f));
+  const recorded = new Map<string, Record<string, FileDigest>>();
+  /** The sha256 of `f`, placed from `dir/src`: what the stage cache recorded for it while the size is the recorded one, else hashed. */
+  const placedSha = async (f: string, dir: string, src = f) => {
+    if (!recorded.has(dir)) recorded.set(dir, recordedDigests(dir));
+    const r = recorded.get(dir)![src];
+    return r && r.size === statSync(join(out, f)).size ? r.sha256 : sha(f);
+  };
 
   const contexts: Manifest['contexts'] = [];
   const state = new Map<string, Manifest['state'][number]>();
   for (const c of exp.contexts) {
     const cc = input.compiled?.contexts.find((x) => x.name === c.name);
     if (input.compiled && !cc) throw new Error(`context ${c.name} was not compiled`);
-    const weights = cc ? { path: `${c.name}.bin`, bytes: cc.bytes } : { path: c.data, bytes: c.dataBytes };
-    linkOrCopy(cc ? join(input.compiled!.dir, cc.bin) : join(input.graphsDir, c.data), join(out, weights.path));
+    let files: Manifest['contexts'][number]['files'];
+    if (cc) {
+      const bin = `${c.name}.bin`;
+      linkOrCopy(join(input.compiled!.dir, cc.bin), join(out, bin));
+      files = [{ path: bin, bytes: cc.bytes, sha256: await placedSha(bin, input.compiled!.dir, cc.bin), nondeterministic: { why: NONDETERMINISTIC_QNN_BINARY, describeSha256: cc.describeSha256 } }];
+    } else {
+      files = [];
+      for (const f of [...(c.data ? [c.data] : []), ...(c.linked ?? [])]) {
+        linkOrCopy(join(input.graphsDir, f), join(out, f));
+        files.push({ path: f, bytes: statSync(join(out, f)).size, sha256: await placedSha(f, input.graphsDir) });
+      }
+    }
     const graphs: Manifest['contexts'][number]['graphs'] = [];
     for (const g of c.graphs) {
-      let files: { file: string; sha256: string } | { qnn: { wrapper: string; sha256: string; binary: string } };
+      let graphFiles: { file: string; sha256: string } | { qnn: { wrapper: string; sha256: string; binary: string } };
       if (cc) {
         const w = cc.graphs.find((x) => x.graph === g.name);
         if (!w) throw new Error(`graph ${g.name} has no compiled wrapper`);
         const wrapper = `${g.name}_ctx.onnx`;
         linkOrCopy(join(input.compiled!.dir, w.wrapper), join(out, wrapper));
-        files = { qnn: { wrapper, sha256: await sha(wrapper), binary: weights.path } };
+        graphFiles = { qnn: { wrapper, sha256: await sha(wrapper), binary: files[0].path } };
       } else {
         linkOrCopy(join(input.graphsDir, g.file), join(out, g.file));
-        files = { file: g.file, sha256: await sha(g.file) };
+        graphFiles = { file: g.file, sha256: await sha(g.file) };
       }
       const b = family.bindings(config, g, exp.maxContext);
       for (const s of b.state) state.set(s.name, s);
@@ -74,15 +105,14 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
         name: g.name,
         role: g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill',
         tokens: g.n,
-        ...files,
+        ...graphFiles,
         ...(g.first !== undefined ? { layers: [g.first, g.last!] as [number, number] } : {}),
         inputs: b.inputs,
         outputs: b.outputs,
         quant: { weights: g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme, activations: 'float32' },
       });
     }
-    const nondeterministic = cc ? { nondeterministic: { why: NONDETERMINISTIC_QNN_BINARY, describeSha256: cc.describeSha256 } } : {};
-    contexts.push({ name: c.name, files: [{ ...weights, sha256: await sha(weights.path), ...nondeterministic }], graphs });
+    contexts.push({ name: c.name, files, graphs });
   }
   linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
@@ -97,7 +127,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],
-    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await sha(emb.embedding.file), dtype: 'float16', shape: [vocab, hidden] }],
+    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }],
     mask: { masked: MASKED, layout: 'past-then-new' },
     tokenizer: {
       file: 'tokenizer.json',

@@ -1,7 +1,9 @@
 // Stages `export` (float32 reference graphs) and `quantize` (the deployable graphs in the recipe's
 // scheme): ONNX built straight from safetensors by the family module, streamed tensor by tensor,
 // one data file per context shared by its prefill and decode graphs. Quantizing while streaming
-// keeps it to one pass over the weights (see quant/weights.ts for the form).
+// keeps it to one pass over the weights (see quant/weights.ts for the form). The reference export
+// (`inPlace`) writes graphs, not weights: its fp32 graphs read the checkpoint's own tensors through
+// hard links to the safetensors files in its output (onnx/linked-data.ts).
 import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -10,6 +12,7 @@ import type { FamilyId, QuantScheme } from '../recipe/schema.js';
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
 import { GraphBuilder } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
+import { CheckpointLinks, type LinkedFile } from '../onnx/linked-data.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
@@ -27,6 +30,12 @@ export interface ExportParams {
   embedding: boolean;
   /** The ONNX form of W8 weights, fixed by the compile toolchain (default 'matmulnbits'). */
   w8Form?: W8Form;
+  /**
+   * fp32 weights are the checkpoint's own bytes (bf16/f16/f32 as stored, Cast to float in the graph),
+   * reached through links to its files in the output, instead of a converted copy. The reference
+   * export only: a compile toolchain would get bf16 weights.
+   */
+  inPlace?: boolean;
 }
 
 export interface GraphEntry extends GraphInterface {
@@ -44,8 +53,11 @@ export interface GraphEntry extends GraphInterface {
 
 export interface ContextEntry {
   name: string;
-  data: string;
+  /** The context's own weight file; absent when every weight is read in place from the checkpoint. */
+  data?: string;
   dataBytes: number;
+  /** Checkpoint files (links in the export directory, see ExportManifest.linked) the context's graphs read in place. */
+  linked?: string[];
   graphs: GraphEntry[];
 }
 
@@ -57,6 +69,8 @@ export interface ExportManifest {
   maxContext: number;
   contexts: ContextEntry[];
   embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
+  /** The checkpoint's files, linked (or, failing that, copied) into the export directory. */
+  linked?: LinkedFile[];
 }
 
 export const GRAPHS_JSON = 'graphs.json';
@@ -86,11 +100,11 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
 /** Builds every graph of one context into `out`, sharing one data file. */
 async function exportContext<C>(
   out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
-  onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form,
+  onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form, inPlace: CheckpointLinks | undefined,
 ): Promise<ContextEntry> {
   const data = `${name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
-  const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form });
+  const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form, inPlace });
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
     for (const b of builds) {
@@ -106,7 +120,9 @@ async function exportContext<C>(
     throw e;
   }
   for (const { g, entry } of built) writeModel(g, join(out, entry.file), { externalThreshold: Infinity });
-  return { name, data, dataBytes: sink.size, graphs: built.map((b) => b.entry) };
+  const files = new Set(built.flatMap(({ g }) => g.initializers().flatMap((i) => (i.external ? [i.external.location] : []))));
+  const linked = [...files].filter((f) => f !== data);
+  return { name, ...(sink.size ? { data } : {}), dataBytes: sink.size, ...(linked.length ? { linked } : {}), graphs: built.map((b) => b.entry) };
 }
 
 export interface ExportProgress {
@@ -126,6 +142,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   for (const s of plan.shards) for (let i = s.first; i <= s.last; i++) totalTensors += family.layerTensors(config, i).length;
   let done = 0;
   const tick = () => ui.progress(++done, totalTensors, 'tensors');
+  const links = p.inPlace ? new CheckpointLinks(out, (m) => ui.log(m)) : undefined;
   // A tied fp16 lm-head is the embedding table's bytes: written to both files in one conversion.
   const emb = p.embedding ? family.embedding(config) : undefined;
   const embFile = join(out, 'embedding.f16.bin');
@@ -140,15 +157,17 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
         graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
         meta: { shard: s.index, first: s.first, last: s.last, isLast },
         make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-      })), tick, embCopy, w8Form));
-      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${contexts[contexts.length - 1].dataBytes} bytes of weights`);
+      })), tick, embCopy, w8Form, links));
+      const c = contexts[contexts.length - 1];
+      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${c.dataBytes} bytes of weights written${c.linked ? `; weights read in place from ${c.linked.join(', ')}` : ''}`);
     }
     if (!lmHeadInside) {
       contexts.push(await exportContext(out, 'lm_head', ckpt, [{
         graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-      }], tick, embCopy, w8Form));
+      }], tick, embCopy, w8Form, links));
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
+    if (links?.files().length) manifest.linked = links.files();
     if (emb) {
       const shape = emb.shape as [number, number];
       ckpt.expectShape(emb.name, shape);
@@ -175,6 +194,12 @@ export const stage: StageModule<ExportParams> = {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
     const m = await runExport(ctx.params, ref.absDir, plan, ctx.out, ctx);
-    return { summary: { scheme: m.scheme, contexts: m.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })) } };
+    return {
+      summary: {
+        scheme: m.scheme,
+        contexts: m.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })),
+        ...(m.linked ? { linked: m.linked.map((f) => ({ file: f.file, bytes: f.bytes, how: f.how })) } : {}),
+      },
+    };
   },
 };

@@ -1,4 +1,4 @@
-import { ELEM, defaultElemType, numElements, tensorBytes, type ElemType, type TensorData } from './dtype.js';
+import { ELEM, defaultElemType, numElements, tensorBytes, type ElemType, type TensorData, type WeightElemType } from './dtype.js';
 import type { ExternalDataWriter, ExternalRef } from './external.js';
 import { onnx } from './proto.js';
 
@@ -71,7 +71,7 @@ export interface OpOptions {
 
 export interface InitializerInfo {
   name: string;
-  dtype: ElemType;
+  dtype: WeightElemType;
   dims: number[];
   byteLength: number;
   /** Set when the bytes live in the external data file (the builder no longer holds them). */
@@ -149,10 +149,11 @@ export class GraphBuilder {
    * Add a weight whose bytes are already in an external data file (written by the caller, e.g. one
    * data file shared by a shard's prefill and decode graphs).
    */
-  externalInitializer(name: string, dtype: ElemType, dims: readonly number[], ref: ExternalRef): string {
+  externalInitializer(name: string, dtype: WeightElemType, dims: readonly number[], ref: ExternalRef): string {
     const expected = numElements(dims) * ELEM[dtype].bytes;
     if (ref.length !== expected) throw new Error(`initializer ${name}: ${ref.length} external bytes for ${dtype}[${dims.join(',')}] (${expected} expected)`);
-    this.claim(name, dtype);
+    // A bfloat16 weight only feeds a Cast (which names its own output type): no value type to propagate.
+    this.claim(name, dtype === 'bfloat16' ? undefined : dtype);
     this.inits.push({ name, dtype, dims: [...dims], byteLength: ref.length, external: ref });
     return name;
   }

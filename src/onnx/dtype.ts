@@ -13,6 +13,9 @@ export type ElemType =
   | 'int64'
   | 'bool';
 
+/** A weight may also be bfloat16: a checkpoint's bytes referenced in place, Cast to float in the graph. */
+export type WeightElemType = ElemType | 'bfloat16';
+
 /** float16 is carried as its raw bits in a Uint16Array; bool as 0/1 bytes in a Uint8Array. */
 export type TensorData =
   | Float32Array
@@ -32,7 +35,7 @@ interface ElemInfo {
   array: ArrayCtor;
 }
 
-export const ELEM: Readonly<Record<ElemType, ElemInfo>> = {
+export const ELEM: Readonly<Record<WeightElemType, ElemInfo>> = {
   float32: { code: 1, bytes: 4, array: Float32Array },
   uint8: { code: 2, bytes: 1, array: Uint8Array },
   int8: { code: 3, bytes: 1, array: Int8Array },
@@ -42,10 +45,20 @@ export const ELEM: Readonly<Record<ElemType, ElemInfo>> = {
   int64: { code: 7, bytes: 8, array: BigInt64Array },
   bool: { code: 9, bytes: 1, array: Uint8Array },
   float16: { code: 10, bytes: 2, array: Uint16Array },
+  // Only as checkpoint bytes referenced in place (Cast to float in the graph): nothing computes in it.
+  bfloat16: { code: 16, bytes: 2, array: Uint16Array },
 };
 
+/** A graph value's element type (bfloat16 is refused: forge computes in none). */
 export function elemTypeFromCode(code: number): ElemType {
-  for (const [k, v] of Object.entries(ELEM)) if (v.code === code) return k as ElemType;
+  const t = weightElemTypeFromCode(code);
+  if (t === 'bfloat16') throw new Error(`unsupported ONNX tensor data type ${code} (bfloat16) for a value`);
+  return t;
+}
+
+/** An initializer's element type. */
+export function weightElemTypeFromCode(code: number): WeightElemType {
+  for (const [k, v] of Object.entries(ELEM)) if (v.code === code) return k as WeightElemType;
   throw new Error(`unsupported ONNX tensor data type ${code}`);
 }
 
@@ -71,7 +84,7 @@ export function numElements(dims: readonly number[]): number {
 }
 
 /** Raw little-endian bytes of `data` as ONNX raw_data expects; throws on a dtype/array/shape mismatch. */
-export function tensorBytes(data: TensorData, dims: readonly number[], dtype: ElemType, what: string): Uint8Array {
+export function tensorBytes(data: TensorData, dims: readonly number[], dtype: WeightElemType, what: string): Uint8Array {
   if (endianness() !== 'LE') throw new Error('ONNX raw_data is little-endian; big-endian hosts unsupported');
   const info = ELEM[dtype];
   if (!(data instanceof info.array) || (data instanceof Uint8Array) !== (info.array === Uint8Array)) {
@@ -83,7 +96,7 @@ export function tensorBytes(data: TensorData, dims: readonly number[], dtype: El
 }
 
 /** Typed view of raw bytes (copies when the bytes are not aligned for the element size). */
-export function typedFromBytes(bytes: Uint8Array, dtype: ElemType): TensorData {
+export function typedFromBytes(bytes: Uint8Array, dtype: WeightElemType): TensorData {
   const info = ELEM[dtype];
   if (bytes.byteLength % info.bytes) throw new Error(`${bytes.byteLength} bytes is not a whole number of ${dtype}`);
   const b = bytes.byteOffset % info.bytes ? new Uint8Array(bytes) : bytes; // copy (Buffer.slice would not)

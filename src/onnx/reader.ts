@@ -1,7 +1,7 @@
-import { closeSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, writeFileSync, writeSync } from 'node:fs';
+import { closeSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs';
 import { dirname, isAbsolute, join, normalize, resolve, sep } from 'node:path';
 import type { Dim } from './builder.js';
-import { ELEM, elemTypeFromCode, tensorBytes, typedFromBytes, type ElemType, type TensorData } from './dtype.js';
+import { ELEM, elemTypeFromCode, weightElemTypeFromCode, tensorBytes, typedFromBytes, type ElemType, type WeightElemType, type TensorData } from './dtype.js';
 import { tempPathFor, type ExternalRef } from './external.js';
 import { onnx, toNumber } from './proto.js';
 
@@ -14,7 +14,7 @@ export interface ValueSummary {
 
 export interface TensorSummary {
   name: string;
-  dtype: ElemType;
+  dtype: WeightElemType;
   dims: number[];
   byteLength: number;
   external?: ExternalRef;
@@ -130,7 +130,7 @@ export class OnnxModel {
   }
 
   private summary(t: onnx.ITensorProto): TensorSummary {
-    const dtype = elemTypeFromCode(t.dataType ?? 0);
+    const dtype = weightElemTypeFromCode(t.dataType ?? 0);
     const dims = (t.dims ?? []).map(toNumber);
     const byteLength = dims.reduce((a, b) => a * b, 1) * ELEM[dtype].bytes;
     const s: TensorSummary = { name: t.name ?? '', dtype, dims, byteLength };
@@ -160,7 +160,12 @@ export function overwriteInitializer(modelPath: string, name: string, data: Tens
   const s = m.initializer(name);
   const bytes = tensorBytes(data, s.dims, s.dtype, `overwrite ${name}`);
   if (s.external) {
-    const fd = openSync(m.dataPath(s.external), 'r+');
+    const file = m.dataPath(s.external);
+    // A reference export's weights are hard links to the checkpoint's own files: patching one in
+    // place would edit the checkpoint (and every export linked to it).
+    const links = statSync(file).nlink;
+    if (links > 1) throw new Error(`${file}: the data of initializer ${name} is also reachable under ${links - 1} other name(s) (a hard link to a checkpoint file?): patch a copy, not this file`);
+    const fd = openSync(file, 'r+');
     try {
       for (let w = 0; w < bytes.byteLength; ) w += writeSync(fd, bytes, w, bytes.byteLength - w, s.external.offset + w);
     } finally {
@@ -190,7 +195,7 @@ function valueSummary(v: onnx.IValueInfoProto): ValueSummary {
 }
 
 /** Inline bytes: raw_data normally; the typed fields for models written by other tools. */
-function inlineBytes(t: onnx.ITensorProto, dtype: ElemType): Uint8Array {
+function inlineBytes(t: onnx.ITensorProto, dtype: WeightElemType): Uint8Array {
   if (t.rawData && t.rawData.byteLength) return t.rawData;
   let a: TensorData;
   if (dtype === 'float32') a = Float32Array.from(t.floatData ?? []);
@@ -199,7 +204,7 @@ function inlineBytes(t: onnx.ITensorProto, dtype: ElemType): Uint8Array {
   return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 }
 
-function fromInt32(v: number[], dtype: ElemType): TensorData {
+function fromInt32(v: number[], dtype: WeightElemType): TensorData {
   const out = new ELEM[dtype].array(new ArrayBuffer(v.length * ELEM[dtype].bytes), 0, v.length);
   for (let i = 0; i < v.length; i++) (out as Int32Array)[i] = v[i];
   return out;

@@ -8,13 +8,17 @@
 //    qnn-onnx-converter reads as weight encodings (--float_fallback keeps the rest float).
 // Each tensor is streamed row chunk by row chunk from safetensors into a data file shared by every
 // graph of a context (prefill and decode read the same bytes), and each graph that uses it gets a
-// reference plus the few nodes that turn it into float.
+// reference plus the few nodes that turn it into float. The reference export's fp32 weights are not
+// written at all when the store is given checkpoint links: each is the checkpoint tensor itself, in
+// its stored dtype, Cast to float in the graph (bf16 and f16 widen to f32 exactly).
 import type { Checkpoint } from '../io/checkpoint.js';
 import { bf16ToF32Array, f32ToF16Array } from '../io/dtype.js';
 import { MS_DOMAIN, type GraphBuilder } from '../onnx/builder.js';
 import { linear as gemmLinear } from '../families/blocks.js';
-import type { ElemType } from '../onnx/dtype.js';
+import { ELEM, type WeightElemType } from '../onnx/dtype.js';
 import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
+import type { CheckpointLinks } from '../onnx/linked-data.js';
+import type { DType } from '../io/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
 import type { Bf16W8 } from './w8-simd.js';
@@ -23,12 +27,15 @@ import type { Bf16W8 } from './w8-simd.js';
 export type W8Form = 'matmulnbits' | 'qdq';
 
 interface Stored {
-  dtype: ElemType;
+  dtype: WeightElemType;
   dims: number[];
   ref: ExternalRef;
   scale?: { ref: ExternalRef; dims: number[] };
   blockSize?: number;
 }
+
+/** Checkpoint dtypes a graph can read in place (Cast to float where not f32). */
+const IN_PLACE: Partial<Record<DType, WeightElemType>> = { BF16: 'bfloat16', F16: 'float16', F32: 'float32' };
 
 /** Row chunks of about this many f32 bytes: big enough for throughput, small enough for memory. */
 const CHUNK_BYTES = 8 << 20;
@@ -53,6 +60,8 @@ export interface WeightStoreOptions {
   onTensor?: (name: string) => void;
   f16Copy?: F16Copy;
   w8Form?: W8Form;
+  /** fp32 weights are referenced in the checkpoint's own files through these links, not converted and written. */
+  inPlace?: CheckpointLinks;
 }
 
 export class WeightStore {
@@ -61,11 +70,13 @@ export class WeightStore {
   private readonly onTensor: (name: string) => void;
   private readonly f16Copy: F16Copy | undefined;
   private readonly w8Form: W8Form;
+  private readonly inPlace: CheckpointLinks | undefined;
 
   constructor(private readonly ckpt: Checkpoint, private readonly sink: ExternalDataWriter, o: WeightStoreOptions = {}) {
     this.onTensor = o.onTensor ?? (() => {});
     this.f16Copy = o.f16Copy;
     this.w8Form = o.w8Form ?? 'matmulnbits';
+    this.inPlace = o.inPlace;
   }
 
   /**
@@ -131,7 +142,10 @@ export class WeightStore {
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
     let stored: Stored;
-    if (scheme === 'w8' && bf16) {
+    const inPlace = scheme === 'fp32' && this.inPlace ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
+    if (inPlace) {
+      stored = { dtype: inPlace, dims, ref: await this.checkpointBytes(name, ELEM[inPlace].bytes) };
+    } else if (scheme === 'w8' && bf16) {
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendStream(rows * cols, (write) =>
         this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
@@ -191,6 +205,25 @@ export class WeightStore {
     return stored;
   }
 
+  /**
+   * The tensor's bytes as the checkpoint stores them: in place through a link to its file, or, when
+   * its offset there is misaligned for its elements, copied (still unconverted) into the data file.
+   */
+  private async checkpointBytes(name: string, elemBytes: number): Promise<ExternalRef> {
+    const info = this.ckpt.info(name);
+    const linked = this.inPlace!.ref(info, elemBytes);
+    if (linked) return linked;
+    const rows = this.ckpt.rowCount(name);
+    const rowBytes = info.byteLength / rows;
+    const buf = new Uint8Array(Math.max(1, Math.floor(RAW_CHUNK_BYTES / rowBytes)) * rowBytes);
+    return this.sink.appendChunked(info.byteLength, async (write) => {
+      for (let r0 = 0; r0 < rows; r0 += buf.byteLength / rowBytes) {
+        const n = Math.min(buf.byteLength / rowBytes, rows - r0);
+        write(await this.ckpt.readRowsRawInto(name, r0, buf.subarray(0, n * rowBytes)));
+      }
+    });
+  }
+
   /** A tensor's fp16 form alone, e.g. into a sink of its own (the host embedding table). */
   async fp16(name: string, shape: number[]): Promise<void> {
     await this.store(name, shape, 'fp16');
@@ -216,14 +249,15 @@ export class WeightStore {
 
   /**
    * A linear layer x [1, N, in] → [1, N, out] with the checkpoint weight `name` [out, in].
-   * fp32: Gemm(transB=1) on the tensor. fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
+   * fp32: Gemm(transB=1) on the tensor (after a Cast when it is the checkpoint's bf16/f16 bytes in
+   * place). fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
    * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
     const s = await this.store(name, shape, scheme);
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
-    if (scheme !== 'w8') return gemmLinear(g, x, scheme === 'fp16' ? g.op('Cast', [w], { to: 1 }) : w, inDim, out, n, bias);
+    if (scheme !== 'w8') return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale!.dims, s.scale!.ref);
     if (this.w8Form === 'qdq') return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: 8, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
