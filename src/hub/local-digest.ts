@@ -2,7 +2,10 @@
 // the fetch key another way: the sha256 of every file. Hashing 8 GB on every build would cost tens
 // of seconds, so a stat cache remembers each file's digest with its size, mtime, ctime and inode;
 // while all four are unchanged the digest is reused. mtime alone can be set back (`touch -r`), ctime
-// cannot: any write or metadata change moves it to "now", so no edit is missed.
+// cannot: any write or metadata change moves it to "now", so no edit is missed. One metadata change
+// is forge's own: the fp32 reference export and the gates' scratch copies hard-link the checkpoint's
+// files (weights read in place), which moves ctime too. A ctime that moved while the link count
+// changed, with size, mtime, inode and device as they were, is taken as that and not as an edit.
 // One read, two uses: a .safetensors file's bytes also go through fetch's NaN/Inf scan as they are
 // hashed, and the result is kept beside the digest, so fetch need not read the weights again.
 import { createHash } from 'node:crypto';
@@ -25,7 +28,7 @@ export type LocalDigest = Record<string, string>;
 /** A .safetensors file's NaN/Inf scan as the digest read it: every floating tensor finite, or the first bad element. */
 export type FiniteRecord = 'ok' | NonFinite;
 
-interface StatKey { size: string; mtimeNs: string; ctimeNs: string; ino: string; dev: string }
+interface StatKey { size: string; mtimeNs: string; ctimeNs: string; ino: string; dev: string; nlink?: string }
 /**
  * `finite` is there for every .safetensors file: its scan, or 'unparsed' when its header did not
  * parse (nothing scanned; fetch's own checks name the problem). Absent: an entry from before the scan.
@@ -44,9 +47,11 @@ export function statCacheFile(dir: string): string {
   return join(cacheRoot(), '.stat-cache', `${id}.json`);
 }
 
-const statKey = (s: BigIntStats): StatKey => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev) });
+const statKey = (s: BigIntStats): StatKey => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev), nlink: String(s.nlink) });
+/** Same bytes as when `a` was taken: all stat fields equal, or only ctime moved together with the link count (a hard link made or removed). */
 const sameStat = (a: StatKey, b: StatKey) =>
-  a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev;
+  a.size === b.size && a.mtimeNs === b.mtimeNs && a.ino === b.ino && a.dev === b.dev &&
+  (a.ctimeNs === b.ctimeNs || (a.nlink !== undefined && b.nlink !== undefined && a.nlink !== b.nlink));
 
 function readStatCache(file: string, dir: string): Record<string, StatEntry> {
   try {
@@ -91,7 +96,8 @@ export async function localCheckpointDigest(dir: string, opts: DigestOptions = {
     // An entry from before the fused scan (no `finite`) is read again once, to record the scan too.
     if (known && sameStat(known, before) && (known.finite || !isSafetensors(rel))) {
       digest[rel] = known.sha256;
-      next[rel] = known;
+      // Re-keyed to the stat seen now, so a later link change is measured from here.
+      next[rel] = { ...known, ...before };
       continue;
     }
     if (!announced) opts.log?.(`hashing the local checkpoint ${dir} (files new or changed since the last build)`);

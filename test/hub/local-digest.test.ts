@@ -1,7 +1,7 @@
 // Local checkpoints are keyed by content: an edit that keeps the size and sets the mtime back is
 // still a new key, while an unchanged file is not hashed twice (the stat cache).
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { linkSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
@@ -66,6 +66,25 @@ describe('local checkpoint digest', () => {
     writeFileSync(statCacheFile(dir), JSON.stringify(cache));
     expect((await localCheckpointDigest(dir, { racyMs: 0 }))['config.json']).toBe('f'.repeat(64));
     expect(again['config.json']).not.toBe('f'.repeat(64));
+  });
+
+  it('takes a ctime moved by a hard link made or removed (forge reads weights in place) as no edit, but an edit beside it still re-hashes', async () => {
+    const first = await localCheckpointDigest(dir, { racyMs: 0, log });
+    const linkDir = mkdtempSync(join(tmpdir(), 'forge-digest-link-'));
+    const link = join(linkDir, 'model.safetensors');
+    linkSync(join(dir, 'model.safetensors'), link); // ctime moves, nlink 1 → 2
+    lines = [];
+    expect(await localCheckpointDigest(dir, { racyMs: 0, log })).toEqual(first);
+    expect(hashed()).toBe(false);
+    rmSync(linkDir, { recursive: true }); // nlink 2 → 1, ctime moves again
+    lines = [];
+    expect(await localCheckpointDigest(dir, { racyMs: 0, log })).toEqual(first);
+    expect(hashed()).toBe(false);
+    editKeepingSizeAndMtime(join(dir, 'model.safetensors')); // ctime moves, nlink as recorded
+    lines = [];
+    const edited = await localCheckpointDigest(dir, { racyMs: 0, log });
+    expect(hashed()).toBe(true);
+    expect(edited['model.safetensors']).not.toBe(first['model.safetensors']);
   });
 
   it('does not cache a digest taken within the racy window of the file\'s last change', async () => {
