@@ -23,7 +23,7 @@ import { cpus, release, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { defaultCheckpointDir, ensureCheckpoint } from './gen-checkpoint.js';
 import { benchArgs } from './util.js';
-import { dirBytes, dropCaches, freeBytes, gb, gitState, measure, r3, warmCache } from './measure.js';
+import { dropCaches, freeBytes, gb, gitState, inodesOf, measure, r3, uniqueBytes, warmCache } from './measure.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
 
 const { values: arg, num } = benchArgs({
@@ -148,7 +148,9 @@ for (const until of targets) {
 const stages = new Map<string, StageRow>();
 for (const r of runs) for (const s of r.record?.stages ?? []) if (!stages.has(s.name) || s.status === 'ran' || s.status === 'failed') stages.set(s.name, s);
 
-const entryBytes = (s: StageRow) => (s.key ? dirBytes(join(cacheDir, s.name, s.key)).bytes : 0);
+// The reference export hard-links the checkpoint's files: those bytes are the checkpoint's, not the cache's.
+const checkpointInodes = inodesOf(ckpt.dir);
+const entryBytes = (s: StageRow) => (s.key ? uniqueBytes(join(cacheDir, s.name, s.key), checkpointInodes) : 0);
 const bytesOf = (name: string) => (stages.get(name) ? entryBytes(stages.get(name)!) : 0);
 const readRate = rates.coldGBps ?? rates.warmGBps;
 const ioFloor = (readBytes: number, writeBytes: number) => readBytes / 1e9 / readRate + writeBytes / 1e9 / rates.writeGBps;
@@ -197,7 +199,7 @@ const rows = [...stages.values()].sort((a, b) => ORDER.indexOf(a.name) - ORDER.i
   };
 });
 
-const cacheTotal = dirBytes(cacheDir).bytes;
+const cacheTotal = uniqueBytes(cacheDir, checkpointInodes);
 const ranNonCompile = rows.filter((r) => r.status === 'ran' && r.stage !== 'compile');
 const privateKnown = ranNonCompile.every((r) => r.peakPrivateGB !== null);
 const worstPrivate = Math.max(0, ...ranNonCompile.map((r) => (r.peakPrivateGB ?? r.peakRssGB ?? 0) * 1e9));
@@ -227,6 +229,7 @@ const report = {
   notes: [
     ...notes,
     'per-stage memory = the run record (the stage process tree, sampled by forge); builds[].processGroup* = this driver sampling the forge process group (stage helpers in their own groups are not in it)',
+    'cache bytes count each file once and leave out the checkpoint\'s own files that the reference export hard-links',
     'forward floors are bandwidth floors: the bytes one forward must read per token at the warm read rate; real forwards also compute',
     privateKnown ? '' : 'this forge build records no per-stage private memory (peakPrivateBytes): privateOk is null and worstPrivateGB uses peak RSS',
   ].filter(Boolean),

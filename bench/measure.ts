@@ -28,6 +28,45 @@ export function dirBytes(path: string): { bytes: number; files: number } {
   return { bytes, files };
 }
 
+/**
+ * Bytes a directory tree holds on disk that are its own: each inode counted once, and inodes that
+ * `exclude` holds (e.g. the checkpoint's files, hard-linked in by the reference export) not at all.
+ */
+export function uniqueBytes(path: string, exclude: Set<string> = new Set()): number {
+  const seen = new Set(exclude);
+  let bytes = 0;
+  const walk = (p: string) => {
+    for (const e of readdirSync(p, { withFileTypes: true })) {
+      const q = join(p, e.name);
+      if (e.isDirectory()) walk(q);
+      else if (e.isFile()) {
+        const st = statSync(q);
+        const id = `${st.dev}:${st.ino}`;
+        if (!seen.has(id)) {
+          seen.add(id);
+          bytes += st.size;
+        }
+      }
+    }
+  };
+  if (existsSync(path)) walk(path);
+  return bytes;
+}
+
+/** dev:inode of every file under a directory. */
+export function inodesOf(path: string): Set<string> {
+  const ids = new Set<string>();
+  for (const e of readdirSync(path, { withFileTypes: true })) {
+    const q = join(path, e.name);
+    if (e.isDirectory()) for (const id of inodesOf(q)) ids.add(id);
+    else if (e.isFile()) {
+      const st = statSync(q);
+      ids.add(`${st.dev}:${st.ino}`);
+    }
+  }
+  return ids;
+}
+
 export function freeBytes(path: string): number {
   const r = spawnSync('df', ['-B1', '--output=avail', path], { encoding: 'utf8' });
   return Number(r.stdout.trim().split('\n').pop());
