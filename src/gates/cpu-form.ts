@@ -1,0 +1,338 @@
+// The CPU-gate form of a graph: the same numbers as the graph itself on ONNX Runtime's CPU EP, in a
+// form its fast kernels run, with every weight still read from the export's (memory-mapped) files.
+//
+// Why: at 4B size the W8 graphs' com.microsoft MatMulNBits(bits=8) has no packed CPU kernel in ORT
+// 1.30 (MLAS packs 8-bit B only for int8 activations, accuracy_level 4, which changes the numbers),
+// so each call dequantizes the whole weight into a freshly allocated fp32 buffer and runs SGEMM on
+// it: > 28 min for one decode graph. What the form does instead (each rewrite gives the graph's own
+// numbers bit for bit; test/gates/cpu-form.test.ts holds it to that):
+//  - MatMulNBits(bits=8, codes, per-row scales, implicit zero point 128) → DequantizeLinear(axis 0,
+//    zero point 128) → com.microsoft FusedMatMul(transB=1): MatMulNBits' own fallback (dequantize,
+//    then MlasGemm(NoTrans, Trans)) spelled in other ops, so the same SGEMM call sums the same way.
+//  - In a one-token graph (decode, lm-head) each such weight, and each Cast(bf16|fp16 weight) →
+//    Gemm(transB=1), is split into row blocks of about `blockBytes` of fp32 (each an external
+//    initializer pointing into the same file at its rows' offset), dequantized or cast block by
+//    block into a cache-sized buffer, and the Gemm outputs concatenated. With one activation row
+//    MLAS's SGEMM takes its M=1 path, where each output is one dot product over K whatever the
+//    block, so the numbers do not change; the weight's bytes are read once per call instead of
+//    written and read again as fp32. Multi-row (prefill) graphs keep whole weights: there the
+//    SGEMM's K stride depends on the columns each thread gets, which blocks would change.
+//  - Session options (CPU_GATE_SESSION_OPTIONS): no constant folding (it would turn a Cast of a
+//    bf16 weight into a private fp32 copy, 16 GB at 4B) and no prepacking (ORT copies every
+//    constant Gemm weight into a private packed buffer: the fp32 graphs' 8 GB).
+import { mkdirSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type * as ort from 'onnxruntime-node';
+import { OnnxModel } from '../onnx/reader.js';
+import { onnx, toNumber } from '../onnx/proto.js';
+import { linkOrCopy } from '../io/files.js';
+import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { writeProbeModel } from './probe.js';
+
+const DT = onnx.TensorProto.DataType;
+/** bfloat16's TensorProto code (forge's ElemType list has no bfloat16). */
+const BFLOAT16 = 16;
+const MS = 'com.microsoft';
+
+/**
+ * ORT session options the gate runs a CPU form with. 'basic' keeps ORT off the level-2 rewrites
+ * that turn DequantizeLinear→MatMul into int8 kernels quantizing activations (not what the graph
+ * says); ConstantFolding off keeps each weight's Cast/DequantizeLinear per call, reading the mapped
+ * file, instead of a private fp32 copy; prepacking off keeps constant fp32 Gemm weights mapped too.
+ */
+export const CPU_GATE_SESSION_OPTIONS: ort.InferenceSession.SessionOptions = {
+  graphOptimizationLevel: 'basic',
+  extra: {
+    session: { disable_prepacking: '1' },
+    optimization: { disable_specified_optimizers: 'ConstantFolding' },
+  },
+};
+
+/** The same settings as ORT session config entries (key → value), for a C/C++ or Python caller. */
+export const CPU_GATE_SESSION_CONFIG: Readonly<Record<string, string>> = {
+  'session.disable_prepacking': '1',
+  'optimization.disable_specified_optimizers': 'ConstantFolding',
+};
+
+/**
+ * fp32 bytes of one row block: its dequantized copy stays in cache (L3) between being written and
+ * read. Smaller blocks mean more nodes, and ORT 1.30's session load grows faster than linearly with
+ * them (measured: 2,432 blocks of 640 KB load in 10 s, 608 in 0.6 s); 4 MiB gives ~1,800 blocks per
+ * 4B shard, loaded in ~7 s.
+ */
+export const DEFAULT_BLOCK_BYTES = 4 << 20;
+
+export interface CpuFormOptions {
+  /** Activation rows per call (the graph's tokens): weights are split into row blocks only when 1. */
+  tokensPerCall: number;
+  /** Target fp32 bytes per row block (rows rounded down to a multiple of 16, at least 16). */
+  blockBytes?: number;
+}
+
+export interface CpuFormStats {
+  /** MatMulNBits nodes rewritten to DequantizeLinear → Gemm. */
+  matMulNBits: number;
+  /** Cast(bf16|fp16 weight) → Gemm pairs split into row blocks. */
+  castGemm: number;
+  /** Row blocks written in all (a weight left whole counts as one). */
+  blocks: number;
+  /** Nodes left as they were because the form does not cover them, each with the reason. */
+  kept: string[];
+}
+
+type Tensor = onnx.ITensorProto;
+type Node = onnx.INodeProto;
+
+function attrInt(n: Node, name: string, dflt?: number): number {
+  const a = n.attribute?.find((x) => x.name === name);
+  if (!a) {
+    if (dflt === undefined) throw new Error(`node ${n.name}: attribute ${name} missing`);
+    return dflt;
+  }
+  return toNumber(a.i);
+}
+
+function attrF(n: Node, name: string, dflt: number): number {
+  const a = n.attribute?.find((x) => x.name === name);
+  return a ? (a.f ?? 0) : dflt;
+}
+
+const intAttr = (name: string, i: number): onnx.IAttributeProto => ({ name, type: onnx.AttributeProto.AttributeType.INT, i });
+
+function externalOf(t: Tensor): { location: string; offset: number; length: number } | undefined {
+  if (t.dataLocation !== onnx.TensorProto.DataLocation.EXTERNAL) return undefined;
+  const kv = Object.fromEntries((t.externalData ?? []).map((e) => [e.key ?? '', e.value ?? '']));
+  return { location: kv.location, offset: Number(kv.offset ?? 0), length: Number(kv.length ?? 0) };
+}
+
+/**
+ * Rows [r0, r0+n) of a 2-D-in-effect weight (first dim = rows) as a tensor of its own: a reference
+ * at the rows' offset in the same data file when external, else a copy of those raw bytes.
+ */
+function rowSlice(t: Tensor, name: string, rowBytes: number, r0: number, n: number, cols: number): Tensor {
+  const slice: Tensor = { name, dataType: t.dataType, dims: [n, cols] };
+  const ext = externalOf(t);
+  if (ext) {
+    slice.dataLocation = onnx.TensorProto.DataLocation.EXTERNAL;
+    slice.externalData = [
+      { key: 'location', value: ext.location },
+      { key: 'offset', value: String(ext.offset + r0 * rowBytes) },
+      { key: 'length', value: String(n * rowBytes) },
+    ];
+  } else {
+    if (!t.rawData?.byteLength) throw new Error(`initializer ${t.name}: inline data not in raw_data`);
+    slice.rawData = t.rawData.subarray(r0 * rowBytes, (r0 + n) * rowBytes);
+  }
+  return slice;
+}
+
+/** Rows per block for a weight with `cols` columns: about blockBytes of fp32, a multiple of 16, at least 16. */
+export function blockRows(cols: number, blockBytes = DEFAULT_BLOCK_BYTES): number {
+  return Math.max(16, Math.floor(blockBytes / (cols * 4) / 16) * 16);
+}
+
+class Rewriter {
+  readonly stats: CpuFormStats = { matMulNBits: 0, castGemm: 0, blocks: 0, kept: [] };
+  private readonly inits = new Map<string, Tensor>();
+  private readonly consumers = new Map<string, number>();
+  private readonly producers = new Map<string, Node>();
+  private readonly names = new Set<string>();
+  private readonly drop = new Set<string>();
+  private readonly added: Tensor[] = [];
+  private readonly zeroPoints = new Map<number, string>();
+  private counter = 0;
+
+  constructor(private readonly model: OnnxModel, private readonly o: Required<CpuFormOptions>) {
+    const g = model.graph;
+    for (const t of g.initializer ?? []) this.inits.set(t.name!, t);
+    for (const n of g.node ?? []) {
+      for (const i of n.input ?? []) this.consumers.set(i, (this.consumers.get(i) ?? 0) + 1);
+      for (const out of n.output ?? []) this.producers.set(out, n);
+      this.names.add(n.name ?? '');
+      for (const v of [...(n.input ?? []), ...(n.output ?? [])]) this.names.add(v);
+    }
+    for (const v of [...(g.input ?? []), ...(g.output ?? [])]) {
+      this.names.add(v.name!);
+      this.consumers.set(v.name!, (this.consumers.get(v.name!) ?? 0) + 1); // a graph output is a consumer too
+    }
+    for (const t of g.initializer ?? []) this.names.add(t.name!);
+  }
+
+  private fresh(base: string): string {
+    let n: string;
+    do n = `${base}.cpu${this.counter++}`; while (this.names.has(n));
+    this.names.add(n);
+    return n;
+  }
+
+  private node(opType: string, inputs: string[], attrs: onnx.IAttributeProto[] = [], base = opType, domain?: string): string {
+    const out = this.fresh(`${base}_out`);
+    this.out.push({ name: this.fresh(base), opType, input: inputs, output: [out], attribute: attrs, ...(domain ? { domain } : {}) });
+    return out;
+  }
+
+  private initializer(t: Tensor): string {
+    this.added.push(t);
+    return t.name!;
+  }
+
+  private zeroPoint128(n: number): string {
+    let name = this.zeroPoints.get(n);
+    if (!name) {
+      name = this.initializer({ name: this.fresh(`zero_point_128x${n}`), dataType: DT.UINT8, dims: [n], rawData: new Uint8Array(n).fill(128) });
+      this.zeroPoints.set(n, name);
+    }
+    return name;
+  }
+
+  private out: Node[] = [];
+
+  run(): CpuFormStats {
+    const g = this.model.graph;
+    const defaultOpset = (this.model.proto.opsetImport ?? []).find((o) => !o.domain)?.version;
+    if (defaultOpset == null || toNumber(defaultOpset) < 13) throw new Error(`${this.model.path}: the CPU form needs ONNX opset 13 or later (per-axis DequantizeLinear), the graph imports ${defaultOpset ?? 'none'}`);
+    for (const n of g.node ?? []) {
+      if (n.opType === 'MatMulNBits' && n.domain === 'com.microsoft') {
+        const why = this.matMulNBits(n);
+        if (why) {
+          this.stats.kept.push(`${n.name}: ${why}`);
+          this.out.push(n);
+        }
+        continue;
+      }
+      if (n.opType === 'Gemm' && this.o.tokensPerCall === 1 && this.castGemm(n)) continue;
+      this.out.push(n);
+    }
+    // The Casts of split weights (each came before its Gemm) go: the blocks cast themselves.
+    this.out = this.out.filter((n) => !(n.opType === 'Cast' && this.drop.has(n.output![0])));
+    g.node = this.out;
+    const used = new Set(this.out.flatMap((n) => n.input ?? []));
+    g.initializer = [...(g.initializer ?? []).filter((t) => used.has(t.name!) || !this.replaced.has(t.name!)), ...this.added];
+    return this.stats;
+  }
+
+  private readonly replaced = new Set<string>();
+
+  private readonly ready = new Map<string, string>();
+
+  /** A boolean true computed from `x` (Size(x) > 0): a data dependency on x for nodes that need one. */
+  private readyFlag(x: string): string {
+    let flag = this.ready.get(x);
+    if (!flag) {
+      const zero = this.initializer({ name: this.fresh('zero'), dataType: DT.INT64, dims: [], rawData: new Uint8Array(8) });
+      flag = this.node('Greater', [this.node('Size', [x]), zero]);
+      this.ready.set(x, flag);
+    }
+    return flag;
+  }
+
+  /** Rewrites one MatMulNBits, or says why it is kept. */
+  private matMulNBits(n: Node): string | undefined {
+    const [a, bName, sName, ...rest] = n.input ?? [];
+    if (rest.some((i) => i)) return 'has a zero-point, g_idx or bias input';
+    const bits = attrInt(n, 'bits');
+    if (bits !== 8) return `bits=${bits}`;
+    const K = attrInt(n, 'K');
+    const N = attrInt(n, 'N');
+    const bs = attrInt(n, 'block_size');
+    const b = this.inits.get(bName);
+    const s = this.inits.get(sName);
+    if (!b || !s) return 'codes or scales are not initializers';
+    if (b.dataType !== DT.UINT8 || s.dataType !== DT.FLOAT) return 'codes not uint8 or scales not float';
+    const blocks = Math.ceil(K / bs);
+    if (blocks * bs !== K) return `K=${K} is not a multiple of block_size ${bs}`;
+    const scales = new Float32Array(Uint8Array.from(this.model.initializerBytes(sName)).buffer); // a copy: inline bytes are a view into the model's buffer
+    if (scales.length !== N * blocks) return `${scales.length} scales for N=${N} × ${blocks} blocks`;
+    const rowScales = new Float32Array(N);
+    for (let r = 0; r < N; r++) {
+      rowScales[r] = scales[r * blocks];
+      for (let k = 1; k < blocks; k++) if (!Object.is(scales[r * blocks + k], rowScales[r])) return `row ${r} has more than one scale (block-wise, not per-row W8)`;
+    }
+    this.replaced.add(bName);
+    this.replaced.add(sName);
+    this.stats.matMulNBits++;
+    const ready = this.readyFlag(a);
+    this.rowBlocks(N, K, (r0, rows, tag) => {
+      const w = this.initializer(rowSlice(b, this.fresh(`${bName}${tag}`), K, r0, rows, K));
+      const sc = this.initializer({ name: this.fresh(`${sName}${tag}`), dataType: DT.FLOAT, dims: [rows], rawData: new Uint8Array(rowScales.slice(r0, r0 + rows).buffer) });
+      // The scales pass through Where(ready, s, s) (the same values) so the dequantization waits
+      // for its activation: with only initializer inputs ORT runs it as early as it likes, and
+      // at 4B a prefill graph then held ~7 GB of dequantized weights at once (measured 9.7 GB).
+      const gated = this.node('Where', [ready, sc, sc]);
+      return this.node('DequantizeLinear', [w, gated, this.zeroPoint128(rows)], [intAttr('axis', 0)]);
+    }, a, n.output![0], true);
+    return undefined;
+  }
+
+  /**
+   * x · weightᵀ over row blocks of the weight (one whole block in a multi-row graph), concatenated
+   * into `output`: `weight` makes a block's float [rows, K] value. A 2-D x goes through
+   * Gemm(transB=1); an N-D one (MatMulNBits' input) through com.microsoft FusedMatMul(transB=1),
+   * which makes the same MlasGemm(NoTrans, Trans) call with x's leading dims as M, no reshapes.
+   */
+  private rowBlocks(N: number, K: number, weight: (r0: number, rows: number, tag: string) => string, x: string, output: string, nd = false): void {
+    const step = this.o.tokensPerCall === 1 ? blockRows(K, this.o.blockBytes) : N;
+    const parts: string[] = [];
+    for (let r0 = 0; r0 < N; r0 += step) {
+      const rows = Math.min(step, N - r0);
+      const w = weight(r0, rows, step >= N ? '' : `.rows${r0}`);
+      parts.push(nd ? this.node('FusedMatMul', [x, w], [intAttr('transB', 1)], 'FusedMatMul', MS) : this.node('Gemm', [x, w], [intAttr('transB', 1)]));
+      this.stats.blocks++;
+    }
+    if (parts.length === 1) this.out[this.out.length - 1].output = [output];
+    else this.out.push({ name: this.fresh('Concat'), opType: 'Concat', input: parts, output: [output], attribute: [intAttr('axis', -1)] });
+  }
+
+  /** Splits Gemm(x, Cast(bf16|fp16 weight), transB=1) into row blocks; false when the node is not one. */
+  private castGemm(n: Node): boolean {
+    const [x, wv, c] = n.input ?? [];
+    if (c || attrInt(n, 'transA', 0) !== 0 || attrInt(n, 'transB', 0) !== 1 || attrF(n, 'alpha', 1) !== 1) return false;
+    const cast = this.producers.get(wv);
+    if (!cast || cast.opType !== 'Cast' || attrInt(cast, 'to') !== DT.FLOAT || this.consumers.get(wv) !== 1) return false;
+    const w = this.inits.get(cast.input![0]);
+    if (!w || (w.dataType !== BFLOAT16 && w.dataType !== DT.FLOAT16) || w.dims?.length !== 2) return false;
+    const [N, K] = w.dims.map(toNumber);
+    if (blockRows(K, this.o.blockBytes) >= N) return false; // one block: nothing to split
+    this.stats.castGemm++;
+    this.drop.add(wv);
+    this.replaced.add(w.name!);
+    this.rowBlocks(N, K, (r0, rows, tag) => {
+      const slice = this.initializer(rowSlice(w, this.fresh(`${w.name}${tag}`), K * 2, r0, rows, K));
+      return this.node('Cast', [slice], [intAttr('to', DT.FLOAT)]);
+    }, x, n.output![0]);
+    return true;
+  }
+}
+
+/** Rewrites `model` in place into its CPU-gate form (see the top of this file). */
+export function toCpuForm(model: OnnxModel, o: CpuFormOptions): CpuFormStats {
+  return new Rewriter(model, { blockBytes: DEFAULT_BLOCK_BYTES, ...o }).run();
+}
+
+/**
+ * The gate's copy of a graph: its probe outputs added (writeProbeModel) and in CPU form, in
+ * `scratch` beside hard links to its data files. Returns the path and what the form did.
+ */
+export function writeGateModel(modelPath: string, probes: string[], scratch: string, o: CpuFormOptions): { path: string; stats: CpuFormStats } {
+  let stats: CpuFormStats | undefined;
+  const path = writeProbeModel(modelPath, probes, scratch, (m) => void (stats = toCpuForm(m, o)));
+  return { path, stats: stats! };
+}
+
+/**
+ * The CPU form of a whole export directory (graphs.json and its graphs, same names; every data
+ * file hard-linked, never copied on one filesystem), e.g. for a host bundle whose graphs ONNX
+ * Runtime's CPU EP runs. Run its graphs with CPU_GATE_SESSION_OPTIONS / CPU_GATE_SESSION_CONFIG.
+ */
+export function writeCpuFormExport(exportDir: string, outDir: string, o: { blockBytes?: number } = {}): Record<string, CpuFormStats> {
+  const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  mkdirSync(outDir, { recursive: true });
+  const stats: Record<string, CpuFormStats> = {};
+  for (const c of manifest.contexts) {
+    linkOrCopy(join(exportDir, c.data), join(outDir, c.data));
+    for (const g of c.graphs) stats[g.name] = writeGateModel(join(exportDir, g.file), [], outDir, { tokensPerCall: g.n, ...o }).stats;
+  }
+  if (manifest.embedding) linkOrCopy(join(exportDir, manifest.embedding.file), join(outDir, manifest.embedding.file));
+  writeFileSync(join(outDir, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
+  return stats;
+}
