@@ -200,7 +200,7 @@ class Rewriter {
         }
         continue;
       }
-      if (n.opType === 'Gemm' && this.o.tokensPerCall === 1 && this.castGemm(n)) continue;
+      if (n.opType === 'Gemm' && this.castGemm(n)) continue;
       this.out.push(n);
     }
     // The Casts of split weights (each came before its Gemm) go: the blocks cast themselves.
@@ -283,7 +283,21 @@ class Rewriter {
     else this.out.push({ name: this.fresh('Concat'), opType: 'Concat', input: parts, output: [output], attribute: [intAttr('axis', -1)] });
   }
 
-  /** Splits Gemm(x, Cast(bf16|fp16 weight), transB=1) into row blocks; false when the node is not one. */
+  /**
+   * `w` [dims] through Reshape to its own shape, the shape passing through Where(ready(x), s, s): the
+   * same values (a Reshape is a view), but whatever reads them waits for x. A Cast of a weight has
+   * only initializer inputs, so ORT may run every one of them first: at 4B the fp32 reference held
+   * all its weights in fp32 at once (the W8 dequantization's 9.7 GB, above).
+   */
+  private gatedWeight(w: string, dims: number[], x: string): string {
+    const shape = this.initializer({ name: this.fresh(`${w}.shape`), dataType: DT.INT64, dims: [dims.length], rawData: new Uint8Array(BigInt64Array.from(dims.map(BigInt)).buffer) });
+    return this.node('Reshape', [w, this.node('Where', [this.readyFlag(x), shape, shape])]);
+  }
+
+  /**
+   * Gemm(x, Cast(bf16|fp16 weight), transB=1): each Cast waits for x (gatedWeight), and in a
+   * one-token graph the weight is split into row blocks. False when the node is not one.
+   */
   private castGemm(n: Node): boolean {
     const [x, wv, c] = n.input ?? [];
     if (c || attrInt(n, 'transA', 0) !== 0 || attrInt(n, 'transB', 0) !== 1 || attrF(n, 'alpha', 1) !== 1) return false;
@@ -292,13 +306,18 @@ class Rewriter {
     const w = this.inits.get(cast.input![0]);
     if (!w || (w.dataType !== BFLOAT16 && w.dataType !== DT.FLOAT16) || w.dims?.length !== 2) return false;
     const [N, K] = w.dims.map(toNumber);
-    if (blockRows(K, this.o.blockBytes) >= N) return false; // one block: nothing to split
-    this.stats.castGemm++;
     this.drop.add(wv);
+    if (this.o.tokensPerCall !== 1 || blockRows(K, this.o.blockBytes) >= N) {
+      // One block: the Gemm as it was, its Cast made again after the gate (the old one goes).
+      const cast2 = this.node('Cast', [this.gatedWeight(w.name!, [N, K], x)], [intAttr('to', DT.FLOAT)]);
+      this.out.push({ ...n, input: [x, cast2] });
+      return true;
+    }
+    this.stats.castGemm++;
     this.replaced.add(w.name!);
     this.rowBlocks(N, K, (r0, rows, tag) => {
       const slice = this.initializer(rowSlice(w, this.fresh(`${w.name}${tag}`), K * 2, r0, rows, K));
-      return this.node('Cast', [slice], [intAttr('to', DT.FLOAT)]);
+      return this.node('Cast', [this.gatedWeight(slice, [rows, K], x)], [intAttr('to', DT.FLOAT)]);
     }, x, n.output![0]);
     return true;
   }
@@ -329,7 +348,8 @@ export function writeCpuFormExport(exportDir: string, outDir: string, o: { block
   mkdirSync(outDir, { recursive: true });
   const stats: Record<string, CpuFormStats> = {};
   for (const c of manifest.contexts) {
-    linkOrCopy(join(exportDir, c.data), join(outDir, c.data));
+    // The context's own data file, and the checkpoint files a reference export reads in place.
+    for (const f of [...(c.data ? [c.data] : []), ...(c.linked ?? [])]) linkOrCopy(join(exportDir, f), join(outDir, f));
     for (const g of c.graphs) stats[g.name] = writeGateModel(join(exportDir, g.file), [], outDir, { tokensPerCall: g.n, ...o }).stats;
   }
   if (manifest.embedding) linkOrCopy(join(exportDir, manifest.embedding.file), join(outDir, manifest.embedding.file));

@@ -161,7 +161,7 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
     const m = graphsOf(out);
     expect(m).toEqual(graphsOf(entry('quantize')));
     for (const c of m.contexts) {
-      expect(statSync(join(out, c.data)).ino).toBe(statSync(join(entry('quantize'), c.data)).ino);
+      expect(statSync(join(out, c.data!)).ino).toBe(statSync(join(entry('quantize'), c.data!)).ino);
       for (const g of c.graphs) {
         expect(stats[g.name].kept).toEqual([]);
         const model = readModel(join(out, g.file));
@@ -210,7 +210,7 @@ describe('CPU-gate form pieces', () => {
     const { path, stats } = writeGateModel(model, [], join(dir, 'form'), { tokensPerCall: 1, blockBytes: 32 * K * 4 });
     expect(stats).toMatchObject({ castGemm: 1, matMulNBits: 0, blocks: Math.ceil(N / 32), kept: [] });
     // The raw proto: forge's reader has no bfloat16.
-    const inits = onnx.ModelProto.decode(readFileSync(path)).graph!.initializer!;
+    const inits = onnx.ModelProto.decode(readFileSync(path)).graph!.initializer!.filter((t) => t.externalData?.length); // not the inline gate shapes
     const ext = (t: onnx.ITensorProto) => Object.fromEntries(t.externalData!.map((e) => [e.key, e.value]));
     expect(inits.map((t) => ext(t).location)).toEqual(new Array(Math.ceil(N / 32)).fill('w.data'));
     expect(inits.map((t) => Number(ext(t).offset))).toEqual(Array.from({ length: Math.ceil(N / 32) }, (_, i) => i * 32 * K * 2));
@@ -219,11 +219,20 @@ describe('CPU-gate form pieces', () => {
     expect(d).toEqual({ values: N, unequal: 0, maxAbs: 0 });
   });
 
-  it('leaves a multi-row Cast → Gemm whole', () => {
+  it('leaves a multi-row Cast → Gemm whole, its Cast waiting for the activation (Reshape through a shape gated on x)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'forge-castgemm-'));
-    const m = OnnxModel.load(castGemmModel(dir, 4));
+    const model = castGemmModel(dir, 4);
+    const m = OnnxModel.load(model);
     expect(toCpuForm(m, { tokensPerCall: 4, blockBytes: 1 })).toMatchObject({ castGemm: 0, blocks: 0 });
-    expect(m.graph.node!.map((n) => n.opType)).toEqual(['Cast', 'Gemm', 'Relu']);
+    const nodes = m.graph.node!;
+    expect(nodes.map((n) => n.opType)).toEqual(['Size', 'Greater', 'Where', 'Reshape', 'Cast', 'Gemm', 'Relu']);
+    // The Cast's input is computed from x: ORT cannot run it before x exists.
+    expect(nodes[0].input).toEqual(['x']);
+    expect(nodes[4].input).toEqual(nodes[3].output);
+    const out = join(dir, 'gated.onnx');
+    writeFileSync(out, onnx.ModelProto.encode(m.proto).finish());
+    const feeds = feedsOf(4);
+    expect(diff(await runCases(model, CPU_GATE_SESSION_OPTIONS, feeds), await runCases(out, CPU_GATE_SESSION_OPTIONS, feeds))).toEqual({ values: 4 * N, unequal: 0, maxAbs: 0 });
   });
 
   it('keeps the Cast of a weight per call under the gate\'s session options (no constant folding into a private fp32 copy)', async () => {
