@@ -56,12 +56,6 @@ export function planContexts(plan: ShardPlan): Array<{ name: string; bytes: numb
   return out;
 }
 
-/** The largest context of an export (weights as that export stored them). */
-function largestExported(dir: string): { name: string; bytes: number } {
-  const m = JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
-  return m.contexts.map((c) => ({ name: c.name, bytes: c.dataBytes })).reduce((a, b) => (b.bytes > a.bytes ? b : a));
-}
-
 function exportedTotal(dir: string): number {
   const m = JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   return m.contexts.reduce((a, c) => a + c.dataBytes, 0);
@@ -110,18 +104,51 @@ export function traceUnitBytes(config: Record<string, unknown>, weightBytes: num
   return head >= layer ? { bytes: head, what: 'the fp32 lm_head (vocab × hidden × 4)' } : { bytes: layer, what: 'one decoder layer in fp32' };
 }
 
-/**
- * oracle: provisional (engineer C): 8.5 GB at 4B (issue 12), its largest fp32 context 7.4 GB ≈ 1.1 ×;
- * one session at a time. Floor measured on tiny-qwen3.
- */
-export const ORACLE: Linear = { floor: 0.1 * GB, perByte: 1.1, mappedFloor: 0.1 * GB };
+/** The checkpoint's config.json (text_config for a multimodal one). */
+function textConfig(fetchDir: string): Record<string, unknown> {
+  const config = JSON.parse(readFileSync(join(readCheckpointRef(fetchDir).absDir, 'config.json'), 'utf8')) as Record<string, unknown>;
+  return (config.text_config ?? config) as Record<string, unknown>;
+}
+
+/** fp32 K and V caches of every layer at maxContext: what one decode case feeds (an upper bound where some layers keep no cache). */
+export function kvCacheBytes(config: Record<string, unknown>, maxContext: number): number {
+  const n = (k: string) => (typeof config[k] === 'number' ? (config[k] as number) : 0);
+  const headDim = n('head_dim') || n('hidden_size') / Math.max(1, n('num_attention_heads'));
+  return n('num_hidden_layers') * 2 * (n('num_key_value_heads') || n('num_attention_heads')) * headDim * maxContext * 4;
+}
 
 /**
- * parity: provisional (engineer D): today every graph has its own session and copy of its shard's
- * weights (prefill and decode): over 22 GB at 4B and killed (issue 12), so 2 × the fp32 weights is
- * a lower bound. Floor measured on tiny-qwen3.
+ * oracle (CPU-gate form, src/gates/cpu-form.ts: weights mapped, cast or dequantized block by block
+ * per call): private = the node/ORT floor + one case's feeds (the K/V caches at maxContext) + a
+ * weight's transient; mapped = the weights a graph re-reads each case (at most the checkpoint).
+ * measured on the synthetic Qwen3-4B (bench/oracle.ts, load 2–7): W8 1.11 GB private / 1.76 GB
+ * mapped, fp32 (an fp32 export) 1.34 GB / 6.84 GB; the K/V caches at 4096 are 1.21 GB of that.
  */
-export const PARITY: Linear = { floor: 0.1 * GB, perByte: 2, mappedFloor: 0.1 * GB };
+export const ORACLE = { floor: 0.4 * GB, mappedFloor: 0.1 * GB };
+
+/**
+ * parity (qhx_generate on the CPU: each weight file mapped once and shared by the graphs,
+ * native/src/shared_weights.cpp; graphs in CPU-gate form): private = floor + the K/V caches + a
+ * weight's transient; mapped = the variant's weights (the checkpoint for the reference, read in place).
+ * measured (bench/parity-memory.ts, W8 4B bundle before the CPU form): 2.93 GB private, of which the
+ * K/V caches 1.21 GB and the lm-head's whole fp32 Cast 1.56 GB (now cast in row blocks).
+ */
+export const PARITY = { floor: 0.4 * GB, mappedFloor: 0.1 * GB };
+
+function exportContext(dir: string): ExportManifest {
+  return JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+}
+
+/** K/V feeds + mapped weights, shared by the two CPU gates. */
+function cpuGatePrediction(m: { floor: number; mappedFloor: number }, d: Record<string, string>, what: string): MemoryPrediction {
+  const kv = kvCacheBytes(textConfig(d.fetch), exportContext(d.export).maxContext);
+  const weights = checkpointBytes(d.fetch);
+  return {
+    privateBytes: Math.round(m.floor + kv),
+    mappedBytes: Math.round(m.mappedFloor + weights),
+    how: `${gb(m.floor)} + ${gb(kv)} (K/V caches at maxContext) private, ${gb(m.mappedFloor)} + ${gb(weights)} (the checkpoint's weights, read in place) mapped; ${what}`,
+  };
+}
 
 /** emulation (x86 HTP simulator; tiny twins only): provisional 3 × the W8 weights; floor measured on tiny-qwen3. */
 export const EMULATION: Linear = { floor: 0.25 * GB, perByte: 3, mappedFloor: 0.2 * GB };
@@ -149,11 +176,8 @@ export const stageMemory = {
       };
     },
   } satisfies StageMemory,
-  oracle: {
-    from: ['export'],
-    predict: (d) => { const c = largestExported(d.export); return linear(ORACLE, c.bytes, `largest fp32 context ${c.name}; provisional`); },
-  } satisfies StageMemory,
-  parity: { from: ['export'], predict: (d) => linear(PARITY, exportedTotal(d.export), 'all fp32 graph weights; provisional') } satisfies StageMemory,
+  oracle: { from: ['fetch', 'export'], predict: (d) => cpuGatePrediction(ORACLE, d, 'one graph at a time') } satisfies StageMemory,
+  parity: { from: ['fetch', 'export'], predict: (d) => cpuGatePrediction(PARITY, d, 'one variant at a time') } satisfies StageMemory,
   emulation: { from: ['quantize'], predict: (d) => linear(EMULATION, exportedTotal(d.quantize), 'all W8 graph weights; provisional') } satisfies StageMemory,
 /** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */
   compile: {

@@ -4,7 +4,7 @@ import { describe, it, expect } from 'vitest';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { COMPILE, TRACE, compileOptions, compilePrediction, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
+import { COMPILE, ORACLE, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
 import { buildPipeline } from '../pipelines/build.js';
 import { defaultMemoryBudget } from '../src/build.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
@@ -89,6 +89,26 @@ describe('the build pipeline\'s predictions', () => {
   it('predicts a layer-heavy model from one decoder layer in fp32', () => {
     const unit = traceUnitBytes({ text_config: { vocab_size: 1000, hidden_size: 64, num_hidden_layers: 2 } }, 1 * GB);
     expect(unit).toEqual({ bytes: 1 * GB, what: 'one decoder layer in fp32' });
+  });
+});
+
+describe('the CPU gates\' memory', () => {
+  it('is the K/V caches one decode case feeds, with the checkpoint mapped: 1.21 GB of caches for Qwen3-4B at 4096', () => {
+    const qwen3_4b = { num_hidden_layers: 36, num_key_value_heads: 8, head_dim: 128, hidden_size: 2560, num_attention_heads: 32 };
+    expect(kvCacheBytes(qwen3_4b, 4096)).toBe(36 * 2 * 8 * 128 * 4096 * 4);
+    expect(kvCacheBytes({ ...qwen3_4b, head_dim: undefined }, 4096)).toBe(36 * 2 * 8 * 80 * 4096 * 4); // hidden / heads
+    const dir = mkdtempSync(join(tmpdir(), 'forge-memory-model-'));
+    writeFileSync(join(dir, 'config.json'), JSON.stringify(qwen3_4b));
+    writeFileSync(join(dir, 'checkpoint.json'), JSON.stringify({ dir, source: { kind: 'local', path: dir }, files: { 'model.safetensors': 8 * GB } }));
+    writeFileSync(join(dir, 'graphs.json'), JSON.stringify({ maxContext: 4096, contexts: [] }));
+    for (const stage of ['oracle', 'parity'] as const) {
+      const p = stageMemory[stage].predict({ fetch: dir, export: dir });
+      expect(p.privateBytes).toBe(Math.round(ORACLE.floor + kvCacheBytes(qwen3_4b, 4096)));
+      expect(p.mappedBytes).toBe(Math.round(ORACLE.mappedFloor + 8 * GB));
+      // measured at 4B: oracle 1.11 (W8) and 1.34 GB (fp32) private, parity's K/V part 1.21 GB
+      expect(p.privateBytes / GB).toBeGreaterThan(1.34);
+      expect(p.privateBytes / GB).toBeLessThan(2);
+    }
   });
 });
 

@@ -125,9 +125,11 @@ void SharedWeights::add_each(Ort::SessionOptions& so, const std::string& onnx_pa
 }
 
 void configure_cpu_session(Ort::SessionOptions& so) {
-  // Every level up to the layout one; ORT_ENABLE_ALL's further level turns an fp16 initializer
-  // behind a Cast into a private fp32 initializer, and the disable list below does not reach it.
-  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_LAYOUT);
+  // The level the oracle gate runs the CPU form at (src/gates/cpu-form.ts): parity's CPU numbers are
+  // the numbers the oracle checked. Higher levels rewrite DequantizeLinear→MatMul into kernels that
+  // quantize activations, and ORT_ENABLE_ALL turns an fp16 initializer behind a Cast into a private
+  // fp32 initializer that the disable list below does not reach.
+  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_BASIC);
   so.AddConfigEntry("session.disable_prepacking", "1");
   so.AddConfigEntry("optimization.disable_specified_optimizers", "ConstantFolding");
   // No arena: a weight's Cast output (1.56 GB for a 4B lm-head) goes back to the system after its

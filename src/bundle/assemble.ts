@@ -37,6 +37,11 @@ export interface AssembleInput {
    * as its binary and each graph as its EPContext wrapper, instead of the ONNX graphs and weights.
    */
   compiled?: { dir: string; contexts: CompiledContext[] };
+  /**
+   * The stage cache entry whose recorded digests cover graphsDir's data files, when graphsDir holds
+   * links to them rather than being that entry (the CPU form of an export, written in scratch).
+   */
+  dataDigestsDir?: string;
 }
 
 /** The compile stage's output, as `AssembleInput.compiled` takes it. */
@@ -83,7 +88,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
       files = [];
       for (const f of [...(c.data ? [c.data] : []), ...(c.linked ?? [])]) {
         linkOrCopy(join(input.graphsDir, f), join(out, f));
-        files.push({ path: f, bytes: statSync(join(out, f)).size, sha256: await placedSha(f, input.graphsDir) });
+        files.push({ path: f, bytes: statSync(join(out, f)).size, sha256: await placedSha(f, input.dataDigestsDir ?? input.graphsDir) });
       }
     }
     const graphs: Manifest['contexts'][number]['graphs'] = [];

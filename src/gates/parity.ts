@@ -15,6 +15,7 @@ import { adbTarget } from '../targets/adb.js';
 import { NonFiniteLogitsError, type Target } from '../targets/target.js';
 import { getArch } from '../arch/table.js';
 import { Trace } from './trace.js';
+import { writeCpuFormExport } from './cpu-form.js';
 import type { NativeRecord } from './native-stage.js';
 
 export type TargetSpec = { kind: 'host' } | { kind: 'adb'; serial: string; runner: string; libDir: string };
@@ -49,8 +50,11 @@ export interface VariantResult {
   timings: { load_ms: number; prefill_ms: number; decode_ms_per_token: number; host_overhead_ms_per_token: number };
 }
 
+/** Per qhx_generate call on the host: a real-size model's prefill and 64 tokens on one CPU thread take minutes. */
+const HOST_CALL_TIMEOUT_S = 1800;
+
 function makeTarget(spec: TargetSpec, qhxGenerate: string, arch: string): Target {
-  if (spec.kind === 'host') return hostTarget(qhxGenerate);
+  if (spec.kind === 'host') return hostTarget(qhxGenerate, HOST_CALL_TIMEOUT_S);
   return adbTarget({ serial: spec.serial, arch: getArch(arch), runner: spec.runner, libDir: spec.libDir });
 }
 
@@ -96,7 +100,7 @@ export function variantOk(v: VariantResult, minMatch: number): boolean {
 
 export const stage: StageModule<ParityParams> = {
   name: 'parity',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const p = ctx.params;
     const native = JSON.parse(readFileSync(join(ctx.inputs.native, 'native.json'), 'utf8')) as NativeRecord;
@@ -111,7 +115,11 @@ export const stage: StageModule<ParityParams> = {
         ctx.log(`assembling and running the ${v} graphs on ${target.name}`);
         const bundle = join(scratch, v);
         const compiled = ctx.inputs.compile ? { compiled: readCompiled(ctx.inputs.compile) } : {};
-        await assembleBundle({ recipe: p.recipe, arch, graphsDir: ctx.inputs[v], embeddingDir: ctx.inputs.quantize, checkpointDir, maxNewTokens: p.tokens, ...compiled }, bundle);
+        // On a CPU the graphs run in their CPU-gate form, as the oracle ran them: the same numbers,
+        // without MatMulNBits' slow 8-bit kernel or fp32 copies of bf16 weights (cpu-form.ts).
+        const graphsDir = compiled.compiled ? ctx.inputs[v] : join(scratch, `${v}.cpu-form`);
+        if (!compiled.compiled) writeCpuFormExport(ctx.inputs[v], graphsDir);
+        await assembleBundle({ recipe: p.recipe, arch, graphsDir, dataDigestsDir: ctx.inputs[v], embeddingDir: ctx.inputs.quantize, checkpointDir, maxNewTokens: p.tokens, ...compiled }, bundle);
         variants[v] = await checkParity(target, bundle, trace, p.tokens);
       }
     } finally {
