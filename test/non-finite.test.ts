@@ -15,6 +15,7 @@ import { forge } from './helpers/forge-cli.js';
 import { cacheRoot } from '../src/paths.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { runOracleGate } from '../src/gates/oracle.js';
+import { overwriteInitializer, readModel } from '../src/onnx/reader.js';
 
 const INF_TENSOR = 'model.layers.2.mlp.down_proj.weight';
 const NAN_TENSOR = 'model.layers.1.self_attn.v_proj.weight';
@@ -108,10 +109,12 @@ describe('the oracle gate over graphs that output NaN', () => {
     const entry = (id: string) => join(cacheRoot(), id, r.stages.find((s) => s.name === id)!.key!);
     const graphs = join(work, 'nan-export');
     cpSync(entry('export'), graphs, { recursive: true });
-    // The fp32 lm-head's first weight row → logit 0 is NaN at every step, the other logits are untouched.
-    const data = readFileSync(join(graphs, 'lm_head.data'));
-    data.writeUInt32LE(0x7fc00000, 0);
-    writeFileSync(join(graphs, 'lm_head.data'), data);
+    // The lm-head's first weight row → logit 0 is NaN at every step, the other logits are untouched.
+    // The reference reads the checkpoint's bf16 weight in place (cpSync made the copy its own file).
+    const lmHead = join(graphs, 'lm_head.onnx');
+    const weight = readModel(lmHead).initializers().find((t) => t.dtype === 'bfloat16')!;
+    const w = readModel(lmHead).initializerData(weight.name) as Uint16Array;
+    overwriteInitializer(lmHead, weight.name, Uint16Array.from(w, (x, i) => (i === 0 ? 0x7fc0 : x)));
     const result = await runOracleGate('qwen3', readCheckpointRef(entry('fetch')).absDir, entry('trace'), [{ label: 'export', dir: graphs, minCosine: 0.99 }], 0.9, join(work, 'scratch'));
     expect(result.ok).toBe(false);
     const bad = result.rows.filter((row) => !row.ok);

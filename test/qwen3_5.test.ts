@@ -148,8 +148,11 @@ describe('qwen3_5 oracle gate', () => {
     cpSync(entry('export'), copy, { recursive: true });
     const name = 'model.language_model.layers.1.linear_attn.in_proj_qkv.weight';
     const file = join(copy, 'shard0.decode.onnx');
-    const w = readModel(file).initializerData(name) as Float32Array;
-    overwriteInitializer(file, name, Float32Array.from(w, (x, i) => (i % 3 === 0 ? -x : x)));
+    // The reference graphs hold the checkpoint's bf16 bytes (cpSync made a copy of the linked file): flip signs.
+    const m = readModel(file);
+    expect(m.initializer(name).dtype).toBe('bfloat16');
+    const w = m.initializerData(name) as Uint16Array;
+    overwriteInitializer(file, name, Uint16Array.from(w, (x, i) => (i % 3 === 0 ? x ^ 0x8000 : x)));
     const r = await runOracleGate('qwen3_5', readCheckpointRef(entry('fetch')).absDir, entry('trace'),
       [{ label: 'export', dir: copy, minCosine: 0.99999 }], 1, join(work, 'scratch'));
     expect(r.ok).toBe(false);

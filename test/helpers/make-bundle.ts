@@ -1,7 +1,9 @@
 // Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, and with
 // --hybrid an fp32 bundle of tiny-qwen3.5 (the hybrid host-op):
 //   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid]
-// Prints {"w8": dir, "fp32": dir, "trace": dir[, "hybrid": dir, "hybridTrace": dir]} as JSON.
+// Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridTrace": dir]} as JSON.
+// fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
+// form a recipe whose quant is fp32 compiles); the reference export reads the bf16 checkpoint in place.
 import { join } from 'node:path';
 import { build } from '../../src/build.js';
 import { silentProgress } from '../../src/engine/progress.js';
@@ -9,6 +11,8 @@ import { cacheRoot } from '../../src/paths.js';
 import { loadRecipe, archSettings } from '../../src/recipe/load.js';
 import { assembleBundle } from '../../src/bundle/assemble.js';
 import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
+import { mkdirSync, readFileSync } from 'node:fs';
+import { runExport } from '../../src/families/export-stage.js';
 
 const out = process.argv[2];
 
@@ -21,11 +25,20 @@ async function bundles(recipeId: string, until: string | undefined, variants: Re
   const { arch } = archSettings(recipe, 'v81');
   const base = { recipe, arch, embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: recipe.gates.parity.tokens };
   for (const [dir, stage] of Object.entries(variants)) await assembleBundle({ ...base, graphsDir: entry(stage) }, join(out, dir));
-  return entry('trace');
+  return { trace: entry('trace'), entry, recipe };
 }
 
-const trace = await bundles('tiny-qwen3', undefined, { w8: 'quantize', fp32: 'export' });
-const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), trace };
+const built = await bundles('tiny-qwen3', undefined, { w8: 'quantize', fp32: 'export' });
+const trace = built.trace;
+{
+  const { settings } = archSettings(built.recipe, 'v81');
+  const plan = JSON.parse(readFileSync(join(built.entry('plan'), 'plan.json'), 'utf8'));
+  mkdirSync(join(out, 'fp32-copy'), { recursive: true });
+  await runExport({ family: built.recipe.family, scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: false },
+    readCheckpointRef(built.entry('fetch')).absDir, plan, join(out, 'fp32-copy'), { log() {}, progress() {} });
+}
+
+const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), fp32Copy: join(out, 'fp32-copy'), trace };
 // Up to the oracle gate (it needs trace, export and quantize): the parity gate would run this very runtime.
-const hybrid = process.argv.includes('--hybrid') ? { hybrid: join(out, 'hybrid'), hybridTrace: await bundles('tiny-qwen3.5', 'oracle', { hybrid: 'export' }) } : {};
+const hybrid = process.argv.includes('--hybrid') ? { hybrid: join(out, 'hybrid'), hybridTrace: (await bundles('tiny-qwen3.5', 'oracle', { hybrid: 'export' })).trace } : {};
 console.log(JSON.stringify({ ...dense, ...hybrid }));

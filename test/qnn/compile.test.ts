@@ -12,7 +12,8 @@ const V79: HtpTarget = { socModel: 69, dspArch: 'v79', vtcmMb: 8 };
 const V81: HtpTarget = { socModel: 87, dspArch: 'v81', vtcmMb: 8 };
 
 let dir: string;
-let bundles: { w8: string; fp32: string; trace: string };
+// fp32Copy: fp32 graphs with fp32 weights (the reference export's bf16-in-place Casts are not what a compile takes).
+let bundles: { w8: string; fp32: string; fp32Copy: string; trace: string };
 const shard = (b: string) => [join(b, 'shard0.prefill.onnx'), join(b, 'shard0.decode.onnx')];
 const compile = (graphs: string[], arch: HtpTarget, name: string, extra: Partial<Parameters<typeof compileContext>[0]> = {}) =>
   compileContext({ graphs, outDir: join(dir, name), contextName: 'shard0', arch, fp16: true, timeoutSeconds: 300, ...extra });
@@ -50,8 +51,8 @@ describe('compileContext (onnxruntime-qnn AOT)', () => {
   let v79: CompileReport;
   let v81: CompileReport;
   beforeAll(async () => {
-    v79 = await compile(shard(bundles.fp32), V79, 'fp32-v79');
-    v81 = await compile(shard(bundles.fp32), V81, 'fp32-v81');
+    v79 = await compile(shard(bundles.fp32Copy), V79, 'fp32-v79');
+    v81 = await compile(shard(bundles.fp32Copy), V81, 'fp32-v81');
     sizes['fp16 v79'] = v79.bytes;
     sizes['fp16 v81'] = v81.bytes;
   });
@@ -90,7 +91,7 @@ describe('compileContext (onnxruntime-qnn AOT)', () => {
   });
 
   it('refuses a soc_model / arch pair that disagree (QNN would silently build for the soc_model)', async () => {
-    const e = await compile([shard(bundles.fp32)[1]], { ...V79, dspArch: 'v81' }, 'mismatch').catch((x) => x);
+    const e = await compile([shard(bundles.fp32Copy)[1]], { ...V79, dspArch: 'v81' }, 'mismatch').catch((x) => x);
     expect(e).toBeInstanceOf(QnnCompileError);
     expect(e.message).toMatch(/soc_model 69 is SM8750 \(v79\), not v81/);
   });
@@ -126,7 +127,7 @@ describe('compileContext failures', () => {
     ].join('\n'));
     const t0 = Date.now();
     const e = await compileContext({
-      graphs: shard(bundles.fp32), outDir: join(dir, 'hang'), contextName: 'shard0', arch: V81, fp16: true,
+      graphs: shard(bundles.fp32Copy), outDir: join(dir, 'hang'), contextName: 'shard0', arch: V81, fp16: true,
       timeoutSeconds: 2, python: venvPython(), script,
     }).catch((x) => x);
     expect((Date.now() - t0) / 1000).toBeLessThan(10);
@@ -142,12 +143,12 @@ describe('compileContext failures', () => {
     const noSite = join(dir, 'python-without-packages');
     writeFileSync(noSite, `#!/bin/sh\nexec ${venvPython()} -S "$@"\n`); // -S: no site-packages, so no onnxruntime
     chmodSync(noSite, 0o755);
-    const e = await compileContext({ graphs: shard(bundles.fp32), outDir: join(dir, 'nosite'), contextName: 'shard0', arch: V81, fp16: true, timeoutSeconds: 60, python: noSite }).catch((x) => x);
+    const e = await compileContext({ graphs: shard(bundles.fp32Copy), outDir: join(dir, 'nosite'), contextName: 'shard0', arch: V81, fp16: true, timeoutSeconds: 60, python: noSite }).catch((x) => x);
     expect(e).toBeInstanceOf(QnnCompileError);
     expect(e.kind).toBe('toolchain-missing');
     expect(e.message).toMatch(/onnxruntime-qnn is not importable/);
     expect(e.message).toMatch(/forge doctor/);
-    const gone = await compileContext({ graphs: shard(bundles.fp32), outDir: join(dir, 'nopy'), contextName: 'shard0', arch: V81, fp16: true, timeoutSeconds: 60, python: '/nonexistent/bin/python' }).catch((x) => x);
+    const gone = await compileContext({ graphs: shard(bundles.fp32Copy), outDir: join(dir, 'nopy'), contextName: 'shard0', arch: V81, fp16: true, timeoutSeconds: 60, python: '/nonexistent/bin/python' }).catch((x) => x);
     expect(gone.kind).toBe('toolchain-missing');
     expect(gone.message).toMatch(/no Python at \/nonexistent\/bin\/python/);
   });
