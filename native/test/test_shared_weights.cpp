@@ -1,4 +1,3 @@
-#include <set>
 // Weights shared and mapped, not copied (shared_weights.h): two graphs over one data file read one
 // mapping and add no private copy; a bf16 or fp16 weight behind a Cast stays mapped (not folded);
 // bad external data is refused in one line naming the model, the tensor and the file. Memory is
@@ -12,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <vector>
 
 #include <gtest/gtest.h>
