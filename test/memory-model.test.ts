@@ -4,7 +4,7 @@ import { describe, it, expect } from 'vitest';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { COMPILE, ORACLE, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
+import { COMPILE, ORACLE, PARITY, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
 import { buildPipeline } from '../pipelines/build.js';
 import { defaultMemoryBudget } from '../src/build.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
@@ -101,13 +101,13 @@ describe('the CPU gates\' memory', () => {
     writeFileSync(join(dir, 'config.json'), JSON.stringify(qwen3_4b));
     writeFileSync(join(dir, 'checkpoint.json'), JSON.stringify({ dir, source: { kind: 'local', path: dir }, files: { 'model.safetensors': 8 * GB } }));
     writeFileSync(join(dir, 'graphs.json'), JSON.stringify({ maxContext: 4096, contexts: [] }));
-    for (const stage of ['oracle', 'parity'] as const) {
+    // Measured in forge build of the synthetic Qwen3-4B: oracle 1.74 GB, parity 2.04 GB private; 8 GB of weights mapped.
+    for (const [stage, m, measured] of [['oracle', ORACLE, 1.74], ['parity', PARITY, 2.04]] as const) {
       const p = stageMemory[stage].predict({ fetch: dir, export: dir });
-      expect(p.privateBytes).toBe(Math.round(ORACLE.floor + kvCacheBytes(qwen3_4b, 4096)));
-      expect(p.mappedBytes).toBe(Math.round(ORACLE.mappedFloor + 8 * GB));
-      // measured at 4B: oracle 1.11 (W8) and 1.34 GB (fp32) private, parity's K/V part 1.21 GB
-      expect(p.privateBytes / GB).toBeGreaterThan(1.34);
-      expect(p.privateBytes / GB).toBeLessThan(2);
+      expect(p.privateBytes).toBe(Math.round(m.floor + kvCacheBytes(qwen3_4b, 4096)));
+      expect(p.mappedBytes).toBe(Math.round(m.mappedFloor + 8 * GB));
+      expect(p.privateBytes / GB, stage).toBeGreaterThanOrEqual(measured);
+      expect(p.privateBytes / GB, stage).toBeLessThan(measured * 1.25);
     }
   });
 });
