@@ -224,7 +224,7 @@ const report = {
   ...(last?.record?.error ? { error: last.record.error } : last && last.status !== 'ok' ? { error: last.stderrTail } : {}),
   rates: { readColdGBps: rates.coldGBps && r3(rates.coldGBps), readWarmGBps: r3(rates.warmGBps), writeGBps: r3(rates.writeGBps) },
   stages: rows,
-  builds: runs.map((r) => ({ until: r.until, status: r.status, seconds: r.seconds, processGroupPeakPrivateGB: gb(r.peakPrivateBytes), processGroupPeakMappedGB: gb(r.peakMappedBytes), minMemAvailableGB: gb(r.minMemAvailableBytes) })),
+  builds: runs.map((r) => ({ until: r.until, status: r.status, seconds: r.seconds, treePeakPrivateGB: gb(r.peakPrivateBytes), treePeakMappedGB: gb(r.peakMappedBytes), minMemAvailableGB: gb(r.minMemAvailableBytes) })),
   cache: { bytes: cacheTotal, dir: cacheDir },
   bounds: {
     privatePerStageBytes: PRIVATE_BOUND,
@@ -239,7 +239,7 @@ const report = {
   },
   notes: [
     ...notes,
-    'per-stage memory = the run record (the stage process tree, sampled by forge); builds[].processGroup* = this driver sampling the forge process group (stage helpers in their own groups are not in it)',
+    'per-stage memory = the run record (the stage process tree, sampled by forge); builds[].treePeak* = this driver sampling the whole forge process tree (stages run together, so it is not a per-stage figure)',
     'cache bytes count each file once and leave out the checkpoint\'s own files that the reference export hard-links',
     'forward floors are bandwidth floors: the bytes one forward must read per token at the warm read rate; real forwards also compute',
     privateKnown ? '' : 'this forge build records no per-stage private memory (peakPrivateBytes): privateOk is null and worstPrivateGB uses peak RSS',

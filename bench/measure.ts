@@ -9,6 +9,7 @@ import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { Writable } from 'node:stream';
 import { repoRoot } from '../src/paths.js';
+import { sampleTree } from '../src/engine/memory.js';
 
 export function dirBytes(path: string): { bytes: number; files: number } {
   if (!existsSync(path)) return { bytes: 0, files: 0 };
@@ -104,39 +105,10 @@ export function groupPids(pgid: number): number[] {
   return pids;
 }
 
-/** Sum of RSS over a process group. */
-export function groupRss(pgid: number): number {
-  let total = 0;
-  for (const pid of groupPids(pgid)) {
-    try {
-      total += Number(readFileSync(`/proc/${pid}/statm`, 'utf8').split(' ')[1]) * 4096;
-    } catch {
-      // process went away
-    }
-  }
-  return total;
-}
-
 /** MemAvailable from /proc/meminfo, in bytes. */
 export function memAvailable(): number {
   const m = readFileSync('/proc/meminfo', 'utf8').match(/^MemAvailable:\s+(\d+) kB$/m);
   return m ? Number(m[1]) * 1024 : Infinity;
-}
-
-/** RssAnon and RssFile (mapped file pages, e.g. an mmapped checkpoint) summed over a process group. */
-export function groupRssSplit(pgid: number): { anon: number; file: number } {
-  let anon = 0;
-  let file = 0;
-  for (const pid of groupPids(pgid)) {
-    try {
-      const st = readFileSync(`/proc/${pid}/status`, 'utf8');
-      anon += Number(st.match(/^RssAnon:\s+(\d+)/m)?.[1] ?? 0) * 1024;
-      file += Number(st.match(/^RssFile:\s+(\d+)/m)?.[1] ?? 0) * 1024;
-    } catch {
-      // process went away
-    }
-  }
-  return { anon, file };
 }
 
 /** The kernel's count of OOM kills so far (/proc/vmstat oom_kill), or null where unreadable. */
@@ -153,9 +125,9 @@ export interface Measured {
   status: 'ok' | 'failed' | 'timed-out' | 'killed-rss-cap' | 'killed-low-memory' | 'killed-signal';
   seconds: number;
   peakRssBytes: number | null;
-  /** Highest RSS summed over the process group, sampled every 0.5 s (cross-check, children included). */
+  /** Highest private + mapped RSS summed over the process tree, sampled every 0.5 s (cross-check, children included). */
   sampledPeakGroupRssBytes: number;
-  /** Peak sampled anonymous RSS (private memory) and file-backed RSS (mapped files), summed over the group. */
+  /** Peak sampled anonymous RSS (private memory) and file-backed RSS (mapped files), summed over the tree. */
   sampledPeakAnonBytes: number;
   sampledPeakFileBytes: number;
   /** Lowest MemAvailable of the machine seen while it ran. */
@@ -198,11 +170,12 @@ export async function measure(cmd: string[], opts: { timeoutS?: number; rssCapBy
   };
   const oomBefore = oomKills();
   const poll = setInterval(() => {
-    const rss = groupRss(child.pid!);
+    // The whole tree, not the process group: stage helpers run in groups of their own (runOwned).
+    const tree = sampleTree(child.pid!);
+    const rss = tree.privateBytes + tree.mappedBytes;
     if (rss > sampled) sampled = rss;
-    const split = groupRssSplit(child.pid!);
-    peakAnon = Math.max(peakAnon, split.anon);
-    peakFile = Math.max(peakFile, split.file);
+    peakAnon = Math.max(peakAnon, tree.privateBytes);
+    peakFile = Math.max(peakFile, tree.mappedBytes);
     const avail = memAvailable();
     minAvail = Math.min(minAvail, avail);
     if (opts.rssCapBytes && rss > opts.rssCapBytes) kill('killed-rss-cap');

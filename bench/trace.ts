@@ -11,6 +11,7 @@
 // latter being what to compare on a machine shared with other jobs), peaks, the trace's
 // own fp32 weight peak, and with --whole-model the streamed/whole ratios of per-step seconds and
 // private peak. Outputs go under --out-root and are removed at the end.
+import { sampleTree } from '../src/engine/memory.js';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
@@ -32,27 +33,6 @@ const newTokens = num('new-tokens', positiveInt);
 const maxContext = num('max-context', positiveInt);
 const log = (m: string) => process.stderr.write(`[bench] ${m}\n`);
 
-interface Sample { anon: number; file: number }
-
-/** RssAnon and RssFile (bytes) of pid and its descendants; 0s once it is gone. */
-function sampleTree(pid: number): Sample {
-  const s = { anon: 0, file: 0 };
-  const visit = (p: number) => {
-    let status: string;
-    try { status = readFileSync(`/proc/${p}/status`, 'utf8'); } catch { return; }
-    const kb = (key: string) => Number(new RegExp(`^${key}:\\s+(\\d+)`, 'm').exec(status)?.[1] ?? 0) * 1024;
-    s.anon += kb('RssAnon');
-    s.file += kb('RssFile');
-    for (const t of (() => { try { return readdirSync(`/proc/${p}/task`); } catch { return []; } })()) {
-      let kids = '';
-      try { kids = readFileSync(`/proc/${p}/task/${t}/children`, 'utf8'); } catch { /* gone */ }
-      for (const k of kids.trim().split(/\s+/).filter(Boolean)) visit(Number(k));
-    }
-  };
-  visit(pid);
-  return s;
-}
-
 async function runTrace(python: string, wholeModel: boolean) {
   const root = resolve(a['out-root']);
   mkdirSync(root, { recursive: true });
@@ -70,9 +50,9 @@ async function runTrace(python: string, wholeModel: boolean) {
   let hwm = 0;
   const timer = setInterval(() => {
     const s = sampleTree(child.pid!);
-    peak.anon = Math.max(peak.anon, s.anon);
-    peak.file = Math.max(peak.file, s.file);
-    peak.sum = Math.max(peak.sum, s.anon + s.file);
+    peak.anon = Math.max(peak.anon, s.privateBytes);
+    peak.file = Math.max(peak.file, s.mappedBytes);
+    peak.sum = Math.max(peak.sum, s.privateBytes + s.mappedBytes);
     try {
       const kb = /^VmHWM:\s+(\d+)/m.exec(readFileSync(`/proc/${child.pid}/status`, 'utf8'))?.[1];
       if (kb) hwm = Number(kb) * 1024;
