@@ -14,7 +14,7 @@
 import { sampleTree } from '../src/engine/memory.js';
 import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { ensureVenv } from '../src/toolchain/venv.js';
 import { repoRoot } from '../src/paths.js';
