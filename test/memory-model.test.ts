@@ -87,7 +87,7 @@ describe('the build pipeline\'s predictions', () => {
   });
 
   it('predicts a layer-heavy model from one decoder layer in fp32', () => {
-    const unit = traceUnitBytes({ text_config: { vocab_size: 1000, hidden_size: 64, num_hidden_layers: 2 } }, 1 * GB);
+    const unit = traceUnitBytes({ vocab_size: 1000, hidden_size: 64, num_hidden_layers: 2 }, 1 * GB);
     expect(unit).toEqual({ bytes: 1 * GB, what: 'one decoder layer in fp32' });
   });
 });
