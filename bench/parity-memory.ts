@@ -13,7 +13,7 @@
 // does). The "before" runtime is native/ at --before-rev (default: the last commit before shared
 // weights), built once with CMake into ${FORGE_HOME}/bench/native-<rev>/ (qhx_generate only). A run
 // whose private memory passes --stop-anon-gb, or that runs past --timeout-s, is stopped and reported
-// with what it had reached (`stopped`, and `peak…AtLeast`). Real-size runs belong under
+// with what it had reached (`stopped`; its peaks are then lower bounds). Real-size runs belong under
 // /work/prompts/heavy.sh (-x for the "before" run).
 import { execFileSync, spawn } from 'node:child_process';
 import { existsSync, mkdirSync, readFileSync, rmSync } from 'node:fs';

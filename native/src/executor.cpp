@@ -122,12 +122,12 @@ void GraphBinding::run() {
 
 Ort::SessionOptions Executor::session_options(const ExecutorOptions& opts) {
   Ort::SessionOptions so;
-  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
   if (opts.intra_op_threads > 0) so.SetIntraOpNumThreads(opts.intra_op_threads);
   if (opts.backend == "cpu") {
-    configure_cpu_session(so);
+    configure_cpu_session(so);  // sets its own optimization level
     return so;
   }
+  so.SetGraphOptimizationLevel(GraphOptimizationLevel::ORT_ENABLE_ALL);
 
   // QNN: the plugin EP, found before anything else so a missing piece fails with its name.
   if (!is_file(opts.backend)) throw std::runtime_error("QNN backend library '" + opts.backend + "' does not exist");

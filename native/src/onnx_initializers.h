@@ -32,7 +32,7 @@ struct ExternalInitializer {
 std::vector<ExternalInitializer> read_external_initializers(const std::string& onnx_path);
 
 /** Bytes per element of a fixed-size ONNX tensor type; 0 for types forge does not map (string,
- *  sub-byte and 8-bit float types), which are left to ORT to load. */
+ *  sub-byte and 8-bit float types), which SharedWeights refuses in one line naming the tensor. */
 size_t element_bytes(int32_t onnx_type);
 
 }  // namespace forge

@@ -72,9 +72,11 @@ class SharedWeights {
 };
 
 /** ORT's settings for CPU sessions over shared, mapped weights (see native/README.md "Weights"):
- *  no prepacking (a packed copy is private memory), no constant folding and optimizations only up
- *  to ORT_ENABLE_LAYOUT (both would turn a weight's Cast into a private fp32 copy), and no CPU
- *  arena (what a graph allocates is returned when it has run). Sets the optimization level. */
+ *  no prepacking (a packed copy is private memory), no constant folding and ORT_ENABLE_BASIC, the
+ *  oracle gate's level (folding and ORT_ENABLE_ALL would turn a weight's Cast into a private fp32
+ *  copy; the levels between rewrite DequantizeLinear→MatMul into kernels that quantize
+ *  activations), and no CPU arena (what a graph allocates is returned when it has run). Sets the
+ *  optimization level. */
 void configure_cpu_session(Ort::SessionOptions& so);
 
 /** RssAnon, RssFile and VmHWM of this process in bytes (Linux /proc/self/status); -1 when unknown. */
