@@ -9,7 +9,8 @@
 // private = anonymous memory; mapped = file pages the stage keeps touching (see MemoryPrediction).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { workingSet, type MemoryPrediction, type StageMemory } from '../src/engine/stage.js';
+import { fixedMemory, workingSet, type MemoryPrediction, type StageMemory } from '../src/engine/stage.js';
+import { machineFor } from '../src/engine/scheduler.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
@@ -35,9 +36,8 @@ function linear(m: Linear, bytes: number, what: string): MemoryPrediction {
   return { privateBytes, mappedBytes, how: `${gb(m.floor)} + ${m.perByte} × ${gb(bytes)} (${what}) private, ${mapped} mapped` };
 }
 
-const fixed = (privateBytes: number, mappedBytes: number, source: string): StageMemory => ({
-  from: [], predict: () => ({ privateBytes, mappedBytes, how: `a fixed ${gb(privateBytes)} private, ${gb(mappedBytes)} mapped (${source})` }),
-});
+const fixed = (privateBytes: number, mappedBytes: number, source: string): StageMemory =>
+  fixedMemory(privateBytes, `a fixed ${gb(privateBytes)} private, ${gb(mappedBytes)} mapped (${source})`, mappedBytes);
 
 /** The checkpoint's weight bytes, from the fetch stage's record of its files. */
 export function checkpointBytes(fetchDir: string): number {
@@ -192,9 +192,7 @@ export const stageMemory = {
  * smaller contexts on the phone too.
  */
 export function compileOptions(plan: ShardPlan, p: MemoryPrediction, limitBytes: number): string {
-  // The default budget keeps 10% of the machine (at least 2 GB) back: see defaultMemoryBudget.
-  const need = workingSet(p);
-  const machine = `a machine with at least ${Math.ceil(Math.max(need / 0.9, need + 2 * GB) / GB)} GB of memory`;
+  const machine = `a machine with at least ${Math.ceil(machineFor(workingSet(p)) / GB)} GB of memory`;
   // The largest context that would fit under the limit, by the same model (private and mapped).
   const fits = (limitBytes - COMPILE.floor - (COMPILE.mappedFloor ?? 0)) / (COMPILE.perByte + (COMPILE.mappedPerByte ?? 0));
   const layer = Math.max(...plan.shards.map((s) => s.weightBytes / (s.last - s.first + 1)));

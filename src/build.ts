@@ -16,7 +16,7 @@ import { loadRecipe, archSettings } from './recipe/load.js';
 import { buildPipeline, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
-import { Scheduler } from './engine/scheduler.js';
+import { Scheduler, defaultMemoryBudget } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
 import { MEMORY_FAILURE } from './toolchain/qnn/compile-stage.js';
 import { defaultProgress, type Progress } from './engine/progress.js';
@@ -58,14 +58,6 @@ function smallerCeiling(result: PipelineResult, current: number): number | null 
   return next > 0 ? next : null;
 }
 
-/**
- * The machine's memory less a reserve for the system, the build's own process and the page cache:
- * 10%, at least 2 GB. (It was 75% while stage peaks were guesses; predictions are now calibrated and
- * every run checks them, warning past 25% over.)
- */
-export function defaultMemoryBudget(total = totalmem()): number {
-  return Math.floor(total - Math.max(2e9, 0.1 * total));
-}
 
 export function defaultOut(recipe: string, arch: string): string {
   return resolve('out', recipe, arch);
@@ -107,7 +99,7 @@ async function buildUnderSignals(
   const cache = new StageCache(cacheRoot());
   const scheduler = new Scheduler({
     concurrency: req.jobs ?? cpus().length,
-    memoryBudgetBytes: req.memoryBudgetBytes ?? defaultMemoryBudget(),
+    memoryBudgetBytes: req.memoryBudgetBytes ?? defaultMemoryBudget(totalmem()),
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { COMPILE, ORACLE, PARITY, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
 import { buildPipeline } from '../pipelines/build.js';
-import { defaultMemoryBudget } from '../src/build.js';
+import { defaultMemoryBudget, machineFor } from '../src/engine/scheduler.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 
@@ -116,5 +116,12 @@ describe('the default memory budget', () => {
   it('keeps 10% of the machine back, at least 2 GB', () => {
     expect(defaultMemoryBudget(25 * GB)).toBe(22.5 * GB);
     expect(defaultMemoryBudget(8 * GB)).toBe(6 * GB);
+  });
+
+  it('names the smallest machine whose default budget holds a need (its inverse)', () => {
+    for (const need of [1 * GB, 6 * GB, 17 * GB, 22.5 * GB, 40 * GB]) {
+      expect(defaultMemoryBudget(machineFor(need))).toBeGreaterThanOrEqual(need - 1);
+      expect(defaultMemoryBudget(machineFor(need) - 0.01 * GB)).toBeLessThan(need);
+    }
   });
 });

@@ -12,6 +12,12 @@ import type { Json, MemoryPrediction } from './stage.js';
 export const META = 'meta.json';
 /** A lock its holder has not refreshed for this long belongs to a killed build. */
 const LOCK_STALE_MS = 10_000;
+/** A lock that waits for its holder (refreshed every 2 s, stale after LOCK_STALE_MS when the holder died). */
+export const WAITING_LOCK = {
+  stale: LOCK_STALE_MS,
+  update: 2_000,
+  retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
+} as const;
 
 export interface EntryMeta {
   stage: string;
@@ -63,9 +69,7 @@ export class StageCache {
     await mkdir(dir, { recursive: true });
     const release = await lockfile.lock(join(dir, key), {
       ...this.lockTarget(stage, key),
-      stale: LOCK_STALE_MS,
-      update: 2_000,
-      retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
+      ...WAITING_LOCK,
     });
     try {
       return await fn();

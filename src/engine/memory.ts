@@ -37,7 +37,11 @@ function parents(): Map<number, number> {
 /** The root and all its descendants (by parent pid), root first. */
 export function processTree(root: number): number[] {
   const byParent = new Map<number, number[]>();
-  for (const [pid, ppid] of parents()) byParent.set(ppid, [...(byParent.get(ppid) ?? []), pid]);
+  for (const [pid, ppid] of parents()) {
+    const kids = byParent.get(ppid);
+    if (kids) kids.push(pid);
+    else byParent.set(ppid, [pid]);
+  }
   const tree: number[] = [];
   const stack = [root];
   while (stack.length) {
@@ -48,8 +52,10 @@ export function processTree(root: number): number[] {
   return tree;
 }
 
-const kB = (status: string, field: string) => {
-  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status);
+const RSS_ANON = /^RssAnon:\s+(\d+) kB/m;
+const RSS_FILE = /^RssFile:\s+(\d+) kB/m;
+const kB = (status: string, field: RegExp) => {
+  const m = field.exec(status);
   return m ? Number(m[1]) * 1024 : 0;
 };
 
@@ -57,7 +63,7 @@ const kB = (status: string, field: string) => {
 export function processMemory(pid: number): MemoryPeak {
   try {
     const status = readFileSync(`/proc/${pid}/status`, 'utf8');
-    return { privateBytes: kB(status, 'RssAnon'), mappedBytes: kB(status, 'RssFile') };
+    return { privateBytes: kB(status, RSS_ANON), mappedBytes: kB(status, RSS_FILE) };
   } catch {
     return { privateBytes: 0, mappedBytes: 0 };
   }
@@ -80,11 +86,11 @@ export function sampleTree(root: number): TreeSample {
 export const canSampleMemory = () => process.platform === 'linux';
 
 /**
- * Samples root's tree every intervalMs until stop() (which takes one last sample); stop() returns
- * the peaks, or null when nothing could be sampled (not Linux).
+ * Samples root's tree every intervalMs until stop(), which takes one last sample and returns the
+ * peaks (later calls return the same, sampling nothing), or null when nothing could be sampled (not Linux).
  */
-export function watchTreeMemory(root: number, intervalMs = 200): { stop(): MemoryPeak | null; peak(): MemoryPeak | null } {
-  if (!canSampleMemory()) return { stop: () => null, peak: () => null };
+export function watchTreeMemory(root: number, intervalMs = 200): { stop(): MemoryPeak | null } {
+  if (!canSampleMemory()) return { stop: () => null };
   const peak: MemoryPeak = { privateBytes: 0, mappedBytes: 0 };
   const take = () => {
     const s = sampleTree(root);
@@ -94,11 +100,14 @@ export function watchTreeMemory(root: number, intervalMs = 200): { stop(): Memor
   take();
   const timer = setInterval(take, intervalMs);
   timer.unref();
+  let stopped = false;
   return {
-    peak: () => ({ ...peak }),
     stop: () => {
-      clearInterval(timer);
-      take();
+      if (!stopped) {
+        clearInterval(timer);
+        take();
+        stopped = true;
+      }
       return { ...peak };
     },
   };

@@ -7,6 +7,24 @@ import PQueue from 'p-queue';
 import { workingSet, type MemoryPrediction } from './stage.js';
 import { formatBytes as gb } from './memory.js';
 
+/** What a build leaves the system, its own process and the page cache: 10% of the machine, at least 2 GB. */
+const reserve = (total: number) => Math.max(2e9, 0.1 * total);
+
+/**
+ * The machine's memory less a reserve for the system, the build's own process and the page cache:
+ * 10%, at least 2 GB. (It was 75% while stage peaks were guesses; predictions are now calibrated and
+ * every run checks them, warning past 25% over.)
+ */
+export function defaultMemoryBudget(total: number): number {
+  return Math.floor(total - reserve(total));
+}
+
+/** The smallest machine whose default budget holds `need` bytes: the inverse of total − reserve(total). */
+export function machineFor(need: number): number {
+  return Math.max(need / 0.9, need + 2e9);
+}
+
+
 export interface SchedulerOptions {
   concurrency: number;
   memoryBudgetBytes: number;

@@ -17,6 +17,7 @@ import { compileContext, QnnCompileError, type CompileReport } from './compile.j
 import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
 import { watchTreeMemory, type MemoryPeak } from '../../engine/memory.js';
+import { WAITING_LOCK } from '../../engine/cache.js';
 
 /** Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version. */
 export type CompileToolchain = { kind: 'onnxruntime-qnn' } | { kind: 'qairt'; version: string };
@@ -73,10 +74,7 @@ async function withStableSource<T>(quantizeDir: string, archId: string, fn: (src
   const src = join(root, `${basename(quantizeDir)}-${archId}`);
   mkdirSync(root, { recursive: true });
   // The lock is on src itself (which need not exist): proper-lockfile keeps one record per locked path.
-  const release = await lockfile.lock(src, {
-    realpath: false, lockfilePath: `${src}.lock`, stale: 10_000, update: 2_000,
-    retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
-  });
+  const release = await lockfile.lock(src, { realpath: false, lockfilePath: `${src}.lock`, ...WAITING_LOCK });
   try {
     rmSync(src, { recursive: true, force: true });
     mkdirSync(src, { recursive: true });
