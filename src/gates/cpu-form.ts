@@ -30,8 +30,6 @@ import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import { writeProbeModel } from './probe.js';
 
 const DT = onnx.TensorProto.DataType;
-/** bfloat16's TensorProto code (forge's ElemType list has no bfloat16). */
-const BFLOAT16 = 16;
 const MS = 'com.microsoft';
 
 /**
@@ -46,12 +44,6 @@ export const CPU_GATE_SESSION_OPTIONS: ort.InferenceSession.SessionOptions = {
     session: { disable_prepacking: '1' },
     optimization: { disable_specified_optimizers: 'ConstantFolding' },
   },
-};
-
-/** The same settings as ORT session config entries (key → value), for a C/C++ or Python caller. */
-export const CPU_GATE_SESSION_CONFIG: Readonly<Record<string, string>> = {
-  'session.disable_prepacking': '1',
-  'optimization.disable_specified_optimizers': 'ConstantFolding',
 };
 
 /**
@@ -214,12 +206,14 @@ class Rewriter {
   private readonly replaced = new Set<string>();
 
   private readonly ready = new Map<string, string>();
+  private zero: string | undefined;
 
   /** A boolean true computed from `x` (Size(x) > 0): a data dependency on x for nodes that need one. */
   private readyFlag(x: string): string {
     let flag = this.ready.get(x);
     if (!flag) {
-      const zero = this.initializer({ name: this.fresh('zero'), dataType: DT.INT64, dims: [], rawData: new Uint8Array(8) });
+      this.zero ??= this.initializer({ name: this.fresh('zero'), dataType: DT.INT64, dims: [], rawData: new Uint8Array(8) });
+      const zero = this.zero;
       flag = this.node('Greater', [this.node('Size', [x]), zero]);
       this.ready.set(x, flag);
     }
@@ -304,7 +298,7 @@ class Rewriter {
     const cast = this.producers.get(wv);
     if (!cast || cast.opType !== 'Cast' || attrInt(cast, 'to') !== DT.FLOAT || this.consumers.get(wv) !== 1) return false;
     const w = this.inits.get(cast.input![0]);
-    if (!w || (w.dataType !== BFLOAT16 && w.dataType !== DT.FLOAT16) || w.dims?.length !== 2) return false;
+    if (!w || (w.dataType !== DT.BFLOAT16 && w.dataType !== DT.FLOAT16) || w.dims?.length !== 2) return false;
     const [N, K] = w.dims.map(toNumber);
     this.drop.add(wv);
     if (this.o.tokensPerCall !== 1 || blockRows(K, this.o.blockBytes) >= N) {
@@ -341,15 +335,15 @@ export function writeGateModel(modelPath: string, probes: string[], scratch: str
 /**
  * The CPU form of a whole export directory (graphs.json and its graphs, same names; every data
  * file hard-linked, never copied on one filesystem), e.g. for a host bundle whose graphs ONNX
- * Runtime's CPU EP runs. Run its graphs with CPU_GATE_SESSION_OPTIONS / CPU_GATE_SESSION_CONFIG.
+ * Runtime's CPU EP runs. Run its graphs with CPU_GATE_SESSION_OPTIONS (the native runtime's CPU
+ * sessions set the same: native/src/shared_weights.cpp configure_cpu_session).
  */
 export function writeCpuFormExport(exportDir: string, outDir: string, o: { blockBytes?: number } = {}): Record<string, CpuFormStats> {
   const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   mkdirSync(outDir, { recursive: true });
   const stats: Record<string, CpuFormStats> = {};
   for (const c of manifest.contexts) {
-    // The context's own data file, and the checkpoint files a reference export reads in place.
-    for (const f of [...(c.data ? [c.data] : []), ...(c.linked ?? [])]) linkOrCopy(join(exportDir, f), join(outDir, f));
+    // Each graph's data files (its context's, the checkpoint's read in place) are linked by writeProbeModel.
     for (const g of c.graphs) stats[g.name] = writeGateModel(join(exportDir, g.file), [], outDir, { tokensPerCall: g.n, ...o }).stats;
   }
   if (manifest.embedding) linkOrCopy(join(exportDir, manifest.embedding.file), join(outDir, manifest.embedding.file));

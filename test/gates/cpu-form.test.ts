@@ -191,11 +191,10 @@ function castGemmModel(dir: string, M: number): string {
   sink.commit();
   const g = new GraphBuilder('cast_gemm');
   const x = g.input('x', 'float32', [M, K]);
-  const w = g.externalInitializer('w', 'uint16', [N, K], ref);
+  const w = g.externalInitializer('w', 'bfloat16', [N, K], ref);
   const y = g.op('Gemm', [x, g.op('Cast', [w], { to: 1 }, 1, { dtype: 'float32' })], { transB: 1 });
   g.output(g.op('Relu', [y]), 'y', { dtype: 'float32', shape: [M, N] });
   const proto = g.toModelProto();
-  proto.graph!.initializer!.find((t) => t.name === 'w')!.dataType = 16; // bfloat16
   const path = join(dir, 'model.onnx');
   writeFileSync(path, onnx.ModelProto.encode(proto).finish());
   return path;
