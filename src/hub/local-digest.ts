@@ -2,10 +2,12 @@
 // the fetch key another way: the sha256 of every file. Hashing 8 GB on every build would cost tens
 // of seconds, so a stat cache remembers each file's digest with its size, mtime, ctime and inode;
 // while all four are unchanged the digest is reused. mtime alone can be set back (`touch -r`), ctime
-// cannot: any write or metadata change moves it to "now", so no edit is missed. One metadata change
-// is forge's own: the fp32 reference export and the gates' scratch copies hard-link the checkpoint's
-// files (weights read in place), which moves ctime too. A ctime that moved while the link count
-// changed, with size, mtime, inode and device as they were, is taken as that and not as an edit.
+// cannot: any write or metadata change moves it to "now". One metadata change is forge's own: the
+// fp32 reference export and the gates' scratch copies hard-link the checkpoint's files (weights read
+// in place), which moves ctime too. A ctime that moved while the link count changed, with size,
+// mtime, inode and device as they were, is taken as that and not as an edit. The price: an edit
+// that also restores the mtime (`touch -r`) AND happens together with a link made or removed
+// elsewhere is missed until the next change; `forge clean` drops the stat cache.
 // One read, two uses: a .safetensors file's bytes also go through fetch's NaN/Inf scan as they are
 // hashed, and the result is kept beside the digest, so fetch need not read the weights again.
 import { createHash } from 'node:crypto';
