@@ -224,12 +224,15 @@ class StreamedWeights:
         if not owned:
             return
         rows = isinstance(unit, torch.nn.Embedding) and len(owned) == 1
+        # What the arena holds for this unit: its upcast weights (an embedding's rows and fp32
+        # sources, used as they are, need none). Fixed once the sources are known.
+        need = 0 if rows else sum(self.sources[k].numel() for k in owned if self.sources[k].dtype != torch.float32)
         held = [0]
 
         def pre(mod, args, kwargs):
             ids = args[0] if args else kwargs.get("input")
             # Units do not nest in these models; one that did would get fresh memory, not the arena.
-            arena = self._arena(sum(self.sources[k].numel() for k in owned)) if self.live == 0 else None
+            arena = self._arena(need) if self.live == 0 and need else None
             at = 0
             for m, n in owned:
                 src = self.sources[(m, n)]
