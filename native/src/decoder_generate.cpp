@@ -259,12 +259,19 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   return argmax(logits, V);
 }
 
-GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const GenerateOptions& opts) {
+GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced) {
   const int C = m_.max_context, L = int(prompt.size());
   if (L == 0) throw std::runtime_error("the prompt is empty");
   if (opts.max_new_tokens < 1) throw std::runtime_error("max_new_tokens must be at least 1");
   for (int id : prompt)
     if (id < 0 || id >= m_.vocab) throw std::runtime_error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(m_.vocab) + ")");
+  if (forced.size() > size_t(opts.max_new_tokens))
+    throw std::runtime_error(std::to_string(forced.size()) + " forced ids for " + std::to_string(opts.max_new_tokens) +
+                             " new tokens: at most one forced id per generated token");
+  for (size_t i = 0; i < forced.size(); i++)
+    if (forced[i] < 0 || forced[i] >= m_.vocab)
+      throw std::runtime_error("forced id " + std::to_string(i + 1) + " (token id " + std::to_string(forced[i]) + ") is outside the vocabulary [0, " +
+                               std::to_string(m_.vocab) + ")");
   // Every prompt token and every generated token but the last takes a cache slot.
   if (L + opts.max_new_tokens - 1 > C)
     throw std::runtime_error("prompt of " + std::to_string(L) + " tokens + " + std::to_string(opts.max_new_tokens) +
@@ -279,7 +286,7 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
   GenerateResult res;
   res.generated.reserve(size_t(opts.max_new_tokens));  // the decode loop allocates nothing
   try {
-    loop(prompt, opts, res);
+    loop(prompt, opts, forced, res);
   } catch (const NonFiniteAt& at) {
     // The logits at position p choose generated token p - (L - 1).
     throw NonFiniteLogits(at.position, at.position - (L - 1), at.nf, m_.vocab);
@@ -287,7 +294,7 @@ GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const G
   return res;
 }
 
-void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions& opts, GenerateResult& res) {
+void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced, GenerateResult& res) {
   const int L = int(prompt.size());
   double run_ms = 0;
   auto t0 = Clock::now();
@@ -309,7 +316,11 @@ void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions
   double decode_ms = 0, decode_run_ms = 0;
   for (;;) {
     res.generated.push_back(next);
-    if (!opts.ignore_eos && std::find(m_.eos.begin(), m_.eos.end(), next) != m_.eos.end()) {
+    // The token the sequence goes on with: the forced one while there is one (teacher-forced), else
+    // the runtime's own choice. EOS ends the sequence it goes on with.
+    const size_t k = res.generated.size() - 1;
+    const int fed = k < forced.size() ? forced[k] : next;
+    if (!opts.ignore_eos && std::find(m_.eos.begin(), m_.eos.end(), fed) != m_.eos.end()) {
       res.stopped_at_eos = true;
       break;
     }
@@ -317,7 +328,7 @@ void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions
     int pos = L + int(res.generated.size()) - 1;
     auto s0 = Clock::now();
     double step_run = 0;
-    next = run(*decode_, &res.generated.back(), pos, 1, true, &step_run);
+    next = run(*decode_, &fed, pos, 1, true, &step_run);
     decode_ms += ms_since(s0);
     decode_run_ms += step_run;
     res.timings.decode_steps++;

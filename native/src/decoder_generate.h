@@ -69,14 +69,20 @@ class DecoderGenerate {
  public:
   DecoderGenerate(const Manifest& manifest, Executor& executor);
   ~DecoderGenerate();
-  GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts);
+  /**
+   * `forced` teacher-forces the continuation: step k (k >= 1) is fed forced[k - 1] instead of the
+   * token the runtime chose at step k - 1; past the last forced id the runtime goes on from its own
+   * choices. GenerateResult::generated stays what the runtime chose at each step, so a parity gate can
+   * compare every step with HF's token while the sequence follows HF's (at most max_new_tokens ids).
+   */
+  GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {});
   bool has_prefill() const { return prefill_ != nullptr; }
 
  private:
   struct Pass;
   std::unique_ptr<Pass> make_pass(GraphRole role, int tokens);
   /** Prefill (or decode over the prompt), then greedy decode into `res`. */
-  void loop(const std::vector<int>& prompt, const GenerateOptions& opts, GenerateResult& res);
+  void loop(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced, GenerateResult& res);
   /** Runs N tokens at positions start.. (valid of them real); returns the argmax of the last real row when `want_token`. */
   int run(Pass& pass, const int* ids, int start, int valid, bool want_token, double* run_ms);
   void fill_mask(Pass& pass, int start, int valid);

@@ -6,7 +6,7 @@
 
 namespace forge {
 
-/** Parses "12,5,7"; throws std::runtime_error naming the flag and the bad entry. */
-std::vector<int> parse_ids(const std::string& s);
+/** Parses "12,5,7"; throws std::runtime_error naming the flag (`--prompt-ids`, `--force-ids`) and the bad entry. */
+std::vector<int> parse_ids(const std::string& s, const std::string& flag = "--prompt-ids");
 
 }  // namespace forge

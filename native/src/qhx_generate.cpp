@@ -1,9 +1,13 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
-//              [--json] [--ignore-eos] [--no-prefill] [--verify]
+//              [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7]
 // Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
 // QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
-// the prompt, each checked against the vocabulary. Prints the generated ids and text; --json prints
+// the prompt, each checked against the vocabulary. --force-ids teacher-forces the continuation: step k
+// (k >= 1) is fed the k-th forced id instead of the token chosen at step k - 1 (at most max_new_tokens
+// ids, each in the vocabulary), and generated_ids is still the token the runtime chose at every step;
+// the parity gate forces HF's greedy tokens so a comparison goes on past a mismatch. The text and EOS
+// stop follow the sequence as fed. Prints the generated ids and text; --json prints
 // one JSON object instead:
 //   {prompt_ids, generated_ids, text (null when it cannot be had), text_error (why, else null),
 //    stopped_at_eos, prefill, backend, verified,
@@ -36,7 +40,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
-    "(<prompt text> | --prompt-ids 1,2,3) [--json] [--ignore-eos] [--no-prefill] [--verify]";
+    "(<prompt text> | --prompt-ids 1,2,3) [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -46,7 +50,7 @@ std::string join_ids(const std::vector<int>& ids) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
-  std::optional<std::string> prompt_ids;
+  std::optional<std::string> prompt_ids, force_ids;
   bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -54,6 +58,10 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("--prompt-ids needs a value: token ids like 1,2,3");
       if (prompt_ids) throw std::runtime_error("--prompt-ids given twice");
       prompt_ids = argv[++i];
+    } else if (a == "--force-ids") {
+      if (i + 1 >= argc) throw std::runtime_error("--force-ids needs a value: the token ids to continue with, like 5,6,7");
+      if (force_ids) throw std::runtime_error("--force-ids given twice");
+      force_ids = argv[++i];
     } else if (a == "--ids") throw std::runtime_error("--ids is gone: give token ids as --prompt-ids 1,2,3 in place of the prompt");
     else if (a == "--json") as_json = true;
     else if (a == "--ignore-eos") ignore_eos = true;
@@ -73,6 +81,13 @@ int run(int argc, char** argv) {
     if (used != pos[4].size() || max_new < 1) throw std::invalid_argument("");
   } catch (const std::exception&) {
     throw std::runtime_error("max_new_tokens '" + pos[4] + "' is not a positive integer");
+  }
+  std::vector<int> forced;
+  if (force_ids) {
+    forced = forge::parse_ids(*force_ids, "--force-ids");
+    if (forced.size() > size_t(max_new))
+      throw std::runtime_error("--force-ids: " + std::to_string(forced.size()) + " ids for max_new_tokens " + std::to_string(max_new) +
+                               ": at most one forced id per generated token");
   }
 
   const auto t_load = std::chrono::steady_clock::now();
@@ -96,20 +111,27 @@ int run(int argc, char** argv) {
     ids = tok->encode(pos[5]);
     if (m.bos) ids.insert(ids.begin(), *m.bos);
   }
+  for (size_t i = 0; i < forced.size(); i++)
+    if (forced[i] >= m.vocab)
+      throw std::runtime_error("--force-ids: entry " + std::to_string(i + 1) + " token id " + std::to_string(forced[i]) +
+                               " is outside the vocabulary [0, " + std::to_string(m.vocab) + ")");
 
   // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
   const char* threads = std::getenv("FORGE_ORT_THREADS");
   forge::Executor exec(m, forge::ExecutorOptions{backend, system_lib, threads ? std::atoi(threads) : 0});
   forge::DecoderGenerate gen(m, exec);
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
-  forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill});
+  forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill}, forced);
   // The ids are the result; the text is a convenience. A model whose vocabulary is larger than its
   // tokenizer's (padded embeddings; forge's synthetic 4B checkpoints carry the tiny twin's
   // tokenizer) can generate an id the tokenizer has no text for: the text is then null, not an error.
   std::optional<std::string> text;
   if (tok) {
     try {
-      text = tok->decode(r.generated);
+      // The text of the sequence as it went on: forced ids where given, the runtime's own after.
+      std::vector<int> sequence = r.generated;
+      for (size_t k = 0; k < forced.size() && k < sequence.size(); k++) sequence[k] = forced[k];
+      text = tok->decode(sequence);
     } catch (const std::runtime_error& e) {
       tok_error = std::string("generated ids not decodable: ") + e.what();
     }
