@@ -14,6 +14,7 @@
 //   node --import tsx bench/build.ts [--recipe qwen3-4b|qwen3.5-4b] [--arch v81] [--stages all|trace,oracle,…]
 //                                    [--checkpoint DIR] [--work DIR] [--keep] [--reuse-cache]
 //                                    [--min-avail-gb 0.75] [--timeout-min 300] [--memory-budget GB] [--w8-min-cosine 0.99]
+//                                    [--max-ties N]
 //
 // --stages runs `forge build --until S` for each listed stage in pipeline order within one cache, so
 // every stage runs once and its prerequisites run (and are reported) too. --keep keeps the stage
@@ -33,6 +34,7 @@ const { values: arg, num } = benchArgs({
   'min-avail-gb': { type: 'string', default: '0.75' }, 'timeout-min': { type: 'string', default: '300' },
   'memory-budget': { type: 'string', default: '' },
   'w8-min-cosine': { type: 'string', default: '0.99' },
+  'max-ties': { type: 'string', default: '' },
 });
 const recipeId = arg.recipe;
 const archId = arg.arch;
@@ -74,6 +76,17 @@ const w8MinCosine = num('w8-min-cosine', (n) => n > 0 && n <= 1);
 if (w8MinCosine !== recipe.gates.oracle.w8MinCosine) {
   notes.push(`W8 oracle threshold ${w8MinCosine} instead of the recipe's ${recipe.gates.oracle.w8MinCosine}: synthetic random weights (--w8-min-cosine)`);
   recipe.gates.oracle.w8MinCosine = w8MinCosine;
+}
+// For the same reason HF's own top-1/top-2 margins are thin, so W8 (and fp16 on the simulator) may
+// choose HF's runner-up where the margin is within the measured logit error: such ties are bounded
+// by --max-ties, by default every token the recipe gates per variant (ties reported, not gated).
+// Mismatches beyond the tie margin still fail the parity gates.
+const gatedTokens = recipe.gates.prompts.length * (recipe.gates.parity?.tokens ?? 64);
+if (arg['max-ties'] === '') arg['max-ties'] = String(gatedTokens);
+const maxTies = num('max-ties', (n) => Number.isInteger(n) && n >= 0);
+if (maxTies > 0) {
+  notes.push(`parity ties (mismatches within twice the measured logit error) allowed up to ${maxTies} per variant, the recipe allows 0: synthetic random weights (--max-ties${maxTies === gatedTokens ? `, default: all ${gatedTokens} gated tokens, i.e. ties reported, not gated` : ''})`);
+  recipe.gates.parity = { ...recipe.gates.parity, maxTies, tiesWhy: 'synthetic random weights' };
 }
 writeFileSync(join(recipesDir, benchRecipe, 'recipe.json'), JSON.stringify(recipe, null, 2));
 const need = ckpt.bytes * 1.6;

@@ -56,10 +56,10 @@ function nativeNode(): StageNode {
   return { id: 'native', module: src('gates/native-stage.ts'), params: params as any, inputs: {}, tools: ['onnxruntime-node'], memory: stageMemory.native, timeoutSeconds: 1800 };
 }
 
-/** A recipe's lowered W8 parity threshold and its reason, when it has one. */
-function w8Parity(recipe: Recipe): { w8?: { minMatch: number; why: string } } {
+/** The parity threshold every variant is held to, and the recipe's bound on ties with its reason. */
+function parityBounds(recipe: Recipe): { minMatch: number; maxTies: number; tiesWhy?: string } {
   const p = recipe.gates.parity;
-  return p.w8MinMatch !== undefined && p.w8MinMatch < p.minMatch ? { w8: { minMatch: p.w8MinMatch, why: p.w8Why! } } : {};
+  return { minMatch: p.minMatch, maxTies: p.maxTies, ...(p.maxTies > 0 && p.tiesWhy ? { tiesWhy: p.tiesWhy } : {}) };
 }
 
 /**
@@ -70,12 +70,13 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   const onDevice = target.kind === 'adb';
   const params: ParityParams = {
     recipe: { id: recipe.id, family: recipe.family }, arch: arch.id,
-    tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch, ...w8Parity(recipe),
+    tokens: recipe.gates.parity.tokens, ...parityBounds(recipe),
     variants: onDevice ? ['quantize'] : ['export', 'quantize'], target,
   };
   return {
     id: 'parity', module: src('gates/parity.ts'), params: params as any,
-    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native', ...(onDevice ? { compile: 'compile' } : {}) },
+    // The oracle's largest logit error per variant sets the tie margin (src/gates/parity.ts).
+    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native', oracle: 'oracle', ...(onDevice ? { compile: 'compile' } : {}) },
     tools: [], memory: stageMemory.parity, timeoutSeconds: 3600,
   };
 }
@@ -120,7 +121,7 @@ function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain):
     recipe: { id: recipe.id, family: recipe.family },
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
     fp16: true, minCosine: recipe.gates.oracle.w8MinCosine, minTop1: recipe.gates.oracle.minTop1,
-    tokens: recipe.gates.parity.tokens, minMatch: w8Parity(recipe).w8?.minMatch ?? recipe.gates.parity.minMatch,
+    tokens: recipe.gates.parity.tokens, ...parityBounds(recipe),
   };
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,

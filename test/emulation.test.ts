@@ -26,7 +26,7 @@ import {
 
 const v81 = getArch('v81');
 const arch = { id: v81.id, socModel: v81.socModel, dspArch: v81.dspArch, vtcmMb: v81.vtcmMb };
-const params: EmulationParams = { recipe: { id: 'tiny-qwen3', family: 'qwen3' }, arch, fp16: true, minCosine: 0.999, minTop1: 1, tokens: 32, minMatch: 1 };
+const params: EmulationParams = { recipe: { id: 'tiny-qwen3', family: 'qwen3' }, arch, fp16: true, minCosine: 0.999, minTop1: 1, tokens: 32, minMatch: 1, maxTies: 0 };
 
 let dir: string;
 const inputs: Record<string, string> = {};
@@ -57,7 +57,7 @@ describe('emulation gate on the x86 HTP simulator', () => {
     const summary = outcome!.summary as any;
     console.log('emulation summary:', JSON.stringify(summary, null, 1));
     expect(outcome!.gate).toEqual({ name: 'emulation', ok: true });
-    expect(summary).toMatchObject({ ok: true, ran: true, parity: { matched: 64, total: 64, ok: true, firstDivergence: null } });
+    expect(summary).toMatchObject({ ok: true, ran: true, parity: { matched: 64, total: 64, ok: true, firstDivergence: null, ties: 0, maxTies: 0, mismatches: { count: 0, listed: [] } } });
     expect(Object.keys(summary.graphs).sort()).toEqual(['lm_head', 'shard0.decode', 'shard0.prefill']);
     for (const g of Object.values(summary.graphs) as any[]) {
       expect(g.ok).toBe(true);
@@ -72,6 +72,10 @@ describe('emulation gate on the x86 HTP simulator', () => {
     expect(full.oracle.graphs['shard0.prefill'].cases).toBe(2); // one 8-token chunk per prompt
     expect(Object.keys(full.oracle.graphs['shard0.decode'].outputs)).toContain('new_k_3');
     expect(full.parity.perPrompt).toEqual([{ matched: 32, total: 32 }, { matched: 32, total: 32 }]);
+    // Ties on the simulator are measured against its own teacher-forced logits error (the lm-head's here).
+    expect(full.parity.logitError).toBe(full.oracle.graphs.lm_head.outputs.logits.maxAbs);
+    expect(full.parity.tieMargin).toBe(2 * full.parity.logitError!);
+    expect(full.parity.rule).toMatch(/teacher-forced on HF's greedy token/);
     expect(full.simulator).toMatchObject({ qairt: '2.51.0', socModel: arch.socModel });
     expect(full.compiled.map((g: CompiledGraph) => g.bin).sort()).toEqual(['lm_head.bin', 'shard0.decode.bin', 'shard0.prefill.bin']);
     expect(existsSync(join(out, '.scratch'))).toBe(false);

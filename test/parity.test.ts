@@ -5,7 +5,9 @@ import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
-import { checkParity } from '../src/gates/parity.js';
+import { checkParity, variantOk } from '../src/gates/parity.js';
+import { hostTarget } from '../src/targets/host.js';
+import type { NativeRecord } from '../src/gates/native-stage.js';
 import { Trace } from '../src/gates/trace.js';
 import { adbTarget } from '../src/targets/adb.js';
 import { getArch } from '../src/arch/table.js';
@@ -25,39 +27,84 @@ beforeAll(async () => {
 }, 900_000);
 
 describe('parity gate', () => {
-  it('runs the native runtime free-running and matches HF greedy N/N for the fp32 and the W8 graphs', () => {
+  it('runs the native runtime teacher-forced and matches HF greedy N/N for the fp32 and the W8 graphs, with no tie', () => {
     expect(record.ok).toBe(true);
     const g = record.gates.parity as any;
-    expect(g).toMatchObject({ ok: true, target: 'host', firstDivergence: null });
+    expect(g).toMatchObject({ ok: true, target: 'host', firstDivergence: null, ties: 0, maxTies: 0, mismatches: { count: 0, listed: [] } });
     expect(g.matched).toBe(g.total);
     expect(g.total).toBe(2 * 2 * 32); // fp32 and W8, two prompts, 32 tokens each
-    expect(g.variants.quantize).toMatchObject({ matched: 64, total: 64 });
+    expect(g.variants.quantize).toMatchObject({ ok: true, matched: 64, total: 64, ties: 0, mismatches: 0 });
+    // The tie margin is twice the largest logit error the oracle gate measured for each variant.
+    const oracle = record.gates.oracle as any;
+    for (const v of ['export', 'quantize']) {
+      expect(oracle.logitError[v], v).toBeGreaterThan(0);
+      expect(g.variants[v].tieMargin, v).toBe(2 * oracle.logitError[v]);
+    }
+    expect(oracle.logitError.quantize).toBeGreaterThan(oracle.logitError.export);
     expect(g.variants.export.timings.host_overhead_ms_per_token).toBeGreaterThan(0);
     expect(g.variants.export.timings.load_ms).toBeGreaterThan(0);
   });
 
-  it('names the first divergent step with both tokens and what HF\'s logits gave each', async () => {
+  it('names every mismatch with both tokens and what HF\'s logits gave each, and goes on past it', async () => {
     const trace = await Trace.open(entry('trace'));
     const want = trace.meta.prompts[0].generated;
     const liar: Target = {
       name: 'liar',
       async generate(req) {
         const ids = [...trace.meta.prompts.find((p) => p.prompt_tokens.join() === req.promptIds.join())!.generated.slice(0, req.maxNewTokens)];
+        expect(req.forceIds).toEqual(ids); // teacher-forced on HF's tokens
         ids[5] = (ids[5] + 1) % trace.meta.vocab;
+        ids[9] = (ids[9] + 1) % trace.meta.vocab;
         return { generatedIds: ids, backend: 'cpu', timings: { load_ms: 1, prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0.01 } };
       },
     };
-    const r = await checkParity(liar, '/nowhere', trace, 32);
-    const step = trace.meta.prompts[0].prompt_tokens.length - 1 + 5;
-    const logits = await trace.get(0, step, 'logits');
+    const r = await checkParity(liar, '/nowhere', trace, 32, 0);
+    const at = async (k: number) => {
+      const logits = await trace.get(0, trace.meta.prompts[0].prompt_tokens.length - 1 + k, 'logits');
+      const theirs = (want[k] + 1) % trace.meta.vocab;
+      return { prompt: 0, step: k, hf: { token: want[k], logit: logits[want[k]] }, runtime: { token: theirs, hfLogit: logits[theirs] }, margin: logits[want[k]] - logits[theirs], tie: false };
+    };
+    const first = await at(5);
+    const second = await at(9);
     await trace.close();
     expect(r.matched).toBe(10);
-    expect(r.perPrompt).toEqual([{ matched: 5, total: 32 }, { matched: 5, total: 32 }]);
-    expect(r.firstDivergence).toEqual({
-      prompt: 0, step: 5,
-      hf: { token: want[5], logit: logits[want[5]] },
-      runtime: { token: (want[5] + 1) % trace.meta.vocab, hfLogit: logits[(want[5] + 1) % trace.meta.vocab] },
-    });
+    expect(r.perPrompt).toEqual([{ matched: 5, total: 32, mismatches: 2 }, { matched: 5, total: 32, mismatches: 2 }]);
+    expect(r.mismatchCount).toBe(4);
+    expect(r.mismatches.slice(0, 2)).toEqual([first, second]);
+    expect(first.margin).toBeGreaterThan(0); // HF's greedy token is its argmax
+    const { margin: _m, tie: _t, ...divergence } = first;
+    expect(r.firstDivergence).toEqual(divergence);
+    expect(variantOk(r, 1, 10)).toBe(false); // no logit error: nothing is a tie
+  });
+
+  it('on the real runtime, the teacher-forced run\'s matched prefix is the free-running one, and its later choices follow the forced tokens', async () => {
+    const trace = await Trace.open(entry('trace'));
+    const target = hostTarget((JSON.parse(readFileSync(join(entry('native'), 'native.json'), 'utf8')) as NativeRecord).qhxGenerate);
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const { arch } = archSettings(recipe, 'v81');
+    const bundle = join(mkdtempSync(join(tmpdir(), 'forge-forced-')), 'fp32');
+    await assembleBundle({ recipe, arch, graphsDir: entry('export'), embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: 32 }, bundle);
+    // A stand-in "HF" whose step 5 took HF's runner-up: forced decoding feeds it, a free run does not.
+    const prompts = await Promise.all(trace.meta.prompts.map(async (p, i) => {
+      const logits = await trace.get(i, p.prompt_tokens.length - 1 + 5, 'logits');
+      const runnerUp = [...logits.keys()].filter((t) => t !== p.generated[5]).reduce((a, b) => (logits[b] > logits[a] ? b : a));
+      return { ...p, generated: [...p.generated.slice(0, 5), runnerUp, ...p.generated.slice(6)] };
+    }));
+    const other = { meta: { ...trace.meta, prompts }, get: trace.get.bind(trace) } as unknown as Trace;
+    const r = await checkParity(target, bundle, other, 32, 0);
+    for (const [i, p] of prompts.entries()) {
+      const free = await target.generate({ bundleDir: bundle, promptIds: p.prompt_tokens, maxNewTokens: 32 });
+      let prefix = 0;
+      while (prefix < 32 && free.generatedIds[prefix] === p.generated[prefix]) prefix++;
+      expect(r.perPrompt[i].matched, `prompt ${i}`).toBe(prefix);
+      expect(prefix).toBe(5);
+      // Fed the runner-up at step 6, the runtime continues from it: the same as a free run of that longer prompt.
+      const forced = await target.generate({ bundleDir: bundle, promptIds: p.prompt_tokens, maxNewTokens: 32, forceIds: p.generated });
+      const fromRunnerUp = await target.generate({ bundleDir: bundle, promptIds: [...p.prompt_tokens, ...p.generated.slice(0, 6)], maxNewTokens: 1 });
+      expect(forced.generatedIds[6]).toBe(fromRunnerUp.generatedIds[0]);
+    }
+    expect(r.mismatches[0]).toMatchObject({ prompt: 0, step: 5, tie: false });
+    await trace.close();
   });
 });
 
@@ -83,7 +130,15 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     expect(calls).toContain('-s R5CT1234 push /build/android/qhx_generate /data/local/tmp/forge/qhx_generate');
     const run = calls.find((c) => c.includes('./qhx_generate'))!;
     expect(run).toContain('/data/local/tmp/forge/bundle/manifest.json /data/local/tmp/forge/lib/libQnnHtp.so /data/local/tmp/forge/lib/libQnnSystem.so /data/local/tmp/forge/bundle 3 --prompt-ids 1,2,3 --json --ignore-eos');
+    expect(run).not.toContain('--force-ids');
     expect(run).toContain('ADSP_LIBRARY_PATH=/data/local/tmp/forge/lib');
+  });
+
+  it('passes forced ids on to qhx_generate on the device (teacher-forced parity)', async () => {
+    writeFileSync(log, '');
+    await target().generate({ ...req, forceIds: [7, 8, 9] });
+    const run = readFileSync(log, 'utf8').trim().split('\n').find((c) => c.includes('./qhx_generate'))!;
+    expect(run).toContain(' 3 --prompt-ids 1,2,3 --force-ids 7,8,9 --json --ignore-eos');
   });
 
   it('pushes the bundle once and runs it for each prompt', async () => {
@@ -126,6 +181,10 @@ describe('adb target (a recorded fake adb on PATH; no real device here)', () => 
     expect(device.inputs.compile).toBe('compile');
     expect((device.params as any).variants).toEqual(['quantize']);
     expect(node({ kind: 'host' }).inputs.compile).toBeUndefined();
+    // The oracle's logit error sets the tie margin on either target.
+    expect(device.inputs.oracle).toBe('oracle');
+    expect(node({ kind: 'host' }).inputs.oracle).toBe('oracle');
+    expect(device.params).toMatchObject({ minMatch: 1, maxTies: 0 });
     // What the stage then assembles from this build's compile output: every graph a compiled context.
     const bundle = join(dir, 'device-bundle');
     const m = await assembleBundle({ recipe, arch, graphsDir: entry('quantize'), embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: 4, compiled: readCompiled(entry('compile')) }, bundle);

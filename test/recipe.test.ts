@@ -38,11 +38,33 @@ describe('recipes', () => {
     expectInvalid((r) => (r.surprise = 1), 'surprise');
   });
 
-  it('lets a recipe lower the W8 parity threshold only with a stated reason', () => {
-    expectInvalid((r) => (r.gates.parity.w8MinMatch = 0.5), 'gates.parity.w8Why');
+  it('refuses the removed w8MinMatch and w8Why, naming the field and what replaced it, in one line', () => {
+    const parse = (fields: object) => {
+      const r = base();
+      Object.assign(r.gates.parity, fields);
+      return () => parseRecipe(r, 'recipes/x/recipe.json');
+    };
+    expect(parse({ w8MinMatch: 0 })).toThrow(/^invalid recipe recipes\/x\/recipe.json: gates\.parity\.w8MinMatch: w8MinMatch was removed \(issue 13\): every variant is gated at minMatch; name near-ties with maxTies and tiesWhy$/);
+    expect(parse({ w8Why: 'random twin' })).toThrow(/^invalid recipe recipes\/x\/recipe.json: gates\.parity\.w8Why: w8Why was removed \(issue 13\): a reason for allowed ties goes in tiesWhy \(with maxTies\)$/);
+  });
+
+  it('bounds ties at 0 by default, and takes a higher maxTies only with a stated reason', () => {
+    expect(parseRecipe(base(), 'recipes/x/recipe.json').gates.parity).toEqual({ tokens: 32, minMatch: 1, maxTies: 0 });
+    expectInvalid((r) => (r.gates.parity.maxTies = 2), 'gates.parity.tiesWhy');
+    expectInvalid((r) => (r.gates.parity.maxTies = -1), 'gates.parity.maxTies');
+    expectInvalid((r) => (r.gates.parity.maxTies = 1.5), 'gates.parity.maxTies');
+    expectInvalid((r) => Object.assign(r.gates.parity, { maxTies: 2, tiesWhy: '' }), 'gates.parity.tiesWhy');
     const r = base();
-    Object.assign(r.gates.parity, { w8MinMatch: 0.5, w8Why: 'a reason' });
-    expect(parseRecipe(r, 'recipes/x/recipe.json').gates.parity).toMatchObject({ minMatch: 1, w8MinMatch: 0.5, w8Why: 'a reason' });
+    Object.assign(r.gates.parity, { maxTies: 2, tiesWhy: 'synthetic random weights' });
+    expect(parseRecipe(r, 'recipes/x/recipe.json').gates.parity).toMatchObject({ minMatch: 1, maxTies: 2, tiesWhy: 'synthetic random weights' });
+  });
+
+  it('ships no recipe with a lowered parity threshold or allowed ties', () => {
+    for (const id of listRecipeIds()) {
+      const raw = readFileSync(`recipes/${id}/recipe.json`, 'utf8');
+      expect(raw, id).not.toMatch(/w8MinMatch|w8Why/);
+      expect(loadRecipe(id).recipe.gates.parity, id).toMatchObject({ minMatch: 1, maxTies: 0 });
+    }
   });
 
   it('lets a recipe allow non-finite weights only with a stated reason, on any source kind', () => {

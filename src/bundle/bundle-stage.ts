@@ -47,7 +47,10 @@ function emulationFacts(file: string): NonNullable<CardFacts['emulation']> {
     ok: e.ok,
     simulator: `x86 HTP simulator (soc_model ${sim.socModel}, ${sim.dspArch}, QAIRT ${sim.qairt}${sim.fp16 ? ', fp16 activations' : ''})`,
     graphs: e.oracle.graphs,
-    parity: { matched: e.parity.matched, total: e.parity.total },
+    parity: {
+      matched: e.parity.matched, total: e.parity.total, ties: e.parity.ties, maxTies: e.thresholds.maxTies, tieMargin: e.parity.tieMargin,
+      mismatches: { count: e.parity.mismatchCount, listed: e.parity.mismatches },
+    },
   };
 }
 

@@ -7,16 +7,26 @@ import type { OracleResult } from '../gates/oracle.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import type { Manifest } from './manifest.js';
 
+/** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
+export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
+
+/** What the card reads of parity.json (src/gates/parity.ts paritySummary). */
+export interface ParityFacts {
+  ok: boolean; target: string; matched: number; total: number; ties: number; maxTies: number; tiesWhy?: string; rule: string;
+  variants: Record<string, { matched: number; total: number; ties: number; mismatches: number; tieMargin: number | null; timings: Record<string, number> }>;
+  mismatches: { count: number; listed: ListedMismatch[] };
+}
+
 export interface CardFacts {
   recipe: { id: string; family: string; source: Recipe['source']; card: Recipe['card'] };
   arch: HexagonArch;
   manifest: Manifest;
   compiled: CompiledContext[];
   oracle: OracleResult;
-  parity: { ok: boolean; target: string; matched: number; total: number; variants: Record<string, { matched: number; total: number; timings: Record<string, number> }>; firstDivergence: unknown; thresholds?: Record<string, number>; w8Why?: string };
+  parity: ParityFacts;
   tools: Record<string, string>;
   /** The x86 HTP simulator gate, when it ran (tiny twins). */
-  emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number } };
+  emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number; ties: number; maxTies: number; tieMargin: number | null; mismatches: { count: number; listed: ListedMismatch[] } } };
   /** Gates the build left out, and why. */
   gatesNotRun?: Record<string, string>;
 }
@@ -41,6 +51,15 @@ function source(s: Recipe['source']): string {
   return 'a local checkpoint';
 }
 
+/** Each listed mismatch with HF's margin there, and whether it was a tie. */
+function mismatchLines(listed: ListedMismatch[], count: number): string[] {
+  if (!count) return [];
+  const out = ['', '| graphs | prompt | step | HF token | runtime token | HF margin | |', '|---|---|---|---|---|---|---|'];
+  for (const m of listed) out.push(`| ${m.variant ?? 'shipped'} | ${m.prompt} | ${m.step} | ${m.hf.token} | ${m.runtime.token} | ${m.margin === null ? '-' : m.margin.toExponential(2)} | ${m.tie ? 'tie' : 'mismatch'} |`);
+  if (count > listed.length) out.push('', `${count - listed.length} more mismatches are in build/parity.json's count, not listed.`);
+  return out;
+}
+
 export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   const { recipe, arch, manifest } = f;
   const lines: string[] = [];
@@ -61,26 +80,30 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
   lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');
   for (const [g, e] of Object.entries(f.oracle.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
-  lines.push('', `**Parity** (greedy, free-running, on \`${f.parity.target}\`): ${f.parity.matched}/${f.parity.total} tokens equal to Hugging Face.`, '');
+  lines.push('', `**Parity** (greedy on \`${f.parity.target}\`, teacher-forced on Hugging Face's tokens): ${f.parity.ok ? 'pass' : 'FAIL'}. Rule: ${f.parity.rule}.`, '');
   const onDevice = f.parity.target.startsWith('adb:');
   // Host timings vary run to run and say nothing about a phone: they stay in build/report.md, so the
   // card (and the bundle) is the same for the same inputs. Device timings are the point of a device run.
-  lines.push(onDevice ? '| graphs | tokens | start-up ms | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens |', onDevice ? '|---|---|---|---|---|---|' : '|---|---|');
+  lines.push(onDevice ? '| graphs | tokens equal to HF | ties (allowed) | tie margin | start-up ms | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens equal to HF | ties (allowed) | tie margin |', onDevice ? '|---|---|---|---|---|---|---|---|' : '|---|---|---|---|');
   for (const [v, r] of Object.entries(f.parity.variants)) {
     const name = v === 'quantize' ? `shipped (${manifest.contexts[0].graphs[0].quant.weights})` : 'fp32 reference';
+    const held = `${r.total - r.mismatches}/${r.total}`;
+    const ties = `${r.ties} (${f.parity.maxTies})`;
+    const margin = r.tieMargin === null ? 'none measured' : r.tieMargin.toExponential(2);
     lines.push(onDevice
-      ? `| ${name} | ${r.matched}/${r.total} | ${r.timings.load_ms.toFixed(0)} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
-      : `| ${name} | ${r.matched}/${r.total} |`);
+      ? `| ${name} | ${held} | ${ties} | ${margin} | ${r.timings.load_ms.toFixed(0)} | ${r.timings.prefill_ms.toFixed(2)} | ${r.timings.decode_ms_per_token.toFixed(3)} | ${r.timings.host_overhead_ms_per_token.toFixed(4)} |`
+      : `| ${name} | ${held} | ${ties} | ${margin} |`);
   }
-  const w8Required = f.parity.thresholds?.quantize;
-  if (f.parity.w8Why && w8Required !== undefined)
-    lines.push('', `The shipped graphs' parity is required at ${Math.round(w8Required * 100)}% (not N/N) by this recipe: ${f.parity.w8Why}.`);
+  lines.push(...mismatchLines(f.parity.mismatches.listed, f.parity.mismatches.count));
+  if (f.parity.tiesWhy) lines.push('', `This recipe allows up to ${f.parity.maxTies} ties per variant: ${f.parity.tiesWhy}.`);
   lines.push('', onDevice
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`
     : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');
   for (const [gate, why] of Object.entries(f.gatesNotRun ?? {})) lines.push(`**${gate[0].toUpperCase()}${gate.slice(1)}: not run** — ${why}.`, '');
   if (f.emulation) {
-    lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity ${f.emulation.parity.matched}/${f.emulation.parity.total}.`, '');
+    const ep = f.emulation.parity;
+    lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity (teacher-forced) ${ep.total - ep.mismatches.count}/${ep.total} equal to HF, ${ep.ties} ties (${ep.maxTies} allowed; tie margin ${ep.tieMargin === null ? 'none measured' : `${ep.tieMargin.toExponential(2)}, twice the simulator's largest logit error`}).`);
+    lines.push(...mismatchLines(ep.mismatches.listed, ep.mismatches.count), '');
     lines.push('| graph | min cosine vs HF | top-1 |', '|---|---|---|');
     for (const [g, e] of Object.entries(f.emulation.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
     lines.push('');

@@ -76,6 +76,11 @@ export interface OracleResult {
   graphs: Record<string, { minCosine: number; ok: boolean; top1?: string }>;
   /** Nodes the CPU form left as exported (correct, but on ORT's slow kernels), as `variant/graph: node: why`. */
   slowNodes?: string[];
+  /**
+   * Per export input (`export`, `quantize`): the largest |logit − HF logit| over every traced step of
+   * its graphs' `logits` outputs; the parity gates' tie margin is twice it. null when non-finite.
+   */
+  logitError: Record<string, number | null>;
 }
 
 /**
@@ -93,6 +98,7 @@ export async function runOracleGate(
   const rows: OracleRow[] = [];
   const graphs: OracleResult['graphs'] = {};
   const slowNodes: string[] = [];
+  const logitError: Record<string, number | null> = {};
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -106,6 +112,11 @@ export async function runOracleGate(
       const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
+      const logits = r.acc.get('logits');
+      if (logits) {
+        const was = logitError[v.label];
+        logitError[v.label] = was === null || !Number.isFinite(logits.maxAbs) ? null : Math.max(was ?? 0, logits.maxAbs);
+      }
       let graphMin = Infinity;
       let graphOk = true;
       for (const [output, a] of r.acc) {
@@ -129,7 +140,7 @@ export async function runOracleGate(
   }
   const num = (s: string) => (s === '-' ? Infinity : Number(s));
   rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
-  return { ok, rows, graphs, slowNodes };
+  return { ok, rows, graphs, slowNodes, logitError };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
@@ -139,7 +150,7 @@ export function firstMiss(rows: OracleRow[]): OracleRow | undefined {
 
 export const stage: StageModule<OracleParams> = {
   name: 'oracle',
-  version: '2',
+  version: '3',
   async run(ctx) {
     const { family, variants, minTop1 } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
@@ -154,6 +165,7 @@ export const stage: StageModule<OracleParams> = {
       gate: { name: 'oracle', ok: result.ok },
       summary: {
         graphs: result.graphs,
+        logitError: result.logitError,
         ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
       },
     };

@@ -62,6 +62,11 @@ export const ARCH_SETTING_DEFAULTS = {
 export const ArchSettingsSchema = ArchSettingsPatchSchema.required();
 export type ArchSettings = z.infer<typeof ArchSettingsSchema>;
 
+/** A field that was removed: present, it is refused with what replaced it (absent, it is fine). */
+function removedField(name: string, replacement: string) {
+  return z.undefined({ error: () => `${name} was removed (issue 13): ${replacement}` }).optional();
+}
+
 export const GateSettingsSchema = z.object({
   prompts: z.array(z.string().min(1)).min(1),
   oracle: z.object({
@@ -72,17 +77,20 @@ export const GateSettingsSchema = z.object({
   }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, minTop1: 1 }),
   parity: z.object({
     tokens: z.number().int().positive().default(64),
-    /** Fraction of tokens that must match HF greedy; 1 means N/N. */
+    /** Fraction of tokens that must match HF greedy, in every variant (fp32 and the shipped precision); 1 means N/N. */
     minMatch: z.number().min(0).max(1).default(1),
     /**
-     * The same for the W8 (deployable) graphs, when a recipe knows they cannot hold N/N; it must say
-     * why in `w8Why` (printed with the gate's figures). Defaults to minMatch.
+     * Mismatches allowed as ties (HF's own top-1/top-2 margin within what the precision's measured
+     * logit error can move; src/gates/parity.ts), per variant and target. More than 0 needs the
+     * reason in `tiesWhy`, printed with the gate's figures and on the card.
      */
-    w8MinMatch: z.number().min(0).max(1).optional(),
-    w8Why: z.string().min(1).optional(),
+    maxTies: z.number().int().min(0).default(0),
+    tiesWhy: z.string().min(1).optional(),
+    w8MinMatch: removedField('w8MinMatch', 'every variant is gated at minMatch; name near-ties with maxTies and tiesWhy'),
+    w8Why: removedField('w8Why', 'a reason for allowed ties goes in tiesWhy (with maxTies)'),
   }).strict()
-    .refine((p) => p.w8MinMatch === undefined || p.w8MinMatch >= p.minMatch || p.w8Why !== undefined, { message: 'a w8MinMatch below minMatch needs w8Why: the reason the W8 graphs cannot hold it', path: ['w8Why'] })
-    .default({ tokens: 64, minMatch: 1 }),
+    .refine((p) => p.maxTies === 0 || p.tiesWhy !== undefined, { message: 'a maxTies above 0 needs tiesWhy: the reason this recipe accepts near-ties', path: ['tiesWhy'] })
+    .default({ tokens: 64, minMatch: 1, maxTies: 0 }),
   /**
    * Run the compiled contexts on the x86 HTP simulator (teacher-forced cosine and parity). It takes
    * 50–300 ms a graph call even for a tiny twin, so only small recipes ask for it.

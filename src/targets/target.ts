@@ -5,6 +5,12 @@ export interface GenerateRequest {
   bundleDir: string;
   promptIds: number[];
   maxNewTokens: number;
+  /**
+   * Teacher-forced continuation (qhx_generate --force-ids): step k is fed forceIds[k-1] instead of
+   * the runtime's own choice; generatedIds stays what the runtime chose at each step. At most
+   * maxNewTokens ids.
+   */
+  forceIds?: number[];
 }
 
 export interface GenerateResult {
@@ -39,7 +45,8 @@ export function qhxFailure(where: string, status: number | string, stderr: strin
 
 /** qhx_generate's argv after the program, shared by every target (paths as the target sees them). */
 export function qhxArgs(manifest: string, backend: string, systemLib: string, root: string, req: GenerateRequest): string[] {
-  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), '--json', '--ignore-eos'];
+  const forced = req.forceIds?.length ? ['--force-ids', req.forceIds.join(',')] : [];
+  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), ...forced, '--json', '--ignore-eos'];
 }
 
 export function parseQhxJson(stdout: string, where: string): GenerateResult {

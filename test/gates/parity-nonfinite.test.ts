@@ -27,11 +27,11 @@ describe('parity over non-finite logits', () => {
         return { generatedIds: [5, 6, 7], timings, backend: 'cpu' };
       },
     };
-    const r = await checkParity(target, '/nowhere', trace, 3);
+    const r = await checkParity(target, '/nowhere', trace, 3, 0.01);
     expect(r.nonFinite).toBe('prompt 0: non-finite logits at generation step 0 (position 1): 9 of 9 values are NaN or Inf (first at index 0); refusing to take their argmax');
     expect(r.perPrompt).toEqual([{ matched: 0, total: 3, nonFinite: r.nonFinite }, { matched: 3, total: 3 }]);
     expect(r.firstDivergence).toBeNull(); // not reported as a token mismatch
-    expect(variantOk(r, 0)).toBe(false); // even a recipe asking for 0% parity
-    expect(variantOk({ ...r, nonFinite: undefined, matched: 6 }, 1)).toBe(true);
+    expect(variantOk(r, 0, 0)).toBe(false); // even a recipe asking for 0% parity
+    expect(variantOk({ ...r, nonFinite: undefined, matched: 6 }, 1, 0)).toBe(true);
   });
 });
