@@ -57,7 +57,11 @@ describe('bundle', () => {
   it('has a model card whose numbers are the run record\'s', () => {
     const card = readFileSync(join(a.bundle!, 'README.md'), 'utf8');
     const parity = a.gates.parity as any;
-    expect(card).toContain(`${parity.matched}/${parity.total} tokens equal to Hugging Face`);
+    expect(card).toContain(`teacher-forced on Hugging Face's tokens): pass. Rule: ${parity.rule}.`);
+    for (const [v, name] of [['export', 'fp32 reference'], ['quantize', 'shipped (w8)']]) {
+      const r = parity.variants[v];
+      expect(card).toContain(`| ${name} | ${r.total - r.mismatches}/${r.total} | ${r.ties} (${parity.maxTies}) | ${r.tieMargin.toExponential(2)} |`);
+    }
     for (const [g, e] of Object.entries((a.gates.oracle as any).graphs) as Array<[string, any]>) {
       expect(card).toContain(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
     }

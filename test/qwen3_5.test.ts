@@ -54,12 +54,14 @@ describe('qwen3_5 export', () => {
     expect(io['new_k_7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
-  it("runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 on every prompt, W8 reported with the recipe's reason", () => {
+  it("runs every gate: the runtime's qwen3_5_generate matches HF N/N on every prompt in fp32 and in the shipped W8, no ties allowed", () => {
     expect(record.gatesNotRun).toBeUndefined();
     const parity = record.gates.parity as any;
-    expect(parity).toMatchObject({ ok: true, target: 'host', variants: { export: { matched: 128, total: 128 } }, thresholds: { export: 1, quantize: 0 } });
-    expect(parity.w8Why).toMatch(/random twin/);
-    expect(parity.variants.quantize.total).toBe(128);
+    expect(parity).toMatchObject({ ok: true, target: 'host', ties: 0, maxTies: 0, thresholds: { minMatch: 1, maxTies: 0 }, mismatches: { count: 0 } });
+    expect(parity).not.toHaveProperty('w8Why');
+    const { gates } = loadRecipe('tiny-qwen3.5').recipe;
+    const total = gates.prompts.length * gates.parity.tokens;
+    for (const v of ['export', 'quantize']) expect(parity.variants[v], v).toMatchObject({ ok: true, matched: total, total, ties: 0, mismatches: 0 });
   });
 
   it("compiles the three contexts for the arch and passes the simulator's teacher-forced gate", () => {

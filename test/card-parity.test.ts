@@ -1,0 +1,73 @@
+// The model card's parity lines: each variant's N/N under teacher forcing, its ties with the bound,
+// every listed mismatch with HF's margin, the rule, and the recipe's reason when it allows ties.
+import { describe, expect, it } from 'vitest';
+import { modelCard, type CardFacts, type ParityFacts } from '../src/bundle/card.js';
+import { getArch } from '../src/arch/table.js';
+
+const timings = { load_ms: 1, prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0 };
+const RULE = 'every step teacher-forced on HF\'s greedy token (…); at most 0 ties per variant';
+
+function facts(parity: ParityFacts, emulation?: CardFacts['emulation']): CardFacts {
+  const manifest = {
+    hostOp: 'decoder_generate', limits: { maxContext: 128 }, generation: { maxNewTokens: 8 },
+    contexts: [{ graphs: [{ quant: { weights: 'w8' } }] }], hostTables: [], tokenizer: { file: 'tokenizer.json' },
+  };
+  return {
+    recipe: { id: 'x', family: 'qwen3', source: { kind: 'tiny', twin: 'qwen3' }, card: { title: 'X', license: 'apache-2.0', caveats: [] } as CardFacts['recipe']['card'] } as CardFacts['recipe'],
+    arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
+    oracle: { ok: true, rows: [], graphs: {}, logitError: { export: 1e-6, quantize: 0.02 } },
+    parity, tools: {}, ...(emulation ? { emulation } : {}),
+  };
+}
+
+const clean: ParityFacts = {
+  ok: true, target: 'host', matched: 128, total: 128, ties: 0, maxTies: 0, rule: RULE,
+  variants: {
+    export: { matched: 64, total: 64, ties: 0, mismatches: 0, tieMargin: 2e-6, timings },
+    quantize: { matched: 64, total: 64, ties: 0, mismatches: 0, tieMargin: 0.04, timings },
+  },
+  mismatches: { count: 0, listed: [] },
+};
+
+describe('model card: parity', () => {
+  it('shows every variant N/N with its ties, the bound and the tie margin, and states the rule', () => {
+    const card = modelCard(facts(clean), {});
+    expect(card).toContain(`**Parity** (greedy on \`host\`, teacher-forced on Hugging Face's tokens): pass. Rule: ${RULE}.`);
+    expect(card).toContain('| fp32 reference | 64/64 | 0 (0) | 2.00e-6 |');
+    expect(card).toContain('| shipped (w8) | 64/64 | 0 (0) | 4.00e-2 |');
+    expect(card).not.toMatch(/w8Why|required at|not N\/N|HF margin/);
+  });
+
+  it('lists each tie and mismatch with HF\'s margin, and the recipe\'s reason for allowing ties', () => {
+    const card = modelCard(facts({
+      ...clean, ok: false, ties: 1, maxTies: 2, tiesWhy: 'synthetic random weights',
+      variants: { ...clean.variants, quantize: { matched: 3, total: 64, ties: 1, mismatches: 2, tieMargin: 0.04, timings } },
+      mismatches: {
+        count: 2,
+        listed: [
+          { variant: 'quantize', prompt: 0, step: 3, hf: { token: 11 }, runtime: { token: 12 }, margin: 0.01, tie: true },
+          { variant: 'quantize', prompt: 1, step: 7, hf: { token: 5 }, runtime: { token: 9 }, margin: 0.5, tie: false },
+        ],
+      },
+    }), {});
+    expect(card).toContain(': FAIL. Rule:');
+    expect(card).toContain('| shipped (w8) | 62/64 | 1 (2) | 4.00e-2 |');
+    expect(card).toContain('| quantize | 0 | 3 | 11 | 12 | 1.00e-2 | tie |');
+    expect(card).toContain('| quantize | 1 | 7 | 5 | 9 | 5.00e-1 | mismatch |');
+    expect(card).toContain('This recipe allows up to 2 ties per variant: synthetic random weights.');
+  });
+
+  it('says how many mismatches were left out of the list', () => {
+    const listed = Array.from({ length: 20 }, (_, k) => ({ variant: 'quantize', prompt: 0, step: k, hf: { token: 1 }, runtime: { token: 2 }, margin: 1, tie: false }));
+    const card = modelCard(facts({ ...clean, mismatches: { count: 45, listed } }), {});
+    expect(card).toContain('25 more mismatches are in build/parity.json\'s count, not listed.');
+  });
+
+  it('gives the simulator\'s parity under teacher forcing with its ties, bound and margin', () => {
+    const emulation: CardFacts['emulation'] = {
+      ok: true, simulator: 'x86 HTP simulator', graphs: {},
+      parity: { matched: 64, total: 64, ties: 0, maxTies: 0, tieMargin: 0.125, mismatches: { count: 0, listed: [] } },
+    };
+    expect(modelCard(facts(clean, emulation), {})).toContain('parity (teacher-forced) 64/64 equal to HF, 0 ties (0 allowed; tie margin 1.25e-1, twice the simulator\'s largest logit error).');
+  });
+});
