@@ -55,7 +55,7 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
 async function ctest(dir: string): Promise<Counts & { code: number }> {
   const build = await ensureNative();
   const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --hybrid`;
-  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as { fp32: string; w8: string; trace: string; hybrid: string; hybridTrace: string };
+  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as { fp32: string; w8: string; trace: string; hybrid: string; hybridW8: string; hybridTrace: string };
   const r = await runNativeTests(build, nativeTestEnv(bundles));
   // A green run prints one line per test (and the parity figures); a red one prints everything.
   process.stdout.write(r.ok ? r.output.split('\n').filter((l) => /Test +#|tests passed|parity|Skipped$/.test(l)).join('\n') + '\n' : r.output);

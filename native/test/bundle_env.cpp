@@ -17,8 +17,8 @@ std::string need_env(const char* name) {
   if (v && *v) return v;
   ADD_FAILURE() << name << " is not set. Build the tiny bundle with\n"
                 << "  FORGE_CACHE=/tmp/fc-native node --import tsx test/helpers/make-bundle.ts <dir> --hybrid\n"
-                << "and set FORGE_TEST_BUNDLE=<fp32 dir>, FORGE_TEST_TRACE=<trace dir>, FORGE_TEST_HYBRID_BUNDLE=<hybrid dir>,\n"
-                << "FORGE_TEST_HYBRID_TRACE=<hybridTrace dir> (optionally FORGE_TEST_BUNDLE_W8=<w8 dir>).";
+                << "and set FORGE_TEST_BUNDLE=<fp32 dir>, FORGE_TEST_BUNDLE_W8=<w8 dir>, FORGE_TEST_TRACE=<trace dir>,\n"
+                << "FORGE_TEST_HYBRID_BUNDLE=<hybrid dir>, FORGE_TEST_HYBRID_BUNDLE_W8=<hybridW8 dir>, FORGE_TEST_HYBRID_TRACE=<hybridTrace dir>.";
   return "";
 }
 

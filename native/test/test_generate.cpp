@@ -386,6 +386,13 @@ TEST(Hybrid, Fp32GreedyParityWithHF) {
   expect_parity_with_hf("qwen3_5 fp32", *l, trace);
 }
 
+// The shipped precision of the hybrid, every token of every prompt, as for the dense twin.
+TEST(Hybrid, W8GreedyParityWithHF) {
+  NEED_ENV(w8, "FORGE_TEST_HYBRID_BUNDLE_W8");
+  NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");
+  expect_parity_with_hf("qwen3_5 w8", *load(w8), trace);
+}
+
 TEST(Hybrid, ForcingTheFreeRunsTokensReproducesItExactly) {
   NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
   NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");

@@ -108,12 +108,13 @@ export async function ensureNative(): Promise<NativeBuild> {
 }
 
 /** Environment for the native tests: the tiny bundles and HF trace from test/helpers/make-bundle.ts. */
-export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: string; hybrid?: string; hybridTrace?: string }): Record<string, string> {
+export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: string; hybrid?: string; hybridW8?: string; hybridTrace?: string }): Record<string, string> {
   return {
     FORGE_TEST_BUNDLE: bundles.fp32,
     FORGE_TEST_TRACE: bundles.trace,
     ...(bundles.w8 ? { FORGE_TEST_BUNDLE_W8: bundles.w8 } : {}),
     ...(bundles.hybrid ? { FORGE_TEST_HYBRID_BUNDLE: bundles.hybrid } : {}),
+    ...(bundles.hybridW8 ? { FORGE_TEST_HYBRID_BUNDLE_W8: bundles.hybridW8 } : {}),
     ...(bundles.hybridTrace ? { FORGE_TEST_HYBRID_TRACE: bundles.hybridTrace } : {}),
   };
 }
