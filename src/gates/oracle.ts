@@ -1,7 +1,8 @@
 // Stage `oracle`: the teacher-forced gate. Every exported graph, at every traced step, is fed the
 // HF inputs through onnxruntime-node; each output (and the residual after each layer, through a
 // probe copy of the graph) is compared with HF by cosine, logits also by top-1. Fails with a
-// per-layer table saved as oracle-table.md / oracle.json.
+// per-layer table saved as oracle-table.md / oracle.json, and each input's largest logit error
+// (`logitError`: the bound below which an HF top-1/top-2 margin is a near-tie for that precision).
 import { readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -14,7 +15,7 @@ import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/e
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { Trace } from './trace.js';
 import { CPU_GATE_SESSION_OPTIONS, writeGateModel } from './cpu-form.js';
-import { GateTally, layerOf } from './compare.js';
+import { GateTally, layerOf, type OutputTally } from './compare.js';
 
 export interface OracleParams {
   family: FamilyId;
@@ -76,6 +77,19 @@ export interface OracleResult {
   graphs: Record<string, { minCosine: number; ok: boolean; top1?: string }>;
   /** Nodes the CPU form left as exported (correct, but on ORT's slow kernels), as `variant/graph: node: why`. */
   slowNodes?: string[];
+  /**
+   * Per export input (`export` = the fp32 reference graphs, `quantize` = the shipped ones): the
+   * largest |forge logit − HF logit| over every traced case of every graph's `logits` output,
+   * padding rows masked out as for the cosines. The precision's measured logit error: a step whose
+   * HF top-1 − top-2 margin is below twice this may flip its token. Absent for an input whose
+   * logits held a non-finite value (that graph failed; no bound was measured).
+   */
+  logitError: Record<string, number>;
+}
+
+/** The largest |forge − HF| of a graph's `logits` output over its compared entries (the tally's masks applied), if it has one. */
+export function largestLogitError(outputs: ReadonlyMap<string, OutputTally>): number | undefined {
+  return outputs.get('logits')?.maxAbs;
 }
 
 /**
@@ -93,6 +107,8 @@ export async function runOracleGate(
   const rows: OracleRow[] = [];
   const graphs: OracleResult['graphs'] = {};
   const slowNodes: string[] = [];
+  const logitError: Record<string, number> = {};
+  const nonFiniteLogits = new Set<string>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -106,6 +122,9 @@ export async function runOracleGate(
       const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
+      const err = largestLogitError(r.acc);
+      if (err !== undefined && !Number.isFinite(err)) nonFiniteLogits.add(v.label);
+      else if (err !== undefined) logitError[v.label] = Math.max(logitError[v.label] ?? 0, err);
       let graphMin = Infinity;
       let graphOk = true;
       for (const [output, a] of r.acc) {
@@ -129,7 +148,8 @@ export async function runOracleGate(
   }
   const num = (s: string) => (s === '-' ? Infinity : Number(s));
   rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
-  return { ok, rows, graphs, slowNodes };
+  for (const label of nonFiniteLogits) delete logitError[label];
+  return { ok, rows, graphs, slowNodes, logitError };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
@@ -154,6 +174,7 @@ export const stage: StageModule<OracleParams> = {
       gate: { name: 'oracle', ok: result.ok },
       summary: {
         graphs: result.graphs,
+        logitError: result.logitError,
         ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
       },
     };
