@@ -398,8 +398,8 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
     return generated, runner_up, margins
 
 
-# fp16's spacing for magnitudes in [4, 8), where logits typically lie: a margin below it is a step
-# an fp16 logit cannot resolve (the issue's 151,936-token twin diverged on the simulator at 7e-4).
+# fp16's spacing for magnitudes in [4, 8) (0.0039): two logits of that size closer than this may
+# round to the same fp16 value (issue 13's 151,936-token twin diverged on the simulator at 7e-4).
 FP16_SPACING = 2.0 ** -8
 
 
