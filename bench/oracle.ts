@@ -20,7 +20,7 @@ import { benchArgs, positiveInt } from './util.js';
 import { getFamily } from '../src/families/index.js';
 import type { Family } from '../src/families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
-import { Trace, type TraceMeta } from '../src/gates/trace.js';
+import { Trace, type TraceMeta, type TracePrompt } from '../src/gates/trace.js';
 import { GateTally } from '../src/gates/compare.js';
 import { writeProbeModel } from '../src/gates/probe.js';
 import { CPU_GATE_SESSION_OPTIONS, DEFAULT_BLOCK_BYTES, writeGateModel } from '../src/gates/cpu-form.js';
@@ -89,7 +89,8 @@ function writeSyntheticTrace(dir: string, maxContext: number): void {
   const len = Buffer.alloc(8);
   len.writeBigUInt64LE(BigInt(json.length));
   writeFileSync(join(dir, 'trace.safetensors'), Buffer.concat([len, json, Buffer.from(data.buffer)]));
-  const meta: TraceMeta = { family: 'qwen3', layers: L, hidden: H, vocab: V, kv_heads: config.kvHeads, head_dim: config.headDim, max_context: maxContext, new_tokens: 64, prompts, tensors: 'trace.safetensors' };
+  // Random tensors: no runner-up or margins to record (the oracle gate reads neither).
+  const meta: Omit<TraceMeta, 'margins' | 'prompts'> & { prompts: Array<Omit<TracePrompt, 'runner_up' | 'margins'>> } = { family: 'qwen3', layers: L, hidden: H, vocab: V, kv_heads: config.kvHeads, head_dim: config.headDim, max_context: maxContext, new_tokens: 64, prompts, tensors: 'trace.safetensors' };
   writeFileSync(join(dir, 'trace.json'), JSON.stringify(meta));
 }
 

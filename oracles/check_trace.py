@@ -7,7 +7,10 @@ Imports nothing from trace.py. Checks:
   0. format: trace.json fields; per step exactly the names token, position, h.0..h.L, final,
      logits, k.i / v.i for the layers that have a KV cache, conv.i (C·K) / rec.i (Hv·dk·dv, both
      flattened) for linear-attention layers (qwen3_5); shapes and dtypes; token/position values;
-     generated[j] == argmax(logits at step len(prompt)-1+j).
+     generated[j] == argmax(logits at step len(prompt)-1+j); runner_up[j] is the second-highest
+     logit there and margins[j] == logits[generated[j]] - logits[runner_up[j]]; the top-level
+     margins summary (count, min, nearest-rank p5/p50, max, counts below fp16's spacing and 0.1,
+     the smallest margin's step) is recomputed from the per-prompt margins.
   1. a full-sequence forward over prompt + generated[:-1] with output_hidden_states: h.i (i < L),
      final (= hidden_states[L], which HF takes after the final norm) and logits match per step.
   2. generated == model.generate(greedy, max_new_tokens=N), EOS stopping switched off (the trace
@@ -66,7 +69,7 @@ def load_model(model_dir):
 
 def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None):
     for key in ("family", "layers", "hidden", "vocab", "kv_heads", "head_dim", "max_context", "new_tokens",
-                "prompts", "tensors", "torch", "transformers"):
+                "prompts", "margins", "tensors", "torch", "transformers"):
         expect(key in meta, f"trace.json lacks {key}")
     n, H, V = meta["new_tokens"], meta["hidden"], meta["vocab"]
     per_layer = lambda x, i: x[i] if isinstance(x, list) else x  # noqa: E731
@@ -94,9 +97,47 @@ def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=N
             names.update(pre + w for w in want)
             expect(t[pre + "token"].item() == seq[s] and t[pre + "position"].item() == s, f"{pre}: token/position")
             if s >= len(ids) - 1:
-                expect(int(t[pre + "logits"].argmax()) == gen[s - len(ids) + 1], f"{pre}: argmax != generated")
+                j = s - len(ids) + 1
+                expect(int(t[pre + "logits"].argmax()) == gen[j], f"{pre}: argmax != generated")
+                check_margin(t[pre + "logits"], pr, j, pre)
     extra = set(t) - names
     expect(not extra, f"unexpected tensors, e.g. {sorted(extra)[:3]}")
+    check_margin_summary(meta)
+
+
+def check_margin(logits, pr, j, pre):
+    """runner_up[j] holds the largest logit but generated[j]'s, and margins[j] is the difference."""
+    second, margin = pr.get("runner_up", [None] * (j + 1))[j], pr.get("margins", [None] * (j + 1))[j]
+    if second is None or margin is None:
+        expect(False, f"{pre}: no runner_up/margin for generated token {j}")
+        return
+    top = pr["generated"][j]
+    rest = logits.double().clone()
+    rest[top] = float("-inf")
+    expect(second != top and rest[second].item() == rest.max().item(), f"{pre}: runner_up {second} is not the second-highest logit")
+    expect(margin == logits[top].item() - logits[second].item(), f"{pre}: margin {margin} != logits[{top}] - logits[{second}]")
+
+
+def check_margin_summary(meta):
+    """The top-level margins summary against the per-prompt margins (nearest-rank percentiles)."""
+    all_m = sorted(m for pr in meta["prompts"] for m in pr.get("margins", []))
+    s = meta.get("margins")
+    if not all_m or not isinstance(s, dict):
+        return
+    n = len(all_m)
+    rank = lambda pct: all_m[max(0, -(-pct * n // 100) - 1)]  # noqa: E731  the ceil(pct n / 100)-th smallest
+    want = {"count": n, "min": all_m[0], "p5": rank(5), "p50": rank(50), "max": all_m[-1],
+            "below_fp16_spacing": sum(m < s.get("fp16_spacing", 2.0 ** -8) for m in all_m),
+            "below_0_1": sum(m < 0.1 for m in all_m)}
+    for k, v in want.items():
+        expect(s.get(k) == v, f"margins.{k} is {s.get(k)}, the prompts' margins give {v}")
+    sm = s.get("smallest", {})
+    pr = meta["prompts"][sm.get("prompt", 0)] if sm.get("prompt", -1) in range(len(meta["prompts"])) else None
+    j = sm.get("generated_index", -1)
+    expect(pr is not None and j in range(len(pr["margins"])) and pr["margins"][j] == all_m[0]
+           and sm.get("margin") == all_m[0] and sm.get("token") == pr["generated"][j]
+           and sm.get("runner_up") == pr["runner_up"][j] and sm.get("step") == len(pr["prompt_tokens"]) - 1 + j,
+           f"margins.smallest {sm} does not name a step with the smallest margin {all_m[0]}")
 
 
 def rope_by_hand(x, pos, theta):  # x [heads, d] float64; HF rotate_half convention

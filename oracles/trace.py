@@ -18,7 +18,16 @@ error naming the prompt, the step and the first tensor (in forward order) that h
 
 Writes, into a temp dir beside --out renamed at the end:
   trace.json         {family, layers, hidden, vocab, kv_heads, head_dim, max_context, new_tokens,
-                      prompts: [{text, prompt_tokens, generated, steps}], tensors, torch, transformers}
+                      prompts: [{text, prompt_tokens, generated, runner_up, margins, steps}],
+                      margins, tensors, torch, transformers}
+                     runner_up[j] / margins[j]: the second-highest logit's token at the step that chose
+                     generated[j], and HF's top-1 - top-2 margin there (logits[generated[j]] -
+                     logits[runner_up[j]], float32 values subtracted in double). margins (top level):
+                     their distribution over all prompts (margin_summary): count, min, p5, p50, max,
+                     fp16_spacing (2^-8), below_fp16_spacing, below_0_1 (how many margins lie below
+                     each), smallest {prompt, step, generated_index, margin, token, runner_up,
+                     token_text, runner_up_text}: how confident the reference is, next to the logit
+                     error each precision shows in the oracle gate.
   trace.safetensors  p{p}/s{t}/token int64[1], position int64[1] (= t), h.{i} [H] for i = 0..L
                      (h.0 = input of decoder layer 0, h.{i+1} = output of layer i), final [H] (input of
                      lm_head), logits [V] (after any softcap), k.{i} / v.{i} [kv_heads, head_dim]
@@ -347,8 +356,21 @@ def install_hooks(ctx, n_layers):
         lambda _mod, args: ctx.put("final", args[0]))
 
 
+def top_two(logits):
+    """The argmax (torch's: the first of equal maxima, as the greedy token), the runner-up (the
+    argmax of the rest) and their margin, the difference of the two float32 logits taken in
+    Python's double, where it is exact."""
+    top = int(torch.argmax(logits))
+    rest = logits.clone()
+    rest[top] = float("-inf")
+    second = int(torch.argmax(rest))
+    return top, second, float(logits[top]) - float(logits[second])
+
+
 def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
-    cache, generated = None, []
+    """Traces one prompt; returns the greedy tokens and, per generated token, the runner-up token and
+    HF's top-1 - top-2 margin at that step."""
+    cache, generated, runner_up, margins = None, [], [], []
     seq = list(ids)
     for t in range(len(ids) + n_new - 1):
         ctx.step = {}
@@ -364,13 +386,44 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
         capture(ctx)
         check_finite(ctx.step, p, text, t)
         if t >= len(ids) - 1:
-            generated.append(int(torch.argmax(logits)))
-            seq.append(generated[-1])
+            top, second, margin = top_two(logits)
+            generated.append(top)
+            runner_up.append(second)
+            margins.append(margin)
+            seq.append(top)
         ctx.step["token"] = torch.tensor([seq[t]], dtype=torch.int64)
         ctx.step["position"] = torch.tensor([t], dtype=torch.int64)
         for name, v in ctx.step.items():
             tensors[f"p{p}/s{t}/{name}"] = v
-    return generated
+    return generated, runner_up, margins
+
+
+# fp16's spacing for magnitudes in [4, 8) (0.0039): two logits of that size closer than this may
+# round to the same fp16 value (issue 13's 151,936-token twin diverged on the simulator at 7e-4).
+FP16_SPACING = 2.0 ** -8
+
+
+def margin_summary(records, tok):
+    """The distribution of HF's top-1 - top-2 margins over every generated token of every prompt.
+    Percentiles are nearest-rank (p-th: the ceil(p/100 * n)-th smallest), so each is a margin that
+    occurred; the smallest margin's step is the first such in (prompt, step) order."""
+    steps = [(m, p, j) for p, r in enumerate(records) for j, m in enumerate(r["margins"])]
+    ms = sorted(s[0] for s in steps)
+    n = len(ms)
+
+    def rank(pct):  # integers: 0.05 * 60 is 3.0000000000000004 in floats
+        return ms[max(0, -(-pct * n // 100) - 1)]
+
+    m, p, j = min(steps, key=lambda s: s[0])
+    r = records[p]
+    token, second = r["generated"][j], r["runner_up"][j]
+    return {"count": n, "min": ms[0], "p5": rank(5), "p50": rank(50), "max": ms[-1],
+            "fp16_spacing": FP16_SPACING,
+            "below_fp16_spacing": sum(1 for x in ms if x < FP16_SPACING),
+            "below_0_1": sum(1 for x in ms if x < 0.1),
+            "smallest": {"prompt": p, "step": len(r["prompt_tokens"]) - 1 + j, "generated_index": j,
+                         "margin": m, "token": token, "runner_up": second,
+                         "token_text": tok.decode([token]), "runner_up_text": tok.decode([second])}}
 
 
 def main():
@@ -430,9 +483,9 @@ def main():
         tensors, records = {}, []
         with torch.no_grad():
             for p, (text, ids) in enumerate(zip(prompts, encoded)):
-                gen = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
+                gen, second, margins = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
-                                "steps": len(ids) + n_new - 1})
+                                "runner_up": second, "margins": margins, "steps": len(ids) + n_new - 1})
         traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")
@@ -444,6 +497,7 @@ def main():
         print(f"trace: warning: {family}: {pending} not captured yet", file=sys.stderr)
 
     meta = {"family": family, **dims, "max_context": ctx_max, "new_tokens": n_new, "prompts": records,
+            "margins": margin_summary(records, tok),
             "tensors": "trace.safetensors", "torch": torch.__version__,
             "transformers": transformers.__version__}
     parent = os.path.dirname(out)

@@ -7,7 +7,9 @@ import { killOwnedGroups } from './engine/subprocess.js';
 import { placeTree } from './io/files.js';
 import { describeFailure } from './engine/io-failure.js';
 import { reportHtml, reportMarkdown } from './bundle/report.js';
-import type { OracleRow } from './gates/oracle.js';
+import type { OracleResult } from './gates/oracle.js';
+import type { TraceMeta } from './gates/trace.js';
+import { buildConfidence } from './bundle/confidence.js';
 import type { ShardPlan } from './plan/shards.js';
 import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
@@ -249,8 +251,11 @@ function fillStaging(staging: string, record: RunRecord, result: PipelineResult,
     const e = result.entries.get(id);
     return e && existsSync(join(e.dir, file)) ? (JSON.parse(readFileSync(join(e.dir, file), 'utf8')) as T) : undefined;
   };
+  const trace = readJson<TraceMeta>('trace', 'trace.json');
+  const oracle = readJson<OracleResult>('oracle', 'oracle.json');
   const report = {
-    record, oracleRows: readJson<{ rows: OracleRow[] }>('oracle', 'oracle.json')?.rows, plan: readJson<ShardPlan>('plan', 'plan.json'),
+    record, oracleRows: oracle?.rows, plan: readJson<ShardPlan>('plan', 'plan.json'),
+    ...(trace?.margins && oracle?.logitError ? { confidence: buildConfidence(trace, oracle, readJson('emulation', 'emulation.json')) } : {}),
     contexts: readJson<{ contexts: Array<{ name: string; bytes: number }> }>('compile', 'compile.json')?.contexts,
   };
   writeFileSync(join(staging, 'build', 'report.md'), reportMarkdown(report));

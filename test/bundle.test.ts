@@ -8,6 +8,7 @@ import { silentProgress } from '../src/engine/progress.js';
 import type { RunRecord } from '../src/engine/record.js';
 import { compareBundles } from '../src/bundle/compare.js';
 import { NONDETERMINISTIC_QNN_BINARY } from '../src/bundle/manifest.js';
+import { fmtMargin } from '../src/bundle/confidence.js';
 import { forge } from './helpers/forge-cli.js';
 
 // Two builds from two clean caches.
@@ -68,6 +69,21 @@ describe('bundle', () => {
     expect(card).toContain('no device figure was measured for this bundle');
     expect(card).toContain('soc_model 87');
     expect(card).not.toMatch(/\d+\.\d+ ms/); // host timings live in build/report.md, not in the card
+  });
+
+  it('has a card and a report that show the trace\'s margin distribution beside each precision\'s largest logit error', () => {
+    const card = readFileSync(join(a.bundle!, 'README.md'), 'utf8');
+    const md = readFileSync(join(a.bundle!, 'build', 'report.md'), 'utf8');
+    const m = (a.summaries.trace as any).margins;
+    const logitError = (a.gates.oracle as any).logitError;
+    expect(card).toContain(`margin at each of the ${m.count} greedy steps the gates trace (2 prompts): min ${fmtMargin(m.min)}, p5 ${fmtMargin(m.p5)}, median ${fmtMargin(m.p50)}, max ${fmtMargin(m.max)}; ${m.below_fp16_spacing} below 0.00391`);
+    expect(md).toContain(`| ${m.count} | ${fmtMargin(m.min)} | ${fmtMargin(m.p5)} | ${fmtMargin(m.p50)} | ${fmtMargin(m.max)} | ${m.below_fp16_spacing} | ${m.below_0_1} |`);
+    for (const [name, input] of [['fp32 reference', 'export'], ['shipped (w8)', 'quantize']]) {
+      const line = `| ${name} | oracle gate (ONNX Runtime CPU, teacher-forced) | lm_head | ${logitError[input].toExponential(2)} |`;
+      expect(card).toContain(line);
+      expect(md).toContain(line);
+    }
+    expect(card).toMatch(/\| shipped \(w8\) \| emulation gate \(x86 HTP simulator, fp16 activations, teacher-forced\) \| lm_head \| \d\.\d\de-\d+ \| \d+\/64 \|/);
   });
 
   it('is byte-identical across clean builds except the context binaries, which its manifest declares nondeterministic and why', async () => {

@@ -3,7 +3,7 @@
 // tokens against model.generate, K/V rows by hand (Qwen3), and Qwen3.5's recurrent states against
 // HF's chunked prefill — a second code path for the same state.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
@@ -46,6 +46,24 @@ describe('the trace, checked independently', () => {
     expect(code).toBe(0);
     expect(report.errors.rec_vs_prefill.rel).toBeLessThan(5e-5);
     expect(report.errors.conv_vs_prefill.rel).toBeLessThan(5e-5);
+  }, 120_000);
+
+  it('fails, naming the step, on a trace whose recorded margin or runner-up is not its logits\' top-1 − top-2', async () => {
+    const { model, trace } = traces['tiny-qwen3'];
+    const bad = mkdtempSync(join(tmpdir(), 'forge-bad-margins-'));
+    cpSync(trace, bad, { recursive: true });
+    const meta = JSON.parse(readFileSync(join(bad, 'trace.json'), 'utf8'));
+    const last = meta.prompts[1];
+    last.margins[3] += 1e-6; // generated token 3 of prompt 1
+    meta.prompts[0].runner_up[0] = meta.prompts[0].generated[0]; // the runner-up is not the top token
+    writeFileSync(join(bad, 'trace.json'), JSON.stringify(meta));
+    const { code, report } = await check(model, bad, '1e-5');
+    expect(code).toBe(1);
+    const step = (p: number, j: number) => `p${p}/s${meta.prompts[p].prompt_tokens.length - 1 + j}/`;
+    expect(report.problems).toEqual(expect.arrayContaining([
+      `${step(0, 0)}: runner_up ${meta.prompts[0].generated[0]} is not the second-highest logit`,
+      expect.stringMatching(new RegExp(`^${step(1, 3)}: margin .* != logits\\[${last.generated[3]}\\] - logits\\[${last.runner_up[3]}\\]$`)),
+    ]));
   }, 120_000);
 
   it('fails, naming it, on a trace whose recurrent state at the last step is off by 1%', async () => {

@@ -13,6 +13,9 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
 import { assembleBundle, readCompiled } from './assemble.js';
 import { modelCard, type CardFacts } from './card.js';
+import { buildConfidence } from './confidence.js';
+import { readTraceMeta } from '../gates/trace.js';
+import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
 
 export interface BundleParams {
@@ -40,8 +43,7 @@ function manifestHashes(m: Manifest): Map<string, string> {
   return known;
 }
 
-function emulationFacts(file: string): NonNullable<CardFacts['emulation']> {
-  const e = JSON.parse(readFileSync(file, 'utf8'));
+function emulationFacts(e: any): NonNullable<CardFacts['emulation']> {
   const sim = e.simulator;
   return {
     ok: e.ok,
@@ -68,13 +70,15 @@ export const stage: StageModule<BundleParams> = {
       compiled: compiledOutput,
     }, ctx.out);
 
+    const oracle = JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')) as OracleResult;
+    const emulation = ctx.inputs.emulation ? JSON.parse(readFileSync(join(ctx.inputs.emulation, 'emulation.json'), 'utf8')) : undefined;
     const facts: CardFacts = {
-      recipe: p.recipe, arch, manifest, compiled,
-      oracle: JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')),
+      recipe: p.recipe, arch, manifest, compiled, oracle,
       parity: JSON.parse(readFileSync(join(ctx.inputs.parity, 'parity.json'), 'utf8')),
       tools: ctx.tools,
       ...(p.gatesNotRun ? { gatesNotRun: p.gatesNotRun } : {}),
-      ...(ctx.inputs.emulation ? { emulation: emulationFacts(join(ctx.inputs.emulation, 'emulation.json')) } : {}),
+      ...(emulation ? { emulation: emulationFacts(emulation) } : {}),
+      confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));

@@ -6,6 +6,7 @@ import type { Recipe } from '../recipe/schema.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import type { Manifest } from './manifest.js';
+import { confidenceSection, type Confidence } from './confidence.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -29,6 +30,8 @@ export interface CardFacts {
   emulation?: { ok: boolean; simulator: string; graphs: Record<string, { minCosine: number; top1?: string }>; parity: { matched: number; total: number; ties: number; maxTies: number; tieMargin: number | null; mismatches: { count: number; listed: ListedMismatch[] } } };
   /** Gates the build left out, and why. */
   gatesNotRun?: Record<string, string>;
+  /** HF's margins along the traced continuations beside each precision's largest logit error. */
+  confidence: Confidence;
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -111,7 +114,8 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push('**Compiled contexts**', '', '| context | bytes | of the per-context ceiling | reported target |', '|---|---|---|---|');
   for (const c of f.compiled) lines.push(`| ${c.name} | ${mb(c.bytes)} | ${((100 * c.bytes) / arch.contextCeilingBytes).toFixed(1)}% | soc_model ${c.target.socModel}, ${c.target.dspArch} |`);
   const qairt = f.compiled[0]?.qairtVersion;
-  lines.push('', '## Toolchain', '', ...Object.entries(f.tools).sort().map(([k, v]) => `- ${k} ${v}`), ...(qairt ? [f.compiled[0].toolchain === 'qairt' ? `- compiled with the QAIRT SDK ${qairt} (command-line tools)` : `- QAIRT (inside onnxruntime-qnn) ${qairt}`] : []), '');
+  lines.push('', ...confidenceSection(f.confidence));
+  lines.push('## Toolchain', '', ...Object.entries(f.tools).sort().map(([k, v]) => `- ${k} ${v}`), ...(qairt ? [f.compiled[0].toolchain === 'qairt' ? `- compiled with the QAIRT SDK ${qairt} (command-line tools)` : `- QAIRT (inside onnxruntime-qnn) ${qairt}`] : []), '');
   lines.push('## Caveats', '');
   for (const c of recipe.card.caveats) lines.push(`- ${c}`);
   lines.push('- Activations run in fp16 on the HTP (`enable_htp_fp16_precision`); the oracle and parity gates above ran the same graphs in float32 on the CPU.');

@@ -4,6 +4,7 @@
 import type { RunRecord } from '../engine/record.js';
 import type { OracleRow } from '../gates/oracle.js';
 import type { ShardPlan } from '../plan/shards.js';
+import { errorTable, fmtMargin, type Confidence } from './confidence.js';
 
 export interface ReportInput {
   record: RunRecord;
@@ -11,6 +12,8 @@ export interface ReportInput {
   plan?: ShardPlan;
   /** Compiled context sizes, when a compile stage ran. */
   contexts?: Array<{ name: string; bytes: number }>;
+  /** HF's margins along the traced continuations beside each precision's largest logit error (when the trace and oracle ran). */
+  confidence?: Confidence;
 }
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
@@ -58,6 +61,20 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
       ],
     },
   });
+  if (input.confidence) {
+    const c = input.confidence;
+    const m = c.margins;
+    const s = m.smallest;
+    out.push({
+      title: 'Confidence: Hugging Face fp32 top-1 − top-2 logit margins along the traced greedy continuations',
+      table: {
+        head: ['steps', 'min', 'p5', 'median', 'max', `below ${fmtMargin(m.fp16_spacing)} (2⁻⁸)`, 'below 0.1', 'smallest at'],
+        rows: [[String(m.count), fmtMargin(m.min), fmtMargin(m.p5), fmtMargin(m.p50), fmtMargin(m.max), String(m.below_fp16_spacing), String(m.below_0_1),
+          `prompt ${s.prompt} step ${s.step}: ${s.token} ${JSON.stringify(s.token_text)} over ${s.runner_up} ${JSON.stringify(s.runner_up_text)}`]],
+      },
+    });
+    out.push({ title: 'Confidence: largest logit error per precision, teacher-forced (a margin below twice the error is a near-tie)', table: errorTable(c) });
+  }
   if (input.oracleRows?.length) {
     out.push({
       title: 'Oracle gate, per layer (teacher-forced cosine against HF fp32)',

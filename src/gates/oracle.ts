@@ -1,7 +1,8 @@
 // Stage `oracle`: the teacher-forced gate. Every exported graph, at every traced step, is fed the
 // HF inputs through onnxruntime-node; each output (and the residual after each layer, through a
 // probe copy of the graph) is compared with HF by cosine, logits also by top-1. Fails with a
-// per-layer table saved as oracle-table.md / oracle.json.
+// per-layer table saved as oracle-table.md / oracle.json, and each input's largest logit error
+// (`logitError`: the bound below which an HF top-1/top-2 margin is a near-tie for that precision).
 import { readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -14,7 +15,7 @@ import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/e
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { Trace } from './trace.js';
 import { CPU_GATE_SESSION_OPTIONS, writeGateModel } from './cpu-form.js';
-import { GateTally, layerOf } from './compare.js';
+import { GateTally, layerOf, type OutputTally } from './compare.js';
 
 export interface OracleParams {
   family: FamilyId;
@@ -77,10 +78,18 @@ export interface OracleResult {
   /** Nodes the CPU form left as exported (correct, but on ORT's slow kernels), as `variant/graph: node: why`. */
   slowNodes?: string[];
   /**
-   * Per export input (`export`, `quantize`): the largest |logit − HF logit| over every traced step of
-   * its graphs' `logits` outputs; the parity gates' tie margin is twice it. null when non-finite.
+   * Per export input (`export` = the fp32 reference graphs, `quantize` = the shipped ones): the
+   * largest |forge logit − HF logit| over every traced case of every graph's `logits` output,
+   * padding rows masked out as for the cosines. The precision's measured logit error: a step whose
+   * HF top-1 − top-2 margin is below twice this may flip its token. Absent for an input whose
+   * logits held a non-finite value (that graph failed; no bound was measured).
    */
-  logitError: Record<string, number | null>;
+  logitError: Record<string, number>;
+}
+
+/** The largest |forge − HF| of a graph's `logits` output over its compared entries (the tally's masks applied), if it has one. */
+export function largestLogitError(outputs: ReadonlyMap<string, OutputTally>): number | undefined {
+  return outputs.get('logits')?.maxAbs;
 }
 
 /**
@@ -98,7 +107,8 @@ export async function runOracleGate(
   const rows: OracleRow[] = [];
   const graphs: OracleResult['graphs'] = {};
   const slowNodes: string[] = [];
-  const logitError: Record<string, number | null> = {};
+  const logitError: Record<string, number> = {};
+  const nonFiniteLogits = new Set<string>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -112,11 +122,9 @@ export async function runOracleGate(
       const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
-      const logits = r.acc.get('logits');
-      if (logits) {
-        const was = logitError[v.label];
-        logitError[v.label] = was === null || !Number.isFinite(logits.maxAbs) ? null : Math.max(was ?? 0, logits.maxAbs);
-      }
+      const err = largestLogitError(r.acc);
+      if (err !== undefined && !Number.isFinite(err)) nonFiniteLogits.add(v.label);
+      else if (err !== undefined) logitError[v.label] = Math.max(logitError[v.label] ?? 0, err);
       let graphMin = Infinity;
       let graphOk = true;
       for (const [output, a] of r.acc) {
@@ -140,6 +148,7 @@ export async function runOracleGate(
   }
   const num = (s: string) => (s === '-' ? Infinity : Number(s));
   rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
+  for (const label of nonFiniteLogits) delete logitError[label];
   return { ok, rows, graphs, slowNodes, logitError };
 }
 

@@ -1,11 +1,13 @@
 // Stage `trace`: the HF fp32 oracle (oracles/trace.py) over the recipe's prompts, one-token cached
-// decode, greedy; the tensors every gate compares against.
+// decode, greedy; the tensors every gate compares against, and HF's top-1 − top-2 logit margins along
+// the greedy continuations (trace.json `margins`, also in the stage summary).
 import { fileURLToPath } from 'node:url';
 import { writeFileSync, renameSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
-import type { StageModule } from '../engine/stage.js';
+import type { Json, StageModule } from '../engine/stage.js';
 import { runPython } from '../toolchain/python.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { readTraceMeta } from './trace.js';
 
 export interface TraceParams {
   prompts: string[];
@@ -28,6 +30,8 @@ export const stage: StageModule<TraceParams> = {
     ctx.notePeakRss(r.peakRssBytes);
     for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));
     const info = JSON.parse(r.stdout.trim().split('\n').pop()!) as { steps: number; bytes: number };
-    return { summary: { prompts: ctx.params.prompts.length, steps: info.steps, bytes: info.bytes } };
+    // HF's top-1 − top-2 margins along the continuations: how close to a tie the gates' tokens are.
+    const margins = readTraceMeta(ctx.out).margins;
+    return { summary: { prompts: ctx.params.prompts.length, steps: info.steps, bytes: info.bytes, margins: margins as unknown as Json } };
   },
 };

@@ -9,7 +9,30 @@ export interface TracePrompt {
   text: string;
   prompt_tokens: number[];
   generated: number[];
+  /** Per generated token: the token with the second-highest logit at the step that chose it. */
+  runner_up: number[];
+  /** Per generated token: HF's top-1 − top-2 logit margin there (float32 logits subtracted in double). */
+  margins: number[];
   steps: number;
+}
+
+/**
+ * How confident the reference is along its greedy continuations: the distribution of the margins
+ * over every generated token of every prompt (oracles/trace.py margin_summary). p5/p50 are
+ * nearest-rank, so each is a margin that occurred.
+ */
+export interface MarginSummary {
+  count: number;
+  min: number;
+  p5: number;
+  p50: number;
+  max: number;
+  /** 2^-8: fp16's spacing for magnitudes in [4, 8), where logits typically lie. */
+  fp16_spacing: number;
+  below_fp16_spacing: number;
+  below_0_1: number;
+  /** The step with the smallest margin (the first in prompt, step order): trace step and generated index. */
+  smallest: { prompt: number; step: number; generated_index: number; margin: number; token: number; runner_up: number; token_text: string; runner_up_text: string };
 }
 
 export interface TraceMeta {
@@ -22,14 +45,20 @@ export interface TraceMeta {
   max_context: number;
   new_tokens: number;
   prompts: TracePrompt[];
+  margins: MarginSummary;
   tensors: string;
+}
+
+/** trace.json of a trace directory (the metadata only: gates that need no tensors read just this). */
+export function readTraceMeta(dir: string): TraceMeta {
+  return JSON.parse(readFileSync(join(dir, 'trace.json'), 'utf8')) as TraceMeta;
 }
 
 export class Trace {
   private constructor(readonly meta: TraceMeta, private readonly file: SafetensorsFile) {}
 
   static async open(dir: string): Promise<Trace> {
-    const meta = JSON.parse(readFileSync(join(dir, 'trace.json'), 'utf8')) as TraceMeta;
+    const meta = readTraceMeta(dir);
     return new Trace(meta, await openSafetensors(join(dir, meta.tensors)));
   }
 
