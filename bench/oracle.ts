@@ -187,7 +187,7 @@ for (const r of rows) {
   const g = manifests.flatMap((mf) => mf.contexts.flatMap((c) => c.graphs)).find((x) => r.graph.endsWith(`/${x.name}`))!;
   lines.push(`| ${r.graph} | ${caseCount(g)} | ${cells.join(' | ')} | ${r.m.slice(1).map((x) => (r.m[0].estS / x.estS).toFixed(2)).join(' | ')} | ${r.same} |`);
 }
-lines.push(`| total (extrapolated) | | ${forms.map((f) => `${total[f]} s`).join(' | ')} | ${forms.slice(1).map((f) => (total[forms[0]] / total[f]).toFixed(2)).join(' | ')} | |`);
+lines.push(`| total (extrapolated) | | ${forms.map((f) => `${total[f] ?? 0} s`).join(' | ')} | ${forms.slice(1).map((f) => (total[forms[0]] / total[f]).toFixed(2)).join(' | ')} | |`);
 process.stdout.write(`${steps} cases per graph measured, block ${blockBytes} B\n${lines.join('\n')}\n`);
 
 let firstWhole: string | undefined;
