@@ -43,10 +43,11 @@ export interface OracleRow {
 /**
  * Teacher-forced cases a one-token graph runs per call, as copies of the graph (cpu-form.ts): each
  * weight block is converted once for all of them. Measured at a real Qwen3-4B shard's size
- * (bench/README.md, 12 layers, maxContext 4096): 8 per call cut a decode case's CPU time 1.7×
- * (W8 and fp32) and an lm-head case's 3×, process private peak 0.61–0.69 → 0.64–0.72 GB.
+ * (bench/README.md, 12 layers, maxContext 4096), CPU seconds per decode case: 1 per call 1.22 (fp32)
+ * / 1.06 (W8), 8 per call 0.69 / 0.62, 16 per call 0.48 / 0.55; an lm-head case 3.6–4.7× less than
+ * alone; private peak of the bench process 0.61–0.69 GB alone, at most 0.77 GB with 16.
  */
-export const GATE_COPIES = 8;
+export const GATE_COPIES = 16;
 
 /** One case's feeds as the batch keeps them until its call: a copy of each, except the shared KV caches. */
 function held(c: GateCase, shared: Set<string>): GateCase {
