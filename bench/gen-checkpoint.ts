@@ -7,7 +7,11 @@
 // embedding and other tensors ~ N(0, 0.02), norm weights ~ 1 + N(0, 0.05). Cached under
 // $FORGE_HOME/bench/<recipe>-synthetic with a completion marker, so later runs reuse it.
 //
-//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|qwen3-8b] [--out DIR] [--force]
+//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|qwen3-8b] [--layers N] [--out DIR] [--force]
+//
+// --layers N keeps the model's shapes but only its first N decoder layers (num_hidden_layers = N):
+// a real-width checkpoint small enough to measure per-layer costs beside a running real-size job
+// (e.g. 4 layers of Qwen3-4B ≈ 1.6 GB with the embedding), extrapolated by layer count.
 //
 // Values come from a table of 65,536 bf16 quantiles of the normal distribution indexed by a
 // xorshift32 stream (two values per 32-bit draw): exact-shape normal values at ~1 ns per element,
@@ -20,7 +24,7 @@ import { SafetensorsWriter } from '../src/io/safetensors-writer.js';
 import { getFamily } from '../src/families/index.js';
 import { f32ToBf16Bits } from '../src/io/dtype.js';
 import { ensureVenv } from '../src/toolchain/venv.js';
-import { benchArgs } from './util.js';
+import { benchArgs, positiveInt } from './util.js';
 import type { TensorSpec as FamilyTensorSpec } from '../src/families/types.js';
 import { loadRecipe } from '../src/recipe/load.js';
 import { forgeHome, repoRoot } from '../src/paths.js';
@@ -227,19 +231,34 @@ function describe(dir: string, reused: boolean, seconds: number): CheckpointInfo
   return { dir, bytes, files: files.length, weightFiles, reused, seconds };
 }
 
+/**
+ * Cuts `config` (an HF config.json, text_config nested or not) to its first `layers` decoder layers,
+ * with every per-layer list (Qwen3.5's layer_types) cut alike.
+ */
+function withLayers(config: Record<string, unknown>, layers: number, recipeId: string): void {
+  const text = (config.text_config ?? config) as Record<string, unknown>;
+  const full = text.num_hidden_layers;
+  if (typeof full !== 'number') throw new Error(`--layers: ${recipeId}'s config has no num_hidden_layers`);
+  if (!Number.isInteger(layers) || layers < 1 || layers > full) throw new Error(`--layers: ${layers} is not a layer count from 1 to ${full} (${recipeId})`);
+  text.num_hidden_layers = layers;
+  if (typeof text.max_window_layers === 'number') text.max_window_layers = Math.min(text.max_window_layers, layers);
+  for (const [k, v] of Object.entries(text)) if (Array.isArray(v) && v.length === full) text[k] = v.slice(0, layers);
+}
+
 /** The cached synthetic checkpoint, generated first when missing or incomplete. */
-export async function ensureCheckpoint(dir: string, opts: { recipe?: string; force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
+export async function ensureCheckpoint(dir: string, opts: { recipe?: string; layers?: number; force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
   const recipeId = opts.recipe ?? 'qwen3-4b';
   const log = opts.log ?? ((m: string) => process.stderr.write(`${m}\n`));
   const marker = join(dir, MARKER);
   if (!opts.force && existsSync(marker)) {
-    const m = JSON.parse(readFileSync(marker, 'utf8')) as { version: number; recipe?: string };
-    if (m.version === GENERATOR_VERSION && (m.recipe ?? 'qwen3-4b') === recipeId) return describe(dir, true, 0);
+    const m = JSON.parse(readFileSync(marker, 'utf8')) as { version: number; recipe?: string; layers?: number };
+    if (m.version === GENERATOR_VERSION && (m.recipe ?? 'qwen3-4b') === recipeId && m.layers === opts.layers) return describe(dir, true, 0);
   }
+  const { config, family } = recipeConfig(recipeId);
+  if (opts.layers !== undefined) withLayers(config, opts.layers, recipeId);
   const t0 = performance.now();
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
-  const { config, family } = recipeConfig(recipeId);
   const tensors = tensorsInOrder(recipeId, family, config);
   const shards = shardsOf(tensors);
   const n = shards.length;
@@ -261,12 +280,14 @@ export async function ensureCheckpoint(dir: string, opts: { recipe?: string; for
   if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
   await copyTwinTokenizer(dir, log);
   const seconds = (performance.now() - t0) / 1000;
-  writeFileSync(marker, JSON.stringify({ version: GENERATOR_VERSION, recipe: recipeId, totalSize: total, shards: n, seconds }) + '\n');
+  writeFileSync(marker, JSON.stringify({ version: GENERATOR_VERSION, recipe: recipeId, ...(opts.layers !== undefined ? { layers: opts.layers } : {}), totalSize: total, shards: n, seconds }) + '\n');
   return describe(dir, false, seconds);
 }
 
 if (import.meta.url === `file://${process.argv[1]}`) {
-  const { values: a } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, out: { type: 'string', default: '' }, force: { type: 'boolean' } });
-  const info = await ensureCheckpoint(a.out || defaultCheckpointDir(a.recipe), { recipe: a.recipe, force: a.force === true });
+  const { values: a, num } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, layers: { type: 'string', default: '' }, out: { type: 'string', default: '' }, force: { type: 'boolean' } });
+  const layers = a.layers ? num('layers', positiveInt) : undefined;
+  if (layers !== undefined && !a.out) throw new Error('--layers needs --out: the default directory holds the full-depth checkpoint');
+  const info = await ensureCheckpoint(a.out || defaultCheckpointDir(a.recipe), { recipe: a.recipe, layers, force: a.force === true });
   process.stdout.write(JSON.stringify(info, null, 2) + '\n');
 }

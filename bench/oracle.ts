@@ -1,13 +1,17 @@
 // The oracle gate at real size: each exported graph run for a few traced steps as exported
-// (MatMulNBits as is, the session options the gate used before the CPU form) and in its CPU-gate
-// form (src/gates/cpu-form.ts, CPU_GATE_SESSION_OPTIONS), in the same run, with the time per case
-// split into building the feeds, session.run and the comparison, the session load, private
-// (RssAnon) and mapped (RssFile) peaks, and whether both forms' outputs agree bit for bit. Each
-// graph's full-trace time is extrapolated as load + cases × mean case; `--whole` then runs the
-// real oracle stage code (runOracleGate, CPU form) over every graph and step and times it.
+// (`asis`: MatMulNBits as is, the session options the gate used before the CPU form) and in its
+// CPU-gate form (src/gates/cpu-form.ts; `cpu`: one case per call, `cpuN`: N teacher-forced cases
+// per call of a one-token graph, as copies sharing each converted weight block, as the oracle
+// stage runs them), in the same run, with the time per case split into building the feeds,
+// session.run and the comparison, the CPU seconds per case (all threads of this process: a figure
+// less distorted by a shared machine than wall time), the session load, private (RssAnon) and
+// mapped (RssFile) peaks, and whether each form's outputs equal the first form's bit for bit.
+// Each graph's full-trace time is extrapolated as load + cases × mean case; `--whole 1,8` then
+// runs the real oracle stage code (runOracleGate, CPU form) over every graph and step, once per
+// listed cases-per-call, and says whether every row's cosine and error are the same.
 //
 //   node --import tsx bench/oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR
-//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu] [--block-bytes N] [--whole]
+//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu,cpu8] [--block-bytes N] [--whole 8]
 //
 // The trace is synthetic (random values of the checkpoint's shapes: 2 prompts of 8 and 10 tokens,
 // 64 new tokens each, 144 steps as in issue 12), written once into --work: a gate run on it times
@@ -23,23 +27,23 @@ import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/famili
 import { Trace, type TraceMeta, type TracePrompt } from '../src/gates/trace.js';
 import { GateTally } from '../src/gates/compare.js';
 import { writeProbeModel } from '../src/gates/probe.js';
-import { CPU_GATE_SESSION_OPTIONS, DEFAULT_BLOCK_BYTES, writeGateModel } from '../src/gates/cpu-form.js';
-import { runOracleGate } from '../src/gates/oracle.js';
+import { DEFAULT_BLOCK_BYTES, gateSessionOptions, writeGateModel } from '../src/gates/cpu-form.js';
+import { runGateCases, runOracleGate, sharedCacheInputs } from '../src/gates/oracle.js';
 
 const { values: a, num } = benchArgs({
   export: { type: 'string', default: '' }, checkpoint: { type: 'string', default: '' }, work: { type: 'string', default: '' },
   steps: { type: 'string', default: '3' }, graphs: { type: 'string', default: '' }, forms: { type: 'string', default: 'asis,cpu' },
-  'block-bytes': { type: 'string', default: String(DEFAULT_BLOCK_BYTES) }, whole: { type: 'boolean' },
+  'block-bytes': { type: 'string', default: String(DEFAULT_BLOCK_BYTES) }, whole: { type: 'string', default: '' },
 });
 if (!a.export || !a.checkpoint || !a.work) {
-  process.stderr.write('usage: oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR [--steps N] [--graphs a,b] [--forms asis,cpu] [--block-bytes N] [--whole]\n');
+  process.stderr.write('usage: oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR [--steps N] [--graphs a,b] [--forms asis,cpu,cpu8] [--block-bytes N] [--whole 1,8]\n');
   process.exit(2);
 }
 const steps = num('steps', positiveInt);
 const blockBytes = num('block-bytes', positiveInt);
 const exportDirs = a.export.split(',');
-const forms = a.forms.split(',') as Array<'asis' | 'cpu'>;
-for (const f of forms) if (f !== 'asis' && f !== 'cpu') throw new Error(`--forms: '${f}' is neither asis nor cpu`);
+const forms = a.forms.split(',');
+for (const f of forms) if (f !== 'asis' && !/^cpu([1-9]\d*)?$/.test(f)) throw new Error(`--forms: '${f}' is none of asis, cpu, cpuN (N cases per call)`);
 
 // ---- memory: a worker samples /proc/<pid>/status every 20 ms while the main thread is in ORT ----
 const peaks = new Int32Array(new SharedArrayBuffer(8)); // kB: [RssAnon, RssFile] maxima since reset
@@ -100,88 +104,108 @@ function caseCount(g: GraphEntry): number {
 }
 
 // ---- per graph: a few steps in each form ----------------------------------------------------
-interface Measured { form: string; loadS: number; cases: number; feedS: number; runS: number; compareS: number; anonGB: number; fileGB: number; estS: number; outputs?: Map<string, Float32Array[]> }
+interface Measured { form: string; loadS: number; cases: number; feedS: number; runS: number; compareS: number; cpuS: number; anonGB: number; fileGB: number; estS: number; outputs?: Map<string, Float32Array[]> }
 const scratch = join(a.work, 'scratch');
-const rows: Array<{ graph: string; m: Measured[]; same?: string }> = [];
+const rows: Array<{ graph: string; m: Measured[]; same: string }> = [];
 for (const [k, dir] of exportDirs.entries()) {
   for (const c of manifests[k].contexts) for (const g of c.graphs) {
     if (a.graphs && !a.graphs.split(',').includes(g.name)) continue;
     const label = `${manifests[k].scheme}/${g.name}`;
     const m: Measured[] = [];
     for (const form of forms) m.push(await measure(dir, g, manifests[k].maxContext, form));
-    let same: string | undefined;
-    if (m.length === 2) {
+    // Every form's outputs against the first form's, value for value.
+    const same = m.slice(1).map((x) => {
       let eq = 0, n = 0, maxAbs = 0;
-      for (const [name, xs] of m[0].outputs!) xs.forEach((x, i) => { const y = m[1].outputs!.get(name)![i]; for (let j = 0; j < x.length; j++) { n++; if (Object.is(x[j], y[j])) eq++; else maxAbs = Math.max(maxAbs, Math.abs(x[j] - y[j])); } });
-      same = `${eq}/${n} equal, max |diff| ${maxAbs}`;
-    }
+      for (const [name, xs] of m[0].outputs!) xs.forEach((v, i) => { const y = x.outputs!.get(name)![i]; for (let j = 0; j < v.length; j++) { n++; if (Object.is(v[j], y[j])) eq++; else maxAbs = Math.max(maxAbs, Math.abs(v[j] - y[j])); } });
+      return `${x.form}: ${eq}/${n} equal, max |diff| ${maxAbs}`;
+    }).join('; ');
     rows.push({ graph: label, m, same });
     for (const x of m) delete x.outputs;
     process.stderr.write(`${label}: ${JSON.stringify({ m, same })}\n`);
   }
 }
 
-async function measure(dir: string, g: GraphEntry, maxContext: number, form: 'asis' | 'cpu'): Promise<Measured> {
+async function measure(dir: string, g: GraphEntry, maxContext: number, form: string): Promise<Measured> {
   rmSync(scratch, { recursive: true, force: true });
   const probes = Object.keys(g.probes);
-  const model = form === 'cpu'
-    ? writeGateModel(join(dir, g.file), probes, scratch, { tokensPerCall: g.n, blockBytes }).path
-    : writeProbeModel(join(dir, g.file), probes, scratch);
+  const copies = form === 'asis' ? 1 : g.n === 1 ? copiesOf(form) : 1;
+  const shared = sharedCacheInputs(g, copies);
+  const model = form === 'asis'
+    ? writeProbeModel(join(dir, g.file), probes, scratch)
+    : writeGateModel(join(dir, g.file), probes, scratch, { tokensPerCall: g.n, blockBytes, copies, sharedInputs: [...shared] }).path;
   resetPeaks();
   let t = performance.now();
-  const session = await ort.InferenceSession.create(model, form === 'cpu' ? CPU_GATE_SESSION_OPTIONS : { graphOptimizationLevel: 'basic' });
+  const session = await ort.InferenceSession.create(model, form === 'asis' ? { graphOptimizationLevel: 'basic' } : gateSessionOptions(copies));
   const loadS = (performance.now() - t) / 1000;
   const tally = new GateTally(trace.meta.vocab);
   const outputs = new Map<string, Float32Array[]>();
-  let cases = 0, feedS = 0, runS = 0, compareS = 0;
-  const it = family.gateCases(config, g, trace, maxContext);
-  while (cases < steps) {
-    t = performance.now();
-    const next = await it.next();
-    if (next.done) break;
-    const c = next.value;
-    const feeds: Record<string, ort.Tensor> = {};
-    for (const [name, f] of Object.entries(c.feeds)) feeds[name] = new ort.Tensor(f.dtype, f.data, f.dims);
-    const t1 = performance.now();
-    const out = await session.run(feeds);
+  let cases = 0, runS = 0, compareS = 0;
+  const all = family.gateCases(config, g, trace, maxContext);
+  async function* first(n: number) {
+    for (let k = 0; k < n; k++) {
+      const next = await all.next();
+      if (next.done) return;
+      yield next.value;
+    }
+  }
+  const cpu0 = process.cpuUsage();
+  t = performance.now();
+  await runGateCases(session, g.file, first(steps), copies, shared, (c, output) => {
     const t2 = performance.now();
-    for (const [name, expected] of Object.entries(c.expected)) {
-      const y = out[name].data as Float32Array;
-      tally.add(name, y, expected, `step ${c.step}`, c.masks?.[name]);
+    for (const name of Object.keys(c.expected)) {
+      const y = output(name);
+      tally.add(name, y, c.expected[name], `step ${c.step}`, c.masks?.[name]);
       outputs.set(name, [...(outputs.get(name) ?? []), y.slice()]);
     }
-    const t3 = performance.now();
-    feedS += (t1 - t) / 1000; runS += (t2 - t1) / 1000; compareS += (t3 - t2) / 1000;
-    process.stderr.write(`  ${form} ${g.name} case ${cases}: feed ${((t1 - t) / 1000).toFixed(2)} s, run ${((t2 - t1) / 1000).toFixed(2)} s\n`);
+    compareS += (performance.now() - t2) / 1000;
     cases++;
-  }
-  await it.return(undefined);
+  }, (n, s) => {
+    runS += s;
+    process.stderr.write(`  ${form} ${g.name} call of ${n} case(s): run ${s.toFixed(2)} s\n`);
+  });
+  const wallS = (performance.now() - t) / 1000;
+  const cpu = process.cpuUsage(cpu0);
+  await all.return(undefined);
   await session.release();
-  const perCase = (feedS + runS + compareS) / cases;
-  return { form, loadS: +loadS.toFixed(2), cases, feedS: +feedS.toFixed(2), runS: +runS.toFixed(2), compareS: +compareS.toFixed(2), anonGB: gb(peaks[0]), fileGB: gb(peaks[1]), estS: Math.round(loadS + perCase * caseCount(g)), outputs };
+  const feedS = wallS - runS - compareS;
+  const perCase = wallS / cases;
+  return { form, loadS: +loadS.toFixed(2), cases, feedS: +feedS.toFixed(2), runS: +runS.toFixed(2), compareS: +compareS.toFixed(2), cpuS: +((cpu.user + cpu.system) / 1e6).toFixed(2), anonGB: gb(peaks[0]), fileGB: gb(peaks[1]), estS: Math.round(loadS + perCase * caseCount(g)), outputs };
+}
+
+/** Copies a form name asks for: `cpu` is the CPU form of one case per call, `cpu8` of 8. */
+function copiesOf(form: string): number {
+  return form === 'cpu' ? 1 : Number(form.slice(3));
 }
 
 // ---- report ----------------------------------------------------------------------------------
-const lines = [`| graph | cases (full trace) | ${forms.map((f) => `${f}: load s, s/case (feed+run+compare), est. full s, private/mapped GB`).join(' | ')} | ${forms.length === 2 ? 'asis/cpu | outputs' : ''} |`];
+const lines = [`| graph | cases (full trace) | ${forms.map((f) => `${f}: load s, s/case (feed+run+compare), CPU s/case, est. full s, private/mapped GB`).join(' | ')} | ${forms.slice(1).map((f) => `${forms[0]}/${f} (est. full)`).join(' | ')} | outputs vs ${forms[0]} |`];
 const total: Record<string, number> = {};
 for (const r of rows) {
   const cells = r.m.map((x) => {
     total[x.form] = (total[x.form] ?? 0) + x.estS;
-    return `${x.loadS}, ${((x.feedS + x.runS + x.compareS) / x.cases).toFixed(2)} (${(x.feedS / x.cases).toFixed(2)}+${(x.runS / x.cases).toFixed(2)}+${(x.compareS / x.cases).toFixed(2)}), ${x.estS}, ${x.anonGB}/${x.fileGB}`;
+    return `${x.loadS}, ${((x.feedS + x.runS + x.compareS) / x.cases).toFixed(3)} (${(x.feedS / x.cases).toFixed(3)}+${(x.runS / x.cases).toFixed(3)}+${(x.compareS / x.cases).toFixed(3)}), ${(x.cpuS / x.cases).toFixed(3)}, ${x.estS}, ${x.anonGB}/${x.fileGB}`;
   });
   const g = manifests.flatMap((mf) => mf.contexts.flatMap((c) => c.graphs)).find((x) => r.graph.endsWith(`/${x.name}`))!;
-  lines.push(`| ${r.graph} | ${caseCount(g)} | ${cells.join(' | ')} | ${r.m.length === 2 ? `${(r.m[0].estS / r.m[1].estS).toFixed(2)} | ${r.same}` : ''} |`);
+  lines.push(`| ${r.graph} | ${caseCount(g)} | ${cells.join(' | ')} | ${r.m.slice(1).map((x) => (r.m[0].estS / x.estS).toFixed(2)).join(' | ')} | ${r.same} |`);
 }
-lines.push(`| total (extrapolated) | | ${forms.map((f) => `${total[f]} s`).join(' | ')} | ${forms.length === 2 ? (total.asis / total.cpu).toFixed(2) : ''} | |`);
+lines.push(`| total (extrapolated) | | ${forms.map((f) => `${total[f] ?? 0} s`).join(' | ')} | ${forms.slice(1).map((f) => (total[forms[0]] / total[f]).toFixed(2)).join(' | ')} | |`);
 process.stdout.write(`${steps} cases per graph measured, block ${blockBytes} B\n${lines.join('\n')}\n`);
 
-if (a.whole) {
+let firstWhole: string | undefined;
+for (const wholeCopies of a.whole ? a.whole.split(',').map(Number) : []) {
+  if (!positiveInt(wholeCopies)) throw new Error(`--whole: '${a.whole}' is not a list of positive integers (cases per call)`);
   rmSync(scratch, { recursive: true, force: true });
   resetPeaks();
   const t = performance.now();
+  const cpu0 = process.cpuUsage();
   const r = await runOracleGate('qwen3', a.checkpoint, traceDir, exportDirs.map((d, i) => ({ label: `v${i}`, dir: d, minCosine: 0 })), 0, scratch,
-    (done, n, label) => process.stderr.write(`[${((performance.now() - t) / 1000).toFixed(0)} s] graph ${done + 1}/${n} ${label}\n`));
-  process.stdout.write(`whole oracle (runOracleGate, CPU form): ${((performance.now() - t) / 1000).toFixed(1)} s, private peak ${gb(peaks[0])} GB, mapped peak ${gb(peaks[1])} GB, ${Object.keys(r.graphs).length} graphs\n`);
+    (done, n, label) => process.stderr.write(`[${((performance.now() - t) / 1000).toFixed(0)} s] graph ${done + 1}/${n} ${label}\n`), wholeCopies);
+  const cpu = process.cpuUsage(cpu0);
+  process.stdout.write(`whole oracle (runOracleGate, CPU form, ${wholeCopies} case(s) per call of a one-token graph): ${((performance.now() - t) / 1000).toFixed(1)} s (CPU ${((cpu.user + cpu.system) / 1e6).toFixed(1)} s), private peak ${gb(peaks[0])} GB, mapped peak ${gb(peaks[1])} GB, ${Object.keys(r.graphs).length} graphs\n`);
+  // Same numbers whatever the cases per call: every row's cosine and max error as the first run's.
+  const table = JSON.stringify(r.rows.map((x) => [x.variant, x.graph, x.output, x.minCosine, x.maxAbs]));
+  if (firstWhole === undefined) firstWhole = table;
+  else process.stdout.write(`  rows (min cosine, max abs error) identical to the first --whole run: ${table === firstWhole}\n`);
 }
 await trace.close();
 rmSync(scratch, { recursive: true, force: true });

@@ -17,6 +17,14 @@
 //    block, so the numbers do not change; the weight's bytes are read once per call instead of
 //    written and read again as fp32. Multi-row (prefill) graphs keep whole weights: there the
 //    SGEMM's K stride depends on the columns each thread gets, which blocks would change.
+//  - Copies (`copies` > 1, one-token graphs): the graph's activation nodes repeated once per case
+//    of a batch of teacher-forced cases, every weight block dequantized or cast once and fed to
+//    each copy's own M=1 Gemm, so one conversion and one cache-resident read of the block serve
+//    `copies` cases. Each copy runs the very kernels one case runs alone (a batched [B,1,K] MatMul
+//    would not: ORT flattens it to one M=B SGEMM, other sums). A block's products meet in one
+//    Concat across the copies, which keeps the copies in step: ORT runs a block's conversion and
+//    all its Gemms together instead of holding every converted block for the later copies.
+//    Inputs named in `sharedInputs` (the KV caches) are fed once, to every copy.
 //  - Session options (CPU_GATE_SESSION_OPTIONS): no constant folding (it would turn a Cast of a
 //    bf16 weight into a private fp32 copy, 16 GB at 4B) and no prepacking (ORT copies every
 //    constant Gemm weight into a private packed buffer: the fp32 graphs' 8 GB).
@@ -47,6 +55,18 @@ export const CPU_GATE_SESSION_OPTIONS: ort.InferenceSession.SessionOptions = {
 };
 
 /**
+ * Session options for a CPU form of `copies` copies: CPU_GATE_SESSION_OPTIONS, and with copies ORT's
+ * QDQ transformers off, whose EnsureUniqueDQForNodeUnit (level basic) would give each copy's Gemm
+ * its own DequantizeLinear of a shared block: the conversion once per copy again (measured: 8× the
+ * DequantizeLinear calls). One copy has one consumer per block, so the option changes nothing there.
+ */
+export function gateSessionOptions(copies: number): ort.InferenceSession.SessionOptions {
+  if (copies === 1) return CPU_GATE_SESSION_OPTIONS;
+  const extra = CPU_GATE_SESSION_OPTIONS.extra as { session: Record<string, string>; optimization: Record<string, string> };
+  return { ...CPU_GATE_SESSION_OPTIONS, extra: { ...extra, session: { ...extra.session, disable_quant_qdq: '1' } } };
+}
+
+/**
  * fp32 bytes of one row block: its dequantized copy stays in cache (L3) between being written and
  * read. Smaller blocks mean more nodes, and ORT 1.30's session load grows faster than linearly with
  * them (measured: 2,432 blocks of 640 KB load in 10 s, 608 in 0.6 s); 4 MiB gives ~1,800 blocks per
@@ -59,6 +79,15 @@ export interface CpuFormOptions {
   tokensPerCall: number;
   /** Target fp32 bytes per row block (rows rounded down to a multiple of 16, at least 16). */
   blockBytes?: number;
+  /** Cases per call (one-token graphs): the graph's copies, copy b's values named copyName(v, b). */
+  copies?: number;
+  /** Graph inputs every copy reads as they are (fed once); the others get one per copy. */
+  sharedInputs?: string[];
+}
+
+/** Copy b's name of a value (copy 0 keeps the graph's own names). */
+export function copyName(name: string, b: number): string {
+  return b === 0 ? name : `${name}#${b}`;
 }
 
 export interface CpuFormStats {
@@ -133,9 +162,16 @@ class Rewriter {
   private readonly added: Tensor[] = [];
   private readonly zeroPoints = new Map<number, string>();
   private counter = 0;
+  /** Values each copy has its own of (copies > 1): per-copy graph inputs and what is computed from them. */
+  private readonly perCopy = new Set<string>();
 
   constructor(private readonly model: OnnxModel, private readonly o: Required<CpuFormOptions>) {
     const g = model.graph;
+    if (!Number.isInteger(o.copies) || o.copies < 1) throw new Error(`CPU form: copies must be a positive integer, not ${o.copies}`);
+    if (o.copies > 1 && o.tokensPerCall !== 1) throw new Error(`${model.path}: copies are for one-token graphs (this one takes ${o.tokensPerCall} tokens per call)`);
+    const inputs = new Set((g.input ?? []).map((v) => v.name!));
+    for (const n of o.sharedInputs) if (!inputs.has(n)) throw new Error(`${model.path}: shared input ${n} is not an input of the graph`);
+    if (o.copies > 1) for (const v of inputs) if (!o.sharedInputs.includes(v)) this.perCopy.add(v);
     for (const t of g.initializer ?? []) this.inits.set(t.name!, t);
     for (const n of g.node ?? []) {
       for (const i of n.input ?? []) this.consumers.set(i, (this.consumers.get(i) ?? 0) + 1);
@@ -179,6 +215,35 @@ class Rewriter {
 
   private out: Node[] = [];
 
+  /** `name` as copy b sees it: its own when the value is per copy, else the one shared value. */
+  private rn(name: string, b: number): string {
+    return name && this.perCopy.has(name) ? copyName(name, b) : name;
+  }
+
+  /**
+   * Emits a node of the graph: once when it reads no per-copy value (weights, constants), else
+   * once per copy, copy b reading and writing copy b's values.
+   */
+  private emit(n: Node): void {
+    if (this.o.copies === 1 || !(n.input ?? []).some((i) => this.perCopy.has(i))) {
+      this.out.push(n);
+      return;
+    }
+    for (const v of n.output ?? []) this.perCopy.add(v);
+    for (let b = 0; b < this.o.copies; b++) {
+      const outs = (n.output ?? []).map((v) => this.copyValue(v, b));
+      this.out.push({ ...n, name: this.copyValue(n.name ?? '', b), input: (n.input ?? []).map((i) => this.rn(i, b)), output: outs });
+    }
+  }
+
+  private copyValue(v: string, b: number): string {
+    if (b === 0 || !v) return v;
+    const c = copyName(v, b);
+    if (this.names.has(c)) throw new Error(`${this.model.path}: copy name ${c} is taken in the graph`);
+    this.names.add(c);
+    return c;
+  }
+
   run(): CpuFormStats {
     const g = this.model.graph;
     const defaultOpset = (this.model.proto.opsetImport ?? []).find((o) => !o.domain)?.version;
@@ -188,18 +253,29 @@ class Rewriter {
         const why = this.matMulNBits(n);
         if (why) {
           this.stats.kept.push(`${n.name}: ${why}`);
-          this.out.push(n);
+          this.emit(n);
         }
         continue;
       }
       if (n.opType === 'Gemm' && this.castGemm(n)) continue;
-      this.out.push(n);
+      this.emit(n);
     }
     // The Casts of split weights (each came before its Gemm) go: the blocks cast themselves.
     this.out = this.out.filter((n) => !(n.opType === 'Cast' && this.drop.has(n.output![0])));
     g.node = this.out;
     const used = new Set(this.out.flatMap((n) => n.input ?? []));
     g.initializer = [...(g.initializer ?? []).filter((t) => used.has(t.name!) || !this.replaced.has(t.name!)), ...this.added];
+    if (this.o.copies > 1) {
+      const copiesOf = (vs: onnx.IValueInfoProto[], what: string) => vs.flatMap((v) => {
+        if (!this.perCopy.has(v.name!)) {
+          if (what === 'output') throw new Error(`${this.model.path}: output ${v.name} does not depend on any per-copy input`);
+          return [v];
+        }
+        return Array.from({ length: this.o.copies }, (_, b) => ({ ...v, name: copyName(v.name!, b) }));
+      });
+      g.input = copiesOf(g.input ?? [], 'input');
+      g.output = copiesOf(g.output ?? [], 'output');
+    }
     return this.stats;
   }
 
@@ -266,15 +342,28 @@ class Rewriter {
    */
   private rowBlocks(N: number, K: number, weight: (r0: number, rows: number, tag: string) => string, x: string, output: string, nd = false): void {
     const step = this.o.tokensPerCall === 1 ? blockRows(K, this.o.blockBytes) : N;
+    const B = this.o.copies;
     const parts: string[] = [];
     for (let r0 = 0; r0 < N; r0 += step) {
       const rows = Math.min(step, N - r0);
       const w = weight(r0, rows, step >= N ? '' : `.rows${r0}`);
-      parts.push(nd ? this.node('FusedMatMul', [x, w], [intAttr('transB', 1)], 'FusedMatMul', MS) : this.node('Gemm', [x, w], [intAttr('transB', 1)]));
+      const products = Array.from({ length: B }, (_, b) => nd
+        ? this.node('FusedMatMul', [this.rn(x, b), w], [intAttr('transB', 1)], 'FusedMatMul', MS)
+        : this.node('Gemm', [this.rn(x, b), w], [intAttr('transB', 1)]));
+      // Copies: the block's products side by side along axis 0 (each copy's leading dim is 1).
+      parts.push(B === 1 ? products[0] : this.node('Concat', products, [intAttr('axis', 0)]));
       this.stats.blocks++;
     }
-    if (parts.length === 1) this.out[this.out.length - 1].output = [output];
-    else this.out.push({ name: this.fresh('Concat'), opType: 'Concat', input: parts, output: [output], attribute: [intAttr('axis', -1)] });
+    if (B === 1) {
+      if (parts.length === 1) this.out[this.out.length - 1].output = [output];
+      else this.out.push({ name: this.fresh('Concat'), opType: 'Concat', input: parts, output: [output], attribute: [intAttr('axis', -1)] });
+      return;
+    }
+    const all = parts.length === 1 ? parts[0] : this.node('Concat', parts, [intAttr('axis', -1)]);
+    this.perCopy.add(output);
+    const outs = Array.from({ length: B }, (_, b) => this.copyValue(output, b));
+    const opset = toNumber((this.model.proto.opsetImport ?? []).find((o) => !o.domain)!.version!);
+    this.out.push({ name: this.fresh('Split'), opType: 'Split', input: [all], output: outs, attribute: [intAttr('axis', 0), ...(opset >= 18 ? [intAttr('num_outputs', B)] : [])] });
   }
 
   /**
@@ -284,9 +373,23 @@ class Rewriter {
    * all its weights in fp32 at once (the W8 dequantization's 9.7 GB, above).
    */
   private gatedWeight(w: string, dims: number[], x: string): string {
-    const shape = this.initializer({ name: this.fresh(`${w}.shape`), dataType: DT.INT64, dims: [dims.length], rawData: new Uint8Array(BigInt64Array.from(dims.map(BigInt)).buffer) });
-    return this.node('Reshape', [w, this.node('Where', [this.readyFlag(x), shape, shape])]);
+    // One gated shape per shape and activation, shared by its blocks: a node and an initializer
+    // per block made ORT's session load superlinear (22 s for 4 layers of Qwen3-4B with copies).
+    const key = `${x}\u0000${dims.join(',')}`;
+    let gated = this.gatedShapes.get(key);
+    if (!gated) {
+      const shape = this.initializer({ name: this.fresh(`${w}.shape`), dataType: DT.INT64, dims: [dims.length], rawData: new Uint8Array(BigInt64Array.from(dims.map(BigInt)).buffer) });
+      this.gatedShapes.set(key, (gated = this.node('Where', [this.readyFlag(x), shape, shape])));
+    }
+    const out = this.node('Reshape', [w, gated]);
+    // Its shape, which ORT cannot infer through the gate: without it every value downstream of the
+    // block has unknown dims, and with copies ORT's session load took minutes (4 layers of Qwen3-4B: 22 s).
+    const elemType = this.inits.get(w)?.dataType ?? this.added.find((t) => t.name === w)?.dataType;
+    (this.model.graph.valueInfo ??= []).push({ name: out, type: { tensorType: { elemType, shape: { dim: dims.map((d) => ({ dimValue: d })) } } } });
+    return out;
   }
+
+  private readonly gatedShapes = new Map<string, string>();
 
   /**
    * Gemm(x, Cast(bf16|fp16 weight), transB=1): each Cast waits for x (gatedWeight), and in a
@@ -301,7 +404,7 @@ class Rewriter {
     if (!w || (w.dataType !== DT.BFLOAT16 && w.dataType !== DT.FLOAT16) || w.dims?.length !== 2) return false;
     const [N, K] = w.dims.map(toNumber);
     this.drop.add(wv);
-    if (this.o.tokensPerCall !== 1 || blockRows(K, this.o.blockBytes) >= N) {
+    if (this.o.copies === 1 && (this.o.tokensPerCall !== 1 || blockRows(K, this.o.blockBytes) >= N)) {
       // One block: the Gemm as it was, its Cast made again after the gate (the old one goes).
       const cast2 = this.node('Cast', [this.gatedWeight(w.name!, [N, K], x)], [intAttr('to', DT.FLOAT)]);
       this.out.push({ ...n, input: [x, cast2] });
@@ -319,7 +422,7 @@ class Rewriter {
 
 /** Rewrites `model` in place into its CPU-gate form (see the top of this file). */
 export function toCpuForm(model: OnnxModel, o: CpuFormOptions): CpuFormStats {
-  return new Rewriter(model, { blockBytes: DEFAULT_BLOCK_BYTES, ...o }).run();
+  return new Rewriter(model, { blockBytes: DEFAULT_BLOCK_BYTES, copies: 1, sharedInputs: [], ...o }).run();
 }
 
 /**
@@ -328,7 +431,8 @@ export function toCpuForm(model: OnnxModel, o: CpuFormOptions): CpuFormStats {
  */
 export function writeGateModel(modelPath: string, probes: string[], scratch: string, o: CpuFormOptions): { path: string; stats: CpuFormStats } {
   let stats: CpuFormStats | undefined;
-  const path = writeProbeModel(modelPath, probes, scratch, (m) => void (stats = toCpuForm(m, o)));
+  const probed = probes.flatMap((p) => Array.from({ length: o.copies ?? 1 }, (_, b) => copyName(p, b)));
+  const path = writeProbeModel(modelPath, probed, scratch, (m) => void (stats = toCpuForm(m, o)));
   return { path, stats: stats! };
 }
 

@@ -14,7 +14,9 @@ import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/export-stage.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { Trace } from './trace.js';
-import { CPU_GATE_SESSION_OPTIONS, writeGateModel } from './cpu-form.js';
+import { copyName, gateSessionOptions, writeGateModel } from './cpu-form.js';
+import { parseStateInput } from '../families/state-io.js';
+import type { GateCase } from '../families/kv-decoder.js';
 import { GateTally, layerOf, type OutputTally } from './compare.js';
 
 export interface OracleParams {
@@ -39,25 +41,88 @@ export interface OracleRow {
   ok: boolean;
 }
 
-async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string) {
+/**
+ * Teacher-forced cases a one-token graph runs per call, as copies of the graph (cpu-form.ts): each
+ * weight block is converted once for all of them. Measured at a real Qwen3-4B shard's size
+ * (bench/README.md, 12 layers, maxContext 4096), CPU seconds per decode case: 1 per call 1.22 (fp32)
+ * / 1.06 (W8), 8 per call 0.69 / 0.62, 16 per call 0.48 / 0.55; an lm-head case 3.6–4.7× less than
+ * alone; private peak of the bench process 0.61–0.69 GB alone, at most 0.77 GB with 16.
+ */
+export const GATE_COPIES = 16;
+
+/** One case's feeds as the batch keeps them until its call: a copy of each, except the shared KV caches. */
+function held(c: GateCase, shared: Set<string>): GateCase {
+  const feeds: GateCase['feeds'] = {};
+  // gateCases may refill a buffer in place for the next case: only the KV caches may be shared
+  // (a case's own rows are all there, the later ones are masked: see checkGraph), the rest is copied.
+  for (const [name, f] of Object.entries(c.feeds)) feeds[name] = shared.has(name) ? f : { ...f, data: f.data.slice() };
+  return { ...c, feeds };
+}
+
+/** The KV-cache inputs the copies of a one-token graph share (the rest each copy gets its own of). */
+export function sharedCacheInputs(entry: GraphEntry, copies: number): Set<string> {
+  return new Set(copies > 1 ? entry.inputs.map((t) => t.name).filter((n) => parseStateInput(n)?.recurrent === false) : []);
+}
+
+/**
+ * Runs `cases` through a session of a graph's CPU form with `copies` copies: consecutive cases of
+ * one prompt per call. They share the KV-cache inputs: gateCases fills one cache in place, so at the
+ * call it holds the rows up to the last case's step, and an earlier case's attention mask hides the
+ * rows past its own step (their softmax weights are exactly 0, as for the zeros it had alone): the
+ * same numbers, which test/gates/cpu-form.test.ts holds bit for bit on the twins. `each` gets every
+ * case with its outputs; `onCall` (timing) each call's case count and seconds in session.run.
+ */
+export async function runGateCases(
+  session: ort.InferenceSession, file: string, cases: AsyncIterable<GateCase>, copies: number, shared: Set<string>,
+  each: (c: GateCase, output: (name: string) => Float32Array) => void, onCall?: (cases: number, runSeconds: number) => void,
+): Promise<void> {
+  const run = async (batch: GateCase[]) => {
+    const feeds: Record<string, ort.Tensor> = {};
+    for (let b = 0; b < copies; b++) {
+      const c = batch[Math.min(b, batch.length - 1)]; // a short batch repeats its last case; those outputs are not read
+      for (const [name, f] of Object.entries(c.feeds)) {
+        if (shared.has(name) && b > 0) continue;
+        feeds[shared.has(name) ? name : copyName(name, b)] = new ort.Tensor(f.dtype, f.data, f.dims);
+      }
+    }
+    const t = performance.now();
+    const out = await session.run(feeds);
+    onCall?.(batch.length, (performance.now() - t) / 1000);
+    batch.forEach((c, b) => each(c, (name) => {
+      const actual = out[copyName(name, b)];
+      if (!actual) throw new Error(`${file} has no output ${name}`);
+      return actual.data as Float32Array;
+    }));
+  };
+  let batch: GateCase[] = [];
+  for await (const c of cases) {
+    if (batch.length && c.prompt !== batch[0].prompt) {
+      await run(batch);
+      batch = [];
+    }
+    batch.push(copies > 1 ? held(c, shared) : c);
+    if (batch.length === copies) {
+      await run(batch); // before the next case is drawn: it would fill the shared cache further
+      batch = [];
+    }
+  }
+  if (batch.length) await run(batch);
+}
+
+async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, oneTokenCopies: number) {
+  const copies = entry.n === 1 ? oneTokenCopies : 1;
+  const shared = sharedCacheInputs(entry, copies);
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
-  const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, { tokensPerCall: entry.n });
-  const session = await ort.InferenceSession.create(model, CPU_GATE_SESSION_OPTIONS);
+  const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, { tokensPerCall: entry.n, copies, sharedInputs: [...shared] });
+  const session = await ort.InferenceSession.create(model, gateSessionOptions(copies));
   const tally = new GateTally(trace.meta.vocab);
   let cases = 0;
   try {
-    for await (const c of family.gateCases(config, entry, trace, maxContext)) {
-      const feeds: Record<string, ort.Tensor> = {};
-      for (const [name, f] of Object.entries(c.feeds)) feeds[name] = new ort.Tensor(f.dtype, f.data, f.dims);
-      const out = await session.run(feeds);
-      for (const [name, expected] of Object.entries(c.expected)) {
-        const actual = out[name];
-        if (!actual) throw new Error(`${entry.file} has no output ${name}`);
-        tally.add(name, actual.data as Float32Array, expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
-      }
+    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext), copies, shared, (c, output) => {
+      for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
       cases++;
-    }
+    });
   } finally {
     await session.release();
   }
@@ -94,12 +159,14 @@ export function largestLogitError(outputs: ReadonlyMap<string, OutputTally>): nu
 
 /**
  * Checks each variant's graphs against the trace. `variants` maps an export directory to its
- * threshold; `scratch` holds probe copies (same filesystem as the exports, removed after).
+ * threshold; `scratch` holds probe copies (same filesystem as the exports, removed after);
+ * `copies`: cases per call of a one-token graph (the numbers are the same for any).
  */
 export async function runOracleGate(
   familyId: FamilyId, checkpointDir: string, traceDir: string,
   variants: Array<{ label: string; dir: string; minCosine: number }>, minTop1: number, scratch: string,
   progress: (done: number, total: number, label?: string) => void = () => {},
+  copies = GATE_COPIES,
 ): Promise<OracleResult> {
   const family = getFamily(familyId) as Family<unknown>;
   const config = family.parseConfig(JSON.parse(readFileSync(join(checkpointDir, 'config.json'), 'utf8')), 'config.json');
@@ -119,7 +186,7 @@ export async function runOracleGate(
     for (const { v, manifest, g } of work) {
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label));
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), copies);
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       const err = largestLogitError(r.acc);

@@ -15,7 +15,8 @@ import type { Family } from '../../src/families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../../src/families/export-stage.js';
 import { Trace } from '../../src/gates/trace.js';
 import { writeProbeModel } from '../../src/gates/probe.js';
-import { CPU_GATE_SESSION_OPTIONS, toCpuForm, writeCpuFormExport, writeGateModel, type CpuFormStats } from '../../src/gates/cpu-form.js';
+import { CPU_GATE_SESSION_OPTIONS, gateSessionOptions, toCpuForm, writeCpuFormExport, writeGateModel, type CpuFormStats } from '../../src/gates/cpu-form.js';
+import { runGateCases, sharedCacheInputs } from '../../src/gates/oracle.js';
 import { GraphBuilder, MS_DOMAIN } from '../../src/onnx/builder.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { onnx } from '../../src/onnx/proto.js';
@@ -131,6 +132,47 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
     }
     // The fp16 lm-head's Cast → Gemm is split too (one token per call).
     expect(Object.values(seen).reduce((n, s) => n + s.castGemm, 0)).toBeGreaterThan(0);
+  }, 600_000);
+
+  it('runs 3 teacher-forced cases per call in copies of each one-token graph, the KV cache fed once, each case with its own numbers bit for bit', async () => {
+    const scratch = mkdtempSync(join(tmpdir(), 'forge-cpuform-'));
+    const family = getFamily(familyId) as Family<unknown>;
+    const config = family.parseConfig(JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8')), 'config.json');
+    const trace = await Trace.open(entry('trace'));
+    let batched = 0, compared = 0, sharedCaches = 0;
+    try {
+      await eachGraph(async (dir, g, cases, maxContext) => {
+        if (g.n !== 1) return;
+        const variant = dir === entry('export') ? 'fp32' : 'w8';
+        const probes = Object.keys(g.probes);
+        // The reference: one case per call, each with its own cache, as the graph was exported.
+        const plain = writeProbeModel(join(dir, g.file), probes, join(scratch, variant, 'plain'));
+        const w8 = readModel(plain).nodes().some((n) => n.opType === 'MatMulNBits');
+        const before = await runCases(plain, w8 ? { graphOptimizationLevel: 'basic' } : CPU_GATE_SESSION_OPTIONS, cases);
+        const copies = 3;
+        const shared = sharedCacheInputs(g, copies);
+        sharedCaches += shared.size;
+        const form = writeGateModel(join(dir, g.file), probes, join(scratch, variant, 'copies'), { tokensPerCall: 1, blockBytes: 1, copies, sharedInputs: [...shared] });
+        const session = await ort.InferenceSession.create(form.path, gateSessionOptions(copies));
+        const after: Array<Record<string, Float32Array>> = [];
+        try {
+          await runGateCases(session, g.file, family.gateCases(config, g, trace, maxContext), copies, shared,
+            (_c, output) => after.push(Object.fromEntries(Object.keys(before[0]).map((name) => [name, output(name).slice()]))),
+            (n) => void (batched += n > 1 ? 1 : 0));
+        } finally {
+          await session.release();
+        }
+        expect(after.length, g.name).toBe(before.length);
+        const d = diff(before, after);
+        expect(d, `${variant}/${g.name}`).toEqual({ values: d.values, unequal: 0, maxAbs: 0 });
+        compared += d.values;
+      });
+    } finally {
+      await trace.close();
+    }
+    expect(compared).toBeGreaterThan(0);
+    expect(batched).toBeGreaterThan(0);
+    expect(sharedCaches).toBeGreaterThan(0); // the decode graphs' K/V caches were fed once per call
   }, 600_000);
 
   it('moves the fp32 graphs off the previous gate\'s numbers (folded, prepacked weights) by float32 rounding only', async () => {
