@@ -26,6 +26,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
 import twin_corpus  # noqa: E402  (beside this file)
 from twin_training import NEW_TOKENS, check_features, measure_confidence, train  # noqa: E402
 

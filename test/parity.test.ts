@@ -30,8 +30,8 @@ describe('parity gate', () => {
     const g = record.gates.parity as any;
     expect(g).toMatchObject({ ok: true, target: 'host', firstDivergence: null });
     expect(g.matched).toBe(g.total);
-    expect(g.total).toBe(2 * 2 * 32); // fp32 and W8, two prompts, 32 tokens each
-    expect(g.variants.quantize).toMatchObject({ matched: 64, total: 64 });
+    expect(g.total).toBe(2 * 4 * 32); // fp32 and W8, four prompts (one long, one non-ASCII), 32 tokens each
+    expect(g.variants.quantize).toMatchObject({ matched: 128, total: 128 });
     expect(g.variants.export.timings.host_overhead_ms_per_token).toBeGreaterThan(0);
     expect(g.variants.export.timings.load_ms).toBeGreaterThan(0);
   });
@@ -51,8 +51,8 @@ describe('parity gate', () => {
     const step = trace.meta.prompts[0].prompt_tokens.length - 1 + 5;
     const logits = await trace.get(0, step, 'logits');
     await trace.close();
-    expect(r.matched).toBe(10);
-    expect(r.perPrompt).toEqual([{ matched: 5, total: 32 }, { matched: 5, total: 32 }]);
+    expect(r.matched).toBe(4 * 5);
+    expect(r.perPrompt).toEqual(Array(4).fill({ matched: 5, total: 32 }));
     expect(r.firstDivergence).toEqual({
       prompt: 0, step: 5,
       hf: { token: want[5], logit: logits[want[5]] },

@@ -45,21 +45,20 @@ describe('qwen3_5 export', () => {
     expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'past_k_3', 'past_v_3', 'conv_state_4', 'rec_state_4',
       'conv_state_5', 'rec_state_5', 'conv_state_6', 'rec_state_6', 'past_k_7', 'past_v_7']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs, ...s1.outputs].map((t) => [t.name, t]));
-    // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 128, d 32].
+    // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 256, d 32].
     expect(io['conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
     expect(io['new_conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
     expect(io['rec_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
     expect(io['new_rec_state_6']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 128, 32] });
+    expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 32] });
     expect(io['new_k_7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
-  it("runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 on every prompt, W8 reported with the recipe's reason", () => {
+  it("runs every gate: the runtime's qwen3_5_generate matches HF N/N in fp32 and in W8 on every prompt (4 prompts x 64 tokens)", () => {
     expect(record.gatesNotRun).toBeUndefined();
     const parity = record.gates.parity as any;
-    expect(parity).toMatchObject({ ok: true, target: 'host', variants: { export: { matched: 128, total: 128 } }, thresholds: { export: 1, quantize: 0 } });
-    expect(parity.w8Why).toMatch(/random twin/);
-    expect(parity.variants.quantize.total).toBe(128);
+    // The trained twin's margins (>= 0.5 logit) are far above W8's logit error: W8 holds N/N too.
+    expect(parity).toMatchObject({ ok: true, target: 'host', variants: { export: { matched: 256, total: 256 }, quantize: { matched: 256, total: 256 } } });
   });
 
   it("compiles the three contexts for the arch and passes the simulator's teacher-forced gate", () => {
@@ -105,7 +104,7 @@ describe('qwen3_5 export', () => {
     const state = Object.fromEntries(m.state.map((s) => [s.name, s]));
     expect(state['conv.0']).toEqual({ name: 'conv.0', kind: 'recurrent', dtype: 'float32', shape: [1, 192, 4] });
     expect(state['rec.6']).toEqual({ name: 'rec.6', kind: 'recurrent', dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(state['kv.3.k']).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 128, 32], positionAxis: 2 });
+    expect(state['kv.3.k']).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 256, 32], positionAxis: 2 });
     expect(Object.keys(state).sort()).toEqual(['conv.0', 'conv.1', 'conv.2', 'conv.4', 'conv.5', 'conv.6', 'kv.3.k', 'kv.3.v', 'kv.7.k', 'kv.7.v',
       'rec.0', 'rec.1', 'rec.2', 'rec.4', 'rec.5', 'rec.6']);
     const shard1 = m.contexts[1].graphs[0];
