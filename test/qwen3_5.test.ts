@@ -67,7 +67,7 @@ describe('qwen3_5 export', () => {
     for (const c of compile.contexts) expect(c).toMatchObject({ dspArch: 'v81', socModel: 87 });
     const emu = record.gates.emulation as any;
     expect(emu).toMatchObject({ ok: true, ran: true });
-    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.99);
+    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
   });
 
   it('writes graphs that pass the full onnx.checker', async () => {
@@ -136,7 +136,7 @@ describe('qwen3_5 oracle gate', () => {
       for (const r of mine.filter((x) => kind(x.output) !== 'residual')) expect(r.layer, r.output).toBe(/(\d+)$/.exec(r.output)![1]);
     }
     for (const r of rows.filter((x) => x.variant === 'export:fp32')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99999);
-    for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99);
+    for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.999); // the recipe's W8 threshold, held by the trained twin
     expect(g.graphs['export:fp32/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
     expect(g.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
   });
