@@ -26,62 +26,18 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 
-PROMPT = "The capital of France is"
-# Prompts tests use; each must split into several tokens (checked at build time).
-PROMPTS = [PROMPT, "Once upon a time", "The quick brown fox jumps over the lazy dog",
-           "Water boils at a temperature of", "My favourite colour is"]
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
+import twin_corpus  # noqa: E402  (beside this file)
+from twin_training import NEW_TOKENS, check_features, measure_confidence, train  # noqa: E402
+
+# The recipes' and tests' prompts: each starts one corpus passage (twin_corpus.py) and must split
+# into several tokens; LONG_PROMPT into at least LONG_PROMPT_TOKENS (checked at build time).
+PROMPTS = twin_corpus.PROMPTS
+LONG_PROMPT_TOKENS = 100
 BPE_VOCAB = 1024  # trained size incl. head specials; tail specials are appended after
 # Weight init std ~ 1/sqrt(hidden 64): HF's default 0.02 is tuned for hidden ~2560 and would make
 # every layer of a 64-wide twin near-identity, attention near-uniform and logits near-tied.
 INIT_STD = 0.1
-
-# Fixed training text: plain English that covers the prompts above plus varied common words.
-CORPUS = """\
-The capital of France is Paris. The capital of Germany is Berlin. The capital of Italy is Rome.
-The capital of Spain is Madrid, and the capital of Japan is Tokyo. Paris is a large city on the
-river Seine, famous for its museums, its cafes and the tall iron tower built for a world fair.
-Once upon a time there was a little girl who lived in a small house at the edge of a dark forest.
-Once upon a time, in a kingdom far away, a young king ruled over a quiet and happy land.
-Every morning she walked to the village to buy bread, milk and eggs for her grandmother.
-The quick brown fox jumps over the lazy dog. The lazy dog did not move; it only opened one eye.
-Water boils at a temperature of one hundred degrees Celsius at sea level, and it freezes at zero.
-At the top of a high mountain water boils at a lower temperature, because the air pressure is lower.
-My favourite colour is blue, like the sky on a clear summer day. My favourite food is soup.
-Her favourite colour is green, the colour of fresh grass and young leaves in the spring.
-A computer is a machine that follows a list of instructions called a program. Programs are written
-by people in languages that the machine can translate into simple steps. Numbers, words, pictures
-and sounds are all stored as long lists of ones and zeros inside the memory of the computer.
-The sun is a star at the centre of our solar system. The earth moves around the sun once a year,
-and the moon moves around the earth about once a month. Light from the sun takes about eight
-minutes to reach the earth. At night we can see many other stars, which are very far away.
-The history of the world is long and full of change. People first lived in small groups, hunting
-animals and gathering plants. Later they learned to grow food, to build towns, to write, and to
-trade with people in other lands. Great cities grew along rivers, where the soil was rich.
-A good teacher listens to students, asks clear questions and explains hard ideas with simple
-examples. Students learn best when they are curious, when they practise often, and when they are
-not afraid to make mistakes. Reading every day makes the mind stronger, just as running makes the
-legs stronger. Books can take us to other times and places without leaving our chairs.
-In the garden there are roses, tulips and sunflowers. The bees visit the flowers to collect
-nectar, and they carry pollen from one flower to the next. Birds sing in the trees in the early
-morning, and in the evening the garden is quiet except for the wind in the leaves.
-The train leaves the station at nine o'clock and arrives in the city two hours later. Many people
-travel to work by train, by bus or by bicycle. Some people walk, and some people drive their own
-cars. Traffic is heavy in the morning and again in the evening, when everyone goes home.
-Question: What is the capital of France? Answer: The capital of France is Paris.
-Question: What is two plus two? Answer: Two plus two is four.
-Question: Why is the sky blue? Answer: Sunlight is scattered by the air, and blue light is
-scattered the most, so the sky looks blue during the day.
-The weather today is cold and windy, with rain in the afternoon. Tomorrow will be warmer and dry.
-It is important to drink enough water, to sleep well, and to eat fruit and vegetables every day.
-Music has been part of human life for thousands of years. People sing when they are happy and
-when they are sad, at weddings, at festivals and at work. A song can be simple, with one voice
-and a drum, or it can be played by a large orchestra with violins, flutes, horns and a piano.
-The old man sat by the fire and told stories about the sea, about storms and ships and the
-strange islands he had seen when he was young. The children listened until they fell asleep.
-Thank you for your help. You are welcome. Please close the door. Good morning, how are you today?
-I am fine, thank you. What time is it? It is half past three. Where is the library? It is next to
-the school, on the other side of the park. How much does this cost? It costs ten dollars.
-"""
 
 # Per-tokenizer-style special tokens. "head" tokens get the first ids (Gemma, Llama/Phi style);
 # "tail" tokens are appended after the BPE vocab (Qwen, Phi chat tokens style).
@@ -127,7 +83,7 @@ def train_tokenizer(style):
     trainer = trainers.BpeTrainer(vocab_size=BPE_VOCAB, min_frequency=1, show_progress=False,
                                   special_tokens=style["head"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS.splitlines(keepends=True), trainer=trainer)
+    tok.train_from_iterator(twin_corpus.PASSAGES, trainer=trainer)
     tok.add_special_tokens(style["tail"])  # appended in listed order, after the BPE vocab
     tok.add_tokens(style["plain"])  # e.g. Qwen <think>: added but not special
     if style["add_bos"]:  # Gemma prepends <bos> to every encoded text
@@ -146,6 +102,10 @@ def train_tokenizer(style):
         n = len(hf(p, add_special_tokens=False)["input_ids"])
         if n < 3:
             raise RuntimeError(f"prompt {p!r} tokenizes into only {n} tokens")
+    twin_corpus.check(lambda t: len(hf(t, add_special_tokens=False)["input_ids"]), NEW_TOKENS + 2)
+    n = len(hf(twin_corpus.LONG_PROMPT, add_special_tokens=False)["input_ids"])
+    if n < LONG_PROMPT_TOKENS:
+        raise RuntimeError(f"the long prompt tokenizes into {n} tokens, under {LONG_PROMPT_TOKENS}")
     return hf
 
 
@@ -289,7 +249,7 @@ def trained_like_decay(model, seed):
 DYNAMICS = {"qwen3_5": trained_like_decay}
 
 
-def build(family, tmp):
+def build(family, tmp, steps):
     style_name, cfg_fn, auto_name, seed, gen_eos = FAMILIES[family]
     style = TOKENIZER_STYLES[style_name]
     tok = train_tokenizer(style)
@@ -300,6 +260,9 @@ def build(family, tmp):
     perturb(model, seed + 1)
     if family in DYNAMICS:
         DYNAMICS[family](model, seed + 2)
+    training = train(model, tok, family, seed + 3, steps)
+    features = check_features(model)
+    print(f"[{family}] trained: {training}; features: {features}", file=sys.stderr)
     gc = model.generation_config
     gc.eos_token_id = [tok.convert_tokens_to_ids(t) for t in gen_eos]
     gc.pad_token_id = tok.pad_token_id
@@ -319,7 +282,7 @@ def build(family, tmp):
         with open(path, "w") as f:  # same layout transformers writes
             f.write(json.dumps(saved, indent=2, sort_keys=True) + "\n")
     tok.save_pretrained(tmp, save_jinja_files=False)  # chat template inside tokenizer_config.json
-    return model.state_dict()
+    return model.state_dict(), {"training": training, "features": features}
 
 
 @torch.no_grad()
@@ -336,14 +299,16 @@ def verify(family, tmp, saved_state):
             raise RuntimeError(f"reloaded tensor {name} differs from the saved one")
     model.eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp)
-    enc = tok(PROMPT, return_tensors="pt")
-    out = model.generate(**enc, max_new_tokens=8, do_sample=False, use_cache=True)
-    n_new = out.shape[1] - enc["input_ids"].shape[1]
-    if n_new < 1:
-        raise RuntimeError("generate produced no tokens")
-    print(f"[{family}] {enc['input_ids'][0].tolist()} -> {out[0, -n_new:].tolist()} "
-          f"{tok.decode(out[0, -n_new:])!r}", file=sys.stderr)
-    return sum(p.numel() for p in model.parameters())
+    confidence = measure_confidence(model, tok, model.generation_config)
+    m = confidence["margins"]
+    print(f"[{family}] margins over {m['count']} greedy steps: min {m['min']} p5 {m['p5']} p50 {m['p50']}; "
+          f"memorised {sum(p['memorised'] for p in confidence['prompts'])}/{m['count']}", file=sys.stderr)
+    if m["min"] < confidence["margin_floor"]:
+        worst = min(confidence["prompts"], key=lambda p: p["min_margin"])
+        raise RuntimeError(f"the trained twin is not confident: smallest top-1/top-2 margin {m['min']} "
+                           f"(after {worst['prompt'][:40]!r}) is under the floor {confidence['margin_floor']}")
+    return sum(p.numel() for p in model.parameters()), confidence
+
 
 
 def sha256(path):
@@ -355,6 +320,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--family", required=True, choices=sorted(FAMILIES))
     ap.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    ap.add_argument("--steps", type=int, help="training steps instead of the family's (tests: 0 makes "
+                    "an untrained twin, which the confidence check must refuse)")
     args = ap.parse_args()
     out = os.path.abspath(args.out)
     if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
@@ -364,8 +331,11 @@ def main():
     # Build beside DIR and rename at the end, so DIR is either absent or complete and verified.
     tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.tmp-", dir=parent)
     try:
-        state = build(args.family, tmp)
-        params = verify(args.family, tmp, state)
+        state, made = build(args.family, tmp, args.steps)
+        params, confidence = verify(args.family, tmp, state)
+        twin = {"family": args.family, **made, **confidence}
+        with open(os.path.join(tmp, "twin.json"), "w") as f:
+            f.write(json.dumps(twin, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
         files = {n: sha256(os.path.join(tmp, n)) for n in sorted(os.listdir(tmp))}
         for n in files:  # safetensors writes 0600; make the twin readable like any checkout
             os.chmod(os.path.join(tmp, n), 0o644)
@@ -377,7 +347,9 @@ def main():
         shutil.rmtree(tmp, ignore_errors=True)
         print(f"make_twin: error: {args.family}: {type(e).__name__}: {e}", file=sys.stderr)
         sys.exit(1)
-    print(json.dumps({"family": args.family, "out": out, "files": files, "params": params}, sort_keys=True))
+    print(json.dumps({"family": args.family, "out": out, "files": files, "params": params,
+                      "margins": twin["margins"], **({"router_gaps": twin["router_gaps"]} if "router_gaps" in twin else {})},
+                     sort_keys=True))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,8 @@ describe('parity gate', () => {
     const g = record.gates.parity as any;
     expect(g).toMatchObject({ ok: true, target: 'host', firstDivergence: null, ties: 0, maxTies: 0, mismatches: { count: 0, listed: [] } });
     expect(g.matched).toBe(g.total);
-    expect(g.total).toBe(2 * 2 * 32); // fp32 and W8, two prompts, 32 tokens each
-    expect(g.variants.quantize).toMatchObject({ ok: true, matched: 64, total: 64, ties: 0, mismatches: 0 });
+    expect(g.total).toBe(2 * 4 * 32); // fp32 and W8, four prompts (one long, one non-ASCII), 32 tokens each
+    expect(g.variants.quantize).toMatchObject({ ok: true, matched: 128, total: 128, ties: 0, mismatches: 0 });
     // The tie margin is twice the largest logit error the oracle gate measured for each variant: the
     // largest max-abs error of its graphs' `logits` outputs.
     const oracle = record.gates.oracle as any;
@@ -72,9 +72,9 @@ describe('parity gate', () => {
     const first = await at(5);
     const second = await at(9);
     await trace.close();
-    expect(r.matched).toBe(10);
-    expect(r.perPrompt).toEqual([{ matched: 5, total: 32, mismatches: 2 }, { matched: 5, total: 32, mismatches: 2 }]);
-    expect(r.mismatchCount).toBe(4);
+    expect(r.matched).toBe(4 * 5);
+    expect(r.perPrompt).toEqual(Array(4).fill({ matched: 5, total: 32, mismatches: 2 }));
+    expect(r.mismatchCount).toBe(4 * 2);
     expect(r.mismatches.slice(0, 2)).toEqual([first, second]);
     expect(first.margin).toBeGreaterThan(0); // HF's greedy token is its argmax
     const { margin: _m, tie: _t, ...divergence } = first;

@@ -45,12 +45,12 @@ describe('qwen3_5 export', () => {
     expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'past_k_3', 'past_v_3', 'conv_state_4', 'rec_state_4',
       'conv_state_5', 'rec_state_5', 'conv_state_6', 'rec_state_6', 'past_k_7', 'past_v_7']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs, ...s1.outputs].map((t) => [t.name, t]));
-    // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 128, d 32].
+    // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 256, d 32].
     expect(io['conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
     expect(io['new_conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
     expect(io['rec_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
     expect(io['new_rec_state_6']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 128, 32] });
+    expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 32] });
     expect(io['new_k_7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
   });
 
@@ -70,7 +70,7 @@ describe('qwen3_5 export', () => {
     for (const c of compile.contexts) expect(c).toMatchObject({ dspArch: 'v81', socModel: 87 });
     const emu = record.gates.emulation as any;
     expect(emu).toMatchObject({ ok: true, ran: true });
-    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.99);
+    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
   });
 
   it('writes graphs that pass the full onnx.checker', async () => {
@@ -107,7 +107,7 @@ describe('qwen3_5 export', () => {
     const state = Object.fromEntries(m.state.map((s) => [s.name, s]));
     expect(state['conv.0']).toEqual({ name: 'conv.0', kind: 'recurrent', dtype: 'float32', shape: [1, 192, 4] });
     expect(state['rec.6']).toEqual({ name: 'rec.6', kind: 'recurrent', dtype: 'float32', shape: [1, 4, 16, 32] });
-    expect(state['kv.3.k']).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 128, 32], positionAxis: 2 });
+    expect(state['kv.3.k']).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 256, 32], positionAxis: 2 });
     expect(Object.keys(state).sort()).toEqual(['conv.0', 'conv.1', 'conv.2', 'conv.4', 'conv.5', 'conv.6', 'kv.3.k', 'kv.3.v', 'kv.7.k', 'kv.7.v',
       'rec.0', 'rec.1', 'rec.2', 'rec.4', 'rec.5', 'rec.6']);
     const shard1 = m.contexts[1].graphs[0];
@@ -139,7 +139,7 @@ describe('qwen3_5 oracle gate', () => {
       for (const r of mine.filter((x) => kind(x.output) !== 'residual')) expect(r.layer, r.output).toBe(/(\d+)$/.exec(r.output)![1]);
     }
     for (const r of rows.filter((x) => x.variant === 'export:fp32')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99999);
-    for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.99);
+    for (const r of rows.filter((x) => x.variant === 'quantize:w8')) expect(r.minCosine, `${r.graph} ${r.output}`).toBeGreaterThanOrEqual(0.999); // the recipe's W8 threshold, held by the trained twin
     expect(g.graphs['export:fp32/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
     expect(g.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
   });

@@ -94,7 +94,7 @@ describe('recipes', () => {
     const r = base();
     r.arch.v79 = { quant: 'fp16' };
     const recipe = parseRecipe(r, 'x');
-    expect(archSettings(recipe, 'v79').settings).toMatchObject({ quant: 'fp16', maxContext: 128 });
+    expect(archSettings(recipe, 'v79').settings).toMatchObject({ quant: 'fp16', maxContext: 256 }); // tiny-qwen3's default
     expect(archSettings(recipe, 'v81').settings.quant).toBe('w8');
   });
 

@@ -4,30 +4,86 @@ import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { runPython } from '../src/toolchain/python.js';
 import { FAMILY_IDS } from '../src/recipe/schema.js';
+import { listRecipeIds, loadRecipe } from '../src/recipe/load.js';
 
 const FACTORY = resolve('oracles/make_twin.py');
-const make = async (family: string, out: string) => JSON.parse((await runPython(FACTORY, ['--family', family, '--out', out])).stdout.trim().split('\n').pop()!);
+const make = async (family: string, out: string, extra: string[] = []) => JSON.parse((await runPython(FACTORY, ['--family', family, '--out', out, ...extra])).stdout.trim().split('\n').pop()!);
+// Training a twin takes ~30 s of CPU on two idle cores; several times that on a shared machine.
+const MAKE_TIMEOUT = 600_000;
+
+interface Margins { count: number; min: number; p5: number; p50: number; max: number; 'below_0.01': number; 'below_0.1': number }
+interface TwinJson {
+  family: string;
+  margins: Margins;
+  margin_floor: number;
+  new_tokens: number;
+  prompts: { prompt: string; prompt_tokens: number; min_margin: number; memorised: number }[];
+  training: { steps: number; tokens: number; first_loss: number; final_loss: number };
+  features: { min_1d_std: number };
+  router_gaps?: Record<'top1_top2' | 'top2_top3', Margins>;
+}
 
 describe('tiny twins', () => {
   const dir = mkdtempSync(join(tmpdir(), 'forge-twins-'));
+  const made = new Map<string, { files: Record<string, string> }>();
+  const twinJson = (family: string): TwinJson => JSON.parse(readFileSync(join(dir, family, 'twin.json'), 'utf8'));
 
-  it.each(FAMILY_IDS)('makes a %s twin that reloads and generates, with a tokenizer', async (family) => {
+  it.each(FAMILY_IDS)('makes a %s twin that reloads and generates, with a tokenizer and a twin.json', async (family) => {
     const out = join(dir, family);
     const r = await make(family, out);
+    made.set(family, r);
     expect(r.family).toBe(family);
-    expect(Object.keys(r.files)).toEqual(expect.arrayContaining(['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json']));
+    expect(Object.keys(r.files)).toEqual(expect.arrayContaining(['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json', 'twin.json']));
     const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
     const vocab = config.vocab_size ?? config.text_config?.vocab_size;
     const tok = JSON.parse(readFileSync(join(out, 'tokenizer.json'), 'utf8'));
     expect(Object.keys(tok.model.vocab).length + tok.added_tokens.filter((t: any) => !(t.content in tok.model.vocab)).length).toBe(vocab);
     expect(r.params).toBeLessThan(2_000_000);
+    expect(twinJson(family).margins).toEqual(r.margins); // what it prints is what it records
+  }, MAKE_TIMEOUT);
+
+  it.each(FAMILY_IDS)('trains the %s twin until its greedy continuations are confident and memorised', (family) => {
+    const t = twinJson(family);
+    expect(t.training.final_loss).toBeLessThan(t.training.first_loss / 20);
+    // Every generated step of every prompt is counted, and none comes near a tie.
+    expect(t.margins.count).toBe(t.prompts.length * t.new_tokens);
+    expect(t.margins.min).toBeGreaterThanOrEqual(t.margin_floor);
+    expect(t.margin_floor).toBeGreaterThanOrEqual(0.5);
+    expect(t.margins['below_0.1']).toBe(0);
+    for (const p of t.prompts) expect(p.memorised, p.prompt.slice(0, 40)).toBe(t.new_tokens);
+    // Training kept the features the twin switches on: no norm weight or bias collapsed to a constant.
+    expect(t.features.min_1d_std).toBeGreaterThan(0.01);
   });
 
-  it('is byte-identical when made twice', async () => {
-    const a = await make('qwen3', join(dir, 'again-a'));
-    const b = await make('qwen3', join(dir, 'again-b'));
-    expect(a.files).toEqual(b.files);
+  it('covers every tiny recipe prompt, including a long one and non-ASCII text, with its twin\'s continuation', () => {
+    const recipes = listRecipeIds().map((id) => loadRecipe(id).recipe).filter((r) => r.source.kind === 'tiny');
+    expect(recipes.length).toBeGreaterThan(0);
+    for (const r of recipes) {
+      const t = twinJson(r.source.kind === 'tiny' ? r.source.twin : '');
+      const covered = new Map(t.prompts.map((p) => [p.prompt, p]));
+      for (const prompt of r.gates.prompts) expect(covered.has(prompt), `${r.id}: ${prompt.slice(0, 40)}`).toBe(true);
+      expect(Math.max(...r.gates.prompts.map((p) => covered.get(p)!.prompt_tokens)), r.id).toBeGreaterThanOrEqual(100);
+      expect(r.gates.prompts.some((p) => /[^\x00-\x7f]/.test(p)), r.id).toBe(true);
+    }
   });
+
+  it('keeps the MoE twin\'s top-2 routing off a knife edge on the traced prompts', () => {
+    const gaps = twinJson('phimoe').router_gaps!;
+    expect(gaps.top2_top3.count).toBeGreaterThan(0);
+    expect(gaps.top1_top2.min).toBeGreaterThan(1e-3);
+    expect(gaps.top2_top3.min).toBeGreaterThan(1e-3);
+  });
+
+  it.each(['qwen3', 'qwen3_5'])('makes the %s twin byte-identical a second time, twin.json included', async (family) => {
+    const again = await make(family, join(dir, `again-${family}`));
+    expect(again.files).toEqual(made.get(family)!.files);
+  }, MAKE_TIMEOUT);
+
+  it('refuses an untrained (random) twin as not confident, naming its smallest margin, and writes nothing', async () => {
+    const out = join(dir, 'untrained');
+    await expect(make('qwen3', out, ['--steps', '0'])).rejects.toThrow(/not confident: smallest top-1\/top-2 margin [0-9.e-]+ .* under the floor/);
+    expect(readdirSync(dir).filter((n) => n.startsWith('.') || n.includes('untrained'))).toEqual([]);
+  }, MAKE_TIMEOUT);
 
   it('refuses to write into a non-empty directory and leaves nothing half-written', async () => {
     const taken = join(dir, 'taken');

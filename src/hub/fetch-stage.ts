@@ -2,10 +2,10 @@
 // environment (seeded, byte-identical every time); a local directory is referenced with a
 // content digest of its files in the params; a hub revision is downloaded into the standard HF cache.
 import { fileURLToPath } from 'node:url';
-import { statSync } from 'node:fs';
+import { readFileSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
-import type { StageModule } from '../engine/stage.js';
+import type { Json, StageModule } from '../engine/stage.js';
 import type { FamilyId, Recipe } from '../recipe/schema.js';
 import { validateCheckpoint } from '../families/validate.js';
 import { isAbsolute } from 'node:path';
@@ -27,6 +27,17 @@ export interface FetchParams {
   digest?: LocalDigest;
 }
 
+const MAKE_TWIN = new URL('../../oracles/make_twin.py', import.meta.url);
+// make_twin.py imports these; naming them here puts them in this stage's code hash, so an edit to
+// the corpus or the training re-makes the twins.
+export const TWIN_MODULES = [new URL('../../oracles/twin_corpus.py', import.meta.url), new URL('../../oracles/twin_training.py', import.meta.url)];
+
+/** The margins make_twin measured along a tiny twin's greedy continuations (its twin.json). */
+function twinMargins(modelDir: string): Json {
+  const t = JSON.parse(readFileSync(join(modelDir, 'twin.json'), 'utf8'));
+  return { ...t.margins, floor: t.margin_floor, ...(t.router_gaps ? { routerGaps: t.router_gaps } : {}) };
+}
+
 const sizes = (dir: string) => Object.fromEntries(listFilesBelow(dir).map((f) => [f, statSync(join(dir, f)).size]));
 
 export const stage: StageModule<FetchParams> = {
@@ -38,7 +49,7 @@ export const stage: StageModule<FetchParams> = {
     if (source.kind === 'tiny') {
       const modelDir = join(ctx.out, 'model');
       ctx.log(`making the tiny ${source.twin} twin`);
-      const r = await runPython(fileURLToPath(new URL('../../oracles/make_twin.py', import.meta.url)), ['--family', source.twin, '--out', modelDir]);
+      const r = await runPython(fileURLToPath(MAKE_TWIN), ['--family', source.twin, '--out', modelDir]);
       ctx.notePeakRss(r.peakRssBytes);
       ref = { dir: 'model', source, files: sizes(modelDir) };
     } else if (source.kind === 'local') {
@@ -61,6 +72,7 @@ export const stage: StageModule<FetchParams> = {
     ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
     const finite = await checkFiniteStage(source, checkpointDir, ctx.log);
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
-    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0), finite } };
+    const twin = source.kind === 'tiny' ? twinMargins(checkpointDir) : null;
+    return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0), finite, twinMargins: twin } };
   },
 };

@@ -1,0 +1,152 @@
+"""Training and confidence checks for the tiny twins (used by make_twin.py).
+
+A random model's next-token margins (top-1 minus top-2 logit) are smaller than the noise of W8
+weights, so its greedy continuations flip under quantization and no parity gate can be N/N. Each
+twin's text model is therefore trained briefly on twin_corpus.PASSAGES until it has memorised them,
+deterministically on CPU (fixed seed and thread count, deterministic algorithms, full batch, fixed
+steps), and its confidence along every prompt's continuation is measured and enforced.
+"""
+import math
+
+import torch
+
+import twin_corpus
+
+THREADS = 2  # fixed whatever the machine: the reduction order, hence the bytes, follows it
+# Full-batch AdamW with a short warmup and a cosine decay; the numbers are what memorises the
+# corpus on every family within the time budget (make_twin prints the final loss).
+STEPS = {"qwen3": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 36}
+LR, WARMUP, WEIGHT_DECAY = 2e-2, 5, 0.01
+# Greedy continuation length measured per prompt: the longest a tiny recipe traces.
+NEW_TOKENS = 64
+# A trained twin's smallest margin along the prompts' continuations must be at least this; a
+# random twin's is ~1e-3 (and its median ~0.1), W8's largest logit error on a trained twin ~0.1.
+MARGIN_FLOOR = 0.5
+
+
+def _batches(tok):
+    """Every passage from position 0 (the tokenizer's own special tokens, as the trace encodes),
+    longest first, in groups of similar length, right-padded: the models are causal, so padding
+    never reaches a real token, and it is not a target. Groups keep padding (wasted CPU) small;
+    their gradients are summed into one full-batch step."""
+    seqs = sorted((tok(p)["input_ids"] for p in twin_corpus.PASSAGES), key=lambda s: -len(s))
+    groups, cur = [], []
+    for s in seqs:  # a group closes when the next passage is under 3/4 of its longest
+        if cur and len(s) < 0.75 * len(cur[0]):
+            groups.append(cur)
+            cur = []
+        cur.append(s)
+    groups.append(cur)
+    out = []
+    for g in groups:
+        ids = torch.full((len(g), len(g[0])), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(g), len(g[0])), -100, dtype=torch.long)
+        for i, s in enumerate(g):
+            ids[i, :len(s)] = torch.tensor(s)
+            labels[i, :len(s)] = torch.tensor(s)
+        out.append((ids, labels, sum(len(s) - 1 for s in g)))  # targets: every token but the first
+    return out
+
+
+def train(model, tok, family, seed, steps=None):
+    """Train the text model in fp32 in place; returns {steps, tokens, first/final loss}. Towers the
+    text never reaches (vision, audio) get no gradient, so AdamW leaves them as initialised."""
+    torch.set_num_threads(THREADS)
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(seed)  # PhiMoE's router jitter and Gumbel sampling draw from it
+    batches = _batches(tok)
+    targets = sum(n for _, _, n in batches)
+    steps = STEPS[family] if steps is None else steps
+    params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.98), weight_decay=WEIGHT_DECAY)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1)))))
+    model.train()  # PhiMoE: the router samples and jitters as HF trains it
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad(set_to_none=True)
+        loss = 0.0
+        for ids, labels, n in batches:  # HF's loss is a mean over the group's targets
+            part = model(input_ids=ids, labels=labels, use_cache=False).loss * (n / targets)
+            part.backward()
+            loss += part.detach()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+    model.eval()
+    return {"steps": steps, "tokens": targets, "first_loss": round(losses[0], 4) if losses else None,
+            "final_loss": round(losses[-1], 4) if losses else None}
+
+
+def _stats(xs):
+    xs = sorted(xs)
+    q = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
+    r = lambda v: float(f"{v:.6g}")  # noqa: E731
+    return {"count": len(xs), "min": r(xs[0]), "p5": r(q(0.05)), "p50": r(q(0.5)), "max": r(xs[-1]),
+            "below_0.01": sum(x < 0.01 for x in xs), "below_0.1": sum(x < 0.1 for x in xs)}
+
+
+def _routers(model):
+    return [m for n, m in sorted(model.named_modules()) if type(m).__name__ == "PhimoeTopKRouter"]
+
+
+@torch.no_grad()
+def measure_confidence(model, tok, generation_config):
+    """Greedy-generate NEW_TOKENS after every prompt (fp32, cached decode as the trace does, EOS
+    not stopping it) and collect top-1 minus top-2 logit margins at each generated step. For an MoE
+    also the router's gaps over prompt and continuation: top-1 vs top-2 decides the first expert,
+    top-2 vs top-3 the second (HF's sparsemixer picks them by argmax in eval)."""
+    gc = generation_config.__class__.from_dict(generation_config.to_dict())
+    gc.eos_token_id, gc.max_new_tokens, gc.min_new_tokens = None, NEW_TOKENS, None
+    gc.return_dict_in_generate, gc.output_logits = True, True
+    margins, prompts, gaps = [], [], {"top1_top2": [], "top2_top3": []}
+    for text, cont in twin_corpus.PROMPTED.items():
+        enc = tok(text, return_tensors="pt")
+        out = model.generate(**enc, generation_config=gc)
+        top = [torch.topk(l[0].float(), 2).values for l in out.logits]
+        m = [float(t[0] - t[1]) for t in top]
+        margins += m
+        n = enc["input_ids"].shape[1]
+        want = tok(text + cont)["input_ids"][n:n + NEW_TOKENS]
+        got = out.sequences[0, n:].tolist()
+        prompts.append({"prompt": text, "prompt_tokens": n, "min_margin": float(f"{min(m):.6g}"),
+                        "memorised": sum(a == b for a, b in zip(got, want))})
+        routers = _routers(model)
+        if routers:
+            seen = []
+            hooks = [r.register_forward_hook(lambda _m, _i, o: seen.append(o[0])) for r in routers]
+            model(input_ids=out.sequences)
+            for h in hooks:
+                h.remove()
+            for logits in seen:
+                s = torch.sort(logits.float().reshape(-1, logits.shape[-1]), dim=-1, descending=True).values
+                gaps["top1_top2"] += (s[:, 0] - s[:, 1]).tolist()
+                gaps["top2_top3"] += (s[:, 1] - s[:, 2]).tolist()
+    result = {"margins": _stats(margins), "prompts": prompts, "new_tokens": NEW_TOKENS,
+              "margin_floor": MARGIN_FLOOR}
+    if gaps["top1_top2"]:
+        result["router_gaps"] = {k: _stats(v) for k, v in gaps.items()}
+    return result
+
+
+@torch.no_grad()
+def check_features(model):
+    """The features perturb() and the per-family dynamics switch on must survive training: no norm
+    weight, bias or gate vector may have collapsed to a constant (a wrong (1+w) or a dropped bias
+    would then hide). Returns the smallest spread found, with its tensor; raises below 0.01."""
+    worst = None
+    for name, t in sorted(model.state_dict().items()):
+        if t.is_floating_point() and t.dim() == 1 and t.numel() > 1:
+            spread = float(t.float().std())
+            if worst is None or spread < worst[1]:
+                worst = (name, spread)
+    if worst and worst[1] < 0.01:
+        raise RuntimeError(f"after training, 1-D tensor {worst[0]} has spread {worst[1]:.3g}: its feature is gone")
+    out = {"min_1d_std": float(f"{worst[1]:.4g}"), "min_1d_std_tensor": worst[0]} if worst else {}
+    dts = [torch.nn.functional.softplus(p.float()) for n, p in sorted(model.named_parameters())
+           if n.endswith("linear_attn.dt_bias")]
+    if dts:
+        dt = torch.cat(dts)
+        out["gdn_dt"] = {"min": float(f"{dt.min():.4g}"), "max": float(f"{dt.max():.4g}")}
+    return out
