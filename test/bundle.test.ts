@@ -4,6 +4,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
 import { build } from '../src/build.js';
+import { loadRecipe } from '../src/recipe/load.js';
 import { silentProgress } from '../src/engine/progress.js';
 import type { RunRecord } from '../src/engine/record.js';
 import { compareBundles } from '../src/bundle/compare.js';
@@ -76,10 +77,12 @@ describe('bundle', () => {
     const md = readFileSync(join(a.bundle!, 'build', 'report.md'), 'utf8');
     const m = (a.summaries.trace as any).margins;
     const logitError = (a.gates.oracle as any).logitError;
-    expect(card).toContain(`margin at each of the ${m.count} greedy steps the gates trace (2 prompts): min ${fmtMargin(m.min)}, p5 ${fmtMargin(m.p5)}, median ${fmtMargin(m.p50)}, max ${fmtMargin(m.max)}; ${m.below_fp16_spacing} below 0.00391`);
+    expect(card).toContain(`margin at each of the ${m.count} greedy steps the gates trace (${loadRecipe('tiny-qwen3').recipe.gates.prompts.length} prompts): min ${fmtMargin(m.min)}, p5 ${fmtMargin(m.p5)}, median ${fmtMargin(m.p50)}, max ${fmtMargin(m.max)}; ${m.below_fp16_spacing} below 0.00391`);
     expect(md).toContain(`| ${m.count} | ${fmtMargin(m.min)} | ${fmtMargin(m.p5)} | ${fmtMargin(m.p50)} | ${fmtMargin(m.max)} | ${m.below_fp16_spacing} | ${m.below_0_1} |`);
     for (const [name, input] of [['fp32 reference', 'export'], ['shipped (w8)', 'quantize']]) {
-      const line = `| ${name} | oracle gate (ONNX Runtime CPU, teacher-forced) | lm_head | ${logitError[input].toExponential(2)} |`;
+      const chain: string[] = (a.gates.oracle as any).logitChain[input];
+      expect(chain.at(-1)).toBe('lm_head');
+      const line = `| ${name} | oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches) | ${chain.join(', ')} | ${logitError[input].toExponential(2)} |`;
       expect(card).toContain(line);
       expect(md).toContain(line);
     }

@@ -26,6 +26,7 @@ const oracle = {
   rows: [row('export:fp32', 'lm_head', 'logits', 2.4e-6), row('export:fp32', 'shard0.decode', 'hidden_out', 1e-5), row('quantize:w8', 'lm_head', 'logits', 0.03), row('quantize:w8', 'shard0.decode', 'hidden_out', 0.2)],
   graphs: { 'export:fp32/lm_head': { minCosine: 1, ok: true }, 'quantize:w8/lm_head': { minCosine: 0.9999, ok: true } },
   logitError: { export: 2.4e-6, quantize: 0.03 },
+  logitChain: { export: ['shard0.decode', 'lm_head'], quantize: ['shard0.decode', 'lm_head'] },
 };
 // emulation.json as the simulator gate writes it: per graph, per output tallies; logits on the lm-head only.
 const emulation = {
@@ -75,12 +76,12 @@ describe('the model card', () => {
       '',
       '| graphs | measured in | logits of | largest logit error | near-ties (margin < 2 × error) |',
       '|---|---|---|---|---|',
-      '| fp32 reference | oracle gate (ONNX Runtime CPU, teacher-forced) | lm_head | 2.40e-6 | 0/6 |',
-      '| shipped (w8) | oracle gate (ONNX Runtime CPU, teacher-forced) | lm_head | 3.00e-2 | 2/6 |',
+      '| fp32 reference | oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches) | shard0.decode, lm_head | 2.40e-6 | 0/6 |',
+      '| shipped (w8) | oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches) | shard0.decode, lm_head | 3.00e-2 | 2/6 |',
       '| shipped (w8) | emulation gate (x86 HTP simulator, fp16 activations, teacher-forced) | lm_head | 2.00e-1 | 3/6 |',
       '',
       'A step whose margin is below twice a precision\'s largest logit error is a near-tie: an error of that size on each of the two logits may flip the token there; a larger margin cannot be overturned by it. '
-        + 'Each error is teacher-forced: the graph producing the logits is fed Hugging Face\'s own inputs, so it holds that graph\'s error only; where that graph is a separate lm-head, the decoder layers\' error (e.g. their quantization) is not in it.',
+        + 'The oracle\'s error is one step end to end: the graphs listed run in order, each fed the previous one\'s output, with Hugging Face\'s tokens and caches, so every layer\'s error (e.g. its quantization) is in it. The simulator\'s is teacher-forced per graph: the graph producing the logits is fed Hugging Face\'s own inputs, so where that is a separate lm-head the decoder layers\' error is not in it.',
     ]);
   });
 
@@ -97,7 +98,7 @@ describe('the build report', () => {
     const input = { record, confidence: buildConfidence(trace, oracle, emulation) };
     const md = reportMarkdown(input);
     expect(md).toContain('| 6 | 0.0007 | 0.0007 | 0.31 | 2.5 | 1 | 2 | prompt 1 step 9: 42 " Paris" over 17 " Lyon" |');
-    expect(md).toContain('| shipped (w8) | oracle gate (ONNX Runtime CPU, teacher-forced) | lm_head | 3.00e-2 | 2/6 |');
+    expect(md).toContain('| shipped (w8) | oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches) | shard0.decode, lm_head | 3.00e-2 | 2/6 |');
     expect(md).toContain('| shipped (w8) | emulation gate (x86 HTP simulator, fp16 activations, teacher-forced) | lm_head | 2.00e-1 | 3/6 |');
     const html = reportHtml(input);
     expect(html).toContain('<td>3.00e-2</td><td>2/6</td>');

@@ -11,7 +11,7 @@ function facts(source: CardFacts['recipe']['source']): CardFacts {
   return {
     recipe: { id: 'x', family: 'qwen3', source, card: { title: 'X', license: 'apache-2.0', caveats: [] } as CardFacts['recipe']['card'] },
     arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
-    oracle: { ok: true, rows: [], graphs: {}, logitError: {} },
+    oracle: { ok: true, rows: [], graphs: {}, logitError: {}, logitChain: {} },
     parity: { ok: true, target: 'host', matched: 1, total: 1, ties: 0, maxTies: 0, rule: 'r', variants: {}, mismatches: { count: 0, listed: [] } },
     tools: {},
     confidence: {

@@ -15,7 +15,7 @@ function facts(parity: ParityFacts, emulation?: CardFacts['emulation']): CardFac
   return {
     recipe: { id: 'x', family: 'qwen3', source: { kind: 'tiny', twin: 'qwen3' }, card: { title: 'X', license: 'apache-2.0', caveats: [] } as CardFacts['recipe']['card'] } as CardFacts['recipe'],
     arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
-    oracle: { ok: true, rows: [], graphs: {}, logitError: { export: 1e-6, quantize: 0.02 } },
+    oracle: { ok: true, rows: [], graphs: {}, logitError: { export: 1e-6, quantize: 0.02 }, logitChain: {} },
     parity, tools: {}, ...(emulation ? { emulation } : {}),
     confidence: { margins: { count: 1, min: 1, p5: 1, p50: 1, max: 1, fp16_spacing: 2 ** -8, below_fp16_spacing: 0, below_0_1: 0, smallest: { prompt: 0, step: 0, generated_index: 0, margin: 1, token: 1, runner_up: 2, token_text: 'a', runner_up_text: 'b' } }, stepMargins: [1], prompts: 1, errors: [] },
   };

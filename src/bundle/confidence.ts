@@ -42,18 +42,18 @@ export function simulatorLogitError(emulation: EmulationJson): { error: number; 
   return error === undefined ? undefined : { error, graphs };
 }
 
-const ORACLE_WHERE = 'oracle gate (ONNX Runtime CPU, teacher-forced)';
+const ORACLE_WHERE = 'oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches)';
 
 /**
  * The figures, from the trace's metadata, the oracle's result (its graph keys name each input's
  * scheme: `quantize:w8/lm_head`; its rows, the graphs with logits) and, when the simulator gate
  * ran, emulation.json.
  */
-export function buildConfidence(trace: Pick<TraceMeta, 'prompts' | 'margins'>, oracle: Pick<OracleResult, 'logitError' | 'graphs' | 'rows'>, emulation?: EmulationJson): Confidence {
+export function buildConfidence(trace: Pick<TraceMeta, 'prompts' | 'margins'>, oracle: Pick<OracleResult, 'logitError' | 'graphs' | 'rows'> & Partial<Pick<OracleResult, 'logitChain'>>, emulation?: EmulationJson): Confidence {
   const scheme = (input: string) => Object.keys(oracle.graphs).find((k) => k.startsWith(`${input}:`))?.split('/')[0].slice(input.length + 1);
   const name = (input: string) => (input === 'export' ? 'fp32 reference' : input === 'quantize' ? `shipped (${scheme(input) ?? '?'})` : input);
   const logitGraphs = (input: string) => oracle.rows.filter((r) => r.output === 'logits' && r.variant.startsWith(`${input}:`)).map((r) => r.graph);
-  const errors: LogitError[] = Object.entries(oracle.logitError).map(([input, error]) => ({ precision: name(input), where: ORACLE_WHERE, graphs: logitGraphs(input), error }));
+  const errors: LogitError[] = Object.entries(oracle.logitError).map(([input, error]) => ({ precision: name(input), where: ORACLE_WHERE, graphs: oracle.logitChain?.[input] ?? logitGraphs(input), error }));
   const sim = emulation ? simulatorLogitError(emulation) : undefined;
   if (sim) errors.push({ precision: name('quantize'), where: `emulation gate (x86 HTP simulator${emulation?.simulator?.fp16 ? ', fp16 activations' : ''}, teacher-forced)`, ...sim });
   return { margins: trace.margins, stepMargins: trace.prompts.flatMap((p) => p.margins), prompts: trace.prompts.length, errors };
@@ -81,7 +81,7 @@ export function marginSentence(c: Confidence): string {
 export const MEANING = 'A step whose margin is below twice a precision\'s largest logit error is a near-tie: an error of that size on each of the two logits may flip the token there; a larger margin cannot be overturned by it.';
 
 /** What a teacher-forced error leaves out, where the logits come from a graph of their own. */
-export const SCOPE = 'Each error is teacher-forced: the graph producing the logits is fed Hugging Face\'s own inputs, so it holds that graph\'s error only; where that graph is a separate lm-head, the decoder layers\' error (e.g. their quantization) is not in it.';
+export const SCOPE = 'The oracle\'s error is one step end to end: the graphs listed run in order, each fed the previous one\'s output, with Hugging Face\'s tokens and caches, so every layer\'s error (e.g. its quantization) is in it. The simulator\'s is teacher-forced per graph: the graph producing the logits is fed Hugging Face\'s own inputs, so where that is a separate lm-head the decoder layers\' error is not in it.';
 
 /** The error table: precision, where measured, the graphs with logits, largest error, near-ties. */
 export function errorTable(c: Confidence): { head: string[]; rows: string[][] } {

@@ -1,8 +1,9 @@
 // Stage `oracle`: the teacher-forced gate. Every exported graph, at every traced step, is fed the
 // HF inputs through onnxruntime-node; each output (and the residual after each layer, through a
 // probe copy of the graph) is compared with HF by cosine, logits also by top-1. Fails with a
-// per-layer table saved as oracle-table.md / oracle.json, and each input's largest logit error
-// (`logitError`: the bound below which an HF top-1/top-2 margin is a near-tie for that precision).
+// per-layer table saved as oracle-table.md / oracle.json, and each input's largest logit error with
+// its one-token graphs chained end to end (`logitError`: the bound below which an HF top-1/top-2
+// margin is a near-tie for that precision).
 import { readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -17,7 +18,8 @@ import { Trace } from './trace.js';
 import { copyName, gateSessionOptions, writeGateModel } from './cpu-form.js';
 import { parseStateInput } from '../families/state-io.js';
 import type { GateCase } from '../families/kv-decoder.js';
-import { GateTally, layerOf, type OutputTally } from './compare.js';
+import { GateTally, layerOf } from './compare.js';
+import { StepChain } from './step-chain.js';
 
 export interface OracleParams {
   family: FamilyId;
@@ -109,7 +111,7 @@ export async function runGateCases(
   if (batch.length) await run(batch);
 }
 
-async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, oneTokenCopies: number) {
+async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, oneTokenCopies: number, chain: StepChain) {
   const copies = entry.n === 1 ? oneTokenCopies : 1;
   const shared = sharedCacheInputs(entry, copies);
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
@@ -119,10 +121,17 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
   const tally = new GateTally(trace.meta.vocab);
   let cases = 0;
   try {
+    const chained = StepChain.applies(entry);
+    const firstLink = chained && StepChain.source(entry) === null;
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext), copies, shared, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
+      if (firstLink) chain.record(entry, c, output);
       cases++;
     });
+    // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).
+    if (chained && !firstLink) {
+      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext)), copies, shared, (c, output) => chain.record(entry, c, output));
+    }
   } finally {
     await session.release();
   }
@@ -144,17 +153,14 @@ export interface OracleResult {
   slowNodes?: string[];
   /**
    * Per export input (`export` = the fp32 reference graphs, `quantize` = the shipped ones): the
-   * largest |forge logit − HF logit| over every traced case of every graph's `logits` output,
-   * padding rows masked out as for the cosines. The precision's measured logit error: a step whose
-   * HF top-1 − top-2 margin is below twice this may flip its token. Absent for an input whose
-   * logits held a non-finite value (that graph failed; no bound was measured).
+   * largest |forge logit − HF logit| at any traced step with the input's one-token graphs chained
+   * end to end (step-chain.ts: each fed the previous one's output, and HF's caches). The precision's
+   * measured logit error: a step whose HF top-1 − top-2 margin is below twice this may flip its
+   * token. Absent for an input whose chained logits held a non-finite value (no bound was measured).
    */
   logitError: Record<string, number>;
-}
-
-/** The largest |forge − HF| of a graph's `logits` output over its compared entries (the tally's masks applied), if it has one. */
-export function largestLogitError(outputs: ReadonlyMap<string, OutputTally>): number | undefined {
-  return outputs.get('logits')?.maxAbs;
+  /** Per export input, the graphs its logitError chained, in order. */
+  logitChain: Record<string, string[]>;
 }
 
 /**
@@ -175,7 +181,7 @@ export async function runOracleGate(
   const graphs: OracleResult['graphs'] = {};
   const slowNodes: string[] = [];
   const logitError: Record<string, number> = {};
-  const nonFiniteLogits = new Set<string>();
+  const chains = new Map<string, StepChain>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -186,12 +192,10 @@ export async function runOracleGate(
     for (const { v, manifest, g } of work) {
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), copies);
+      if (!chains.has(v.label)) chains.set(v.label, new StepChain());
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), copies, chains.get(v.label)!);
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
-      const err = largestLogitError(r.acc);
-      if (err !== undefined && !Number.isFinite(err)) nonFiniteLogits.add(v.label);
-      else if (err !== undefined) logitError[v.label] = Math.max(logitError[v.label] ?? 0, err);
       let graphMin = Infinity;
       let graphOk = true;
       for (const [output, a] of r.acc) {
@@ -215,8 +219,9 @@ export async function runOracleGate(
   }
   const num = (s: string) => (s === '-' ? Infinity : Number(s));
   rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
-  for (const label of nonFiniteLogits) delete logitError[label];
-  return { ok, rows, graphs, slowNodes, logitError };
+  for (const [label, chain] of chains) if (chain.logitError !== undefined) logitError[label] = chain.logitError;
+  const logitChain = Object.fromEntries([...chains].map(([label, chain]) => [label, chain.graphs]));
+  return { ok, rows, graphs, slowNodes, logitError, logitChain };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
@@ -226,7 +231,7 @@ export function firstMiss(rows: OracleRow[]): OracleRow | undefined {
 
 export const stage: StageModule<OracleParams> = {
   name: 'oracle',
-  version: '3',
+  version: '4',
   async run(ctx) {
     const { family, variants, minTop1 } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
@@ -242,6 +247,7 @@ export const stage: StageModule<OracleParams> = {
       summary: {
         graphs: result.graphs,
         logitError: result.logitError,
+        logitChain: result.logitChain,
         ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
       },
     };

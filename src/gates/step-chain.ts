@@ -1,0 +1,78 @@
+// The precision's logit error end to end, which the parity gates' tie bound is built on. The oracle
+// gate feeds every graph HF's own hidden state, so a separate lm-head graph sees none of the
+// decoder's quantization error (on the twins its W8 logit error equals fp32's, ~5e-7). Here, at
+// every traced step, a variant's one-token graphs run in model order, each fed the previous graph's
+// own output as the runtime hands it along (and HF's caches and states for that step, as in the
+// gate); the last graph's logits are compared with HF's. The first shard's input is the embedding
+// row, the same in both, so its gate cases are the chain's first link.
+import type { GraphEntry } from '../families/export-stage.js';
+import type { GateCase } from '../families/kv-decoder.js';
+
+const key = (c: Pick<GateCase, 'prompt' | 'step'>) => `${c.prompt}:${c.step}`;
+
+export class StepChain {
+  /** Hidden rows by the residual they are (`h.<layer>` or `final`), then by `prompt:step`. */
+  private readonly rows = new Map<string, Map<string, Float32Array>>();
+  private maxAbs = 0;
+  private logitCases = 0;
+  private nonFinite = false;
+  /** The graphs the chain ran, in order. */
+  readonly graphs: string[] = [];
+
+  /** One-token graphs (decode shards, the lm-head) chain: every traced step has a case in each. */
+  static applies(entry: GraphEntry): boolean {
+    return entry.n === 1;
+  }
+
+  /** The residual a graph's hidden input holds; null for the first shard (fed the embedding: it starts the chain). */
+  static source(entry: GraphEntry): string | null {
+    if (entry.kind === 'lm_head') return 'final';
+    return entry.first === 0 ? null : `h.${entry.first}`;
+  }
+
+  private static sink(entry: GraphEntry): string | null {
+    if (entry.kind === 'lm_head') return null;
+    return entry.isLast ? 'final' : `h.${entry.last! + 1}`;
+  }
+
+  /** The graph's gate cases with its hidden input replaced by what the previous graph of the chain gave at that step. */
+  async *cases(entry: GraphEntry, cases: AsyncIterable<GateCase>): AsyncGenerator<GateCase> {
+    const source = StepChain.source(entry);
+    if (source === null) throw new Error(`${entry.name} is fed the embedding: its gate cases are the chain's first link`);
+    const input = entry.kind === 'lm_head' ? 'hidden' : 'hidden_in';
+    const rows = this.rows.get(source);
+    if (!rows) throw new Error(`oracle: ${entry.name} reads ${source}, which no earlier one-token graph of its variant wrote (graphs.json lists the graphs out of model order)`);
+    for await (const c of cases) {
+      const row = rows.get(key(c));
+      const feed = c.feeds[input];
+      if (!row || !feed) throw new Error(`oracle: no chained ${source} for ${entry.name} at prompt ${c.prompt} step ${c.step}`);
+      const expected: GateCase['expected'] = {};
+      for (const name of ['hidden_out', 'logits']) if (c.expected[name]) expected[name] = c.expected[name];
+      yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected };
+    }
+  }
+
+  /** Keeps a chained case's hidden output for the next graph and measures its logits against HF's. */
+  record(entry: GraphEntry, c: GateCase, output: (name: string) => Float32Array): void {
+    if (this.graphs.at(-1) !== entry.name) this.graphs.push(entry.name);
+    const sink = StepChain.sink(entry);
+    if (sink && c.expected.hidden_out) {
+      if (!this.rows.has(sink)) this.rows.set(sink, new Map());
+      this.rows.get(sink)!.set(key(c), output('hidden_out').slice());
+    }
+    const want = c.expected.logits;
+    if (!want) return;
+    const got = output('logits');
+    this.logitCases++;
+    for (let i = 0; i < want.length; i++) {
+      const d = Math.abs(got[i] - want[i]);
+      if (!Number.isFinite(d)) this.nonFinite = true;
+      else if (d > this.maxAbs) this.maxAbs = d;
+    }
+  }
+
+  /** The largest |logit − HF logit| over every chained step; undefined when no logits were chained or one was non-finite. */
+  get logitError(): number | undefined {
+    return this.logitCases > 0 && !this.nonFinite ? this.maxAbs : undefined;
+  }
+}
