@@ -307,6 +307,10 @@ def verify(family, tmp, saved_state):
         worst = min(confidence["prompts"], key=lambda p: p["min_margin"])
         raise RuntimeError(f"the trained twin is not confident: smallest top-1/top-2 margin {m['min']} "
                            f"(after {worst['prompt'][:40]!r}) is under the floor {confidence['margin_floor']}")
+    for which, g in confidence.get("router_gaps", {}).items():
+        if g["min"] < confidence["router_gap_floor"]:
+            raise RuntimeError(f"the MoE twin's routing is on a knife edge: smallest router {which} logit gap "
+                               f"{g['min']} is under the floor {confidence['router_gap_floor']}")
     return sum(p.numel() for p in model.parameters()), confidence
 
 

@@ -19,6 +19,11 @@ STEPS = {"qwen3": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 36}
 LR, WARMUP, WEIGHT_DECAY = 2e-2, 5, 0.01
 # Greedy continuation length measured per prompt: the longest a tiny recipe traces.
 NEW_TOKENS = 64
+# An MoE router's top-1/top-2 and top-2/top-3 logit gaps are pushed to at least this during
+# training (hinge loss): plain LM training leaves some tokens' expert choices within 1e-5 of a flip,
+# where W8 or fp16 noise changes the routing (a real MoE's router is not on such knife edges).
+ROUTER_GAP = 0.5
+ROUTER_GAP_FLOOR = 0.1  # what make_twin enforces on the saved twin (measured min 0.20 on phimoe)
 # A trained twin's smallest margin along the prompts' continuations must be at least this; a
 # random twin's is ~1e-3 (and its median ~0.1), W8's largest logit error on a trained twin ~0.1.
 MARGIN_FLOOR = 0.5
@@ -62,18 +67,27 @@ def train(model, tok, family, seed, steps=None):
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / WARMUP) * (
         0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / max(steps, 1)))))
     model.train()  # PhiMoE: the router samples and jitters as HF trains it
+    router_logits = []
+    hooks = [r.register_forward_hook(lambda _m, _i, o: router_logits.append(o[0])) for r in _routers(model)]
     losses = []
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         loss = 0.0
         for ids, labels, n in batches:  # HF's loss is a mean over the group's targets
+            router_logits.clear()
             part = model(input_ids=ids, labels=labels, use_cache=False).loss * (n / targets)
+            for logits in router_logits:  # mean hinge over this group's tokens, weighted like its loss
+                s = torch.sort(logits.reshape(-1, logits.shape[-1]), dim=-1, descending=True).values
+                gaps = torch.cat([s[:, 0] - s[:, 1], s[:, 1] - s[:, 2]])
+                part = part + torch.relu(ROUTER_GAP - gaps).mean() * (n / targets) / len(router_logits)
             part.backward()
             loss += part.detach()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         sched.step()
         losses.append(loss.item())
+    for h in hooks:
+        h.remove()
     model.eval()
     return {"steps": steps, "tokens": targets, "first_loss": round(losses[0], 4) if losses else None,
             "final_loss": round(losses[-1], 4) if losses else None}
@@ -127,6 +141,7 @@ def measure_confidence(model, tok, generation_config):
               "margin_floor": MARGIN_FLOOR}
     if gaps["top1_top2"]:
         result["router_gaps"] = {k: _stats(v) for k, v in gaps.items()}
+        result["router_gap_floor"] = ROUTER_GAP_FLOOR
     return result
 
 
