@@ -50,7 +50,7 @@ function role(file: string, f: CardFacts): string {
 
 function source(s: Recipe['source']): string {
   if (s.kind === 'hub') return `[${s.repo}](https://huggingface.co/${s.repo}) at revision \`${s.revision}\``;
-  if (s.kind === 'tiny') return `a tiny random-weight ${s.twin} twin made by forge (oracles/make_twin.py)`;
+  if (s.kind === 'tiny') return `a tiny ${s.twin} twin made by forge (oracles/make_twin.py: trained briefly on a fixed corpus until its greedy continuations are confident)`;
   return 'a local checkpoint';
 }
 
