@@ -157,14 +157,15 @@ def cfg_phimoe(tok, ids):
 def cfg_gemma4(tok, ids):
     # 8 layers S S F S S F S F (S = sliding, window 16 so short tests cross it; F = full with
     # head_dim 64 vs 32 and proportional partial rotary 0.25); last 3 layers reuse KV (5 F <- 2,
-    # 6 S <- 4, 7 F <- 2); PLE 16 dims per layer; tied. Tiny vision + audio towers. Logit softcap 3
-    # (real: 30) so tanh visibly bends the twin's logits (max ~2.5); at 30 a dropped cap hides.
+    # 6 S <- 4, 7 F <- 2); PLE 16 dims per layer; tied. Tiny vision + audio towers. Logit softcap 10
+    # (real: 30): low enough that tanh visibly bends the trained twin's top logits (raw 11.9 -> 8.3),
+    # so a dropped cap shows; 3 capped logits to +-3 and the twin could not learn its corpus (min margin 0.002).
     S, F = "sliding_attention", "full_attention"
     text = dict(vocab_size=len(tok), vocab_size_per_layer_input=len(tok), hidden_size=64,
                 intermediate_size=128, num_hidden_layers=8, layer_types=[S, S, F, S, S, F, S, F],
                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, global_head_dim=64,
                 sliding_window=16, num_kv_shared_layers=3, hidden_size_per_layer_input=16,
-                final_logit_softcapping=3.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
+                final_logit_softcapping=10.0, rms_norm_eps=1e-6, max_position_embeddings=4096,
                 initializer_range=INIT_STD, tie_word_embeddings=True,
                 rope_parameters={S: {"rope_type": "default", "rope_theta": 1e4},
                                  F: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
