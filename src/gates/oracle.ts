@@ -53,7 +53,7 @@ export const GATE_COPIES = 16;
 function held(c: GateCase, shared: Set<string>): GateCase {
   const feeds: GateCase['feeds'] = {};
   // gateCases may refill a buffer in place for the next case: only the KV caches may be shared
-  // (a case's own rows are all there, the later ones are masked: see checkGraph), the rest is copied.
+  // (a case's own rows are all there, the later ones are masked: see runGateCases), the rest is copied.
   for (const [name, f] of Object.entries(c.feeds)) feeds[name] = shared.has(name) ? f : { ...f, data: f.data.slice() };
   return { ...c, feeds };
 }
