@@ -47,8 +47,9 @@ export interface OracleRow {
  * Teacher-forced cases a one-token graph runs per call, as copies of the graph (cpu-form.ts): each
  * weight block is converted once for all of them. Measured at a real Qwen3-4B shard's size
  * (bench/README.md, 12 layers, maxContext 4096), CPU seconds per decode case: 1 per call 1.22 (fp32)
- * / 1.06 (W8), 8 per call 0.69 / 0.62, 16 per call 0.48 / 0.55; an lm-head case 3.6–4.7× less than
- * alone; private peak of the bench process 0.61–0.69 GB alone, at most 0.77 GB with 16.
+ * / 1.06 (W8), 8 per call 0.69 / 0.62, 16 per call 0.48 / 0.55; an lm-head case 4.5× (fp32) / 4.8×
+ * (W8) less than alone (1 → 8 and 8 → 16 measured in two runs); private peak of the bench process
+ * 0.61–0.69 GB alone, at most 0.77 GB with 16.
  */
 export const GATE_COPIES = 16;
 
@@ -56,7 +57,7 @@ export const GATE_COPIES = 16;
 function held(c: GateCase, shared: Set<string>): GateCase {
   const feeds: GateCase['feeds'] = {};
   // gateCases may refill a buffer in place for the next case: only the KV caches may be shared
-  // (a case's own rows are all there, the later ones are masked: see checkGraph), the rest is copied.
+  // (a case's own rows are all there, the later ones are masked: see runGateCases), the rest is copied.
   for (const [name, f] of Object.entries(c.feeds)) feeds[name] = shared.has(name) ? f : { ...f, data: f.data.slice() };
   return { ...c, feeds };
 }
