@@ -11,7 +11,7 @@
 // listed cases-per-call, and says whether every row's cosine and error are the same.
 //
 //   node --import tsx bench/oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR
-//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu,cpu8] [--block-bytes N] [--whole 8]
+//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu,cpu8,cpu8-whole] [--block-bytes N] [--whole 8]
 //
 // The trace is synthetic (random values of the checkpoint's shapes: 2 prompts of 8 and 10 tokens,
 // 64 new tokens each, 144 steps as in issue 12), written once into --work: a gate run on it times
@@ -28,7 +28,7 @@ import { Trace, type TraceMeta, type TracePrompt } from '../src/gates/trace.js';
 import { GateTally } from '../src/gates/compare.js';
 import { writeProbeModel } from '../src/gates/probe.js';
 import { DEFAULT_BLOCK_BYTES, gateSessionOptions, writeGateModel } from '../src/gates/cpu-form.js';
-import { runGateCases, runOracleGate, sharedCacheInputs } from '../src/gates/oracle.js';
+import { formOptions, gateForm, runGateCases, runOracleGate } from '../src/gates/oracle.js';
 
 const { values: a, num } = benchArgs({
   export: { type: 'string', default: '' }, checkpoint: { type: 'string', default: '' }, work: { type: 'string', default: '' },
@@ -43,7 +43,7 @@ const steps = num('steps', positiveInt);
 const blockBytes = num('block-bytes', positiveInt);
 const exportDirs = a.export.split(',');
 const forms = a.forms.split(',');
-for (const f of forms) if (f !== 'asis' && !/^cpu([1-9]\d*)?$/.test(f)) throw new Error(`--forms: '${f}' is none of asis, cpu, cpuN (N cases per call)`);
+for (const f of forms) if (f !== 'asis' && !/^cpu([1-9]\d*)?(-whole)?$/.test(f)) throw new Error(`--forms: '${f}' is none of asis, cpu, cpuN (N cases per call), cpu-whole, cpuN-whole (the whole KV cache, no window)`);
 
 // ---- memory: a worker samples /proc/<pid>/status every 20 ms while the main thread is in ORT ----
 const peaks = new Int32Array(new SharedArrayBuffer(8)); // kB: [RssAnon, RssFile] maxima since reset
@@ -128,14 +128,13 @@ for (const [k, dir] of exportDirs.entries()) {
 async function measure(dir: string, g: GraphEntry, maxContext: number, form: string): Promise<Measured> {
   rmSync(scratch, { recursive: true, force: true });
   const probes = Object.keys(g.probes);
-  const copies = form === 'asis' ? 1 : g.n === 1 ? copiesOf(form) : 1;
-  const shared = sharedCacheInputs(g, copies);
+  const gf = gateForm(g, form === 'asis' ? 1 : copiesOf(form), form !== 'asis' && !form.endsWith('-whole'));
   const model = form === 'asis'
     ? writeProbeModel(join(dir, g.file), probes, scratch)
-    : writeGateModel(join(dir, g.file), probes, scratch, { tokensPerCall: g.n, blockBytes, copies, sharedInputs: [...shared] }).path;
+    : writeGateModel(join(dir, g.file), probes, scratch, formOptions(g, gf, blockBytes)).path;
   resetPeaks();
   let t = performance.now();
-  const session = await ort.InferenceSession.create(model, form === 'asis' ? { graphOptimizationLevel: 'basic' } : gateSessionOptions(copies));
+  const session = await ort.InferenceSession.create(model, form === 'asis' ? { graphOptimizationLevel: 'basic' } : gateSessionOptions(gf.copies));
   const loadS = (performance.now() - t) / 1000;
   const tally = new GateTally(trace.meta.vocab);
   const outputs = new Map<string, Float32Array[]>();
@@ -150,7 +149,7 @@ async function measure(dir: string, g: GraphEntry, maxContext: number, form: str
   }
   const cpu0 = process.cpuUsage();
   t = performance.now();
-  await runGateCases(session, g.file, first(steps), copies, shared, (c, output) => {
+  await runGateCases(session, g.file, first(steps), gf, (c, output) => {
     const t2 = performance.now();
     for (const name of Object.keys(c.expected)) {
       const y = output(name);
@@ -172,9 +171,10 @@ async function measure(dir: string, g: GraphEntry, maxContext: number, form: str
   return { form, loadS: +loadS.toFixed(2), cases, feedS: +feedS.toFixed(2), runS: +runS.toFixed(2), compareS: +compareS.toFixed(2), cpuS: +((cpu.user + cpu.system) / 1e6).toFixed(2), anonGB: gb(peaks[0]), fileGB: gb(peaks[1]), estS: Math.round(loadS + perCase * caseCount(g)), outputs };
 }
 
-/** Copies a form name asks for: `cpu` is the CPU form of one case per call, `cpu8` of 8. */
+/** Copies a form name asks for: `cpu` is the CPU form of one case per call, `cpu8` of 8 (either with `-whole`: no cache window). */
 function copiesOf(form: string): number {
-  return form === 'cpu' ? 1 : Number(form.slice(3));
+  const n = form.replace(/-whole$/, '').slice(3);
+  return n ? Number(n) : 1;
 }
 
 // ---- report ----------------------------------------------------------------------------------

@@ -25,6 +25,14 @@
 //    Concat across the copies, which keeps the copies in step: ORT runs a block's conversion and
 //    all its Gemms together instead of holding every converted block for the later copies.
 //    Inputs named in `sharedInputs` (the KV caches) are fed once, to every copy.
+//  - A cache window (`window`, one-token graphs): the KV-cache inputs and the attention mask are
+//    cut, inside the graph, to the first W slots (plus the new token's), W fed per call (see
+//    windowRows): the gate's prompts fill ~100 of a 4B graph's 4,096 slots, and each copy's
+//    attention otherwise transposed, concatenated and multiplied the whole cache (45 % of a decode
+//    case). The slots cut are masked for every case of the call, so their softmax weights are 0, and
+//    W is a multiple of WINDOW_GRANULE = MLAS's SGEMM K stride (128): probs·V then adds the same
+//    partial sums in the same order (the cut stride blocks added exact zeros), the softmax's vector
+//    lanes see the same elements, and every score is the same dot product over the head dim.
 //  - Session options (CPU_GATE_SESSION_OPTIONS): no constant folding (it would turn a Cast of a
 //    bf16 weight into a private fp32 copy, 16 GB at 4B) and no prepacking (ORT copies every
 //    constant Gemm weight into a private packed buffer: the fp32 graphs' 8 GB).
@@ -74,6 +82,31 @@ export function gateSessionOptions(copies: number): ort.InferenceSession.Session
  */
 export const DEFAULT_BLOCK_BYTES = 4 << 20;
 
+/** The graph input (int64 [1]) a windowed form reads its per-call window W from. */
+export const WINDOW_INPUT = 'cpu_form_window';
+/** W is a multiple of this: MLAS_SGEMM_STRIDEK, the K stride of ORT's fp32 SGEMM (see the top). */
+export const WINDOW_GRANULE = 128;
+
+/** A one-token graph's KV-cache inputs [1, kv, ctx, d] (position axis 2) and additive mask [1, 1, 1, ctx + 1]. */
+export interface CacheWindow {
+  cache: string[];
+  mask: string;
+}
+
+/**
+ * The window W a call of a windowed form needs: every slot any of its cases' masks (`masks`, each
+ * [ctx + 1] values, the last the new token's) leaves visible (above MASKED), rounded up to
+ * WINDOW_GRANULE, at most ctx.
+ */
+export function windowRows(masks: Float32Array[], ctx: number, masked: number): number {
+  let need = 1;
+  for (const m of masks) {
+    if (m.length !== ctx + 1) throw new Error(`cache window: a mask of ${m.length} values, not ctx + 1 = ${ctx + 1}`);
+    for (let j = ctx - 1; j >= need; j--) if (m[j] > masked) { need = j + 1; break; }
+  }
+  return Math.min(ctx, Math.ceil(need / WINDOW_GRANULE) * WINDOW_GRANULE);
+}
+
 export interface CpuFormOptions {
   /** Activation rows per call (the graph's tokens): weights are split into row blocks only when 1. */
   tokensPerCall: number;
@@ -83,6 +116,8 @@ export interface CpuFormOptions {
   copies?: number;
   /** Graph inputs every copy reads as they are (fed once); the others get one per copy. */
   sharedInputs?: string[];
+  /** One-token graphs: cut the KV cache and mask to a window fed per call in WINDOW_INPUT (see the top). */
+  window?: CacheWindow;
 }
 
 /** Copy b's name of a value (copy 0 keeps the graph's own names). */
@@ -166,7 +201,7 @@ class Rewriter {
   /** Values each copy has its own of (copies > 1): per-copy graph inputs and what is computed from them. */
   private readonly perCopy = new Set<string>();
 
-  constructor(private readonly model: OnnxModel, private readonly o: Required<CpuFormOptions>) {
+  constructor(private readonly model: OnnxModel, private readonly o: Required<Omit<CpuFormOptions, 'window'>> & Pick<CpuFormOptions, 'window'>) {
     const g = model.graph;
     if (!Number.isInteger(o.copies) || o.copies < 1) throw new Error(`CPU form: copies must be a positive integer, not ${o.copies}`);
     if (o.copies > 1 && o.tokensPerCall !== 1) throw new Error(`${model.path}: copies are for one-token graphs (this one takes ${o.tokensPerCall} tokens per call)`);
@@ -253,7 +288,9 @@ class Rewriter {
     const defaultOpset = (this.model.proto.opsetImport ?? []).find((o) => !o.domain)?.version;
     this.opset = defaultOpset == null ? 0 : toNumber(defaultOpset);
     if (defaultOpset == null || this.opset < 13) throw new Error(`${this.model.path}: the CPU form needs ONNX opset 13 or later (per-axis DequantizeLinear), the graph imports ${defaultOpset ?? 'none'}`);
-    for (const n of g.node ?? []) {
+    if (this.o.window) this.openWindow(this.o.window);
+    for (const n0 of g.node ?? []) {
+      const n = this.windowed(n0);
       if (n.opType === 'MatMulNBits' && n.domain === 'com.microsoft') {
         const why = this.matMulNBits(n);
         if (why) {
@@ -285,6 +322,70 @@ class Rewriter {
   }
 
   private readonly replaced = new Set<string>();
+
+  /** Windowed values (the cut caches and mask) by the graph input they replace. */
+  private readonly windowOf = new Map<string, string>();
+  /** Values computed from a windowed one: their position axis has W + 1 slots, not ctx + 1. */
+  private readonly inWindow = new Set<string>();
+  private windowSlots = 0;
+
+  /** A node (emitted like the graph's own: per copy when it reads a per-copy value); returns its output. */
+  private emitOp(opType: string, inputs: string[], attrs: onnx.IAttributeProto[] = []): string {
+    const out = this.fresh(`${opType}_out`);
+    this.emit({ name: this.fresh(opType), opType, input: inputs, output: [out], attribute: attrs });
+    return out;
+  }
+
+  private int64(name: string, values: number[]): string {
+    return this.initializer({ name: this.fresh(name), dataType: DT.INT64, dims: [values.length], rawData: new Uint8Array(BigInt64Array.from(values.map(BigInt)).buffer) });
+  }
+
+  /** Cuts each cache input to its first W rows and the mask to its first W slots and the new token's. */
+  private openWindow(w: CacheWindow): void {
+    const g = this.model.graph;
+    const dimsOf = (name: string) => {
+      const v = (g.input ?? []).find((x) => x.name === name);
+      if (!v) throw new Error(`${this.model.path}: cache window: ${name} is not an input of the graph`);
+      return (v.type?.tensorType?.shape?.dim ?? []).map((d) => (d.dimValue == null ? NaN : toNumber(d.dimValue)));
+    };
+    if (this.o.tokensPerCall !== 1) throw new Error(`${this.model.path}: a cache window is for one-token graphs`);
+    const maskDims = dimsOf(w.mask);
+    const ctx = maskDims[3] - 1;
+    if (maskDims.length !== 4 || !(ctx > 0)) throw new Error(`${this.model.path}: cache window: mask ${w.mask} is [${maskDims}], not [1, 1, 1, ctx + 1]`);
+    for (const c of w.cache) {
+      const d = dimsOf(c);
+      if (d.length !== 4 || d[2] !== ctx) throw new Error(`${this.model.path}: cache window: ${c} is [${d}], not [1, kv, ${ctx}, d]`);
+    }
+    (g.input ??= []).push({ name: WINDOW_INPUT, type: { tensorType: { elemType: DT.INT64, shape: { dim: [{ dimValue: 1 }] } } } });
+    this.names.add(WINDOW_INPUT);
+    const zero = this.int64('window_start', [0]);
+    for (const c of w.cache) this.windowOf.set(c, this.emitOp('Slice', [c, zero, WINDOW_INPUT, this.int64('axis', [2])]));
+    const slots = this.emitOp('Slice', [w.mask, zero, WINDOW_INPUT, this.int64('axis', [3])]);
+    const own = this.emitOp('Slice', [w.mask, this.int64('ctx', [ctx]), this.int64('ctx1', [ctx + 1]), this.int64('axis', [3])]);
+    this.windowOf.set(w.mask, this.emitOp('Concat', [slots, own], [intAttr('axis', 3)]));
+    for (const v of this.windowOf.values()) this.inWindow.add(v);
+    this.windowSlots = ctx + 1;
+  }
+
+  /**
+   * A node of the graph as the windowed form reads it: the windowed caches and mask in place of the
+   * inputs, and a Reshape of a windowed value given -1 where its shape constant says ctx + 1 slots.
+   */
+  private windowed(n: Node): Node {
+    if (!this.windowOf.size || !(n.input ?? []).some((i) => this.windowOf.has(i) || this.inWindow.has(i))) return n;
+    const input = (n.input ?? []).map((i) => this.windowOf.get(i) ?? i);
+    for (const o of n.output ?? []) this.inWindow.add(o);
+    if (n.opType !== 'Reshape' || !this.inWindow.has(input[0])) return { ...n, input };
+    const shape = this.inits.get(input[1]);
+    const dims = shape && shape.dataType === DT.INT64 ? Array.from(new BigInt64Array(Uint8Array.from(this.model.initializerBytes(input[1])).buffer), Number) : undefined;
+    if (!dims) throw new Error(`${this.model.path}: cache window: Reshape ${n.name} of a cached value has no int64 initializer shape`);
+    const at = dims.flatMap((d, k) => (d === this.windowSlots ? [k] : []));
+    if (at.length === 0) return { ...n, input };
+    if (at.length > 1 || dims.includes(-1)) throw new Error(`${this.model.path}: cache window: Reshape ${n.name} to [${dims}]: cannot tell its slot axis`);
+    dims[at[0]] = -1;
+    this.replaced.add(input[1]); // dropped unless another node still reads it
+    return { ...n, input: [input[0], this.int64(`${input[1]}.window`, dims)] };
+  }
 
   private readonly ready = new Map<string, string>();
   private zero: string | undefined;

@@ -15,7 +15,8 @@ import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/export-stage.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { Trace } from './trace.js';
-import { copyName, gateSessionOptions, writeGateModel } from './cpu-form.js';
+import { copyName, gateSessionOptions, windowRows, writeGateModel, WINDOW_INPUT, type CacheWindow, type CpuFormOptions } from './cpu-form.js';
+import { MASKED } from '../families/blocks.js';
 import { parseStateInput } from '../families/state-io.js';
 import type { GateCase } from '../families/kv-decoder.js';
 import { GateTally, layerOf } from './compare.js';
@@ -62,25 +63,55 @@ function held(c: GateCase, shared: Set<string>): GateCase {
   return { ...c, feeds };
 }
 
-/** The KV-cache inputs the copies of a one-token graph share (the rest each copy gets its own of). */
-export function sharedCacheInputs(entry: GraphEntry, copies: number): Set<string> {
-  return new Set(copies > 1 ? entry.inputs.map((t) => t.name).filter((n) => parseStateInput(n)?.recurrent === false) : []);
+/** How the gate runs a graph's CPU form: cases per call (copies), the inputs they share, the cache window. */
+export interface GateForm {
+  copies: number;
+  shared: Set<string>;
+  window?: CacheWindow;
+}
+
+/** The kv-decoder's additive attention mask input (families/kv-decoder.ts binds it as `mask`). */
+const MASK_INPUT = 'attn_mask';
+
+/**
+ * The form the gate runs `entry` in: a one-token graph as `copies` copies sharing its KV-cache
+ * inputs, cut to the window its cases' masks open (cpu-form.ts); a multi-token graph one case a call,
+ * whole. `windowed` false: the whole cache (tests compare the two).
+ */
+export function gateForm(entry: GraphEntry, copies: number, windowed = true): GateForm {
+  const cache = entry.inputs.map((t) => t.name).filter((n) => parseStateInput(n)?.recurrent === false);
+  const oneToken = entry.n === 1;
+  const form: GateForm = { copies: oneToken ? copies : 1, shared: new Set(oneToken && copies > 1 ? cache : []) };
+  if (windowed && oneToken && cache.length && entry.inputs.some((t) => t.name === MASK_INPUT)) form.window = { cache, mask: MASK_INPUT };
+  return form;
+}
+
+/** writeGateModel's options for a graph run in `form`. */
+export function formOptions(entry: GraphEntry, form: GateForm, blockBytes?: number): CpuFormOptions {
+  return { tokensPerCall: entry.n, copies: form.copies, sharedInputs: [...form.shared], ...(form.window ? { window: form.window } : {}), ...(blockBytes ? { blockBytes } : {}) };
 }
 
 /**
- * Runs `cases` through a session of a graph's CPU form with `copies` copies: consecutive cases of
- * one prompt per call. They share the KV-cache inputs: gateCases fills one cache in place, so at the
+ * Runs `cases` through a session of a graph's CPU form made for `form` (formOptions): with copies,
+ * consecutive cases of one prompt per call; with a cache window, W fed per call from its cases' masks. They share the KV-cache inputs: gateCases fills one cache in place, so at the
  * call it holds the rows up to the last case's step, and an earlier case's attention mask hides the
  * rows past its own step (their softmax weights are exactly 0, as for the zeros it had alone): the
  * same numbers, which test/gates/cpu-form.test.ts holds bit for bit on the twins. `each` gets every
- * case with its outputs; `onCall` (timing) each call's case count and seconds in session.run.
+ * case with its outputs; `onCall` (timing) each call's case count, seconds in session.run and window.
  */
 export async function runGateCases(
-  session: ort.InferenceSession, file: string, cases: AsyncIterable<GateCase>, copies: number, shared: Set<string>,
-  each: (c: GateCase, output: (name: string) => Float32Array) => void, onCall?: (cases: number, runSeconds: number) => void,
+  session: ort.InferenceSession, file: string, cases: AsyncIterable<GateCase>, form: GateForm,
+  each: (c: GateCase, output: (name: string) => Float32Array) => void, onCall?: (cases: number, runSeconds: number, window?: number) => void,
 ): Promise<void> {
+  const { copies, shared, window } = form;
   const run = async (batch: GateCase[]) => {
     const feeds: Record<string, ort.Tensor> = {};
+    let w: number | undefined;
+    if (window) {
+      const masks = batch.map((c) => c.feeds[window.mask].data as Float32Array);
+      w = windowRows(masks, masks[0].length - 1, MASKED);
+      feeds[WINDOW_INPUT] = new ort.Tensor('int64', BigInt64Array.of(BigInt(w)), [1]);
+    }
     for (let b = 0; b < copies; b++) {
       const c = batch[Math.min(b, batch.length - 1)]; // a short batch repeats its last case; those outputs are not read
       for (const [name, f] of Object.entries(c.feeds)) {
@@ -90,7 +121,7 @@ export async function runGateCases(
     }
     const t = performance.now();
     const out = await session.run(feeds);
-    onCall?.(batch.length, (performance.now() - t) / 1000);
+    onCall?.(batch.length, (performance.now() - t) / 1000, w);
     batch.forEach((c, b) => each(c, (name) => {
       const actual = out[copyName(name, b)];
       if (!actual) throw new Error(`${file} has no output ${name}`);
@@ -113,25 +144,24 @@ export async function runGateCases(
 }
 
 async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, oneTokenCopies: number, chain: StepChain) {
-  const copies = entry.n === 1 ? oneTokenCopies : 1;
-  const shared = sharedCacheInputs(entry, copies);
+  const form = gateForm(entry, oneTokenCopies);
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
-  const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, { tokensPerCall: entry.n, copies, sharedInputs: [...shared] });
-  const session = await ort.InferenceSession.create(model, gateSessionOptions(copies));
+  const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
+  const session = await ort.InferenceSession.create(model, gateSessionOptions(form.copies));
   const tally = new GateTally(trace.meta.vocab);
   let cases = 0;
   try {
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
-    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext), copies, shared, (c, output) => {
+    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext), form, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
       if (firstLink) chain.record(entry, c, output);
       cases++;
     });
     // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).
     if (chained && !firstLink) {
-      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext)), copies, shared, (c, output) => chain.record(entry, c, output));
+      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext)), form, (c, output) => chain.record(entry, c, output));
     }
   } finally {
     await session.release();

@@ -15,8 +15,9 @@ import type { Family } from '../../src/families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../../src/families/export-stage.js';
 import { Trace } from '../../src/gates/trace.js';
 import { writeProbeModel } from '../../src/gates/probe.js';
-import { CPU_GATE_SESSION_OPTIONS, gateSessionOptions, toCpuForm, writeCpuFormExport, writeGateModel, type CpuFormStats } from '../../src/gates/cpu-form.js';
-import { runGateCases, sharedCacheInputs } from '../../src/gates/oracle.js';
+import { CPU_GATE_SESSION_OPTIONS, gateSessionOptions, toCpuForm, windowRows, writeCpuFormExport, writeGateModel, WINDOW_GRANULE, type CpuFormStats } from '../../src/gates/cpu-form.js';
+import { attentionMask, MASKED } from '../../src/families/blocks.js';
+import { formOptions, gateForm, runGateCases } from '../../src/gates/oracle.js';
 import { GraphBuilder, MS_DOMAIN } from '../../src/onnx/builder.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { onnx } from '../../src/onnx/proto.js';
@@ -134,12 +135,12 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
     expect(Object.values(seen).reduce((n, s) => n + s.castGemm, 0)).toBeGreaterThan(0);
   }, 600_000);
 
-  it('runs 3 teacher-forced cases per call in copies of each one-token graph, the KV cache fed once, each case with its own numbers bit for bit', async () => {
+  it('runs 3 teacher-forced cases per call in copies of each one-token graph, the KV cache fed once, whole or cut to the window the masks open, each case with its own numbers bit for bit', async () => {
     const scratch = mkdtempSync(join(tmpdir(), 'forge-cpuform-'));
     const family = getFamily(familyId) as Family<unknown>;
     const config = family.parseConfig(JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8')), 'config.json');
     const trace = await Trace.open(entry('trace'));
-    let batched = 0, compared = 0, sharedCaches = 0;
+    let batched = 0, compared = 0, sharedCaches = 0, cut = 0, windowedGraphs = 0;
     try {
       await eachGraph(async (dir, g, cases, maxContext) => {
         if (g.n !== 1) return;
@@ -149,23 +150,28 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
         const plain = writeProbeModel(join(dir, g.file), probes, join(scratch, variant, 'plain'));
         const w8 = readModel(plain).nodes().some((n) => n.opType === 'MatMulNBits');
         const before = await runCases(plain, w8 ? { graphOptimizationLevel: 'basic' } : CPU_GATE_SESSION_OPTIONS, cases);
-        const copies = 3;
-        const shared = sharedCacheInputs(g, copies);
-        sharedCaches += shared.size;
-        const form = writeGateModel(join(dir, g.file), probes, join(scratch, variant, 'copies'), { tokensPerCall: 1, blockBytes: 1, copies, sharedInputs: [...shared] });
-        const session = await ort.InferenceSession.create(form.path, gateSessionOptions(copies));
-        const after: Array<Record<string, Float32Array>> = [];
-        try {
-          await runGateCases(session, g.file, family.gateCases(config, g, trace, maxContext), copies, shared,
-            (_c, output) => after.push(Object.fromEntries(Object.keys(before[0]).map((name) => [name, output(name).slice()]))),
-            (n) => void (batched += n > 1 ? 1 : 0));
-        } finally {
-          await session.release();
+        for (const windowed of [false, true]) {
+          const form = gateForm(g, 3, windowed);
+          sharedCaches += form.shared.size;
+          if (form.window) windowedGraphs++;
+          const model = writeGateModel(join(dir, g.file), probes, join(scratch, variant, `copies-${windowed}`), formOptions(g, form, 1));
+          const session = await ort.InferenceSession.create(model.path, gateSessionOptions(form.copies));
+          const after: Array<Record<string, Float32Array>> = [];
+          try {
+            await runGateCases(session, g.file, family.gateCases(config, g, trace, maxContext), form,
+              (_c, output) => after.push(Object.fromEntries(Object.keys(before[0]).map((name) => [name, output(name).slice()]))),
+              (n, _s, w) => {
+                batched += n > 1 ? 1 : 0;
+                cut += w !== undefined && w < maxContext ? 1 : 0;
+              });
+          } finally {
+            await session.release();
+          }
+          expect(after.length, g.name).toBe(before.length);
+          const d = diff(before, after);
+          expect(d, `${variant}/${g.name} ${windowed ? 'windowed' : 'whole cache'}`).toEqual({ values: d.values, unequal: 0, maxAbs: 0 });
+          compared += d.values;
         }
-        expect(after.length, g.name).toBe(before.length);
-        const d = diff(before, after);
-        expect(d, `${variant}/${g.name}`).toEqual({ values: d.values, unequal: 0, maxAbs: 0 });
-        compared += d.values;
       });
     } finally {
       await trace.close();
@@ -173,7 +179,9 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
     expect(compared).toBeGreaterThan(0);
     expect(batched).toBeGreaterThan(0);
     expect(sharedCaches).toBeGreaterThan(0); // the decode graphs' K/V caches were fed once per call
-  }, 600_000);
+    expect(windowedGraphs).toBeGreaterThan(0);
+    expect(cut).toBeGreaterThan(0); // calls that read fewer cache rows than maxContext
+  }, 900_000);
 
   it('moves the fp32 graphs off the previous gate\'s numbers (folded, prepacked weights) by float32 rounding only', async () => {
     const scratch = mkdtempSync(join(tmpdir(), 'forge-cpuform-'));
@@ -245,6 +253,19 @@ function castGemmModel(dir: string, M: number): string {
 const feedsOf = (M: number) => [{ x: new ort.Tensor('float32', new Float32Array(M * K).map(() => rnd() - 0.5), [M, K]) }];
 
 describe('CPU-gate form pieces', () => {
+  it('gives a call the cache window its masks open: every visible slot, rounded up to MLAS\'s K stride, at most the cache', () => {
+    const ctx = 4096;
+    const mask = (start: number) => attentionMask(ctx, 1, start);
+    expect(WINDOW_GRANULE).toBe(128);
+    expect(windowRows([mask(1)], ctx, MASKED)).toBe(128);
+    expect(windowRows([mask(128)], ctx, MASKED)).toBe(128); // slots 0..127 visible
+    expect(windowRows([mask(129)], ctx, MASKED)).toBe(256);
+    expect(windowRows([mask(10), mask(300), mask(40)], ctx, MASKED)).toBe(384); // the widest case decides
+    expect(windowRows([mask(4000)], ctx, MASKED)).toBe(4096);
+    expect(windowRows([attentionMask(200, 1, 150)], 200, MASKED)).toBe(200); // never past the cache
+    expect(() => windowRows([mask(5)], 1024, MASKED)).toThrow(/a mask of 4097 values, not ctx \+ 1 = 1025/);
+  });
+
   it('splits Cast(bf16 weight) → Gemm into row blocks reading the same file, with the graph\'s own numbers', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'forge-castgemm-'));
     const model = castGemmModel(dir, 1);
