@@ -6,12 +6,12 @@
 // session.run and the comparison, the CPU seconds per case (all threads of this process: a figure
 // less distorted by a shared machine than wall time), the session load, private (RssAnon) and
 // mapped (RssFile) peaks, and whether each form's outputs equal the first form's bit for bit.
-// Each graph's full-trace time is extrapolated as load + cases × mean case; `--whole 1,8` then
+// Each graph's full-trace time is extrapolated as load + cases × mean case; `--whole 16-whole,16` then
 // runs the real oracle stage code (runOracleGate, CPU form) over every graph and step, once per
 // listed cases-per-call, and says whether every row's cosine and error are the same.
 //
 //   node --import tsx bench/oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR
-//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu,cpu8,cpu8-whole] [--block-bytes N] [--whole 8]
+//        [--steps 3] [--graphs shard0.decode,…] [--forms asis,cpu,cpu8,cpu8-whole] [--block-bytes N] [--whole 16-whole,16]
 //
 // The trace is synthetic (random values of the checkpoint's shapes: 2 prompts of 8 and 10 tokens,
 // 64 new tokens each, 144 steps as in issue 12), written once into --work: a gate run on it times
@@ -36,7 +36,7 @@ const { values: a, num } = benchArgs({
   'block-bytes': { type: 'string', default: String(DEFAULT_BLOCK_BYTES) }, whole: { type: 'string', default: '' },
 });
 if (!a.export || !a.checkpoint || !a.work) {
-  process.stderr.write('usage: oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR [--steps N] [--graphs a,b] [--forms asis,cpu,cpu8] [--block-bytes N] [--whole 1,8]\n');
+  process.stderr.write('usage: oracle.ts --export DIR[,DIR…] --checkpoint CKPT --work DIR [--steps N] [--graphs a,b] [--forms asis,cpu,cpu8] [--block-bytes N] [--whole 16-whole,16]\n');
   process.exit(2);
 }
 const steps = num('steps', positiveInt);
@@ -192,16 +192,18 @@ lines.push(`| total (extrapolated) | | ${forms.map((f) => `${total[f] ?? 0} s`).
 process.stdout.write(`${steps} cases per graph measured, block ${blockBytes} B\n${lines.join('\n')}\n`);
 
 let firstWhole: string | undefined;
-for (const wholeCopies of a.whole ? a.whole.split(',').map(Number) : []) {
-  if (!positiveInt(wholeCopies)) throw new Error(`--whole: '${a.whole}' is not a list of positive integers (cases per call)`);
+for (const whole of a.whole ? a.whole.split(',') : []) {
+  const wholeCopies = Number(whole.replace(/-whole$/, ''));
+  if (!positiveInt(wholeCopies)) throw new Error(`--whole: '${a.whole}' is not a list of cases per call (N, or N-whole for the whole KV cache each call)`);
+  const windowed = !whole.endsWith('-whole');
   rmSync(scratch, { recursive: true, force: true });
   resetPeaks();
   const t = performance.now();
   const cpu0 = process.cpuUsage();
   const r = await runOracleGate('qwen3', a.checkpoint, traceDir, exportDirs.map((d, i) => ({ label: `v${i}`, dir: d, minCosine: 0 })), 0, scratch,
-    (done, n, label) => process.stderr.write(`[${((performance.now() - t) / 1000).toFixed(0)} s] graph ${done + 1}/${n} ${label}\n`), wholeCopies);
+    (done, n, label) => process.stderr.write(`[${((performance.now() - t) / 1000).toFixed(0)} s] graph ${done + 1}/${n} ${label}\n`), wholeCopies, windowed);
   const cpu = process.cpuUsage(cpu0);
-  process.stdout.write(`whole oracle (runOracleGate, CPU form, ${wholeCopies} case(s) per call of a one-token graph): ${((performance.now() - t) / 1000).toFixed(1)} s (CPU ${((cpu.user + cpu.system) / 1e6).toFixed(1)} s), private peak ${gb(peaks[0])} GB, mapped peak ${gb(peaks[1])} GB, ${Object.keys(r.graphs).length} graphs\n`);
+  process.stdout.write(`whole oracle (runOracleGate, CPU form, ${wholeCopies} case(s) per call of a one-token graph, ${windowed ? 'cache window' : 'whole cache'}): ${((performance.now() - t) / 1000).toFixed(1)} s (CPU ${((cpu.user + cpu.system) / 1e6).toFixed(1)} s), private peak ${gb(peaks[0])} GB, mapped peak ${gb(peaks[1])} GB, ${Object.keys(r.graphs).length} graphs\n`);
   // Same numbers whatever the cases per call: every row's cosine and max error as the first run's.
   const table = JSON.stringify(r.rows.map((x) => [x.variant, x.graph, x.output, x.minCosine, x.maxAbs]));
   if (firstWhole === undefined) firstWhole = table;

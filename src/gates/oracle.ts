@@ -143,8 +143,7 @@ export async function runGateCases(
   if (batch.length) await run(batch);
 }
 
-async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, oneTokenCopies: number, chain: StepChain) {
-  const form = gateForm(entry, oneTokenCopies);
+async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, form: GateForm, chain: StepChain) {
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
   const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
@@ -197,13 +196,14 @@ export interface OracleResult {
 /**
  * Checks each variant's graphs against the trace. `variants` maps an export directory to its
  * threshold; `scratch` holds probe copies (same filesystem as the exports, removed after);
- * `copies`: cases per call of a one-token graph (the numbers are the same for any).
+ * `copies`: cases per call of a one-token graph, `windowed` false: the whole KV cache each call
+ * (bench/oracle.ts compares; the numbers are the same either way, and for any copies).
  */
 export async function runOracleGate(
   familyId: FamilyId, checkpointDir: string, traceDir: string,
   variants: Array<{ label: string; dir: string; minCosine: number }>, minTop1: number, scratch: string,
   progress: (done: number, total: number, label?: string) => void = () => {},
-  copies = GATE_COPIES,
+  copies = GATE_COPIES, windowed = true,
 ): Promise<OracleResult> {
   const family = getFamily(familyId) as Family<unknown>;
   const config = family.parseConfig(JSON.parse(readFileSync(join(checkpointDir, 'config.json'), 'utf8')), 'config.json');
@@ -224,7 +224,7 @@ export async function runOracleGate(
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
       if (!chains.has(v.label)) chains.set(v.label, new StepChain());
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), copies, chains.get(v.label)!);
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed), chains.get(v.label)!);
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       let graphMin = Infinity;
