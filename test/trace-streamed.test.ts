@@ -61,5 +61,5 @@ describe('the streamed trace', () => {
     expect(streamed.weights_fp32_peak_bytes).toBeLessThanOrEqual(units.largest);
     expect(streamed.weights_fp32_peak_bytes).toBeLessThan(units.total / 2);
     expect(whole.weights_fp32_peak_bytes).toBeNull();
-  }, 180_000);
+  }, 600_000); // a trained twin is 10–25 s on an idle 2-core machine; this suite runs beside others (180 s was hit under load)
 });
