@@ -74,7 +74,7 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"mask layout", [](json& j) { j["mask"]["layout"] = "new-then-past"; }, "manifest.json: mask.layout: 'new-then-past' is not one of past-then-new"},
       {"mask value", [](json& j) { j["mask"]["masked"] = "big"; }, "mask.masked: expected a number"},
       {"state slots vs maxContext", [](json& j) { j["state"][0]["shape"][2] = 64; }, "state[0].shape: [1,2,64,32] has 64 slots on the position axis"},
-      {"maxContext", [](json& j) { j["limits"]["maxContext"] = 256; }, "state[0].shape"},
+      {"maxContext", [C](json& j) { j["limits"]["maxContext"] = 2 * C; }, "state[0].shape"},
       {"state-rows axis", [](json& j) { j["contexts"][0]["graphs"][1]["outputs"][1]["axis"] = 1; }, "contexts[0].graphs[1].outputs[1].axis: 1 must be the position axis 2"},
       {"state-rows shape", [](json& j) { j["contexts"][0]["graphs"][1]["outputs"][2]["shape"][2] = 2; }, "contexts[0].graphs[1].outputs[2].shape"},
       {"state read, rows not written", [](json& j) { j["contexts"][0]["graphs"][1]["outputs"].erase(1); }, "contexts[0].graphs[1].inputs: state 'kv.0.k' is read but its next value is not an output"},
@@ -82,9 +82,9 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"unknown field", [](json& j) { j["contexts"][0]["graphs"][0]["extra"] = 1; }, "contexts[0].graphs[0].extra: unknown field"},
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
       {"hostOp", [](json& j) { j["hostOp"] = "phimoe_generate"; }, "hostOp: 'phimoe_generate' is not one of decoder_generate, qwen3_5_generate"},
-      {"recurrent state bound as rows", [](json& j) {
+      {"recurrent state bound as rows", [C](json& j) {
          j["hostOp"] = "qwen3_5_generate";  // the host-op that carries recurrent state
-         j["state"][0] = {{"name", "kv.0.k"}, {"kind", "recurrent"}, {"dtype", "float32"}, {"shape", {1, 2, 128, 32}}};
+         j["state"][0] = {{"name", "kv.0.k"}, {"kind", "recurrent"}, {"dtype", "float32"}, {"shape", {1, 2, C, 32}}};
        }, "contexts[0].graphs[0].outputs[1].state: 'kv.0.k' is recurrent state: its output binds as state-replace"},
       {"kv-cache replaced", [](json& j) {
          auto& o = j["contexts"][0]["graphs"][1]["outputs"][1];
