@@ -126,6 +126,8 @@ function trivialGraph(name: string, b: GraphBindings, vocab: number): GraphBuild
         value = from.name;
         break;
       }
+      default:
+        throw new Error(`${name}: ${o.name}: the decoder bench binds no ${o.bind} output`);
     }
     g.output(value, o.name, { shape: o.shape, dtype: o.dtype });
   }

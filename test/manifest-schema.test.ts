@@ -1,9 +1,60 @@
 import { describe, it, expect } from 'vitest';
 import { readFileSync } from 'node:fs';
-import { manifestJsonSchema } from '../src/bundle/manifest.js';
+import { manifestJsonSchema, ManifestSchema } from '../src/bundle/manifest.js';
+import { SEED } from './helpers/manifest-seed.js';
 
 describe('manifest.schema.json', () => {
   it('is what the zod schema generates (run `npm run manifest-schema` after changing src/bundle/manifest.ts)', () => {
     expect(JSON.parse(readFileSync('src/bundle/manifest.schema.json', 'utf8'))).toEqual(manifestJsonSchema());
+  });
+});
+
+/** The seed with `edit` applied to a deep copy. */
+function edited(edit: (m: any) => void): unknown {
+  const m = structuredClone(SEED) as any;
+  edit(m);
+  return m;
+}
+
+/** The first issue's path and message, or null when the manifest is accepted. */
+function refusal(doc: unknown): string | null {
+  const r = ManifestSchema.safeParse(doc);
+  return r.success ? null : `${r.error.issues[0].path.join('.')}: ${r.error.issues[0].message}`;
+}
+
+describe('manifest v2', () => {
+  it('accepts the seed and refuses a v1 manifest by its version', () => {
+    expect(refusal(SEED)).toBeNull();
+    expect(refusal(edited((m) => (m.version = 1)))).toMatch(/^version: /);
+  });
+
+  it('leaves host-ops and roles open (the runtime registry decides) but well-formed', () => {
+    expect(refusal(edited((m) => (m.hostOp = 'phimoe_generate')))).toBeNull();
+    expect(refusal(edited((m) => (m.contexts[0].graphs[0].role = 'attn_router')))).toBeNull();
+    expect(refusal(edited((m) => (m.hostOp = 'Phi MoE')))).toMatch(/^hostOp: a lowercase identifier/);
+    expect(refusal(edited((m) => delete m.contexts[0].graphs[0].component))).toMatch(/^contexts\.0\.graphs\.0\.component: /);
+  });
+
+  it('types the bindings a later host-op needs: host-table rows, routing, encoders, images, audio', () => {
+    const t = (name: string, bind: string, extra: object = {}) => ({ name, dtype: 'float32', shape: [1, 4], bind, ...extra });
+    const ok = edited((m) => {
+      m.hostTables.push({ name: 'experts.w', use: 'expert-weights', file: 'experts.w.bin', sha256: 'f'.repeat(64), dtype: 'int8', shape: [1, 2, 4, 4] });
+      m.contexts[0].graphs[0].inputs.push(
+        t('w', 'host-rows', { table: 'experts.w', index: 'expert', layer: 0, slot: 1 }), t('rw', 'routing-weights', { layer: 0 }),
+        t('img', 'encoder-output', { component: 'vision' }), t('px', 'pixels'), t('pcm', 'audio-samples'));
+      m.contexts[0].graphs[0].outputs.push(t('router', 'router-logits', { layer: 0, topK: 2 }));
+      m.state[0].window = 4;
+      m.state[0].shared = true;
+    });
+    expect(refusal(ok)).toBeNull();
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push(t('w', 'host-rows', { table: 'x', index: 'layer' }))))).toMatch(/index: /);
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].outputs.push(t('r', 'router-logits', { layer: 0 }))))).toMatch(/topK: /);
+  });
+
+  it('declares host tables by use and dtype, any rank, names unique', () => {
+    expect(refusal(edited((m) => (m.hostTables[0].use = 'weights')))).toMatch(/^hostTables\.0\.use: /);
+    expect(refusal(edited((m) => (m.hostTables[0].dtype = 'uint8')))).toMatch(/^hostTables\.0\.dtype: /);
+    expect(refusal(edited((m) => (m.hostTables[0].shape = [32])))).toBeNull();
+    expect(refusal(edited((m) => m.hostTables.push({ ...m.hostTables[0] })))).toBe('hostTables: host table names are unique');
   });
 });

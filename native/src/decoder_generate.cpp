@@ -98,10 +98,11 @@ struct DecoderGenerate::Pass {
 };
 
 DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : m_(manifest), exec_(executor) {
-  // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head) was checked when
-  // the manifest was loaded, before any graph: load_manifest is the one gate a bundle passes.
+  // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head, one f16
+  // embedding table) was checked when the manifest was loaded, before any graph: load_manifest runs
+  // the host-op's validator (decoder_manifest.cpp), the one gate a bundle passes.
   // The embedding table is mapped, not read: a real vocab is hundreds of MB and only rows are touched.
-  std::string path = m_.resolve(m_.embedding_file);
+  std::string path = m_.resolve(m_.tables("embedding").at(0)->file);
   int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) throw std::runtime_error("cannot open the embedding table " + path);
   embedding_bytes_ = size_t(m_.vocab) * m_.hidden * 2;
@@ -114,23 +115,23 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) :
     caches_.emplace_back(s.elements(), 0.0f);
     shadows_.emplace_back(s.kind == StateKind::recurrent ? s.elements() : 0, 0.0f);
   }
-  decode_ = make_pass(GraphRole::decode, 1);
+  decode_ = make_pass(role::decode, 1);
   bool all_prefill = true;
   int prefill_tokens = 0;
   for (const Context& c : m_.contexts) {
-    if (c.graph(GraphRole::lm_head)) continue;
-    const Graph* p = c.graph(GraphRole::prefill);
+    if (c.graph(role::lm_head)) continue;
+    const Graph* p = c.graph(role::prefill);
     if (!p || (prefill_tokens && p->tokens != prefill_tokens)) all_prefill = false;
     else prefill_tokens = p->tokens;
   }
-  if (all_prefill && prefill_tokens) prefill_ = make_pass(GraphRole::prefill, prefill_tokens);
+  if (all_prefill && prefill_tokens) prefill_ = make_pass(role::prefill, prefill_tokens);
 }
 
 DecoderGenerate::~DecoderGenerate() {
   if (embedding_) munmap(const_cast<uint16_t*>(embedding_), embedding_bytes_);
 }
 
-std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role, int n) {
+std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* variant, int n) {
   auto pass = std::make_unique<Pass>();
   const int64_t H = m_.hidden, C = m_.max_context, V = m_.vocab;
   pass->n = n;
@@ -141,7 +142,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
   int shard = 0;
   for (size_t ci = 0; ci < m_.contexts.size(); ci++) {
     const Context& c = m_.contexts[ci];
-    if (const Graph* lm = c.graph(GraphRole::lm_head)) {
+    if (const Graph* lm = c.graph(role::lm_head)) {
       pass->lm_head = exec_.bind(ci, graph_index(c, lm));
       pass->logits.assign(size_t(V), 0.0f);
       // One token: the lm-head reads the final residual where the last shard wrote it (no copy).
@@ -154,7 +155,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
       pass->lm_head->bind_output(lm->outputs[0].name, pass->logits.data(), {1, 1, V});
       continue;
     }
-    const Graph* g = c.graph(role);
+    const Graph* g = c.graph(variant);
     Step step;
     float* in = pass->residual[shard % 2].data();
     float* out = pass->residual[(shard + 1) % 2].data();
@@ -179,6 +180,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
           case InputBind::positions: b->bind_input(i.name, pass->positions.data(), i.shape); break;
           case InputBind::mask: b->bind_input(i.name, pass->mask.data(), i.shape); break;
           case InputBind::state: b->bind_input(i.name, buffer(i.state, f), i.shape); break;
+          default: throw std::logic_error(i.path + ": not a binding of the decoder host-ops (their validator refuses it)");
         }
       }
       size_t rows = 0;
@@ -188,6 +190,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(GraphRole role
           case OutputBind::logits: b->bind_output(o.name, pass->logits.data(), o.shape); break;
           case OutputBind::state_rows: b->bind_output(o.name, step.rows[rows++].buf.data(), o.shape); break;
           case OutputBind::state_replace: b->bind_output(o.name, buffer(o.state, 1 - f), o.shape); break;
+          default: throw std::logic_error(o.path + ": not a binding of the decoder host-ops (their validator refuses it)");
         }
       }
     }
@@ -338,5 +341,7 @@ void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions
     res.timings.host_overhead_ms_per_token = (decode_ms - decode_run_ms) / n;
   }
 }
+
+std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec) { return std::make_unique<DecoderGenerate>(m, exec); }
 
 }  // namespace forge

@@ -1,4 +1,4 @@
-// The generation host-ops: greedy generation over a decoder split into shards. This is the ONLY
+// The decoder host-ops: greedy generation over a decoder split into shards. This is the ONLY
 // implementation of the decode loop (TypeScript calls the runtime for it), and it serves both:
 //   decoder_generate   dense decoders (Qwen3): KV caches; batched prefill when every shard has a
 //                      prefill graph, else decode over the prompt.
@@ -14,6 +14,10 @@
 // Every buffer (caches, states, residuals, positions, mask, rows, logits) is allocated once here and
 // bound to the graphs once (two bindings for a graph with recurrent state, one per buffer
 // direction); a decode step allocates nothing and copies no state.
+//
+// Both are registered in host_ops.cpp with this one loop and a validator each: what the loop runs
+// (roles prefill/decode/lm_head; residual, positions, mask and state bindings; one f16 embedding
+// table) is all either accepts.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -22,65 +26,26 @@
 #include <vector>
 
 #include "executor.h"
+#include "host_op.h"
 #include "manifest.h"
 
 namespace forge {
 
-struct GenerateOptions {
-  int max_new_tokens = 0;
-  bool ignore_eos = false;
-  bool use_prefill = true;
-};
+/** The two host-ops DecoderGenerate serves, each with the rules of what it runs (decoder_manifest.cpp). */
+void validate_decoder_generate(const Manifest& m);
+void validate_qwen3_5_generate(const Manifest& m);
+std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
 
-struct GenerateTimings {
-  double prefill_ms = 0;                  // the whole prompt, through the first token's argmax
-  double decode_ms_per_token = 0;         // one decode step, from token in to argmax out
-  double host_overhead_ms_per_token = 0;  // the part of a decode step outside session Run calls
-  int decode_steps = 0;
-};
-
-struct GenerateResult {
-  std::vector<int> generated;
-  bool stopped_at_eos = false;
-  bool used_prefill = false;
-  GenerateTimings timings;
-};
-
-/** Count of NaN/±Inf among x[0..n) and the index of the first (-1 when all are finite). */
-struct NonFiniteCount {
-  int64_t count = 0;
-  int64_t first = -1;
-};
-NonFiniteCount count_non_finite(const float* x, int64_t n);
-
-/**
- * The logits generate() would take the argmax of hold NaN/Inf: an argmax over them means nothing
- * (NaN never compares greater, so it would quietly give token 0). qhx_generate exits with
- * kExitNonFiniteLogits on it, so the parity gate can report it as what it is.
- */
-class NonFiniteLogits : public std::runtime_error {
- public:
-  NonFiniteLogits(int position, int token_index, NonFiniteCount nf, int vocab);
-  int position, token_index;
-};
-constexpr int kExitNonFiniteLogits = 3;
-
-class DecoderGenerate {
+class DecoderGenerate : public Generator {
  public:
   DecoderGenerate(const Manifest& manifest, Executor& executor);
-  ~DecoderGenerate();
-  /**
-   * `forced` teacher-forces the continuation: step k (k >= 1) is fed forced[k - 1] instead of the
-   * token the runtime chose at step k - 1; past the last forced id the runtime goes on from its own
-   * choices. GenerateResult::generated stays what the runtime chose at each step, so a parity gate can
-   * compare every step with HF's token while the sequence follows HF's (at most max_new_tokens ids).
-   */
-  GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {});
-  bool has_prefill() const { return prefill_ != nullptr; }
+  ~DecoderGenerate() override;
+  GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {}) override;
+  bool has_prefill() const override { return prefill_ != nullptr; }
 
  private:
   struct Pass;
-  std::unique_ptr<Pass> make_pass(GraphRole role, int tokens);
+  std::unique_ptr<Pass> make_pass(const char* variant, int tokens);
   /** Prefill (or decode over the prompt), then greedy decode into `res`. */
   void loop(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced, GenerateResult& res);
   /** Runs N tokens at positions start.. (valid of them real); returns the argmax of the last real row when `want_token`. */

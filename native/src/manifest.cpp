@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "host_op.h"
 #include "sha256.h"
 #include "utf8.h"
 
@@ -20,7 +21,7 @@ namespace {
 using json = nlohmann::json;
 
 constexpr const char* kFormat = "forge-bundle";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::ostringstream o;
@@ -157,7 +158,7 @@ void expect_tensor(const Node& n, const TensorSpec& t, const char* dtype, const 
 struct Parser {
   const std::string& label;
   Manifest m;
-  std::map<std::string, int> state_index;
+  std::map<std::string, int> state_index, table_index;
 
   int state_ref(const Node& n) {
     std::string s = n.str();
@@ -165,19 +166,123 @@ struct Parser {
     if (it == state_index.end()) n.fail("'" + s + "' is not a declared state");
     return it->second;
   }
+  int table_ref(const Node& n) {
+    std::string t = n.str();
+    auto it = table_index.find(t);
+    if (it == table_index.end()) n.fail("'" + t + "' is not a declared host table");
+    return it->second;
+  }
+  int layer(const Node& n) {
+    int l = n.int32(0);
+    if (l >= m.layers) n.fail("layer " + std::to_string(l) + " is past model.layers " + std::to_string(m.layers));
+    return l;
+  }
 
+  /** An open name (host-op, role): lowercase letters, digits, '_'. */
+  static std::string identifier(const Node& n) {
+    std::string v = n.str();
+    if (!(v[0] >= 'a' && v[0] <= 'z') || v.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+      n.fail("'" + v + "' is not a lowercase identifier (a-z, 0-9, _)");
+    return v;
+  }
+
+  GraphInput input(const Node& in, int64_t N, int64_t C, int64_t H) {
+    std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state", "host-rows", "routing-weights", "encoder-output", "pixels", "audio-samples"});
+    GraphInput gi;
+    gi.path = in.path;
+    if (bind == "state") in.object({"name", "dtype", "shape", "bind", "state"});
+    else if (bind == "host-rows") in.object({"name", "dtype", "shape", "bind", "table", "index"}, {"layer", "slot"});
+    else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind", "layer"});
+    else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"});
+    else in.object({"name", "dtype", "shape", "bind"});
+    static_cast<TensorSpec&>(gi) = tensor(in);
+    if (bind == "residual") {
+      gi.bind = InputBind::residual;
+      expect_tensor(in, gi, "float32", {1, N, H}, "[1, tokens, model.hidden]");
+    } else if (bind == "positions") {
+      gi.bind = InputBind::positions;
+      expect_tensor(in, gi, "int32", {N}, "[tokens]");
+    } else if (bind == "mask") {
+      gi.bind = InputBind::mask;
+      expect_tensor(in, gi, "float32", {1, 1, N, C + N}, "[1, 1, tokens, maxContext + tokens], layout past-then-new");
+    } else if (bind == "state") {
+      gi.bind = InputBind::state;
+      gi.state = state_ref(in.at("state"));
+      expect_tensor(in, gi, "float32", m.state[gi.state].shape, "the shape of state '" + m.state[gi.state].name + "'");
+    } else if (bind == "host-rows") {
+      gi.bind = InputBind::host_rows;
+      gi.table = table_ref(in.at("table"));
+      gi.index = in.at("index").one_of({"token", "expert"}) == "token" ? RowIndex::token : RowIndex::expert;
+      if (in.has("layer")) gi.layer = layer(in.at("layer"));
+      if (in.has("slot")) gi.slot = in.at("slot").int32(0);
+    } else if (bind == "routing-weights") {
+      gi.bind = InputBind::routing_weights;
+      gi.layer = layer(in.at("layer"));
+      if (gi.dtype != "float32") in.at("dtype").fail("'" + gi.dtype + "' must be float32 (the host's top-k weights)");
+    } else if (bind == "encoder-output") {
+      gi.bind = InputBind::encoder_output;
+      gi.component = in.at("component").str();
+    } else {
+      gi.bind = bind == "pixels" ? InputBind::pixels : InputBind::audio_samples;
+    }
+    return gi;
+  }
+
+  GraphOutput output(const Node& o, int64_t N, int64_t H) {
+    std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace", "router-logits"});
+    if (bind == "state-rows") o.object({"name", "dtype", "shape", "bind", "state", "axis"});
+    else if (bind == "state-replace") o.object({"name", "dtype", "shape", "bind", "state"});
+    else if (bind == "router-logits") o.object({"name", "dtype", "shape", "bind", "layer", "topK"});
+    else o.object({"name", "dtype", "shape", "bind"});
+    GraphOutput go;
+    go.path = o.path;
+    static_cast<TensorSpec&>(go) = tensor(o);
+    if (bind == "residual") {
+      go.bind = OutputBind::residual;
+      expect_tensor(o, go, "float32", {1, N, H}, "[1, tokens, model.hidden]");
+    } else if (bind == "logits") {
+      go.bind = OutputBind::logits;
+      expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");
+    } else if (bind == "router-logits") {
+      go.bind = OutputBind::router_logits;
+      go.layer = layer(o.at("layer"));
+      go.top_k = o.at("topK").int32(1);
+      if (go.dtype != "float32") o.at("dtype").fail("'" + go.dtype + "' must be float32 (the host reads the router logits)");
+      if (go.top_k > go.shape.back()) o.at("topK").fail(std::to_string(go.top_k) + " is more than the " + std::to_string(go.shape.back()) + " experts on the last axis");
+    } else {
+      go.bind = bind == "state-rows" ? OutputBind::state_rows : OutputBind::state_replace;
+      go.state = state_ref(o.at("state"));
+      const StateSpec& s = m.state[go.state];
+      if (go.bind == OutputBind::state_rows) {
+        if (s.kind != StateKind::kv_cache) o.at("state").fail("'" + s.name + "' is recurrent state: its output binds as state-replace");
+        go.axis = o.at("axis").int32(0);
+        if (go.axis != s.position_axis) o.at("axis").fail(std::to_string(go.axis) + " must be the position axis " + std::to_string(s.position_axis) + " of state '" + s.name + "'");
+        std::vector<int64_t> rows = s.shape;
+        rows[go.axis] = N;
+        expect_tensor(o, go, "float32", rows, "state '" + s.name + "' with tokens rows on the position axis");
+      } else {
+        if (s.kind != StateKind::recurrent) o.at("state").fail("'" + s.name + "' is a kv-cache: its output binds as state-rows");
+        expect_tensor(o, go, "float32", s.shape, "the shape of state '" + s.name + "'");
+      }
+    }
+    return go;
+  }
+
+  /** What the manifest language defines of a graph; what its role means is its host-op's business. */
   Graph graph(const Node& g) {
     // A device bundle ships only compiled contexts: `file` (the ONNX graph, for the CPU EP) is optional when `qnn` is there.
-    g.object({"name", "role", "tokens", "inputs", "outputs", "quant"}, {"qnn", "layers", "file", "sha256"});
+    g.object({"name", "component", "role", "tokens", "inputs", "outputs", "quant"}, {"qnn", "layers", "file", "sha256"});
     if (!g.has("file") && !g.has("qnn")) g.fail("needs an ONNX graph (file) or a compiled context (qnn)");
     if (g.has("file") != g.has("sha256")) g.fail("'file' and 'sha256' go together");
     Graph out;
+    out.path = g.path;
     out.name = g.at("name").str();
-    std::string role = g.at("role").one_of({"prefill", "decode", "lm_head"});
-    out.role = role == "prefill" ? GraphRole::prefill : role == "decode" ? GraphRole::decode : GraphRole::lm_head;
+    out.component = g.at("component").str();
+    out.role = identifier(g.at("role"));
     out.tokens = g.at("tokens").int32(1);
-    if (out.role != GraphRole::prefill && out.tokens != 1) g.at("tokens").fail("a " + role + " graph takes 1 token, not " + std::to_string(out.tokens));
-    if (out.role == GraphRole::prefill && out.tokens < 2) g.at("tokens").fail("a prefill graph takes more than 1 token");
+    // The token rules of the two roles the generic decode loop knows.
+    if (out.role == role::decode && out.tokens != 1) g.at("tokens").fail("a decode graph takes 1 token, not " + std::to_string(out.tokens));
+    if (out.role == role::prefill && out.tokens < 2) g.at("tokens").fail("a prefill graph takes more than 1 token");
     if (out.tokens > m.max_context) g.at("tokens").fail(std::to_string(out.tokens) + " exceeds limits.maxContext " + std::to_string(m.max_context));
     if (g.has("file")) {
       out.file = g.at("file").rel_path();
@@ -203,31 +308,15 @@ struct Parser {
 
     const int64_t N = out.tokens, C = m.max_context, H = m.hidden;
     Node ins = g.at("inputs");
-    std::map<InputBind, int> seen;
     std::set<int> read_state;
+    std::map<InputBind, int> seen;
     for (size_t i = 0, n = ins.array(1); i < n; i++) {
-      Node in = ins[i];
-      std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state"});
-      if (bind == "state") in.object({"name", "dtype", "shape", "bind", "state"});
-      else in.object({"name", "dtype", "shape", "bind"});
-      GraphInput gi;
-      static_cast<TensorSpec&>(gi) = tensor(in);
-      if (bind == "residual") {
-        gi.bind = InputBind::residual;
-        expect_tensor(in, gi, "float32", {1, N, H}, "[1, tokens, model.hidden]");
-      } else if (bind == "positions") {
-        gi.bind = InputBind::positions;
-        expect_tensor(in, gi, "int32", {N}, "[tokens]");
-      } else if (bind == "mask") {
-        gi.bind = InputBind::mask;
-        expect_tensor(in, gi, "float32", {1, 1, N, C + N}, "[1, 1, tokens, maxContext + tokens], layout past-then-new");
-      } else {
-        gi.bind = InputBind::state;
-        gi.state = state_ref(in.at("state"));
-        if (!read_state.insert(gi.state).second) in.at("state").fail("'" + m.state[gi.state].name + "' is bound twice");
-        expect_tensor(in, gi, "float32", m.state[gi.state].shape, "the shape of state '" + m.state[gi.state].name + "'");
+      GraphInput gi = input(ins[i], N, C, H);
+      if (gi.bind == InputBind::state) {
+        if (!read_state.insert(gi.state).second) ins[i].at("state").fail("'" + m.state[gi.state].name + "' is bound twice");
+      } else if (gi.bind == InputBind::residual || gi.bind == InputBind::positions || gi.bind == InputBind::mask) {
+        if (seen[gi.bind]++) ins[i].at("bind").fail(std::string("'") + bind_name(gi.bind) + "' is bound twice");
       }
-      if (gi.bind != InputBind::state && seen[gi.bind]++) in.at("bind").fail("'" + bind + "' is bound twice");
       out.inputs.push_back(gi);
     }
     Node outs = g.at("outputs");
@@ -235,64 +324,29 @@ struct Parser {
     std::map<OutputBind, int> seen_out;
     for (size_t i = 0, n = outs.array(1); i < n; i++) {
       Node o = outs[i];
-      std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace"});
-      if (bind == "state-rows") o.object({"name", "dtype", "shape", "bind", "state", "axis"});
-      else if (bind == "state-replace") o.object({"name", "dtype", "shape", "bind", "state"});
-      else o.object({"name", "dtype", "shape", "bind"});
-      GraphOutput go;
-      static_cast<TensorSpec&>(go) = tensor(o);
-      if (bind == "residual") {
-        go.bind = OutputBind::residual;
-        expect_tensor(o, go, "float32", {1, N, H}, "[1, tokens, model.hidden]");
-      } else if (bind == "logits") {
-        go.bind = OutputBind::logits;
-        expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");
-      } else {
-        go.bind = bind == "state-rows" ? OutputBind::state_rows : OutputBind::state_replace;
-        go.state = state_ref(o.at("state"));
+      GraphOutput go = output(o, N, H);
+      if (go.state >= 0) {
         const StateSpec& s = m.state[go.state];
-        if (go.bind == OutputBind::state_rows) {
-          if (s.kind != StateKind::kv_cache) o.at("state").fail("'" + s.name + "' is recurrent state: its output binds as state-replace");
-          go.axis = o.at("axis").int32(0);
-          if (go.axis != s.position_axis) o.at("axis").fail(std::to_string(go.axis) + " must be the position axis " + std::to_string(s.position_axis) + " of state '" + s.name + "'");
-          std::vector<int64_t> rows = s.shape;
-          rows[go.axis] = N;
-          expect_tensor(o, go, "float32", rows, "state '" + s.name + "' with tokens rows on the position axis");
-        } else {
-          if (s.kind != StateKind::recurrent) o.at("state").fail("'" + s.name + "' is a kv-cache: its output binds as state-rows");
-          expect_tensor(o, go, "float32", s.shape, "the shape of state '" + s.name + "'");
-        }
         if (!written_state.insert(go.state).second) o.at("state").fail("'" + s.name + "' is written twice");
         if (!read_state.count(go.state)) o.at("state").fail("'" + s.name + "' is written but not an input of this graph");
+      } else if (go.bind != OutputBind::router_logits && seen_out[go.bind]++) {
+        o.at("bind").fail(std::string("'") + bind_name(go.bind) + "' is bound twice");
       }
-      if (go.state < 0 && seen_out[go.bind]++) o.at("bind").fail("'" + bind + "' is bound twice");
       out.outputs.push_back(go);
     }
+    // A shared state may be read where another graph writes it (K/V shared across layers).
     for (int s : read_state)
-      if (!written_state.count(s)) ins.fail("state '" + m.state[s].name + "' is read but its next value is not an output");
-    if (out.role == GraphRole::lm_head) {
-      if (out.inputs.size() != 1 || out.inputs[0].bind != InputBind::residual) ins.fail("an lm_head graph takes exactly one residual input");
-      if (out.outputs.size() != 1 || out.outputs[0].bind != OutputBind::logits) outs.fail("an lm_head graph gives exactly one logits output");
-    } else {
-      // Positions and the mask serve attention over a KV cache; a shard of recurrent layers only
-      // (Qwen3.5's linear attention) takes neither.
-      bool reads_kv = false;
-      for (int s : read_state) reads_kv |= m.state[s].kind == StateKind::kv_cache;
-      for (InputBind b : {InputBind::residual, InputBind::positions, InputBind::mask})
-        if (!seen[b] && (b == InputBind::residual || reads_kv)) ins.fail(std::string("a ") + (out.role == GraphRole::prefill ? "prefill" : "decode") + " graph needs a " +
-                               (b == InputBind::residual ? "residual" : b == InputBind::positions ? "positions" : "mask") + " input");
-      if (!seen_out[OutputBind::residual] && !seen_out[OutputBind::logits]) outs.fail("needs a residual or logits output");
-    }
+      if (!written_state.count(s) && !m.state[s].shared) ins.fail("state '" + m.state[s].name + "' is read but its next value is not an output");
     return out;
   }
 
   void contexts(const Node& cs, FileChecker& files) {
-    int next_layer = 0;
-    bool have_logits = false;
+    std::map<std::pair<std::string, std::string>, std::string> variants;  // (component, role) → path
     for (size_t ci = 0, n = cs.array(1); ci < n; ci++) {
       Node c = cs[ci];
       c.object({"name", "files", "graphs"});
       Context ctx;
+      ctx.path = c.path;
       ctx.name = c.at("name").str();
       Node fs = c.at("files");
       for (size_t i = 0, k = fs.array(); i < k; i++) {
@@ -313,13 +367,13 @@ struct Parser {
         ctx.files.push_back(cf);
       }
       Node gs = c.at("graphs");
-      std::set<GraphRole> roles;
+      std::set<std::string> roles;
       for (size_t gi = 0, k = gs.array(1); gi < k; gi++) {
         Node gn = gs[gi];
         Graph g = graph(gn);
         if (!roles.insert(g.role).second) gn.at("role").fail("a context has at most one graph of each role");
-        if (g.role == GraphRole::prefill && m.host_op == "qwen3_5_generate")
-          gn.at("role").fail("qwen3_5_generate decodes over the prompt: a prefill graph would need the chunked delta rule");
+        auto [at, fresh] = variants.emplace(std::make_pair(g.component, g.role), gn.path);
+        if (!fresh) gn.at("role").fail("component '" + g.component + "' already has a " + g.role + " graph at " + at->second);
         if (!g.file.empty()) files.check(gn.at("sha256"), g.file, g.sha256);
         if (g.qnn) {
           files.check(gn.at("qnn").at("sha256"), g.qnn->wrapper, g.qnn->sha256);
@@ -327,72 +381,129 @@ struct Parser {
         }
         ctx.graphs.push_back(std::move(g));
       }
-      if (have_logits) c.fail("comes after the context that gives the logits");
-      if (roles.count(GraphRole::lm_head)) {
-        if (roles.size() != 1) gs.fail("an lm_head context holds only the lm_head graph");
-        if (next_layer != m.layers) c.fail("the lm-head comes before layers " + std::to_string(next_layer) + ".." + std::to_string(m.layers - 1) + " are run");
-        have_logits = true;
-      } else {
-        if (!roles.count(GraphRole::decode)) gs.fail("a shard context needs a decode graph");
-        const Graph& d = *ctx.graph(GraphRole::decode);
-        for (size_t gi = 0; gi < ctx.graphs.size(); gi++) {
-          const Graph& g = ctx.graphs[gi];
-          if (!g.layers) gs[gi].fail("a shard graph needs layers");
-          if (g.layers != d.layers) gs[gi].at("layers").fail("prefill and decode graphs of a context run the same layers");
-        }
-        if (d.layers->first != next_layer) gs.fail("layers start at " + std::to_string(d.layers->first) + ", expected " + std::to_string(next_layer) + " (shards run in order)");
-        next_layer = d.layers->second + 1;
-        auto gives_logits = [](const Graph& g) {
-          return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
-        };
-        // A prefill graph that left out a state its decode graph carries would leave it unfilled.
-        auto states = [](const Graph& g) {
-          std::set<int> s;
-          for (const GraphInput& in : g.inputs)
-            if (in.bind == InputBind::state) s.insert(in.state);
-          return s;
-        };
-        const bool logits = gives_logits(d);
-        for (size_t gi = 0; gi < ctx.graphs.size(); gi++) {
-          if (gives_logits(ctx.graphs[gi]) != logits) gs.fail("prefill and decode graphs of a context must agree on giving logits");
-          if (states(ctx.graphs[gi]) != states(d)) gs[gi].at("inputs").fail("carries other state than the context's decode graph");
-        }
-        if (logits) {
-          if (next_layer != m.layers) c.fail("gives logits before all layers are run");
-          have_logits = true;
-        }
-      }
       m.contexts.push_back(std::move(ctx));
     }
-    if (m.host_op == "qwen3_5_generate" && (m.contexts.empty() || !m.contexts.back().graph(GraphRole::lm_head)))
-      cs.fail("qwen3_5_generate runs the lm-head as a context of its own, and there is none");
-    if (!have_logits) cs.fail("no context gives logits (an lm_head context or a last shard with a logits output)");
-    if (next_layer != m.layers) cs.fail("shards cover layers 0.." + std::to_string(next_layer - 1) + " of " + std::to_string(m.layers));
-    // Every state must be carried by each context's graphs alike, and by some context.
-    std::vector<int> owner(m.state.size(), -1);
+
+    // What bindings name beyond their own graph: an encoder component, a layer's router.
+    std::set<std::string> components;
+    std::set<int> routed;
+    for (const Context& c : m.contexts)
+      for (const Graph& g : c.graphs) {
+        components.insert(g.component);
+        for (const GraphOutput& o : g.outputs)
+          if (o.bind == OutputBind::router_logits) routed.insert(o.layer);
+      }
     for (size_t ci = 0; ci < m.contexts.size(); ci++)
-      for (size_t gi = 0; gi < m.contexts[ci].graphs.size(); gi++)
-        for (const GraphInput& in : m.contexts[ci].graphs[gi].inputs) {
-          if (in.bind != InputBind::state) continue;
-          if (owner[in.state] >= 0 && owner[in.state] != int(ci))
-            cs[ci].at("graphs")[gi].fail("state '" + m.state[in.state].name + "' is already carried by context " + m.contexts[owner[in.state]].name);
-          owner[in.state] = int(ci);
+      for (size_t gi = 0; gi < m.contexts[ci].graphs.size(); gi++) {
+        const Graph& g = m.contexts[ci].graphs[gi];
+        for (size_t ii = 0; ii < g.inputs.size(); ii++) {
+          const GraphInput& in = g.inputs[ii];
+          Node at = cs[ci].at("graphs")[gi].at("inputs")[ii];
+          if (in.bind == InputBind::encoder_output && !components.count(in.component))
+            at.at("component").fail("'" + in.component + "' is not a component of this manifest");
+          if (in.bind == InputBind::routing_weights && !routed.count(*in.layer))
+            at.at("layer").fail("no graph gives router-logits for layer " + std::to_string(*in.layer));
         }
-    for (size_t s = 0; s < m.state.size(); s++)
-      if (owner[s] < 0) throw ManifestError(label + ": state[" + std::to_string(s) + "]: '" + m.state[s].name + "' is used by no graph");
+      }
+
+    // A state is carried by one context's graphs (unless it is shared), and written by some graph.
+    std::vector<int> owner(m.state.size(), -1);
+    std::vector<bool> written(m.state.size(), false);
+    for (size_t ci = 0; ci < m.contexts.size(); ci++)
+      for (size_t gi = 0; gi < m.contexts[ci].graphs.size(); gi++) {
+        const Graph& g = m.contexts[ci].graphs[gi];
+        for (const GraphOutput& o : g.outputs)
+          if (o.state >= 0) written[o.state] = true;
+        for (const GraphInput& in : g.inputs) {
+          if (in.bind != InputBind::state) continue;
+          if (owner[in.state] >= 0 && owner[in.state] != int(ci) && !m.state[in.state].shared)
+            cs[ci].at("graphs")[gi].fail("state '" + m.state[in.state].name + "' is already carried by context " + m.contexts[owner[in.state]].name +
+                                         " (a state carried by several contexts declares shared: true)");
+          if (owner[in.state] < 0) owner[in.state] = int(ci);
+        }
+      }
+    for (size_t s = 0; s < m.state.size(); s++) {
+      if (owner[s] < 0) m.fail(m.state[s].path, "'" + m.state[s].name + "' is used by no graph");
+      if (!written[s]) m.fail(m.state[s].path, "'" + m.state[s].name + "' is read but no graph writes its next value");
+    }
+  }
+
+  void state(const Node& st) {
+    for (size_t i = 0, n = st.array(); i < n; i++) {
+      Node s = st[i];
+      std::string kind = s.at("kind").one_of({"kv-cache", "recurrent"});
+      if (kind == "kv-cache") s.object({"name", "kind", "dtype", "shape", "positionAxis"}, {"window", "shared"});
+      else s.object({"name", "kind", "dtype", "shape"}, {"shared"});
+      StateSpec spec;
+      spec.path = s.path;
+      spec.name = s.at("name").str();
+      spec.kind = kind == "kv-cache" ? StateKind::kv_cache : StateKind::recurrent;
+      spec.shape = s.at("shape").shape();
+      s.at("dtype").one_of({"float32"});
+      if (s.has("shared")) {
+        if (!s.at("shared").j.is_boolean()) s.at("shared").fail("expected true or false");
+        spec.shared = s.at("shared").j.get<bool>();
+      }
+      if (spec.kind == StateKind::kv_cache) {
+        spec.position_axis = s.at("positionAxis").int32(0);
+        if (spec.position_axis >= int(spec.shape.size())) s.at("positionAxis").fail(std::to_string(spec.position_axis) + " is not an axis of " + shape_str(spec.shape));
+        // A ring cache holds `window` slots; any other holds one per position up to maxContext.
+        if (s.has("window")) {
+          spec.window = s.at("window").int32(1);
+          if (*spec.window > m.max_context) s.at("window").fail(std::to_string(*spec.window) + " is wider than limits.maxContext " + std::to_string(m.max_context));
+        }
+        const int64_t slots = spec.window ? *spec.window : m.max_context;
+        if (spec.shape[spec.position_axis] != slots)
+          s.at("shape").fail(shape_str(spec.shape) + " has " + std::to_string(spec.shape[spec.position_axis]) + " slots on the position axis, " +
+                             (spec.window ? "window is " : "limits.maxContext is ") + std::to_string(slots));
+      }
+      if (!state_index.emplace(spec.name, int(i)).second) s.at("name").fail("'" + spec.name + "' is declared twice");
+      m.state.push_back(spec);
+    }
+  }
+
+  void host_tables(const Node& tables, FileChecker& files) {
+    for (size_t i = 0, n = tables.array(); i < n; i++) {
+      Node t = tables[i];
+      t.object({"name", "use", "file", "sha256", "dtype", "shape"});
+      HostTable h;
+      h.path = t.path;
+      h.name = t.at("name").str();
+      if (!table_index.emplace(h.name, int(i)).second) t.at("name").fail("'" + h.name + "' is declared twice");
+      h.use = t.at("use").one_of({"embedding", "per-layer-embedding", "expert-weights", "expert-scales", "patch-embedding", "position-embedding"});
+      h.dtype = t.at("dtype").one_of({"float16", "float32", "int8", "bfloat16"});
+      h.shape = t.at("shape").shape();
+      h.file = t.at("file").rel_path();
+      h.sha256 = t.at("sha256").sha256();
+      const uint64_t item = h.dtype == "float32" ? 4 : h.dtype == "int8" ? 1 : 2;
+      const uint64_t want = uint64_t(h.elements()) * item;
+      uint64_t size = files.exists(t.at("file"), h.file);
+      if (size != want)
+        t.at("file").fail("'" + h.file + "' has " + std::to_string(size) + " bytes, expected " + shape_str(h.shape) + " " + h.dtype + " = " + std::to_string(want));
+      files.check(t.at("sha256"), h.file, h.sha256, true);
+      m.host_tables.push_back(h);
+    }
   }
 
   void parse(const Node& r, FileChecker& files) {
     r.object({"format", "version", "recipe", "arch", "hostOp", "model", "contexts", "state", "hostTables", "mask", "tokenizer", "limits", "generation"});
     if (r.at("format").str() != kFormat) r.at("format").fail("'" + r.at("format").str() + "' is not " + kFormat);
-    if (r.at("version").integer() != kVersion) r.at("version").fail("version " + std::to_string(r.at("version").integer()) + " is not supported (this runtime reads " + std::to_string(kVersion) + ")");
+    if (int64_t v = r.at("version").integer(); v != kVersion)
+      r.at("version").fail("version " + std::to_string(v) + " is not supported: this runtime reads manifest version " + std::to_string(kVersion) +
+                           " (rebuild the bundle with this forge)");
     m.recipe = r.at("recipe").str();
     Node arch = r.at("arch");
     arch.object({"id", "socModel", "dspArch"});
     m.arch_id = arch.at("id").str();
     m.soc_model = arch.at("socModel").int32();
     arch.at("dspArch").str();
-    m.host_op = r.at("hostOp").one_of({"decoder_generate", "qwen3_5_generate"});
+    // The registry decides which host-ops exist: refused here, before any file is hashed or graph loaded.
+    m.host_op = identifier(r.at("hostOp"));
+    if (!find_host_op(m.host_op)) {
+      std::string names;
+      for (const std::string& n : host_op_names()) names += (names.empty() ? "" : ", ") + n;
+      r.at("hostOp").fail("'" + m.host_op + "' is not a registered host-op (registered: " + names + ")");
+    }
     Node model = r.at("model");
     model.object({"family", "layers", "hidden", "vocab"});
     m.family = model.at("family").str();
@@ -412,46 +523,8 @@ struct Parser {
     m.mask_masked = mask.at("masked").j.get<float>();
     mask.at("layout").one_of({"past-then-new"});
 
-    Node st = r.at("state");
-    for (size_t i = 0, n = st.array(); i < n; i++) {
-      Node s = st[i];
-      std::string kind = s.at("kind").one_of({"kv-cache", "recurrent"});
-      if (kind == "kv-cache") s.object({"name", "kind", "dtype", "shape", "positionAxis"});
-      else s.object({"name", "kind", "dtype", "shape"});
-      StateSpec spec;
-      spec.name = s.at("name").str();
-      spec.kind = kind == "kv-cache" ? StateKind::kv_cache : StateKind::recurrent;
-      if (spec.kind == StateKind::recurrent && m.host_op != "qwen3_5_generate")
-        s.at("kind").fail("recurrent state needs hostOp qwen3_5_generate; " + m.host_op + " carries kv-cache state only");
-      spec.shape = s.at("shape").shape();
-      s.at("dtype").one_of({"float32"});
-      if (spec.kind == StateKind::kv_cache) {
-        spec.position_axis = s.at("positionAxis").int32(0);
-        if (spec.position_axis >= int(spec.shape.size())) s.at("positionAxis").fail(std::to_string(spec.position_axis) + " is not an axis of " + shape_str(spec.shape));
-        if (spec.shape[spec.position_axis] != m.max_context)
-          s.at("shape").fail(shape_str(spec.shape) + " has " + std::to_string(spec.shape[spec.position_axis]) + " slots on the position axis, limits.maxContext is " + std::to_string(m.max_context));
-      }
-      if (!state_index.emplace(spec.name, int(i)).second) s.at("name").fail("'" + spec.name + "' is declared twice");
-      m.state.push_back(spec);
-    }
-
-    Node tables = r.at("hostTables");
-    bool have_embedding = false;
-    for (size_t i = 0, n = tables.array(); i < n; i++) {
-      Node t = tables[i];
-      t.object({"name", "file", "sha256", "dtype", "shape"});
-      t.at("name").one_of({"embedding"});
-      if (have_embedding) t.at("name").fail("'embedding' is declared twice");
-      have_embedding = true;
-      t.at("dtype").one_of({"float16"});
-      std::vector<int64_t> shape = t.at("shape").shape();
-      if (shape != std::vector<int64_t>{m.vocab, m.hidden}) t.at("shape").fail(shape_str(shape) + " must be [model.vocab, model.hidden] = " + shape_str({m.vocab, m.hidden}));
-      m.embedding_file = t.at("file").rel_path();
-      uint64_t size = files.exists(t.at("file"), m.embedding_file);
-      if (size != uint64_t(m.vocab) * m.hidden * 2) t.at("file").fail("'" + m.embedding_file + "' has " + std::to_string(size) + " bytes, expected vocab*hidden*2 = " + std::to_string(uint64_t(m.vocab) * m.hidden * 2));
-      files.check(t.at("sha256"), m.embedding_file, t.at("sha256").sha256(), true);
-    }
-    if (!have_embedding) tables.fail("the host-op needs an 'embedding' table");
+    state(r.at("state"));
+    host_tables(r.at("hostTables"), files);
 
     Node tok = r.at("tokenizer");
     tok.object({"file", "sha256", "bos", "eos", "chatTemplate"}, {"config"});
@@ -476,7 +549,33 @@ struct Parser {
 
 }  // namespace
 
-const Graph* Context::graph(GraphRole role) const {
+const char* bind_name(InputBind b) {
+  switch (b) {
+    case InputBind::residual: return "residual";
+    case InputBind::positions: return "positions";
+    case InputBind::mask: return "mask";
+    case InputBind::state: return "state";
+    case InputBind::host_rows: return "host-rows";
+    case InputBind::routing_weights: return "routing-weights";
+    case InputBind::encoder_output: return "encoder-output";
+    case InputBind::pixels: return "pixels";
+    case InputBind::audio_samples: return "audio-samples";
+  }
+  return "?";
+}
+
+const char* bind_name(OutputBind b) {
+  switch (b) {
+    case OutputBind::residual: return "residual";
+    case OutputBind::logits: return "logits";
+    case OutputBind::state_rows: return "state-rows";
+    case OutputBind::state_replace: return "state-replace";
+    case OutputBind::router_logits: return "router-logits";
+  }
+  return "?";
+}
+
+const Graph* Context::graph(const std::string& role) const {
   for (const Graph& g : graphs)
     if (g.role == role) return &g;
   return nullptr;
@@ -490,11 +589,25 @@ size_t elements(const std::vector<int64_t>& shape) {
 
 std::string Manifest::resolve(const std::string& rel) const { return root + "/" + rel; }
 
+std::vector<const HostTable*> Manifest::tables(const std::string& use) const {
+  std::vector<const HostTable*> out;
+  for (const HostTable& t : host_tables)
+    if (t.use == use) out.push_back(&t);
+  return out;
+}
+
+void Manifest::fail(const std::string& at, const std::string& msg) const {
+  throw ManifestError(one_line(label + ": " + (at.empty() ? "" : at + ": ") + msg));
+}
+
 Manifest parse_manifest(const json& doc, const std::string& label, const std::string& artifacts_root, const LoadOptions& opts) {
-  Parser p{label, {}, {}};
+  Parser p{label, {}, {}, {}};
   p.m.root = artifacts_root;
+  p.m.label = label;
   FileChecker files(artifacts_root, opts);
   p.parse(Node{doc, "", label}, files);
+  // Then the host-op's own rules: what it runs of all the manifest may say.
+  find_host_op(p.m.host_op)->validate(p.m);
   return std::move(p.m);
 }
 

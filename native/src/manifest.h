@@ -2,7 +2,8 @@
 // zod schema in src/bundle/manifest.ts) and validated on load. Validation throws ONE ManifestError
 // whose message names the offending field path, e.g.
 //   manifest.json: contexts[0].graphs[1].inputs[3].state: 'kv.9.k' is not a declared state
-// so a bad bundle is refused before any graph is loaded, never half-run.
+// so a bad bundle is refused before any graph is loaded, never half-run. Version 2: open host-op
+// names and roles, typed bindings to host tables, routing and encoders, windowed and shared state.
 #pragma once
 #include <cstdint>
 #include <optional>
@@ -20,10 +21,17 @@ class ManifestError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class InputBind { residual, positions, mask, state };
-enum class OutputBind { residual, logits, state_rows, state_replace };
+enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_samples };
+enum class OutputBind { residual, logits, state_rows, state_replace, router_logits };
 enum class StateKind { kv_cache, recurrent };
-enum class GraphRole { prefill, decode, lm_head };
+enum class RowIndex { token, expert };
+
+/** The roles today's decoders use. Roles are open names: a host-op may define others. */
+namespace role {
+constexpr const char* prefill = "prefill";
+constexpr const char* decode = "decode";
+constexpr const char* lm_head = "lm_head";
+}  // namespace role
 
 struct TensorSpec {
   std::string name;
@@ -33,14 +41,27 @@ struct TensorSpec {
 
 struct GraphInput : TensorSpec {
   InputBind bind;
-  int state = -1;  // index into Manifest::state when bind == state
+  int state = -1;              // index into Manifest::state when bind == state
+  int table = -1;              // host_rows: index into Manifest::host_tables
+  RowIndex index = RowIndex::token;  // host_rows: what picks the rows
+  std::optional<int> layer;    // host_rows (optional), routing_weights (always): the layer
+  std::optional<int> slot;     // host_rows: which of the selected experts
+  std::string component;       // encoder_output: the encoder component
+  std::string path;            // e.g. contexts[0].graphs[1].inputs[3], for a validator's complaint
 };
 
 struct GraphOutput : TensorSpec {
   OutputBind bind;
   int state = -1;  // index into Manifest::state when bind == state_rows / state_replace
   int axis = 0;    // the rows axis of a state_rows output
+  int layer = -1;  // router_logits: the layer routed
+  int top_k = 0;   // router_logits: experts selected
+  std::string path;
 };
+
+/** The schema's name of a binding (as a refusal quotes it). */
+const char* bind_name(InputBind b);
+const char* bind_name(OutputBind b);
 
 struct QnnFiles {
   std::string wrapper, sha256, binary;
@@ -48,7 +69,8 @@ struct QnnFiles {
 
 struct Graph {
   std::string name;
-  GraphRole role;
+  std::string component;  // the family component this graph is a variant of
+  std::string role;       // prefill, decode, lm_head, or a role a host-op defines
   int tokens = 1;
   std::string file, sha256;
   std::optional<QnnFiles> qnn;
@@ -56,6 +78,7 @@ struct Graph {
   std::vector<GraphInput> inputs;
   std::vector<GraphOutput> outputs;
   std::string weights;  // fp32 / fp16 / w8
+  std::string path;     // contexts[i].graphs[j]
 };
 
 struct ContextFile {
@@ -67,8 +90,9 @@ struct Context {
   std::string name;
   std::vector<ContextFile> files;
   std::vector<Graph> graphs;
-  /** The graph of a role, or nullptr. */
-  const Graph* graph(GraphRole role) const;
+  std::string path;  // contexts[i]
+  /** The graph of a role, or nullptr (a context has at most one of each). */
+  const Graph* graph(const std::string& role) const;
 };
 
 /** Elements of a tensor of this shape. */
@@ -79,6 +103,17 @@ struct StateSpec {
   StateKind kind = StateKind::kv_cache;
   std::vector<int64_t> shape;
   int position_axis = -1;  // kv-cache: the axis indexed by absolute position; -1 for recurrent state
+  std::optional<int> window;  // kv-cache: a ring of this many slots (the position axis is this long)
+  bool shared = false;        // may be carried by graphs of several contexts
+  std::string path;           // state[i]
+  size_t elements() const { return forge::elements(shape); }
+};
+
+/** A table the host reads rows of: `shape` elements of `dtype` in `file`. */
+struct HostTable {
+  std::string name, use, file, sha256, dtype;
+  std::vector<int64_t> shape;
+  std::string path;  // hostTables[i]
   size_t elements() const { return forge::elements(shape); }
 };
 
@@ -90,7 +125,7 @@ struct Manifest {
   int layers = 0, hidden = 0, vocab = 0;
   std::vector<Context> contexts;  // execution order: shards, then the lm-head
   std::vector<StateSpec> state;
-  std::string embedding_file;  // f16 [vocab, hidden]
+  std::vector<HostTable> host_tables;
   float mask_masked = 0;
   std::string tokenizer_file;
   std::optional<int> bos;
@@ -99,7 +134,13 @@ struct Manifest {
   int max_context = 0;
   int max_new_tokens = 0;
 
+  std::string label;  // how refusals name the file: "manifest.json"
+
   std::string resolve(const std::string& rel) const;
+  /** The tables of a use, in manifest order. */
+  std::vector<const HostTable*> tables(const std::string& use) const;
+  /** Throws the one-line ManifestError "<label>: <path>: <msg>" (a host-op validator's refusal). */
+  [[noreturn]] void fail(const std::string& path, const std::string& msg) const;
 };
 
 /**
@@ -120,7 +161,12 @@ struct LoadOptions {
   uint64_t small_bytes = kVerifySmallBytes;
 };
 
-/** Reads, parses and validates; `artifacts_root` is where the bundle's files live. */
+/**
+ * Reads, parses and validates: first what the manifest language itself defines (fields, shapes,
+ * files, every name a binding refers to), then the rules of its host-op (host_op.h), whose
+ * registered validator refuses whatever that host-op would not execute. `artifacts_root` is where
+ * the bundle's files live.
+ */
 Manifest load_manifest(const std::string& manifest_path, const std::string& artifacts_root,
                        const LoadOptions& opts = {});
 /** Validates an already-parsed document; `label` prefixes error messages (the file name). */

@@ -24,14 +24,15 @@
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
-#include "decoder_generate.h"
 #include "executor.h"
+#include "host_op.h"
 #include "manifest.h"
 #include "prompt.h"
 #include "tokenizer.h"
@@ -119,9 +120,10 @@ int run(int argc, char** argv) {
   // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
   const char* threads = std::getenv("FORGE_ORT_THREADS");
   forge::Executor exec(m, forge::ExecutorOptions{backend, system_lib, threads ? std::atoi(threads) : 0});
-  forge::DecoderGenerate gen(m, exec);
+  // The manifest's host-op, from the registry (load_manifest has run its validator).
+  std::unique_ptr<forge::Generator> gen = forge::make_generator(m, exec);
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
-  forge::GenerateResult r = gen.generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill}, forced);
+  forge::GenerateResult r = gen->generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill}, forced);
   // The ids are the result; the text is a convenience. A model whose vocabulary is larger than its
   // tokenizer's (padded embeddings; forge's synthetic 4B checkpoints carry the tiny twin's
   // tokenizer) can generate an id the tokenizer has no text for: the text is then null, not an error.

@@ -194,18 +194,18 @@ json write_seed_bundle(const std::string& dir) {
   v_out["state"] = "kv.0.v";
   v_out["axis"] = 2;
   json decode = {
-      {"name", "shard0.decode"}, {"role", "decode"}, {"tokens", 1}, {"file", "shard0.decode.onnx"}, {"sha256", file("shard0.decode.onnx", "graph")},
+      {"name", "shard0.decode"}, {"component", "shard0"}, {"role", "decode"}, {"tokens", 1}, {"file", "shard0.decode.onnx"}, {"sha256", file("shard0.decode.onnx", "graph")},
       {"layers", {0, 0}},
       {"inputs", {tensor("h", "float32", {1, 1, 4}, "residual"), tensor("pos", "int32", {1}, "positions"), tensor("mask", "float32", {1, 1, 1, 5}, "mask"), k_in, v_in}},
       {"outputs", {tensor("h_out", "float32", {1, 1, 4}, "residual"), k_out, v_out}},
       {"quant", {{"weights", "fp32"}, {"activations", "float32"}}}};
   json lm_head = {
-      {"name", "lm_head"}, {"role", "lm_head"}, {"tokens", 1}, {"file", "lm_head.onnx"}, {"sha256", file("lm_head.onnx", "graph")},
+      {"name", "lm_head"}, {"component", "lm_head"}, {"role", "lm_head"}, {"tokens", 1}, {"file", "lm_head.onnx"}, {"sha256", file("lm_head.onnx", "graph")},
       {"inputs", {tensor("h", "float32", {1, 1, 4}, "residual")}},
       {"outputs", {tensor("logits", "float32", {1, 1, 8}, "logits")}},
       {"quant", {{"weights", "fp32"}, {"activations", "float32"}}}};
   return {
-      {"format", "forge-bundle"}, {"version", 1}, {"recipe", "fuzz"},
+      {"format", "forge-bundle"}, {"version", 2}, {"recipe", "fuzz"},
       {"arch", {{"id", "v81"}, {"socModel", 87}, {"dspArch", "v81"}}},
       {"hostOp", "decoder_generate"},
       {"model", {{"family", "qwen3"}, {"layers", 1}, {"hidden", 4}, {"vocab", 8}}},
@@ -213,7 +213,7 @@ json write_seed_bundle(const std::string& dir) {
        {{{"name", "shard0"}, {"files", {{{"path", "shard0.bin"}, {"sha256", file("shard0.bin", weights)}, {"bytes", 64}}}}, {"graphs", {decode}}},
         {{"name", "lm_head"}, {"files", json::array()}, {"graphs", {lm_head}}}}},
       {"state", {kv, kv_v}},
-      {"hostTables", {{{"name", "embedding"}, {"file", "embedding.f16.bin"}, {"sha256", file("embedding.f16.bin", weights)}, {"dtype", "float16"}, {"shape", {8, 4}}}}},
+      {"hostTables", {{{"name", "embedding"}, {"use", "embedding"}, {"file", "embedding.f16.bin"}, {"sha256", file("embedding.f16.bin", weights)}, {"dtype", "float16"}, {"shape", {8, 4}}}}},
       {"mask", {{"masked", -1e9}, {"layout", "past-then-new"}}},
       {"tokenizer", {{"file", "tokenizer.json"}, {"sha256", file("tokenizer.json", "{}")}, {"bos", nullptr}, {"eos", {7}}, {"chatTemplate", nullptr}}},
       {"limits", {{"maxContext", 4}}},

@@ -13,8 +13,8 @@
 #include <nlohmann/json.hpp>
 
 #include "bundle_env.h"
-#include "decoder_generate.h"
 #include "executor.h"
+#include "host_op.h"
 #include "manifest.h"
 #include "prompt.h"
 #include "sha256.h"
@@ -25,14 +25,14 @@ namespace {
 struct Loaded {
   forge::Manifest manifest;
   std::unique_ptr<forge::Executor> exec;
-  std::unique_ptr<forge::DecoderGenerate> gen;
+  std::unique_ptr<forge::Generator> gen;
 };
 
 std::unique_ptr<Loaded> load(const std::string& dir) {
   auto l = std::make_unique<Loaded>();
   l->manifest = forge::load_manifest(dir + "/manifest.json", dir);
   l->exec = std::make_unique<forge::Executor>(l->manifest, forge::ExecutorOptions{});
-  l->gen = std::make_unique<forge::DecoderGenerate>(l->manifest, *l->exec);
+  l->gen = forge::make_generator(l->manifest, *l->exec);  // through the registry, as qhx_generate
   return l;
 }
 
@@ -83,7 +83,7 @@ TEST(Generate, PrefillEqualsDecodeOverPrompt) {
   NEED_ENV(trace, "FORGE_TEST_TRACE");
   auto l = load(bundle);
   ASSERT_TRUE(l->gen->has_prefill()) << "the tiny bundle is expected to have prefill graphs";
-  int chunk = l->manifest.contexts[0].graph(forge::GraphRole::prefill)->tokens;
+  int chunk = l->manifest.contexts[0].graph(forge::role::prefill)->tokens;
   std::vector<std::vector<int>> prompts;
   for (const auto& tp : forge_test::load_trace(trace)) prompts.push_back(tp.prompt_tokens);
   // A long prompt: several chunks with a padded last one, and one exactly filling two chunks.
@@ -310,7 +310,7 @@ TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
   fs::copy(bundle, dir, fs::copy_options::recursive);
   forge::Manifest m = forge::load_manifest((dir / "manifest.json").string(), dir.string());
   {
-    fs::path table = fs::path(m.embedding_file).is_absolute() ? fs::path(m.embedding_file) : dir / m.embedding_file;
+    fs::path table = dir / m.tables("embedding").at(0)->file;
     std::fstream f(table, std::ios::in | std::ios::out | std::ios::binary);
     ASSERT_TRUE(f) << table;
     std::vector<uint16_t> nan_row(size_t(m.hidden), 0x7e00);  // f16 quiet NaN

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bundle_env.h"
+#include "host_op.h"
 #include "manifest.h"
 
 using nlohmann::json;
@@ -51,6 +52,25 @@ TEST(Manifest, TinyBundleLoads) {
   EXPECT_GE(m.contexts.size(), 2u);
   EXPECT_FALSE(m.state.empty());
   EXPECT_GT(m.max_context, 0);
+  for (const forge::Context& c : m.contexts)
+    for (const forge::Graph& g : c.graphs) EXPECT_EQ(g.component, c.name) << g.path;
+  ASSERT_EQ(m.host_tables.size(), 1u);
+  EXPECT_EQ(m.host_tables[0].use, "embedding");
+  EXPECT_EQ(m.host_tables[0].shape, (std::vector<int64_t>{m.vocab, m.hidden}));
+}
+
+// The registry holds the built-in host-ops by name; anything else is not one.
+TEST(HostOps, RegistryFindsTheBuiltInsByName) {
+  EXPECT_EQ(forge::host_op_names(), (std::vector<std::string>{"decoder_generate", "qwen3_5_generate"}));
+  for (const std::string& n : forge::host_op_names()) {
+    const forge::HostOpSpec* h = forge::find_host_op(n);
+    ASSERT_NE(h, nullptr) << n;
+    EXPECT_EQ(h->name, n);
+    EXPECT_NE(h->validate, nullptr);
+    EXPECT_NE(h->make, nullptr);
+  }
+  EXPECT_EQ(forge::find_host_op("phimoe_generate"), nullptr);
+  EXPECT_EQ(forge::find_host_op(""), nullptr);
 }
 
 TEST(Manifest, EachMutationNamesTheFieldPath) {
@@ -58,14 +78,23 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
   const json good = read_json(bundle + "/manifest.json");
   ASSERT_EQ(error_of(good, bundle), "");
   const int C = good["limits"]["maxContext"].get<int>();
+  // Where a binding pushed onto the decode graph lands.
+  const std::string next_in = "contexts[0].graphs[1].inputs[" + std::to_string(good["contexts"][0]["graphs"][1]["inputs"].size()) + "]";
+  const std::string next_out = "contexts[0].graphs[1].outputs[" + std::to_string(good["contexts"][0]["graphs"][1]["outputs"].size()) + "]";
+  const std::string kv0 = good["state"][0]["shape"].dump();
   std::vector<Mutation> mutations = {
       {"format", [](json& j) { j["format"] = "other"; }, "manifest.json: format: 'other' is not forge-bundle"},
-      {"version", [](json& j) { j["version"] = 2; }, "manifest.json: version: version 2 is not supported"},
+      {"a v1 manifest", [](json& j) { j["version"] = 1; }, "manifest.json: version: version 1 is not supported: this runtime reads manifest version 2 (rebuild the bundle with this forge)"},
       {"undeclared state", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][3]["state"] = "kv.9.k"; },
        "manifest.json: contexts[0].graphs[1].inputs[3].state: 'kv.9.k' is not a declared state"},
       {"state-rows of undeclared state", [](json& j) { j["contexts"][0]["graphs"][0]["outputs"][1]["state"] = "kv.7.v"; },
        "contexts[0].graphs[0].outputs[1].state: 'kv.7.v' is not a declared state"},
-      {"role", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "encode"; }, "contexts[0].graphs[0].role: 'encode' is not one of"},
+      {"role not an identifier", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "Encode"; }, "contexts[0].graphs[0].role: 'Encode' is not a lowercase identifier"},
+      {"role the host-op does not run", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "encode"; },
+       "contexts[0].graphs[0].role: decoder_generate runs no 'encode' graph (its roles: prefill, decode, lm_head)"},
+      {"component missing", [](json& j) { j["contexts"][0]["graphs"][0].erase("component"); }, "contexts[0].graphs[0].component: missing"},
+      {"two decode graphs of one component", [](json& j) { j["contexts"][1]["graphs"][0]["component"] = "shard0"; j["contexts"][1]["graphs"][0]["role"] = "decode"; },
+       "contexts[1].graphs[0].role: component 'shard0' already has a decode graph at contexts[0].graphs[1]"},
       {"decode tokens", [](json& j) { j["contexts"][0]["graphs"][1]["tokens"] = 2; }, "contexts[0].graphs[1].tokens: a decode graph takes 1 token"},
       {"prefill tokens vs shapes", [](json& j) { j["contexts"][0]["graphs"][0]["tokens"] = 4; }, "contexts[0].graphs[0].inputs[0].shape"},
       {"residual width", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][0]["shape"][2] = 65; }, "contexts[0].graphs[1].inputs[0].shape: [1,1,65] must be [1,1,64]"},
@@ -81,7 +110,11 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"bound twice", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][4]["state"] = "kv.0.k"; }, "contexts[0].graphs[1].inputs[4].state: 'kv.0.k' is bound twice"},
       {"unknown field", [](json& j) { j["contexts"][0]["graphs"][0]["extra"] = 1; }, "contexts[0].graphs[0].extra: unknown field"},
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
-      {"hostOp", [](json& j) { j["hostOp"] = "phimoe_generate"; }, "hostOp: 'phimoe_generate' is not one of decoder_generate, qwen3_5_generate"},
+      {"hostOp not registered", [](json& j) { j["hostOp"] = "phimoe_generate"; },
+       "manifest.json: hostOp: 'phimoe_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate)"},
+      // The registry answers first: no file of the bundle is looked at for an unknown host-op.
+      {"hostOp not registered, before any graph", [](json& j) { j["hostOp"] = "phimoe_generate"; j["contexts"][0]["graphs"][0]["file"] = "gone.onnx"; },
+       "manifest.json: hostOp: 'phimoe_generate' is not a registered host-op"},
       {"recurrent state bound as rows", [C](json& j) {
          j["hostOp"] = "qwen3_5_generate";  // the host-op that carries recurrent state
          j["state"][0] = {{"name", "kv.0.k"}, {"kind", "recurrent"}, {"dtype", "float32"}, {"shape", {1, 2, C, 32}}};
@@ -92,7 +125,43 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
          o["bind"] = "state-replace";
        }, "contexts[0].graphs[1].outputs[1].state: 'kv.0.k' is a kv-cache: its output binds as state-rows"},
       {"recurrent with positionAxis", [](json& j) { j["state"][0]["kind"] = "recurrent"; }, "state[0].positionAxis: unknown field"},
-      {"embedding shape", [](json& j) { j["hostTables"][0]["shape"][1] = 32; }, "hostTables[0].shape: [1033,32] must be [model.vocab, model.hidden]"},
+      // Host tables: generic checks of the file, then the host-op's one f16 [vocab, hidden] embedding.
+      {"host table size", [](json& j) { j["hostTables"][0]["shape"][1] = 32; }, "hostTables[0].file: 'embedding.f16.bin' has 132224 bytes, expected [1033,32] float16 = 66112"},
+      {"host table use", [](json& j) { j["hostTables"][0]["use"] = "experts"; }, "hostTables[0].use: 'experts' is not one of embedding, per-layer-embedding"},
+      {"host table declared twice", [](json& j) { j["hostTables"].push_back(j["hostTables"][0]); }, "hostTables[1].name: 'embedding' is declared twice"},
+      {"embedding shape", [](json& j) { j["hostTables"][0]["shape"] = {2066, 32}; }, "hostTables[0].shape: [2066,32] must be [model.vocab, model.hidden] = [1033,64]"},
+      {"embedding dtype", [](json& j) { j["hostTables"][0]["dtype"] = "bfloat16"; }, "hostTables[0].dtype: 'bfloat16' must be float16"},
+      {"no embedding", [](json& j) { j["hostTables"][0]["use"] = "per-layer-embedding"; }, "hostTables[0].use: decoder_generate reads no 'per-layer-embedding' table"},
+      {"host-rows from an undeclared table", [](json& j) {
+         auto& in = j["contexts"][0]["graphs"][1]["inputs"];
+         in.push_back({{"name", "w"}, {"dtype", "int8"}, {"shape", {2, 64}}, {"bind", "host-rows"}, {"table", "experts.w"}, {"index", "expert"}, {"layer", 0}, {"slot", 1}});
+       }, "manifest.json: " + next_in + ".table: 'experts.w' is not a declared host table"},
+      {"host-rows of a declared table", [](json& j) {
+         auto& in = j["contexts"][0]["graphs"][1]["inputs"];
+         in.push_back({{"name", "e"}, {"dtype", "float16"}, {"shape", {1, 64}}, {"bind", "host-rows"}, {"table", "embedding"}, {"index", "token"}});
+       }, next_in + ".bind: decoder_generate does not bind host-rows inputs"},
+      {"routing weights with no router", [](json& j) {
+         j["contexts"][0]["graphs"][1]["inputs"].push_back({{"name", "rw"}, {"dtype", "float32"}, {"shape", {2}}, {"bind", "routing-weights"}, {"layer", 1}});
+       }, next_in + ".layer: no graph gives router-logits for layer 1"},
+      {"encoder output of no component", [](json& j) {
+         j["contexts"][0]["graphs"][1]["inputs"].push_back({{"name", "img"}, {"dtype", "float32"}, {"shape", {1, 4, 64}}, {"bind", "encoder-output"}, {"component", "vision"}});
+       }, next_in + ".component: 'vision' is not a component of this manifest"},
+      {"router logits under decoder_generate", [](json& j) {
+         j["contexts"][0]["graphs"][1]["outputs"].push_back({{"name", "router"}, {"dtype", "float32"}, {"shape", {1, 1, 4}}, {"bind", "router-logits"}, {"layer", 0}, {"topK", 2}});
+       }, "manifest.json: " + next_out + ".bind: decoder_generate does not bind router-logits outputs"},
+      {"router topK past the experts", [](json& j) {
+         j["contexts"][0]["graphs"][1]["outputs"].push_back({{"name", "router"}, {"dtype", "float32"}, {"shape", {1, 1, 4}}, {"bind", "router-logits"}, {"layer", 0}, {"topK", 5}});
+       }, next_out + ".topK: 5 is more than the 4 experts on the last axis"},
+      // State: a ring cache is as long as its window (generic); the decoder host-ops have none.
+      {"window and slots disagree", [](json& j) { j["state"][0]["window"] = 8; }, "state[0].shape: " + kv0 + " has " + std::to_string(C) + " slots on the position axis, window is 8"},
+      {"window wider than maxContext", [C](json& j) { j["state"][0]["window"] = C + 1; }, "state[0].window: " + std::to_string(C + 1) + " is wider than limits.maxContext " + std::to_string(C)},
+      {"windowed kv-cache under decoder_generate", [C](json& j) { j["state"][0]["window"] = C; },
+       "manifest.json: state[0].window: decoder_generate has no ring caches"},
+      {"shared state under decoder_generate", [](json& j) { j["state"][0]["shared"] = true; }, "state[0].shared: decoder_generate keeps each state in the one context that carries it"},
+      {"unshared state in two contexts", [](json& j) {
+         j["contexts"][1]["graphs"][0]["inputs"].push_back(j["contexts"][0]["graphs"][1]["inputs"][3]);    // reads kv.0.k
+         j["contexts"][1]["graphs"][0]["outputs"].push_back(j["contexts"][0]["graphs"][1]["outputs"][1]);  // and writes its rows
+       }, "contexts[1].graphs[0]: state 'kv.0.k' is already carried by context shard0 (a state carried by several contexts declares shared: true)"},
       {"eos id", [](json& j) { j["tokenizer"]["eos"][0] = 99999; }, "tokenizer.eos[0]: 99999 is past model.vocab"},
       {"path escape", [](json& j) { j["contexts"][0]["graphs"][0]["file"] = "../x.onnx"; }, "contexts[0].graphs[0].file: '../x.onnx' must be a path inside the bundle"},
       {"missing file", [](json& j) { j["contexts"][0]["files"][0]["path"] = "nope.data"; }, "contexts[0].files[0].path: 'nope.data' does not exist"},
@@ -143,6 +212,13 @@ TEST(Manifest, HybridBundleLoadsAndItsHostOpRulesHold) {
        "state[0].kind: recurrent state needs hostOp qwen3_5_generate; decoder_generate carries kv-cache state only"},
       {"no lm-head context", [](json& j) { j["contexts"].erase(2); },
        "contexts: qwen3_5_generate runs the lm-head as a context of its own"},
+      {"windowed kv-cache under qwen3_5_generate", [](json& j) {
+         for (auto& s : j["state"])
+           if (s["kind"] == "kv-cache") s["window"] = j["limits"]["maxContext"];
+       }, "window: qwen3_5_generate has no ring caches"},
+      {"router logits under qwen3_5_generate", [](json& j) {
+         j["contexts"][0]["graphs"][0]["outputs"].push_back({{"name", "router"}, {"dtype", "float32"}, {"shape", {1, 1, 4}}, {"bind", "router-logits"}, {"layer", 0}, {"topK", 2}});
+       }, "outputs[" + std::to_string(good["contexts"][0]["graphs"][0]["outputs"].size()) + "].bind: qwen3_5_generate does not bind router-logits outputs"},
   });
 }
 

@@ -2,14 +2,15 @@
 // not have: the run test is skipped (with the reason printed) unless FORGE_QNN_EP_LIB is set. The
 // missing-plugin error is always checked (with FORGE_QNN_EP_LIB pointed at nothing while it runs).
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "bundle_env.h"
-#include "decoder_generate.h"
 #include "executor.h"
+#include "host_op.h"
 #include "manifest.h"
 
 TEST(Qnn, MissingPluginFailsWithAClearMessage) {
@@ -45,9 +46,9 @@ TEST(Qnn, GenerateOnCompiledContexts) {
   std::string b = dir;
   forge::Manifest m = forge::load_manifest(b + "/manifest.json", b);
   forge::Executor exec(m, forge::ExecutorOptions{backend, "-", 0});
-  forge::DecoderGenerate gen(m, exec);
+  std::unique_ptr<forge::Generator> gen = forge::make_generator(m, exec);
   for (const auto& tp : forge_test::load_trace(trace)) {
-    auto r = gen.generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+    auto r = gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
     size_t same = 0;
     while (same < r.generated.size() && r.generated[same] == tp.generated[same]) same++;
     std::printf("[ parity   ] qnn '%s': %zu/%zu tokens equal HF\n", tp.text.c_str(), same, tp.generated.size());

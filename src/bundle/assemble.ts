@@ -108,6 +108,8 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
       for (const s of b.state) state.set(s.name, s);
       graphs.push({
         name: g.name,
+        // Today a context holds one component's variants (a shard's prefill and decode, the lm-head).
+        component: c.name,
         role: g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill',
         tokens: g.n,
         ...graphFiles,
@@ -132,7 +134,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],
-    hostTables: [{ name: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }],
+    hostTables: [{ name: 'embedding', use: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }],
     mask: { masked: MASKED, layout: 'past-then-new' },
     tokenizer: {
       file: 'tokenizer.json',

@@ -41,7 +41,8 @@ function role(file: string, f: CardFacts): string {
   if (file === 'README.md') return 'this model card';
   if (file === 'SHA256SUMS') return 'checksums (`sha256sum -c SHA256SUMS`)';
   if (file.endsWith('_ctx.onnx')) return `EPContext wrapper of graph ${file.replace(/_ctx\.onnx$/, '')}`;
-  if (file.endsWith('.bin') && f.manifest.hostTables.some((t) => t.file === file)) return `host embedding table, f16 [${f.manifest.hostTables[0].shape.join(', ')}]`;
+  const table = f.manifest.hostTables.find((t) => t.file === file);
+  if (table) return `host ${table.use} table, ${table.dtype} [${table.shape.join(', ')}]`;
   if (file.endsWith('.bin')) return `QNN context binary for ${f.arch.id} (soc_model ${f.arch.socModel})`;
   if (file === f.manifest.tokenizer.file) return 'tokenizer';
   if (file === f.manifest.tokenizer.config) return 'tokenizer config and chat template';

@@ -5,7 +5,8 @@
 import { z } from 'zod';
 
 export const MANIFEST_FORMAT = 'forge-bundle';
-export const MANIFEST_VERSION = 1;
+/** v2: open host-op names, components, typed bindings to host tables/routing/encoders, windowed and shared state. */
+export const MANIFEST_VERSION = 2;
 
 /** Why a QNN context binary is declared nondeterministic (written into the manifest beside it). */
 export const NONDETERMINISTIC_QNN_BINARY =
@@ -24,12 +25,31 @@ const shape = z.array(z.number().int().positive()).min(1);
 
 const tensor = { name: z.string().min(1), dtype, shape };
 
+/**
+ * An open name: a host-op, a graph role. The runtime's host-op registry decides which exist and
+ * what each runs; the schema only keeps them well-formed.
+ */
+const identifier = z.string().regex(/^[a-z][a-z0-9_]*$/, 'a lowercase identifier (a-z, 0-9, _)');
+const index = z.number().int().nonnegative();
+
 /** Where a graph input comes from, as the host-op sees it. */
 const InputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('residual') }).strict(), // the running hidden state [1, N, H]
   z.object({ ...tensor, bind: z.literal('positions') }).strict(), // int32 [N]: absolute positions of the N tokens
   z.object({ ...tensor, bind: z.literal('mask') }).strict(), // additive [1, 1, N, C+N]: see `mask` below
   z.object({ ...tensor, bind: z.literal('state'), state: z.string().min(1) }).strict(), // a state buffer, bound in place
+  // Rows of a host table gathered per call: by token id (per-layer embeddings) or by the selected
+  // expert (its int8 rows / scales); `layer` picks the layer's slice, `slot` which of the top-k experts.
+  z.object({
+    ...tensor, bind: z.literal('host-rows'), table: z.string().min(1), index: z.enum(['token', 'expert']),
+    layer: index.optional(), slot: index.optional(),
+  }).strict(),
+  // The host's top-k weights of the experts selected from the router-logits output of `layer`.
+  z.object({ ...tensor, bind: z.literal('routing-weights'), layer: index }).strict(),
+  // The output of an encoder component (vision, audio), fed to this graph.
+  z.object({ ...tensor, bind: z.literal('encoder-output'), component: z.string().min(1) }).strict(),
+  z.object({ ...tensor, bind: z.literal('pixels') }).strict(), // a preprocessed image
+  z.object({ ...tensor, bind: z.literal('audio-samples') }).strict(), // preprocessed audio
 ]);
 
 /** Where a graph output goes. */
@@ -40,12 +60,19 @@ const OutputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('state-rows'), state: z.string().min(1), axis: z.number().int().nonnegative() }).strict(),
   // The whole next value of a recurrent state (conv FIFO, delta-rule state): replaces it after the call.
   z.object({ ...tensor, bind: z.literal('state-replace'), state: z.string().min(1) }).strict(),
+  // A layer's router logits: the host takes their top-k to select experts and their weights.
+  z.object({ ...tensor, bind: z.literal('router-logits'), layer: index, topK: z.number().int().positive() }).strict(),
 ]);
 
 export const GraphSchema = z.object({
   name: z.string().min(1),
-  /** prefill: N tokens per call; decode: 1; lm_head: final-normed hidden → logits. */
-  role: z.enum(['prefill', 'decode', 'lm_head']),
+  /** The family component this graph is a variant of (a decoder shard, the lm-head, an encoder…). */
+  component: z.string().min(1),
+  /**
+   * Which variant, as the host-op runs it. prefill: N tokens per call; decode: 1; lm_head:
+   * final-normed hidden → logits. Open: a host-op may define more (attn_router, experts…).
+   */
+  role: identifier,
   tokens: z.number().int().positive(),
   /** ONNX graph (CPU EP on the host); a device bundle ships only `qnn`. */
   file: relPath.optional(),
@@ -80,7 +107,8 @@ export const ManifestSchema = z.object({
   version: z.literal(MANIFEST_VERSION),
   recipe: z.string().min(1),
   arch: z.object({ id: z.string(), socModel: z.number().int(), dspArch: z.string() }).strict(),
-  hostOp: z.enum(['decoder_generate', 'qwen3_5_generate']),
+  /** The runtime host-op that runs the bundle (its registry validates the rest against it). */
+  hostOp: identifier,
   model: z.object({
     family: z.string(),
     layers: z.number().int().positive(),
@@ -97,17 +125,23 @@ export const ManifestSchema = z.object({
       shape,
       /** The axis indexed by absolute position (cache slot). */
       positionAxis: z.number().int().nonnegative(),
+      /** A ring cache of this many slots (the position axis is this long, not maxContext). */
+      window: z.number().int().positive().optional(),
+      /** Carried by graphs of several contexts (e.g. K/V shared across layers); else one context owns it. */
+      shared: z.boolean().optional(),
     }).strict(),
     // Carried whole from call to call and replaced by a graph output; zeros before the first token.
-    z.object({ name: z.string().min(1), kind: z.literal('recurrent'), dtype: z.literal('float32'), shape }).strict(),
+    z.object({ name: z.string().min(1), kind: z.literal('recurrent'), dtype: z.literal('float32'), shape, shared: z.boolean().optional() }).strict(),
   ])),
+  /** Tables the host reads rows of (never a graph's weights): each a file of `shape` elements of `dtype`. */
   hostTables: z.array(z.object({
-    name: z.literal('embedding'),
+    name: z.string().min(1),
+    use: z.enum(['embedding', 'per-layer-embedding', 'expert-weights', 'expert-scales', 'patch-embedding', 'position-embedding']),
     file: relPath,
     sha256,
-    dtype: z.literal('float16'),
-    shape: z.tuple([z.number().int().positive(), z.number().int().positive()]),
-  }).strict()),
+    dtype: z.enum(['float16', 'float32', 'int8', 'bfloat16']),
+    shape,
+  }).strict()).refine((ts) => new Set(ts.map((t) => t.name)).size === ts.length, 'host table names are unique'),
   /** Mask convention: slot j < start visible; new token k visible to row r when k ≤ r and k is real. */
   mask: z.object({ masked: z.number(), layout: z.literal('past-then-new') }).strict(),
   tokenizer: z.object({

@@ -1,0 +1,153 @@
+// The manifest rules of the decoder host-ops (decoder_generate, qwen3_5_generate): what the one
+// decode loop in decoder_generate.cpp runs, and nothing else. load_manifest calls them after the
+// generic rules; each refusal names the field path.
+//
+// The loop runs a decoder cut into shard contexts in manifest order, each a decode graph (1 token)
+// and optionally a prefill graph (N tokens) over the same layers and state, threading the residual;
+// then the logits, from an lm_head context or the last shard. It binds residual, positions, mask and
+// state inputs and residual, logits, state-rows and state-replace outputs; it reads one host table,
+// the f16 embedding. Anything else a manifest may express (host-rows, routing, encoders, ring or
+// shared caches, other roles) it would not execute, so it is refused here, not ignored.
+#include <algorithm>
+#include <set>
+#include <sstream>
+
+#include "decoder_generate.h"
+
+namespace forge {
+namespace {
+
+struct DecoderRules {
+  bool recurrent;           // carries recurrent state (conv FIFO, delta-rule state)
+  const char* no_prefill;   // why a prefill graph is refused; nullptr: prefill graphs are run
+  bool separate_lm_head;    // the logits come from an lm_head context, never from the last shard
+};
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::ostringstream o;
+  o << '[';
+  for (size_t i = 0; i < s.size(); i++) o << (i ? "," : "") << s[i];
+  o << ']';
+  return o.str();
+}
+
+bool gives_logits(const Graph& g) {
+  return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
+}
+
+std::set<int> states_read(const Graph& g) {
+  std::set<int> s;
+  for (const GraphInput& in : g.inputs)
+    if (in.bind == InputBind::state) s.insert(in.state);
+  return s;
+}
+
+void state_and_tables(const Manifest& m, const DecoderRules& r) {
+  const std::string& op = m.host_op;
+  for (const StateSpec& s : m.state) {
+    if (s.kind == StateKind::recurrent && !r.recurrent)
+      m.fail(s.path + ".kind", "recurrent state needs hostOp qwen3_5_generate; " + op + " carries kv-cache state only");
+    if (s.window) m.fail(s.path + ".window", op + " has no ring caches: a kv-cache holds a slot for every position up to limits.maxContext");
+    if (s.shared) m.fail(s.path + ".shared", op + " keeps each state in the one context that carries it");
+  }
+  const HostTable* embedding = nullptr;
+  for (const HostTable& t : m.host_tables) {
+    if (t.use != "embedding") m.fail(t.path + ".use", op + " reads no '" + t.use + "' table (its one host table is the embedding)");
+    if (embedding) m.fail(t.path + ".use", "a second embedding table ('" + embedding->name + "' is the first); " + op + " reads one");
+    embedding = &t;
+    if (t.dtype != "float16") m.fail(t.path + ".dtype", "'" + t.dtype + "' must be float16 (the embedding rows " + op + " widens to float32)");
+    const std::vector<int64_t> want{m.vocab, m.hidden};
+    if (t.shape != want) m.fail(t.path + ".shape", shape_str(t.shape) + " must be [model.vocab, model.hidden] = " + shape_str(want));
+  }
+  if (!embedding) m.fail("hostTables", op + " needs an 'embedding' table");
+}
+
+void graph(const Manifest& m, const Graph& g, const DecoderRules& r) {
+  const std::string& op = m.host_op;
+  if (g.role != role::prefill && g.role != role::decode && g.role != role::lm_head)
+    m.fail(g.path + ".role", op + " runs no '" + g.role + "' graph (its roles: prefill, decode, lm_head)");
+  if (g.role == role::prefill && r.no_prefill) m.fail(g.path + ".role", op + " " + r.no_prefill);
+  for (const GraphInput& in : g.inputs)
+    if (in.bind != InputBind::residual && in.bind != InputBind::positions && in.bind != InputBind::mask && in.bind != InputBind::state)
+      m.fail(in.path + ".bind", op + " does not bind " + bind_name(in.bind) + " inputs");
+  for (const GraphOutput& o : g.outputs)
+    if (o.bind == OutputBind::router_logits) m.fail(o.path + ".bind", op + " does not bind " + bind_name(o.bind) + " outputs");
+
+  if (g.role == role::lm_head) {
+    if (g.tokens != 1) m.fail(g.path + ".tokens", "a lm_head graph takes 1 token, not " + std::to_string(g.tokens));
+    if (g.inputs.size() != 1 || g.inputs[0].bind != InputBind::residual) m.fail(g.path + ".inputs", "an lm_head graph takes exactly one residual input");
+    if (g.outputs.size() != 1 || g.outputs[0].bind != OutputBind::logits) m.fail(g.path + ".outputs", "an lm_head graph gives exactly one logits output");
+    return;
+  }
+  // Positions and the mask serve attention over a KV cache; a shard of recurrent layers only
+  // (Qwen3.5's linear attention) takes neither.
+  bool reads_kv = false;
+  for (int s : states_read(g)) reads_kv |= m.state[s].kind == StateKind::kv_cache;
+  auto has = [&](InputBind b) { return std::any_of(g.inputs.begin(), g.inputs.end(), [b](const GraphInput& i) { return i.bind == b; }); };
+  for (InputBind b : {InputBind::residual, InputBind::positions, InputBind::mask})
+    if (!has(b) && (b == InputBind::residual || reads_kv))
+      m.fail(g.path + ".inputs", "a " + g.role + " graph needs a " + bind_name(b) + " input");
+  bool residual_out = std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::residual; });
+  if (!residual_out && !gives_logits(g)) m.fail(g.path + ".outputs", "needs a residual or logits output");
+}
+
+/** Shards in order over every layer, then the logits: the shape the loop runs. */
+void contexts(const Manifest& m, const DecoderRules& r) {
+  int next_layer = 0;
+  bool have_logits = false;
+  for (const Context& c : m.contexts) {
+    std::set<std::string> roles;
+    for (const Graph& g : c.graphs) {
+      graph(m, g, r);
+      roles.insert(g.role);
+    }
+    const std::string graphs = c.path + ".graphs";
+    if (have_logits) m.fail(c.path, "comes after the context that gives the logits");
+    if (roles.count(role::lm_head)) {
+      if (roles.size() != 1) m.fail(graphs, "an lm_head context holds only the lm_head graph");
+      if (next_layer != m.layers) m.fail(c.path, "the lm-head comes before layers " + std::to_string(next_layer) + ".." + std::to_string(m.layers - 1) + " are run");
+      have_logits = true;
+      continue;
+    }
+    if (!roles.count(role::decode)) m.fail(graphs, "a shard context needs a decode graph");
+    const Graph& d = *c.graph(role::decode);
+    for (const Graph& g : c.graphs) {
+      if (!g.layers) m.fail(g.path, "a shard graph needs layers");
+      if (g.layers != d.layers) m.fail(g.path + ".layers", "prefill and decode graphs of a context run the same layers");
+    }
+    if (d.layers->first != next_layer)
+      m.fail(graphs, "layers start at " + std::to_string(d.layers->first) + ", expected " + std::to_string(next_layer) + " (shards run in order)");
+    next_layer = d.layers->second + 1;
+    // A prefill graph that left out a state its decode graph carries would leave it unfilled.
+    const bool logits = gives_logits(d);
+    for (const Graph& g : c.graphs) {
+      if (gives_logits(g) != logits) m.fail(graphs, "prefill and decode graphs of a context must agree on giving logits");
+      if (states_read(g) != states_read(d)) m.fail(g.path + ".inputs", "carries other state than the context's decode graph");
+    }
+    if (logits) {
+      if (next_layer != m.layers) m.fail(c.path, "gives logits before all layers are run");
+      have_logits = true;
+    }
+  }
+  if (r.separate_lm_head && (m.contexts.empty() || !m.contexts.back().graph(role::lm_head)))
+    m.fail("contexts", m.host_op + " runs the lm-head as a context of its own, and there is none");
+  if (!have_logits) m.fail("contexts", "no context gives logits (an lm_head context or a last shard with a logits output)");
+  if (next_layer != m.layers) m.fail("contexts", "shards cover layers 0.." + std::to_string(next_layer - 1) + " of " + std::to_string(m.layers));
+}
+
+void validate_decoder(const Manifest& m, const DecoderRules& r) {
+  state_and_tables(m, r);
+  contexts(m, r);
+}
+
+}  // namespace
+
+// Dense decoders (Qwen3): KV caches only; batched prefill when every shard has a prefill graph.
+void validate_decoder_generate(const Manifest& m) { validate_decoder(m, {false, nullptr, false}); }
+
+// Hybrids (Qwen3.5): recurrent state besides the KV caches, decoded over the prompt, a separate lm-head.
+void validate_qwen3_5_generate(const Manifest& m) {
+  validate_decoder(m, {true, "decodes over the prompt: a prefill graph would need the chunked delta rule", true});
+}
+
+}  // namespace forge

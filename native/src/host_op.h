@@ -1,0 +1,89 @@
+// The host-op registry. A host-op is the host program that runs a bundle's graphs (the decode
+// loop, routing, hand-offs between components); the manifest names it in `hostOp`. Each is
+// registered by name with
+//   validate: its manifest rules, run by load_manifest after the generic ones, refusing (with the
+//             field path, through Manifest::fail) every binding, role, state or table it would not
+//             execute, so nothing in a bundle is silently ignored;
+//   make:     its factory, called once the manifest has passed both.
+// qhx_generate dispatches through find_host_op; the list of built-in host-ops is in host_ops.cpp.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "manifest.h"
+
+namespace forge {
+
+class Executor;
+
+struct GenerateOptions {
+  int max_new_tokens = 0;
+  bool ignore_eos = false;
+  bool use_prefill = true;
+};
+
+struct GenerateTimings {
+  double prefill_ms = 0;                  // the whole prompt, through the first token's argmax
+  double decode_ms_per_token = 0;         // one decode step, from token in to argmax out
+  double host_overhead_ms_per_token = 0;  // the part of a decode step outside session Run calls
+  int decode_steps = 0;
+};
+
+struct GenerateResult {
+  std::vector<int> generated;
+  bool stopped_at_eos = false;
+  bool used_prefill = false;
+  GenerateTimings timings;
+};
+
+/** Count of NaN/±Inf among x[0..n) and the index of the first (-1 when all are finite). */
+struct NonFiniteCount {
+  int64_t count = 0;
+  int64_t first = -1;
+};
+NonFiniteCount count_non_finite(const float* x, int64_t n);
+
+/**
+ * The logits generate() would take the argmax of hold NaN/Inf: an argmax over them means nothing
+ * (NaN never compares greater, so it would quietly give token 0). qhx_generate exits with
+ * kExitNonFiniteLogits on it, so the parity gate can report it as what it is.
+ */
+class NonFiniteLogits : public std::runtime_error {
+ public:
+  NonFiniteLogits(int position, int token_index, NonFiniteCount nf, int vocab);
+  int position, token_index;
+};
+constexpr int kExitNonFiniteLogits = 3;
+
+/** What a host-op's factory gives: greedy generation over the bundle. */
+class Generator {
+ public:
+  virtual ~Generator() = default;
+  /**
+   * `forced` teacher-forces the continuation: step k (k >= 1) is fed forced[k - 1] instead of the
+   * token the runtime chose at step k - 1; past the last forced id the runtime goes on from its own
+   * choices. GenerateResult::generated stays what the runtime chose at each step, so a parity gate can
+   * compare every step with HF's token while the sequence follows HF's (at most max_new_tokens ids).
+   */
+  virtual GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {}) = 0;
+  /** Whether a batched prefill is there to run (else the prompt is decoded token by token). */
+  virtual bool has_prefill() const = 0;
+};
+
+struct HostOpSpec {
+  const char* name;
+  void (*validate)(const Manifest& m);
+  std::unique_ptr<Generator> (*make)(const Manifest& m, Executor& exec);
+};
+
+/** The registered host-op of this name, or nullptr. */
+const HostOpSpec* find_host_op(const std::string& name);
+/** Every registered name, in registration order. */
+std::vector<std::string> host_op_names();
+/** The generator of the manifest's host-op (load_manifest has refused an unregistered one). */
+std::unique_ptr<Generator> make_generator(const Manifest& m, Executor& exec);
+
+}  // namespace forge

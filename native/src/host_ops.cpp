@@ -1,0 +1,37 @@
+// The built-in host-ops. An explicit list, not self-registration from static initialisers: a static
+// library drops object files nothing refers to, and their registrations with them.
+#include <iterator>
+
+#include "decoder_generate.h"
+#include "host_op.h"
+
+namespace forge {
+namespace {
+
+// One decode loop (DecoderGenerate) serves both; each host-op's validator admits what it runs.
+const HostOpSpec kHostOps[] = {
+    {"decoder_generate", validate_decoder_generate, make_decoder_generate},
+    {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate},
+};
+
+}  // namespace
+
+const HostOpSpec* find_host_op(const std::string& name) {
+  for (const HostOpSpec& h : kHostOps)
+    if (name == h.name) return &h;
+  return nullptr;
+}
+
+std::vector<std::string> host_op_names() {
+  std::vector<std::string> out;
+  for (const HostOpSpec& h : kHostOps) out.push_back(h.name);
+  return out;
+}
+
+std::unique_ptr<Generator> make_generator(const Manifest& m, Executor& exec) {
+  const HostOpSpec* h = find_host_op(m.host_op);
+  if (!h) m.fail("hostOp", "'" + m.host_op + "' is not a registered host-op");
+  return h->make(m, exec);
+}
+
+}  // namespace forge
