@@ -10,7 +10,6 @@
 // shared caches, other roles) it would not execute, so it is refused here, not ignored.
 #include <algorithm>
 #include <set>
-#include <sstream>
 
 #include "decoder_generate.h"
 
@@ -22,14 +21,6 @@ struct DecoderRules {
   const char* no_prefill;   // why a prefill graph is refused; nullptr: prefill graphs are run
   bool separate_lm_head;    // the logits come from an lm_head context, never from the last shard
 };
-
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::ostringstream o;
-  o << '[';
-  for (size_t i = 0; i < s.size(); i++) o << (i ? "," : "") << s[i];
-  o << ']';
-  return o.str();
-}
 
 bool gives_logits(const Graph& g) {
   return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });

@@ -97,6 +97,8 @@ struct Context {
 
 /** Elements of a tensor of this shape. */
 size_t elements(const std::vector<int64_t>& shape);
+/** "[1,2,3]": a shape as refusals write it. */
+std::string shape_str(const std::vector<int64_t>& shape);
 
 struct StateSpec {
   std::string name;

@@ -330,6 +330,30 @@ TEST(Tool, NonFiniteLogitsExitThreeNamingTheStep) {
   EXPECT_EQ(std::count(err.begin(), err.end(), '\n'), 1) << err;
 }
 
+// The tool dispatches through the host-op registry: a bundle naming a host-op it does not have is
+// refused at load, in one line naming the field and the registered host-ops, before any graph loads
+// (the graph files are removed: loading one would fail otherwise).
+TEST(Tool, AnUnregisteredHostOpIsRefusedBeforeAnyGraphLoads) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  namespace fs = std::filesystem;
+  fs::path dir = fs::temp_directory_path() / ("forge-hostop-" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::copy(bundle, dir, fs::copy_options::recursive);
+  {
+    std::ifstream in(dir / "manifest.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    j["hostOp"] = "phimoe_generate";
+    for (auto& c : j["contexts"])
+      for (auto& g : c["graphs"]) fs::remove(dir / g["file"].get<std::string>());
+    std::ofstream(dir / "manifest.json") << j.dump();
+  }
+  std::string out, err;
+  int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 2 --prompt-ids 1,2", &out, &err);
+  fs::remove_all(dir);
+  EXPECT_EQ(code, 1) << err;
+  EXPECT_EQ(err, "qhx_generate: manifest.json: hostOp: 'phimoe_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate)\n");
+}
+
 TEST(Tool, GeneratedIdsTheTokenizerCannotDecodeGiveNullTextNotAFailure) {
   // A model's vocabulary can be larger than its tokenizer's (padded embeddings; forge's synthetic 4B
   // checkpoints carry the tiny twin's tokenizer): the ids are the result, the text is then null.
