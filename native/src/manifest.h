@@ -125,7 +125,7 @@ struct Manifest {
   std::string recipe, arch_id, host_op, family;
   int soc_model = 0;  // arch.socModel: the QNN EP's soc_model option
   int layers = 0, hidden = 0, vocab = 0;
-  std::vector<Context> contexts;  // execution order: shards, then the lm-head
+  std::vector<Context> contexts;  // in manifest order; how they run is the host-op's (a decoder: shards, then the lm-head)
   std::vector<StateSpec> state;
   std::vector<HostTable> host_tables;
   float mask_masked = 0;

@@ -1,7 +1,8 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
 //              [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7]
-// Runs a forge bundle greedily: backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a
-// QNN backend library (QNN EP plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
+// Runs a forge bundle greedily with the host-op its manifest names (the registry, host_op.h).
+// backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a QNN backend library (QNN EP
+// plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
 // the prompt, each checked against the vocabulary. --force-ids teacher-forces the continuation: step k
 // (k >= 1) is fed the k-th forced id instead of the token chosen at step k - 1 (at most max_new_tokens

@@ -157,6 +157,11 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"window wider than maxContext", [C](json& j) { j["state"][0]["window"] = C + 1; }, "state[0].window: " + std::to_string(C + 1) + " is wider than limits.maxContext " + std::to_string(C)},
       {"windowed kv-cache under decoder_generate", [C](json& j) { j["state"][0]["window"] = C; },
        "manifest.json: state[0].window: decoder_generate has no ring caches"},
+      // A shared state may be read without being written by the reading graph, but some graph writes it.
+      {"shared state nobody writes", [](json& j) {
+         j["state"][0]["shared"] = true;
+         for (auto& g : j["contexts"][0]["graphs"]) g["outputs"].erase(1);  // new_k_0 of the prefill and the decode graph
+       }, "manifest.json: state[0]: 'kv.0.k' is read but no graph writes its next value"},
       {"shared state under decoder_generate", [](json& j) { j["state"][0]["shared"] = true; }, "state[0].shared: decoder_generate keeps each state in the one context that carries it"},
       {"unshared state in two contexts", [](json& j) {
          j["contexts"][1]["graphs"][0]["inputs"].push_back(j["contexts"][0]["graphs"][1]["inputs"][3]);    // reads kv.0.k
