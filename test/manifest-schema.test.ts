@@ -41,14 +41,28 @@ describe('manifest v2', () => {
       m.hostTables.push({ name: 'experts.w', use: 'expert-weights', file: 'experts.w.bin', sha256: 'f'.repeat(64), dtype: 'int8', shape: [1, 2, 4, 4] });
       m.contexts[0].graphs[0].inputs.push(
         t('w', 'host-rows', { table: 'experts.w', index: 'expert', layer: 0, slot: 1 }), t('rw', 'routing-weights', { layer: 0 }),
-        t('img', 'encoder-output', { component: 'vision' }), t('px', 'pixels'), t('pcm', 'audio-samples'));
+        t('img', 'encoder-output', { component: 'vision' }));
       m.contexts[0].graphs[0].outputs.push(t('router', 'router-logits', { layer: 0, topK: 2 }));
+      const vision = { name: 'vision', component: 'vision', role: 'encoder', tokens: 1, file: 'vision.onnx', sha256: 'f'.repeat(64), quant: SEED.contexts[0].graphs[0].quant };
+      m.contexts.unshift({ name: 'vision', files: [], graphs: [{ ...vision, inputs: [t('px', 'pixels'), t('pcm', 'audio-samples')], outputs: [t('feat', 'encoder-output')] }] });
       m.state[0].window = 4;
       m.state[0].shared = true;
     });
     expect(refusal(ok)).toBeNull();
     expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push(t('w', 'host-rows', { table: 'x', index: 'layer' }))))).toMatch(/index: /);
     expect(refusal(edited((m) => m.contexts[0].graphs[0].outputs.push(t('r', 'router-logits', { layer: 0 }))))).toMatch(/topK: /);
+  });
+
+  it('refuses a binding to an undeclared host table, state, encoder component or router, naming its path', () => {
+    const row = { name: 'w', dtype: 'int8', shape: [2, 4], bind: 'host-rows', table: 'experts.w', index: 'expert', layer: 0, slot: 0 };
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push(row)))).toBe("contexts.0.graphs.0.inputs.5.table: 'experts.w' is not a declared host table");
+    expect(refusal(edited((m) => (m.contexts[0].graphs[0].inputs[3].state = 'kv.9.k')))).toBe("contexts.0.graphs.0.inputs.3.state: 'kv.9.k' is not a declared state");
+    expect(refusal(edited((m) => (m.contexts[0].graphs[0].outputs[1].state = 'kv.9.k')))).toBe("contexts.0.graphs.0.outputs.1.state: 'kv.9.k' is not a declared state");
+    const enc = { name: 'img', dtype: 'float32', shape: [1, 4], bind: 'encoder-output', component: 'vision' };
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push(enc)))).toBe("contexts.0.graphs.0.inputs.5.component: 'vision' is not a component of this manifest");
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push({ ...enc, component: 'lm_head' })))).toBe("contexts.0.graphs.0.inputs.5.component: component 'lm_head' gives no encoder-output");
+    const rw = { name: 'rw', dtype: 'float32', shape: [2], bind: 'routing-weights', layer: 0 };
+    expect(refusal(edited((m) => m.contexts[0].graphs[0].inputs.push(rw)))).toBe('contexts.0.graphs.0.inputs.5.layer: no graph gives router-logits for layer 0');
   });
 
   it('declares host tables by use and dtype, any rank, names unique', () => {

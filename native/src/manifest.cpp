@@ -110,7 +110,7 @@ struct Parser {
   }
 
   GraphOutput output(const Node& o, int64_t N, int64_t H) {
-    std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace", "router-logits"});
+    std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace", "router-logits", "encoder-output"});
     if (bind == "state-rows") o.object({"name", "dtype", "shape", "bind", "state", "axis"});
     else if (bind == "state-replace") o.object({"name", "dtype", "shape", "bind", "state"});
     else if (bind == "router-logits") o.object({"name", "dtype", "shape", "bind", "layer", "topK"});
@@ -124,6 +124,8 @@ struct Parser {
     } else if (bind == "logits") {
       go.bind = OutputBind::logits;
       expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");
+    } else if (bind == "encoder-output") {
+      go.bind = OutputBind::encoder_output;  // kept by the host for graphs that bind encoder-output {component}
     } else if (bind == "router-logits") {
       go.bind = OutputBind::router_logits;
       go.layer = layer(o.at("layer"));
@@ -210,7 +212,7 @@ struct Parser {
         const StateSpec& s = m.state[go.state];
         if (!written_state.insert(go.state).second) o.at("state").fail("'" + s.name + "' is written twice");
         if (!read_state.count(go.state)) o.at("state").fail("'" + s.name + "' is written but not an input of this graph");
-      } else if (go.bind != OutputBind::router_logits && seen_out[go.bind]++) {
+      } else if (go.bind != OutputBind::router_logits && go.bind != OutputBind::encoder_output && seen_out[go.bind]++) {
         o.at("bind").fail(std::string("'") + bind_name(go.bind) + "' is bound twice");
       }
       out.outputs.push_back(go);
@@ -265,14 +267,16 @@ struct Parser {
       m.contexts.push_back(std::move(ctx));
     }
 
-    // What bindings name beyond their own graph: an encoder component, a layer's router.
-    std::set<std::string> components;
+    // What bindings name beyond their own graph: an encoder component's output, a layer's router.
+    std::set<std::string> components, encoders;
     std::set<int> routed;
     for (const Context& c : m.contexts)
       for (const Graph& g : c.graphs) {
         components.insert(g.component);
-        for (const GraphOutput& o : g.outputs)
+        for (const GraphOutput& o : g.outputs) {
           if (o.bind == OutputBind::router_logits) routed.insert(o.layer);
+          if (o.bind == OutputBind::encoder_output) encoders.insert(g.component);
+        }
       }
     for (size_t ci = 0; ci < m.contexts.size(); ci++)
       for (size_t gi = 0; gi < m.contexts[ci].graphs.size(); gi++) {
@@ -280,8 +284,9 @@ struct Parser {
         for (size_t ii = 0; ii < g.inputs.size(); ii++) {
           const GraphInput& in = g.inputs[ii];
           Node at = cs[ci].at("graphs")[gi].at("inputs")[ii];
-          if (in.bind == InputBind::encoder_output && !components.count(in.component))
-            at.at("component").fail("'" + in.component + "' is not a component of this manifest");
+          if (in.bind == InputBind::encoder_output && !encoders.count(in.component))
+            at.at("component").fail(components.count(in.component) ? "component '" + in.component + "' gives no encoder-output"
+                                                                 : "'" + in.component + "' is not a component of this manifest");
           if (in.bind == InputBind::routing_weights && !routed.count(*in.layer))
             at.at("layer").fail("no graph gives router-logits for layer " + std::to_string(*in.layer));
         }
@@ -452,6 +457,7 @@ const char* bind_name(OutputBind b) {
     case OutputBind::state_rows: return "state-rows";
     case OutputBind::state_replace: return "state-replace";
     case OutputBind::router_logits: return "router-logits";
+    case OutputBind::encoder_output: return "encoder-output";
   }
   return "?";
 }

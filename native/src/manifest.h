@@ -22,7 +22,7 @@ class ManifestError : public std::runtime_error {
 };
 
 enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_samples };
-enum class OutputBind { residual, logits, state_rows, state_replace, router_logits };
+enum class OutputBind { residual, logits, state_rows, state_replace, router_logits, encoder_output };
 enum class StateKind { kv_cache, recurrent };
 enum class RowIndex { token, expert };
 

@@ -146,6 +146,12 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"encoder output of no component", [](json& j) {
          j["contexts"][0]["graphs"][1]["inputs"].push_back({{"name", "img"}, {"dtype", "float32"}, {"shape", {1, 4, 64}}, {"bind", "encoder-output"}, {"component", "vision"}});
        }, next_in + ".component: 'vision' is not a component of this manifest"},
+      {"encoder output of a component that gives none", [](json& j) {
+         j["contexts"][0]["graphs"][1]["inputs"].push_back({{"name", "img"}, {"dtype", "float32"}, {"shape", {1, 4, 64}}, {"bind", "encoder-output"}, {"component", "lm_head"}});
+       }, next_in + ".component: component 'lm_head' gives no encoder-output"},
+      {"encoder output under decoder_generate", [](json& j) {
+         j["contexts"][1]["graphs"][0]["outputs"].push_back({{"name", "feat"}, {"dtype", "float32"}, {"shape", {1, 4, 64}}, {"bind", "encoder-output"}});
+       }, "contexts[1].graphs[0].outputs[1].bind: decoder_generate does not bind encoder-output outputs"},
       {"router logits under decoder_generate", [](json& j) {
          j["contexts"][0]["graphs"][1]["outputs"].push_back({{"name", "router"}, {"dtype", "float32"}, {"shape", {1, 1, 4}}, {"bind", "router-logits"}, {"layer", 0}, {"topK", 2}});
        }, "manifest.json: " + next_out + ".bind: decoder_generate does not bind router-logits outputs"},

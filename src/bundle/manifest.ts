@@ -62,6 +62,8 @@ const OutputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('state-replace'), state: z.string().min(1) }).strict(),
   // A layer's router logits: the host takes their top-k to select experts and their weights.
   z.object({ ...tensor, bind: z.literal('router-logits'), layer: index, topK: z.number().int().positive() }).strict(),
+  // An encoder's result, kept by the host for the graphs that bind it as encoder-output {component}.
+  z.object({ ...tensor, bind: z.literal('encoder-output') }).strict(),
 ]);
 
 export const GraphSchema = z.object({
@@ -115,7 +117,7 @@ export const ManifestSchema = z.object({
     hidden: z.number().int().positive(),
     vocab: z.number().int().positive(),
   }).strict(),
-  /** Contexts in execution order: shards (residual threaded through), then the lm-head. */
+  /** Contexts in the order the host-op runs them (a decoder: shards, residual threaded through, then the lm-head). */
   contexts: z.array(ContextSchema).min(1),
   state: z.array(z.discriminatedUnion('kind', [
     z.object({
@@ -154,7 +156,30 @@ export const ManifestSchema = z.object({
   }).strict(),
   limits: z.object({ maxContext: z.number().int().positive() }).strict(),
   generation: z.object({ maxNewTokens: z.number().int().positive(), greedy: z.literal(true) }).strict(),
-}).strict();
+}).strict().superRefine((m, ctx) => {
+  // Every name a binding refers to is declared, as the runtime checks it (native/src/manifest.cpp):
+  // forge finds an undeclared table or state when it writes the manifest, not on the device.
+  const states = new Set(m.state.map((s) => s.name));
+  const tables = new Set(m.hostTables.map((t) => t.name));
+  const components = new Set(m.contexts.flatMap((c) => c.graphs.map((g) => g.component)));
+  const encoders = new Set(m.contexts.flatMap((c) => c.graphs.filter((g) => g.outputs.some((o) => o.bind === 'encoder-output')).map((g) => g.component)));
+  const routed = new Set(m.contexts.flatMap((c) => c.graphs.flatMap((g) => g.outputs.flatMap((o) => (o.bind === 'router-logits' ? [o.layer] : [])))));
+  m.contexts.forEach((c, ci) => c.graphs.forEach((g, gi) => {
+    const at = (io: 'inputs' | 'outputs', i: number, field: string) => ['contexts', ci, 'graphs', gi, io, i, field];
+    g.inputs.forEach((b, i) => {
+      if (b.bind === 'state' && !states.has(b.state)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'state'), message: `'${b.state}' is not a declared state` });
+      if (b.bind === 'host-rows' && !tables.has(b.table)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'table'), message: `'${b.table}' is not a declared host table` });
+      if (b.bind === 'encoder-output' && !encoders.has(b.component)) {
+        const message = components.has(b.component) ? `component '${b.component}' gives no encoder-output` : `'${b.component}' is not a component of this manifest`;
+        ctx.addIssue({ code: 'custom', path: at('inputs', i, 'component'), message });
+      }
+      if (b.bind === 'routing-weights' && !routed.has(b.layer)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'layer'), message: `no graph gives router-logits for layer ${b.layer}` });
+    });
+    g.outputs.forEach((b, i) => {
+      if ((b.bind === 'state-rows' || b.bind === 'state-replace') && !states.has(b.state)) ctx.addIssue({ code: 'custom', path: at('outputs', i, 'state'), message: `'${b.state}' is not a declared state` });
+    });
+  }));
+});
 
 export type Manifest = z.infer<typeof ManifestSchema>;
 export type ManifestGraph = z.infer<typeof GraphSchema>;
