@@ -72,7 +72,7 @@ describe('forge build', () => {
     editRecipe('tiny-qwen3', (r) => (r.card.title = 'renamed'));
     const r3 = statuses(await again());
     expect(Object.entries(r3).filter(([, s]) => s !== 'cached').map(([n]) => n)).toEqual(['bundle']);
-  });
+  }, 300_000); // three rebuilds, two of them with the simulator's emulation gate (~60 s each)
 
   it('refuses a checkpoint whose config differs from the one the recipe recorded, leaving no plan behind', async () => {
     const twinOut = join(work, 'out-twin');
