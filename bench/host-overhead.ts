@@ -5,7 +5,7 @@
 // v81 plans and maxContext); target <= 1 ms/token.
 //
 // The bundles are synthetic: each graph has exactly the real graph's inputs and outputs (they are
-// taken from the family module's own buildShard/buildLmHead, run on a throwaway builder) and the
+// taken from the family module's own component builders, run on a throwaway builder) and the
 // manifest is made by the real assembler (assembleBundle → family.bindings → kvDecoderBindings), but
 // the compute is trivial (identities, a slice for the KV rows, a tile for the logits), so the graph
 // Run calls are short and the host work is what remains. The runtime itself reports
@@ -26,9 +26,9 @@ import { cpus, release, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { assembleBundle, MANIFEST } from '../src/bundle/assemble.js';
 import type { Manifest } from '../src/bundle/manifest.js';
-import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, graphName, layoutOf, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
 import { getFamily } from '../src/families/index.js';
-import type { Family, GraphBindings, GraphInterface, ShardSpec } from '../src/families/types.js';
+import type { GraphBindings } from '../src/families/types.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { writeModel } from '../src/onnx/writer.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
@@ -75,14 +75,6 @@ function stubStore(): WeightStore {
       (g.typeOf(name) !== undefined ? name : g.initializer(name, new Float32Array(numel(shape)), shape)),
   };
   return stub as unknown as WeightStore;
-}
-
-/** The interface of one real graph (shard or lm-head), from the family module itself. */
-async function realInterface(family: Family<unknown>, config: unknown, shard: ShardSpec | null, name: string): Promise<GraphInterface> {
-  const g = new GraphBuilder(name);
-  // Scheme labels only: the stub store ignores them.
-  const w = { store: stubStore(), scheme: 'w8' as const, lmHeadScheme: 'fp16' as const };
-  return shard ? family.buildShard(g, config, shard, w) : family.buildLmHead(g, config, w);
 }
 
 // ---- the trivial graph -----------------------------------------------------------------------
@@ -173,35 +165,32 @@ async function makeBundle(recipeId: string, dir: string): Promise<Bundle> {
   const config = family.parseConfig(recipe.config, `${file} (config)`);
   const plan = await planRecipe(recipeId, ARCH);
   const { maxContext, prefillLength } = settings;
-  const [vocab, hidden] = family.embedding(config).shape;
+  // The family's first host table is the token embedding the host looks rows up in.
+  const [vocab, hidden] = family.hostTables(config)[0].shape;
   const exportDir = join(dir, 'export');
   const ckptDir = join(dir, 'checkpoint');
   const root = join(dir, 'bundle');
   for (const d of [exportDir, ckptDir]) mkdirSync(d, { recursive: true });
 
-  // The same context/graph layout runExport writes: shardN.{prefill,decode}, then lm_head if separate.
-  const lmHeadInside = plan.lmHead.placement === 'last-shard';
+  // The same components and graphs runExport writes (the plan's, minus what it dropped), each graph
+  // with the real interface its family builder gives (run against the stub store).
+  const dropped = new Set((plan.dropped ?? []).map((d) => d.graph));
   const contexts: ExportManifest['contexts'] = [];
-  const addContext = async (name: string, graphs: Array<{ entry: Omit<GraphEntry, keyof GraphInterface>; shard: ShardSpec | null }>) => {
+  for (const c of family.components(config, layoutOf(plan, { prefillLength, maxContext }))) {
     const entries: GraphEntry[] = [];
-    for (const { entry, shard } of graphs) {
-      const full: GraphEntry = { ...entry, ...(await realInterface(family, config, shard, entry.name)) };
-      writeModel(trivialGraph(entry.name, family.bindings(config, full, maxContext), vocab), join(exportDir, full.file), { externalThreshold: Infinity });
+    for (const v of c.variants) {
+      const name = graphName(c.name, v.name);
+      if (dropped.has(name)) continue;
+      // Scheme labels only: the stub store ignores them.
+      const iface = await v.build(new GraphBuilder(name), { store: stubStore(), scheme: 'w8', lmHeadScheme: 'fp16' });
+      const full: GraphEntry = { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, scheme: c.weights === 'lmHead' ? 'fp16' : 'w8', ...c.entry, ...iface };
+      writeModel(trivialGraph(name, family.bindings(config, full, maxContext), vocab), join(exportDir, full.file), { externalThreshold: Infinity });
       entries.push(full);
     }
     // No weights: an empty data file keeps the context's files list what the assembler expects.
-    writeFileSync(join(exportDir, `${name}.data`), '');
-    contexts.push({ name, data: `${name}.data`, dataBytes: 0, graphs: entries });
-  };
-  for (const s of plan.shards) {
-    const isLast = s.index === plan.shards.length - 1;
-    const calls = [...(prefillLength > 0 ? [{ graph: 'prefill', n: prefillLength }] : []), { graph: 'decode', n: 1 }];
-    await addContext(`shard${s.index}`, calls.map((c) => ({
-      entry: { name: `shard${s.index}.${c.graph}`, file: `shard${s.index}.${c.graph}.onnx`, kind: 'shard' as const, n: c.n, shard: s.index, first: s.first, last: s.last, isLast },
-      shard: { first: s.first, last: s.last, n: c.n, maxContext, isLast, lmHeadInside },
-    })));
+    writeFileSync(join(exportDir, `${c.name}.data`), '');
+    contexts.push({ name: c.name, data: `${c.name}.data`, dataBytes: 0, graphs: entries });
   }
-  if (!lmHeadInside) await addContext('lm_head', [{ entry: { name: 'lm_head', file: 'lm_head.onnx', kind: 'lm_head', n: 1 }, shard: null }]);
 
   log(`${recipeId}: writing the f16 embedding table [${vocab}, ${hidden}] (${((vocab * hidden * 2) / 1e9).toFixed(2)} GB)`);
   writeEmbedding(join(exportDir, 'embedding.f16.bin'), vocab, hidden);
@@ -331,7 +320,7 @@ const report = {
     `per shape: qhx_generate run ${repeat} times (${newTokens} new tokens, --ignore-eos, CPU EP); each timing is the median over runs of the runtime's own per-token figure`,
     'hostOverheadMsPerToken = decode step wall time minus time inside Run calls (native/src/decoder_generate.cpp); graphRunMsPerToken = the rest',
     `stateCopyMs = median of ${copyRepeat} Float32Array.set copies of every state buffer (KV caches + recurrent states, one copy each): the per-token cost of copying state instead of binding it in place`,
-    'graphs: the real I/O (family buildShard/buildLmHead) with trivial compute; manifest: assembleBundle (family.bindings)',
+    'graphs: the real I/O (family component builders) with trivial compute; manifest: assembleBundle (family.bindings)',
     `startup: median load_ms (manifest checks + sessions) of the ${repeat} runs above (big files size-checked) vs ${repeat} runs with --verify (every file hashed); sha256MBPerS = embedding bytes / the difference`,
   ],
   machine: { cores: cpus().length, cpuModel: cpus()[0]?.model, memGB: +(totalmem() / 1e9).toFixed(1), node: process.version, kernel: release() },

@@ -29,8 +29,8 @@ const { recipe } = loadRecipe(a.recipe);
 const { settings } = archSettings(recipe, 'v81');
 const family = getFamily(recipe.family);
 const config = family.parseConfig(JSON.parse(readFileSync(join(ckptDir, 'config.json'), 'utf8')), join(ckptDir, 'config.json'));
-const plan = makePlan(family, config, getArch('v81'), settings);
-const base: ExportParams = { family: recipe.family, scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: false };
+const plan = await makePlan(family, config, getArch('v81'), settings);
+const base: ExportParams = { family: recipe.family, scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: settings.maxContext, prefillLength: settings.prefillLength, hostTables: false };
 
 const wchar = () => Number(/wchar:\s*(\d+)/.exec(readFileSync('/proc/self/io', 'utf8'))![1]);
 

@@ -29,10 +29,10 @@ const { settings } = archSettings(recipe, 'v81');
 const family = getFamily(recipe.family);
 const configFile = join(ckptDir, 'config.json');
 const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
-const plan = makePlan(family, config, getArch('v81'), settings);
+const plan = await makePlan(family, config, getArch('v81'), settings);
 const params: ExportParams = {
   family: recipe.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant,
-  maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: true,
+  maxContext: settings.maxContext, prefillLength: settings.prefillLength, hostTables: true,
 };
 
 const ticks: Array<{ done: number; at: number; rss: number }> = [];

@@ -90,7 +90,7 @@ export function compileToolchain(env: NodeJS.ProcessEnv = process.env): CompileT
 function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   const fake = process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
   const params: CompileParams = {
-    arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb, contextCeilingBytes: arch.contextCeilingBytes, maxContexts: arch.maxContexts },
+    arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb, contextCeilingBytes: arch.contextCeilingBytes, maxContexts: arch.maxContexts, maxGraphsPerProcess: arch.maxGraphsPerProcess },
     toolchain,
     fp16: true,
     timeoutSeconds: 3600,
@@ -152,7 +152,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
     lmHeadScheme: scheme === 'fp32' ? 'fp32' : s.lmHead.quant,
     maxContext: s.maxContext,
     prefillLength: s.prefillLength,
-    embedding: id === 'quantize',
+    hostTables: id === 'quantize',
     // W8 in the form the compile toolchain reads as int8 weights (see quant/weights.ts).
     ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
     // The reference graphs read the checkpoint's own bytes: no fp32 copy of the weights on disk.

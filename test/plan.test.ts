@@ -4,6 +4,7 @@ import { qwen3, parseQwen3Config } from '../src/families/qwen3.js';
 import { getArch } from '../src/arch/table.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import { storedBytes, sumBytes } from '../src/quant/bytes.js';
+import { layerTensors } from '../src/families/tensors.js';
 import { ArchSettingsSchema } from '../src/recipe/schema.js';
 
 const { recipe } = loadRecipe('qwen3-4b');
@@ -11,9 +12,9 @@ const config = parseQwen3Config(recipe.config, 'qwen3-4b');
 const v81 = getArch('v81');
 const settings = (over: object = {}) => ArchSettingsSchema.parse({ ...archSettings(recipe, 'v81').settings, ...over });
 
-describe('shard plan', () => {
-  it('cuts Qwen3-4B W8 for v81 into two 18-layer shards under the ceiling, lm-head apart', () => {
-    const plan = makePlan(qwen3, config, v81, settings());
+describe('shard plan', async () => {
+  it('cuts Qwen3-4B W8 for v81 into two 18-layer shards under the ceiling, lm-head apart', async () => {
+    const plan = await makePlan(qwen3, config, v81, settings());
     expect(plan.shards.map((s) => [s.first, s.last])).toEqual([[0, 17], [18, 35]]);
     for (const s of plan.shards) expect(s.weightBytes).toBeLessThanOrEqual(v81.contextCeilingBytes);
     expect(plan.lmHead).toMatchObject({ placement: 'separate', tied: true });
@@ -21,38 +22,38 @@ describe('shard plan', () => {
     expect(plan.hostTables).toEqual([{ name: 'embedding', dtype: 'f16', bytes: 151936 * 2560 * 2 }]);
   });
 
-  it('counts bytes from the tensors: a W8 matmul is one byte per weight plus a float32 scale per 256-wide block of a row', () => {
-    const perLayer = sumBytes(qwen3.layerTensors(config, 0), 'w8');
+  it('counts bytes from the tensors: a W8 matmul is one byte per weight plus a float32 scale per 256-wide block of a row', async () => {
+    const perLayer = sumBytes(await layerTensors(qwen3, config, 0), 'w8');
     const matmul = (o: number, i: number) => o * i + o * (i / 256) * 4; // 2560, 4096 and 9728 are multiples of 256
     const expected = matmul(4096, 2560) + 2 * matmul(1024, 2560) + matmul(2560, 4096) + 2 * matmul(9728, 2560) + matmul(2560, 9728) + 4 * (2560 * 2 + 128 * 2);
     expect(perLayer).toBe(expected);
-    const plan = makePlan(qwen3, config, v81, settings());
+    const plan = await makePlan(qwen3, config, v81, settings());
     expect(plan.shards[0].weightBytes).toBe(18 * perLayer);
-    expect(plan.lmHead.bytes).toBe(storedBytes(qwen3.lmHead(config), 'fp16') + 2560 * 4);
+    expect(plan.lmHead.bytes).toBe(storedBytes({ name: 'model.embed_tokens.weight', shape: [151936, 2560], role: 'matmul' }, 'fp16') + 2560 * 4);
   });
 
-  it('needs more shards when the weights are bigger, and balances them', () => {
-    const plan = makePlan(qwen3, config, v81, settings({ quant: 'fp16' }));
+  it('needs more shards when the weights are bigger, and balances them', async () => {
+    const plan = await makePlan(qwen3, config, v81, settings({ quant: 'fp16' }));
     expect(plan.shards.length).toBe(4);
     const sizes = plan.shards.map((s) => s.last - s.first + 1);
     expect(Math.max(...sizes) - Math.min(...sizes)).toBeLessThanOrEqual(1);
   });
 
-  it('refuses fp32 when the contexts exceed the arch limit', () => {
-    expect(() => makePlan(qwen3, config, v81, settings({ quant: 'fp32' }))).toThrow(PlanError);
-    expect(() => makePlan(qwen3, config, v81, settings({ quant: 'fp32' }))).toThrow(/needs \d+ contexts, over the v81 limit of 8/);
+  it('refuses fp32 when the contexts exceed the arch limit', async () => {
+    await expect(makePlan(qwen3, config, v81, settings({ quant: 'fp32' }))).rejects.toThrow(PlanError);
+    await expect(makePlan(qwen3, config, v81, settings({ quant: 'fp32' }))).rejects.toThrow(/needs \d+ contexts, over the v81 limit of 8/);
   });
 
-  it('checks pinned shards for coverage and size', () => {
-    const ok = makePlan(qwen3, config, v81, settings({ shards: [[0, 17], [18, 35]] }));
+  it('checks pinned shards for coverage and size', async () => {
+    const ok = await makePlan(qwen3, config, v81, settings({ shards: [[0, 17], [18, 35]] }));
     expect(ok.shards.length).toBe(2);
-    expect(() => makePlan(qwen3, config, v81, settings({ shards: [[0, 10], [12, 35]] }))).toThrow(/without gaps/);
-    expect(() => makePlan(qwen3, config, v81, settings({ shards: [[0, 34]] }))).toThrow(/model has 36 layers/);
-    expect(() => makePlan(qwen3, config, v81, settings({ shards: [[0, 25], [26, 35]] }))).toThrow(/shard 0 \(layers 0-25\) stores .* over the v81 ceiling/);
+    await expect(makePlan(qwen3, config, v81, settings({ shards: [[0, 10], [12, 35]] }))).rejects.toThrow(/without gaps/);
+    await expect(makePlan(qwen3, config, v81, settings({ shards: [[0, 34]] }))).rejects.toThrow(/model has 36 layers/);
+    await expect(makePlan(qwen3, config, v81, settings({ shards: [[0, 25], [26, 35]] }))).rejects.toThrow(/shard 0 \(layers 0-25\) stores .* over the v81 ceiling/);
   });
 
-  it('puts the lm-head in the last shard when asked, and counts it there', () => {
-    const plan = makePlan(qwen3, config, v81, settings({ lmHead: { placement: 'last-shard', quant: 'w8' } }));
+  it('puts the lm-head in the last shard when asked, and counts it there', async () => {
+    const plan = await makePlan(qwen3, config, v81, settings({ lmHead: { placement: 'last-shard', quant: 'w8' } }));
     expect(plan.contexts).toBe(plan.shards.length);
     const last = plan.shards[plan.shards.length - 1];
     expect(last.weightBytes).toBeLessThanOrEqual(v81.contextCeilingBytes);

@@ -12,7 +12,8 @@ import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, firstMiss, type OracleResult } from '../src/gates/oracle.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
-import { qwen3_5, parseQwen35Config, qwen35LayerTensors } from '../src/families/qwen3_5.js';
+import { qwen3_5, parseQwen35Config } from '../src/families/qwen3_5.js';
+import { headTensors, layerTensors } from '../src/families/tensors.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { makePlan } from '../src/plan/shards.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
@@ -92,8 +93,9 @@ describe('qwen3_5 export', () => {
   it('refuses to build a prefill (N > 1) graph, saying why', async () => {
     const config = parseQwen35Config(JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8')), 'config.json');
     const g = new GraphBuilder('prefill');
-    await expect(qwen3_5.buildShard(g, config, { first: 0, last: 2, n: 8, maxContext: 128, isLast: false, lmHeadInside: false }, {} as never))
-      .rejects.toThrow(/only decode graphs .* set prefillLength 0/);
+    const [shard] = qwen3_5.components(config, { shards: [{ first: 0, last: 2, isLast: false }], lmHeadInside: true, prefillLength: 8, maxContext: 128 });
+    expect(shard.variants.map((v) => [v.name, v.n])).toEqual([['prefill', 8], ['decode', 1]]);
+    await expect(shard.variants[0].build(g, {} as never)).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
   });
 
   it('assembles a manifest the runtime accepts: recurrent states replaced whole, KV caches by rows', async () => {
@@ -185,18 +187,19 @@ describe('qwen3_5 plan and config', () => {
     const mlp = 2 * mm(9216, 2560) + mm(2560, 9216) + 2 * 2560 * 4;
     const linear = mlp + mm(8192, 2560) + mm(4096, 2560) + 2 * mm(32, 2560) + mm(2560, 4096) + 8192 * 4 * 4 + 2 * 32 * 4 + 128 * 4;
     const full = mlp + mm(8192, 2560) + 2 * mm(1024, 2560) + mm(2560, 4096) + 2 * 256 * 4;
-    expect(sumBytes(qwen35LayerTensors(config, 0), 'w8')).toBe(linear);
-    expect(sumBytes(qwen35LayerTensors(config, 3), 'w8')).toBe(full);
+    expect(sumBytes(await layerTensors(qwen3_5, config, 0), 'w8')).toBe(linear);
+    expect(sumBytes(await layerTensors(qwen3_5, config, 3), 'w8')).toBe(full);
     for (const s of plan.shards) {
       expect(s.weightBytes).toBe(12 * linear + 4 * full);
       expect(s.weightBytes).toBeLessThanOrEqual(v81.contextCeilingBytes);
       expect(s.weightBytes).toBeGreaterThan(1.7e9);
     }
-    expect(plan.lmHead).toEqual({ placement: 'separate', quant: 'fp16', tied: true, bytes: storedBytes(qwen3_5.lmHead(config), 'fp16') + 2560 * 4 });
+    expect(plan.lmHead).toEqual({ placement: 'separate', quant: 'fp16', tied: true, bytes: storedBytes({ name: 'lm_head', shape: [248320, 2560], role: 'matmul' }, 'fp16') + 2560 * 4 });
+    expect((await headTensors(qwen3_5, config)).lmHead.map((t) => t.name)).toEqual(['model.language_model.embed_tokens.weight']);
     expect(plan.hostTables).toEqual([{ name: 'embedding', dtype: 'f16', bytes: 248320 * 2560 * 2 }]);
     expect(plan.contexts).toBe(3);
     // The same numbers straight from the family and the settings (what `forge plan --json` prints).
-    expect(makePlan(qwen3_5, config, v81, archSettings(recipe, 'v81').settings)).toEqual(plan);
+    expect(await makePlan(qwen3_5, config, v81, archSettings(recipe, 'v81').settings)).toEqual(plan);
   });
 
   it('defaults layer types from full_attention_interval when layer_types is absent', () => {

@@ -7,6 +7,10 @@
 //  [seeds]    the hand-made seed bundles and their issues (shared/REFERENCE.md "Limits seen"):
 //             a ~3.6 GB v81 context fails with MEM_ALLOC (0x3ea), ~1.8 GB shards load; the HTP
 //             process domain is ~3.5–4 GB; ~8 concurrent contexts.
+//  [phimoe]   the hand-made Phi-tiny-MoE bundle (issue 14): on v81, 7 contexts holding 64 graphs
+//             (per-layer decode graphs and their batched-prefill twins) exhausted the unsigned
+//             protection domain's cDSP heap during graph setup and rebooted the phone, while its 4
+//             decode-only contexts load; on v79 the full 7-context, 64-graph bundle runs.
 
 export type ArchId = 'v73' | 'v75' | 'v79' | 'v81';
 
@@ -29,6 +33,11 @@ export interface HexagonArch {
   contextCeilingBytes: number;
   /** How many contexts a bundle may ask the runtime to hold. */
   maxContexts: number;
+  /**
+   * How many graphs one process may set up across all its contexts (each graph's setup takes cDSP
+   * heap in the unsigned protection domain). A known-good count, never a failing one.
+   */
+  maxGraphsPerProcess: number;
   /** Activation dtypes the HTP compiles on this arch. */
   bf16: boolean;
   knownBlocks: KnownBlock[];
@@ -40,6 +49,14 @@ const GB = 1_000_000_000;
 // [seeds] 1.81 GB shards load on v81, 3.6 GB fails: the ceiling sits just above the proven size
 // (10% headroom over 1.81 GB) and far below the failure, so a plan never reaches untested ground.
 const V81_CEILING = 2.0 * GB;
+
+// [phimoe] On v81 64 graphs fail and the bundle's 4 decode-only contexts load, but the source gives
+// their contexts, not their graph count. 32 is an inference, not a measurement: half of the 64, on
+// the reading that the prefill graphs dropped were at least as many as the decode graphs kept. It
+// stands as the known-good count until a v81 run measures where between it and 64 the bound lies.
+// v79 ran all 64.
+const V81_GRAPHS = 32;
+const V79_GRAPHS = 64;
 
 const commonBlocks: KnownBlock[] = [
   { id: 'w4', what: 'W4 weights do not compile on HTP; W8A16 is the floor', source: '[seeds]' },
@@ -53,6 +70,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     dspArch: 'v73', vtcmMb: 8, // [ort-soc]
     contextCeilingBytes: V81_CEILING, // not measured on v73: borrowed from v81 [seeds]
     maxContexts: 8, // not measured on v73: borrowed from [seeds]
+    maxGraphsPerProcess: V81_GRAPHS, // not measured on v73: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
     sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)'],
@@ -63,6 +81,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     dspArch: 'v75', vtcmMb: 8, // [ort-soc]
     contextCeilingBytes: V81_CEILING, // not measured on v75: borrowed from v81 [seeds]
     maxContexts: 8, // not measured on v75: borrowed from [seeds]
+    maxGraphsPerProcess: V81_GRAPHS, // not measured on v75: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
     sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)'],
@@ -73,9 +92,10 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     dspArch: 'v79', vtcmMb: 8, // [ort-soc]
     contextCeilingBytes: V81_CEILING, // not measured on v79: borrowed from v81 [seeds]; [et-qc] says 4 GB
     maxContexts: 8, // [seeds]
+    maxGraphsPerProcess: V79_GRAPHS, // [phimoe]: known good 64 (the whole bundle ran); no failure seen
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]'],
   },
   v81: {
     id: 'v81', soc: 'SM8850', marketingName: 'Snapdragon 8 Elite Gen 5',
@@ -83,14 +103,15 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     dspArch: 'v81', vtcmMb: 8, // [ort-soc]
     contextCeilingBytes: V81_CEILING, // [seeds]
     maxContexts: 8, // [seeds]
+    maxGraphsPerProcess: V81_GRAPHS, // [phimoe]: known good 32 (inferred, see V81_GRAPHS); known bad 64
     bf16: false, // bf16 needs soc_model >= 88 [ort-soc]
     knownBlocks: [
       ...commonBlocks,
       { id: 'mixed-int16-float', what: 'int16 and float activations in one context fail to compose', source: '[seeds]' },
-      { id: 'cdsp-heap', what: 'many graphs exhaust the cDSP heap (phi-tiny-moe v81 ships decode-only)', source: '[seeds]' },
+      { id: 'cdsp-heap', what: '64 graphs in 7 contexts (decode + batched prefill) exhaust the unsigned PD\'s cDSP heap during graph setup and reboot the phone; the 4 decode-only contexts load (phi-tiny-moe v81 ships decode-only): maxGraphsPerProcess', source: '[phimoe]' },
       { id: 'ctx-3.6gb', what: 'a ~3.6 GB context fails with MEM_ALLOC (0x3ea)', source: '[seeds]' },
     ],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]'],
   },
 };
 

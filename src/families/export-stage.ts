@@ -1,6 +1,6 @@
 // Stages `export` (float32 reference graphs) and `quantize` (the deployable graphs in the recipe's
 // scheme): ONNX built straight from safetensors by the family module, streamed tensor by tensor,
-// one data file per context shared by its prefill and decode graphs. Quantizing while streaming
+// one data file per component (context) shared by its graphs (a shard's prefill and decode). Quantizing while streaming
 // keeps it to one pass over the weights (see quant/weights.ts for the form). The reference export
 // (`inPlace`) writes graphs, not weights: its fp32 graphs read the checkpoint's own tensors through
 // hard links to the safetensors files in its output (onnx/linked-data.ts).
@@ -18,7 +18,8 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
-import type { Family, GraphInterface } from './types.js';
+import type { Component, ComponentEntryFields, ComponentLayout, Family, GraphInterface, GraphVariant, HostTable } from './types.js';
+import { componentTensors } from './tensors.js';
 
 export interface ExportParams {
   family: FamilyId;
@@ -26,8 +27,8 @@ export interface ExportParams {
   lmHeadScheme: QuantScheme;
   maxContext: number;
   prefillLength: number;
-  /** The host embedding table is written by the deployable export only. */
-  embedding: boolean;
+  /** The family's host tables (the embedding …) are written by the deployable export only. */
+  hostTables: boolean;
   /** The ONNX form of W8 weights, fixed by the compile toolchain (default 'matmulnbits'). */
   w8Form?: W8Form;
   /**
@@ -38,17 +39,20 @@ export interface ExportParams {
   inPlace?: boolean;
 }
 
-export interface GraphEntry extends GraphInterface {
+/** One exported graph: a variant of a component, with the interface its builder gave. */
+export interface GraphEntry extends GraphInterface, ComponentEntryFields {
   name: string;
   file: string;
-  kind: 'shard' | 'lm_head';
+  /** The component (and context) it belongs to. */
+  component: string;
+  /** The component's family-defined kind: only src/families/ reads it. */
+  kind: string;
+  /** The variant's name within its component ('' when the component has one graph). */
+  variant: string;
   /** Tokens per call. */
   n: number;
-  shard?: number;
-  first?: number;
-  last?: number;
-  /** The last shard's hidden_out is final-normed. */
-  isLast?: boolean;
+  /** The quant scheme of its matmul weights. */
+  scheme: QuantScheme;
 }
 
 export interface ContextEntry {
@@ -61,6 +65,13 @@ export interface ContextEntry {
   graphs: GraphEntry[];
 }
 
+export interface HostTableEntry {
+  name: string;
+  file: string;
+  dtype: 'float16';
+  shape: number[];
+}
+
 export interface ExportManifest {
   family: FamilyId;
   scheme: QuantScheme;
@@ -68,6 +79,9 @@ export interface ExportManifest {
   w8Form: W8Form;
   maxContext: number;
   contexts: ContextEntry[];
+  /** The family's host tables, in its order. */
+  hostTables?: HostTableEntry[];
+  /** The first host table (the token embedding), as the v1 bundle assembly reads it. */
   embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
   /** The checkpoint's files, linked (or, failing that, copied) into the export directory. */
   linked?: LinkedFile[];
@@ -75,8 +89,8 @@ export interface ExportManifest {
 
 export const GRAPHS_JSON = 'graphs.json';
 
-/** The host embedding table: the tensor's fp16 form, alone in its file. */
-async function writeEmbedding(ckpt: Checkpoint, name: string, shape: [number, number], file: string): Promise<void> {
+/** A host table: the tensor's fp16 form, alone in its file. */
+async function writeHostTable(ckpt: Checkpoint, name: string, shape: number[], file: string): Promise<void> {
   const sink = new ExternalDataWriter(file, { align: 1 });
   try {
     await new WeightStore(ckpt, sink).fp16(name, shape);
@@ -97,21 +111,36 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
   }
 }
 
-/** Builds every graph of one context into `out`, sharing one data file. */
-async function exportContext<C>(
-  out: string, name: string, ckpt: Checkpoint, builds: Array<{ graph: string; n: number; kind: GraphEntry['kind']; make: (g: GraphBuilder, store: WeightStore) => Promise<GraphInterface>; meta?: Partial<GraphEntry> }>,
+/** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */
+export const graphName = (component: string, variant: string) => (variant ? `${component}.${variant}` : component);
+
+/** The cut of the layers the plan chose, as the family's components take it. */
+export function layoutOf(plan: ShardPlan, p: { prefillLength: number; maxContext: number }): ComponentLayout {
+  return {
+    shards: plan.shards.map((s, i) => ({ first: s.first, last: s.last, isLast: i === plan.shards.length - 1 })),
+    lmHeadInside: plan.lmHead.placement === 'last-shard',
+    prefillLength: p.prefillLength,
+    maxContext: p.maxContext,
+  };
+}
+
+/** Builds every kept graph of one component into `out`, sharing one data file. */
+async function exportContext(
+  out: string, c: Component, variants: GraphVariant[], ckpt: Checkpoint, schemes: { scheme: QuantScheme; lmHeadScheme: QuantScheme },
   onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form, inPlace: CheckpointLinks | undefined,
 ): Promise<ContextEntry> {
-  const data = `${name}.data`;
+  const data = `${c.name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
   const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form, inPlace });
+  const scheme = c.weights === 'lmHead' ? schemes.lmHeadScheme : schemes.scheme;
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
-    for (const b of builds) {
-      const g = new GraphBuilder(b.graph);
-      const iface = await b.make(g, store);
-      checkIoNames(b.graph, iface);
-      built.push({ g, entry: { name: b.graph, file: `${b.graph}.onnx`, kind: b.kind, n: b.n, ...b.meta, ...iface } });
+    for (const v of variants) {
+      const name = graphName(c.name, v.name);
+      const g = new GraphBuilder(name);
+      const iface = await v.build(g, { store, ...schemes });
+      checkIoNames(name, iface);
+      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, scheme, ...c.entry, ...iface } });
     }
     // Data first, then the models that point into it.
     await sink.commitAsync();
@@ -122,7 +151,7 @@ async function exportContext<C>(
   for (const { g, entry } of built) writeModel(g, join(out, entry.file), { externalThreshold: Infinity });
   const files = new Set(built.flatMap(({ g }) => g.initializers().flatMap((i) => (i.external ? [i.external.location] : []))));
   const linked = [...files].filter((f) => f !== data);
-  return { name, ...(sink.size ? { data } : {}), dataBytes: sink.size, ...(linked.length ? { linked } : {}), graphs: built.map((b) => b.entry) };
+  return { name: c.name, ...(sink.size ? { data } : {}), dataBytes: sink.size, ...(linked.length ? { linked } : {}), graphs: built.map((b) => b.entry) };
 }
 
 export interface ExportProgress {
@@ -136,60 +165,60 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
   const configFile = join(checkpointDir, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const ckpt = await openCheckpoint(checkpointDir);
-  const weights = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
+  const schemes = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
   const w8Form = p.w8Form ?? 'matmulnbits';
-  let totalTensors = 2;
-  for (const s of plan.shards) for (let i = s.first; i <= s.last; i++) totalTensors += family.layerTensors(config, i).length;
+  const dropped = new Set((plan.dropped ?? []).map((d) => d.graph));
+  const components = family.components(config, layoutOf(plan, p));
+  // What each component reads, from its own builder: the progress total (one tick per stored matmul weight) and the tied-table shortcut.
+  const reads = await Promise.all(components.map((c) => componentTensors(c, schemes)));
+  const totalTensors = reads.reduce((a, r) => a + r.filter((t) => t.role === 'matmul').length, 0);
   let done = 0;
   const tick = () => ui.progress(++done, totalTensors, 'tensors');
   const links = p.inPlace ? new CheckpointLinks(out, (m) => ui.log(m)) : undefined;
-  // A tied fp16 lm-head is the embedding table's bytes: written to both files in one conversion.
-  const emb = p.embedding ? family.embedding(config) : undefined;
-  const embFile = join(out, 'embedding.f16.bin');
-  const embCopy = emb && p.lmHeadScheme === 'fp16' && family.lmHead(config).name === emb.name ? new F16Copy(emb.name, new ExternalDataWriter(embFile, { align: 1 })) : undefined;
+  const tables = p.hostTables ? family.hostTables(config) : [];
+  const tableFile = (t: HostTable) => `${t.name}.f16.bin`;
+  // A host table that a graph also stores in fp16 (a tied fp16 lm-head) is written to both files in one conversion.
+  const f16Read = new Set(reads.flat().filter((t) => t.role === 'matmul' && t.scheme === 'fp16').map((t) => t.name));
+  const shared = tables.find((t) => f16Read.has(t.tensor));
+  const copy = shared ? new F16Copy(shared.tensor, new ExternalDataWriter(join(out, tableFile(shared)), { align: 1 })) : undefined;
   try {
     const contexts: ContextEntry[] = [];
-    const lmHeadInside = plan.lmHead.placement === 'last-shard';
-    for (const s of plan.shards) {
-      const isLast = s.index === plan.shards.length - 1;
-      const calls = [...(p.prefillLength > 0 ? [{ graph: 'prefill', n: p.prefillLength }] : []), { graph: 'decode', n: 1 }];
-      contexts.push(await exportContext(out, `shard${s.index}`, ckpt, calls.map((c) => ({
-        graph: `shard${s.index}.${c.graph}`, n: c.n, kind: 'shard' as const,
-        meta: { shard: s.index, first: s.first, last: s.last, isLast },
-        make: (g, store) => family.buildShard(g, config, { first: s.first, last: s.last, n: c.n, maxContext: p.maxContext, isLast, lmHeadInside }, { store, ...weights }),
-      })), tick, embCopy, w8Form, links));
-      const c = contexts[contexts.length - 1];
-      ui.log(`shard ${s.index}: layers ${s.first}-${s.last}, ${c.dataBytes} bytes of weights written${c.linked ? `; weights read in place from ${c.linked.join(', ')}` : ''}`);
-    }
-    if (!lmHeadInside) {
-      contexts.push(await exportContext(out, 'lm_head', ckpt, [{
-        graph: 'lm_head', n: 1, kind: 'lm_head', make: (g, store) => family.buildLmHead(g, config, { store, ...weights }),
-      }], tick, embCopy, w8Form, links));
+    for (const c of components) {
+      const variants = c.variants.filter((v) => !dropped.has(graphName(c.name, v.name)));
+      if (!variants.length) continue;
+      const ctx = await exportContext(out, c, variants, ckpt, schemes, tick, copy, w8Form, links);
+      contexts.push(ctx);
+      const range = c.entry.first !== undefined ? ` (layers ${c.entry.first}-${c.entry.last})` : '';
+      ui.log(`${c.name}${range}: ${ctx.graphs.map((g) => g.name).join(', ')}; ${ctx.dataBytes} bytes of weights written${ctx.linked ? `; weights read in place from ${ctx.linked.join(', ')}` : ''}`);
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (links?.files().length) manifest.linked = links.files();
-    if (emb) {
-      const shape = emb.shape as [number, number];
-      ckpt.expectShape(emb.name, shape);
-      // The lm-head's fp16 store wrote the table too (a bf16 checkpoint's fast path), or it did not.
-      if (embCopy?.written) await embCopy.sink.commitAsync();
-      else {
-        embCopy?.sink.abort();
-        await writeEmbedding(ckpt, emb.name, shape, embFile);
+    if (tables.length) {
+      manifest.hostTables = [];
+      for (const t of tables) {
+        ckpt.expectShape(t.tensor, t.shape);
+        // The graph's fp16 store wrote the table too (a bf16 checkpoint's fast path), or it did not.
+        if (t === shared && copy!.written) await copy!.sink.commitAsync();
+        else {
+          if (t === shared) copy!.sink.abort();
+          await writeHostTable(ckpt, t.tensor, t.shape, join(out, tableFile(t)));
+        }
+        manifest.hostTables.push({ name: t.name, file: tableFile(t), dtype: t.dtype, shape: t.shape });
       }
-      manifest.embedding = { file: 'embedding.f16.bin', dtype: 'float16', shape };
+      const first = manifest.hostTables[0];
+      manifest.embedding = { file: first.file, dtype: first.dtype, shape: first.shape as [number, number] };
     }
     await writeFile(join(out, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
     return manifest;
   } finally {
-    embCopy?.sink.abort(); // no-op once committed
+    copy?.sink.abort(); // no-op once committed
     await ckpt.close();
   }
 }
 
 export const stage: StageModule<ExportParams> = {
   name: 'export',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;

@@ -6,6 +6,7 @@ import type { GraphEntry } from './export-stage.js';
 import type { GraphBindings } from './types.js';
 import type { ManifestGraph } from '../bundle/manifest.js';
 import type { CompareMask } from '../gates/compare.js';
+import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
 
 export interface Feed {
@@ -27,10 +28,15 @@ export interface GateCase {
   masks?: Record<string, CompareMask>;
 }
 
-export interface KvLayout {
+/** One layer's KV cache shape: heads and head size may differ from layer to layer (sliding and full layers). */
+export interface KvHeads {
   kvHeads: number;
   headDim: number;
+}
+
+export interface KvLayout {
   maxContext: number;
+  layer(i: number): KvHeads;
 }
 
 /** Rows of per-step vectors stacked into [1, n, width], zero-padded past the steps given. */
@@ -48,7 +54,7 @@ export function rowMask(outer: number, n: number, inner: number, valid: number):
 }
 
 /** Per-step [kv, d] rows stacked into [1, kv, n, d], zero-padded past the steps given. */
-async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvLayout): Promise<Float32Array> {
+async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvHeads): Promise<Float32Array> {
   const { kvHeads: H, headDim: d } = kv;
   const out = new Float32Array(H * n * d);
   for (let r = 0; r < steps.length; r++) {
@@ -64,18 +70,19 @@ export class CacheBuilder {
   readonly v = new Map<number, Float32Array>();
   filled = 0;
   constructor(private readonly layers: number[], private readonly kv: KvLayout) {
-    const size = kv.kvHeads * kv.maxContext * kv.headDim;
     for (const i of layers) {
-      this.k.set(i, new Float32Array(size));
-      this.v.set(i, new Float32Array(size));
+      const { kvHeads, headDim } = kv.layer(i);
+      this.k.set(i, new Float32Array(kvHeads * kv.maxContext * headDim));
+      this.v.set(i, new Float32Array(kvHeads * kv.maxContext * headDim));
     }
   }
 
   async fillTo(trace: Trace, p: number, upTo: number): Promise<void> {
-    const { kvHeads: H, maxContext: C, headDim: d } = this.kv;
+    const C = this.kv.maxContext;
     for (; this.filled < upTo; this.filled++) {
       const t = this.filled;
       for (const i of this.layers) {
+        const { kvHeads: H, headDim: d } = this.kv.layer(i);
         for (const [what, cache] of [['k', this.k], ['v', this.v]] as const) {
           const row = await trace.get(p, t, `${what}.${i}`);
           const buf = cache.get(i)!;
@@ -107,7 +114,7 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
   const n = entry.n;
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     const prompt = trace.meta.prompts[p];
-    if (entry.kind === 'lm_head') {
+    if (entry.kind === LM_HEAD_KIND) {
       yield* lmHeadCases(trace, p);
       continue;
     }
@@ -123,10 +130,11 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       };
       const expected: Record<string, Float32Array> = {};
       for (const i of layers) {
-        feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
-        feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, kv.kvHeads, kv.maxContext, kv.headDim] };
-        expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, kv);
-        expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, kv);
+        const l = kv.layer(i);
+        feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
+        feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
+        expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, l);
+        expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, l);
       }
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
       expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
@@ -140,28 +148,30 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
 function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
   const masks: Record<string, CompareMask> = {};
   const residual = rowMask(1, n, H, valid);
-  const cacheRows = rowMask(kv.kvHeads, n, kv.headDim, valid);
   for (const name of Object.keys(expected)) masks[name] = residual;
-  for (const i of layers) masks[newKv('k', i)] = masks[newKv('v', i)] = cacheRows;
+  for (const i of layers) {
+    const l = kv.layer(i);
+    masks[newKv('k', i)] = masks[newKv('v', i)] = rowMask(l.kvHeads, n, l.headDim, valid);
+  }
   if (expected.logits) masks.logits = rowMask(1, n, vocab, valid);
   return masks;
 }
 
 /**
  * The state layout of a KV-cache decoder: how each graph input/output binds for the runtime.
- * `recurrentShape` adds whole-tensor recurrent states (`conv_state_i`, `rec_state_i` → `conv.i`,
- * `rec.i`, replaced after each call) for hybrids such as Qwen3.5; without it they have no binding.
+ * `recurrentShape` adds whole-tensor recurrent states (`<kind>_state_i` → `<kind>.i`, replaced
+ * after each call) for hybrids such as Qwen3.5; without it they have no binding.
  */
-export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: 'conv' | 'rec') => number[]): GraphBindings {
+export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: string, layer: number) => number[]): GraphBindings {
   const state: GraphBindings['state'] = [];
-  const cacheShape = [1, kv.kvHeads, kv.maxContext, kv.headDim];
+  const cacheShape = (i: number) => [1, kv.layer(i).kvHeads, kv.maxContext, kv.layer(i).headDim];
   const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
     const io = parseStateInput(t.name);
     if (io && (!io.recurrent || recurrentShape)) {
       const name = stateName(io);
       state.push(io.recurrent
-        ? { name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(io.kind) }
-        : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape, positionAxis: 2 });
+        ? { name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(io.kind, io.layer) }
+        : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape(io.layer), positionAxis: 2 });
       return { ...t, bind: 'state', state: name };
     }
     if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };

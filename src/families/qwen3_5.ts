@@ -14,9 +14,9 @@
 //    d·partial_rotary_factor dims, rotate_half pairing inside them); GQA over an explicit KV cache.
 //    M-RoPE with equal text/height/width positions (text tokens) is plain 1-D RoPE.
 //  - Decode graphs only (N = 1): a prefill graph would have to run the chunked delta rule; recipes
-//    set prefillLength 0 (decode over the prompt), and buildShard refuses N > 1.
+//    set prefillLength 0 (decode over the prompt), and the shard builder refuses N > 1.
 import { z } from 'zod';
-import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO, type TensorSpec } from './types.js';
+import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
@@ -25,7 +25,7 @@ import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
 } from './blocks.js';
-import { attentionDecoderConfig, lmHeadGraph, type Qwen3Config } from './qwen3.js';
+import { attentionDecoderConfig, decoderComponents, lmHeadGraph, LM_HEAD_KIND, type AttentionDecoderConfig } from './decoder.js';
 import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
 
 const LAYER_TYPES = ['linear_attention', 'full_attention'] as const;
@@ -71,8 +71,8 @@ const ConfigSchema = z.object({
   tie_word_embeddings: z.boolean().optional(),
 }).passthrough();
 
-/** Qwen3's fields (for the full-attention layers) plus the hybrid's own. */
-export interface Qwen35Config extends Qwen3Config {
+/** The attention decoder's fields (for the full-attention layers) plus the hybrid's own. */
+export interface Qwen35Config extends AttentionDecoderConfig {
   /** Rotated dims at the front of each full-attention head (head_dim · partial_rotary_factor). */
   rotaryDim: number;
   layerTypes: LayerType[];
@@ -131,44 +131,10 @@ const PREFIX = 'model.language_model';
 const layerPrefix = (i: number) => `${PREFIX}.layers.${i}`;
 const isFull = (c: Qwen35Config, i: number) => c.layerTypes[i] === 'full_attention';
 
-export function qwen35LayerTensors(c: Qwen35Config, i: number): TensorSpec[] {
-  const { hidden: h, ffn } = c;
-  const p = layerPrefix(i);
-  const common: TensorSpec[] = [
-    { name: `${p}.input_layernorm.weight`, shape: [h], role: 'norm' },
-    { name: `${p}.post_attention_layernorm.weight`, shape: [h], role: 'norm' },
-    { name: `${p}.mlp.gate_proj.weight`, shape: [ffn, h], role: 'matmul' },
-    { name: `${p}.mlp.up_proj.weight`, shape: [ffn, h], role: 'matmul' },
-    { name: `${p}.mlp.down_proj.weight`, shape: [h, ffn], role: 'matmul' },
-  ];
-  if (isFull(c, i)) {
-    const { heads, kvHeads, headDim: d } = c;
-    return [
-      ...common,
-      { name: `${p}.self_attn.q_proj.weight`, shape: [heads * d * 2, h], role: 'matmul' },
-      { name: `${p}.self_attn.k_proj.weight`, shape: [kvHeads * d, h], role: 'matmul' },
-      { name: `${p}.self_attn.v_proj.weight`, shape: [kvHeads * d, h], role: 'matmul' },
-      { name: `${p}.self_attn.o_proj.weight`, shape: [h, heads * d], role: 'matmul' },
-      { name: `${p}.self_attn.q_norm.weight`, shape: [d], role: 'norm' },
-      { name: `${p}.self_attn.k_norm.weight`, shape: [d], role: 'norm' },
-    ];
-  }
-  const { vHeads, vDim, convDim, convKernel } = c.linear;
-  return [
-    ...common,
-    { name: `${p}.linear_attn.in_proj_qkv.weight`, shape: [convDim, h], role: 'matmul' },
-    { name: `${p}.linear_attn.in_proj_z.weight`, shape: [vHeads * vDim, h], role: 'matmul' },
-    { name: `${p}.linear_attn.in_proj_b.weight`, shape: [vHeads, h], role: 'matmul' },
-    { name: `${p}.linear_attn.in_proj_a.weight`, shape: [vHeads, h], role: 'matmul' },
-    { name: `${p}.linear_attn.conv1d.weight`, shape: [convDim, 1, convKernel], role: 'conv' },
-    { name: `${p}.linear_attn.dt_bias`, shape: [vHeads], role: 'other' },
-    { name: `${p}.linear_attn.A_log`, shape: [vHeads], role: 'other' },
-    { name: `${p}.linear_attn.norm.weight`, shape: [vDim], role: 'norm' },
-    { name: `${p}.linear_attn.out_proj.weight`, shape: [h, vHeads * vDim], role: 'matmul' },
-  ];
-}
-
 // ---- state layout -----------------------------------------------------------------------------
+
+/** Every full-attention layer's KV cache has the same heads and head size. */
+const kvLayout = (c: Qwen35Config, maxContext: number) => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
 
 /** The per-layer state a graph exchanges, by graph input name. */
 function stateShapes(c: Qwen35Config, maxContext: number) {
@@ -181,19 +147,23 @@ function stateShapes(c: Qwen35Config, maxContext: number) {
   };
 }
 
+/** Qwen3.5's recurrent states per linear-attention layer: the conv FIFO and the delta-rule state. */
+const CONV = 'conv';
+const REC = 'rec';
+
+const EMBEDDING = `${PREFIX}.embed_tokens.weight`;
+const lmHeadWeight = (c: Qwen35Config) => (c.tied ? EMBEDDING : 'lm_head.weight');
+
 export const qwen3_5: Family<Qwen35Config> = {
   id: 'qwen3_5',
   hostOp: 'qwen3_5_generate',
   parseConfig: parseQwen35Config,
   numLayers: (c) => c.layers,
-  layerTensors: qwen35LayerTensors,
-  embedding: (c) => ({ name: `${PREFIX}.embed_tokens.weight`, shape: [c.vocab, c.hidden], role: 'embedding' }),
-  finalTensors: (c) => [{ name: `${PREFIX}.norm.weight`, shape: [c.hidden], role: 'norm' }],
-  lmHead: (c) => (c.tied
-    ? { name: `${PREFIX}.embed_tokens.weight`, shape: [c.vocab, c.hidden], role: 'matmul' }
-    : { name: 'lm_head.weight', shape: [c.vocab, c.hidden], role: 'matmul' }),
-  buildShard: (g, c, s, w) => qwen35Shard(g, c, s, w),
-  buildLmHead: (g, c, w) => lmHeadGraph(g, c.hidden, c.vocab, qwen3_5.lmHead(c).name, w),
+  hostTables: (c) => [{ name: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
+  components: (c, layout) => decoderComponents(layout, {
+    shard: (g, s, w) => qwen35Shard(g, c, s, w),
+    lmHead: (g, w) => lmHeadGraph(g, c.hidden, c.vocab, lmHeadWeight(c), w),
+  }),
   gateCases: (c, entry, trace, maxContext) => qwen35Cases(c, entry, trace, maxContext),
   bindings: (c, entry, maxContext) => qwen35Bindings(c, entry, maxContext),
 };
@@ -224,8 +194,8 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const shapes = stateShapes(c, 0);
   const f32 = 'float32' as const;
 
-  const convIn = g.input(recurrentIn('conv', layer), f32, shapes.conv);
-  const recIn = g.input(recurrentIn('rec', layer), f32, shapes.rec);
+  const convIn = g.input(recurrentIn(CONV, layer), f32, shapes.conv);
+  const recIn = g.input(recurrentIn(REC, layer), f32, shapes.rec);
   io.inputs.push({ name: convIn, dtype: f32, shape: shapes.conv }, { name: recIn, dtype: f32, shape: shapes.rec });
 
   const qkv = await lin(xn, 'in_proj_qkv', [C, H]);
@@ -236,7 +206,7 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   // Causal depthwise conv over the FIFO, then SiLU.
   const taps = g.op('Reshape', [await w.store.small(g, `${p}.conv1d.weight`, [C, 1, K]), g.constInt64([1, C, K])]);
   const conv = causalConvStep(g, convIn, g.op('Reshape', [qkv, g.constInt64([1, C, 1])]), taps, K);
-  const convOut = g.output(conv.next, recurrentOut('conv', layer), { shape: shapes.conv });
+  const convOut = g.output(conv.next, recurrentOut(CONV, layer), { shape: shapes.conv });
   io.outputs.push({ name: convOut, dtype: f32, shape: shapes.conv });
   const mixed = silu(g, conv.out); // [1, C]
   const [q0, k0, v0] = g.op('Split', [mixed, g.constInt64([Hk * dk, Hk * dk, Hv * dv])], { axis: 1 }, 3);
@@ -261,7 +231,7 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const decay = g.op('Reshape', [g.op('Exp', [gate]), perHead]);
 
   const step = gatedDeltaStep(g, { q, k, v, beta, decay, state: recIn });
-  const recOut = g.output(step.next, recurrentOut('rec', layer), { shape: shapes.rec });
+  const recOut = g.output(step.next, recurrentOut(REC, layer), { shape: shapes.rec });
   io.outputs.push({ name: recOut, dtype: f32, shape: shapes.rec });
 
   // Per-head gated RMSNorm with z (plain weight), then out_proj.
@@ -356,7 +326,7 @@ export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec
   const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
   outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, 1, H] });
   if (s.isLast && s.lmHeadInside) {
-    const logits = g.output(await w.store.linear(g, hiddenOut, qwen3_5.lmHead(c).name, [c.vocab, H], w.lmHeadScheme, 1), 'logits', { shape: [1, 1, c.vocab] });
+    const logits = g.output(await w.store.linear(g, hiddenOut, lmHeadWeight(c), [c.vocab, H], w.lmHeadScheme, 1), 'logits', { shape: [1, 1, c.vocab] });
     outputs.push({ name: logits, dtype: f32, shape: [1, 1, c.vocab] });
   }
   return { inputs, outputs, probes };
@@ -376,7 +346,7 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
   const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     const steps = trace.meta.prompts[p].steps;
-    if (entry.kind === 'lm_head') {
+    if (entry.kind === LM_HEAD_KIND) {
       yield* lmHeadCases(trace, p);
       continue;
     }
@@ -385,7 +355,7 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
     const full = layers.filter((i) => isFull(c, i));
     const linearLayers = layers.filter((i) => !isFull(c, i));
     const takesPosition = entry.inputs.some((i) => i.name === 'position');
-    const cache = new CacheBuilder(full, { kvHeads: c.kvHeads, headDim: c.headDim, maxContext });
+    const cache = new CacheBuilder(full, kvLayout(c, maxContext));
     const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
     for (let t = 0; t < steps; t++) {
       if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
@@ -403,10 +373,10 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
         expected[newKv('v', i)] = await trace.get(p, t, `v.${i}`);
       }
       for (const i of linearLayers) {
-        feeds[recurrentIn('conv', i)] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `conv.${i}`), shapes.conv);
-        feeds[recurrentIn('rec', i)] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `rec.${i}`), shapes.rec);
-        expected[recurrentOut('conv', i)] = await trace.get(p, t, `conv.${i}`);
-        expected[recurrentOut('rec', i)] = await trace.get(p, t, `rec.${i}`);
+        feeds[recurrentIn(CONV, i)] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `${CONV}.${i}`), shapes.conv);
+        feeds[recurrentIn(REC, i)] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `${REC}.${i}`), shapes.rec);
+        expected[recurrentOut(CONV, i)] = await trace.get(p, t, `${CONV}.${i}`);
+        expected[recurrentOut(REC, i)] = await trace.get(p, t, `${REC}.${i}`);
       }
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
       expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
@@ -421,6 +391,9 @@ export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Tr
 /** How the runtime binds each input/output: KV caches by rows, conv/recurrent states replaced whole. */
 export function qwen35Bindings(c: Qwen35Config, entry: GraphEntry, maxContext: number): GraphBindings {
   const shapes = stateShapes(c, maxContext);
-  const [, kvHeads, , headDim] = shapes.kvCache;
-  return kvDecoderBindings(entry, { kvHeads, headDim, maxContext }, (kind) => (kind === 'conv' ? shapes.conv : shapes.rec));
+  return kvDecoderBindings(entry, kvLayout(c, maxContext), (kind) => {
+    if (kind === CONV) return shapes.conv;
+    if (kind === REC) return shapes.rec;
+    throw new Error(`${entry.name}: qwen3_5 keeps no '${kind}' state`);
+  });
 }

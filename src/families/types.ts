@@ -9,13 +9,18 @@ import type { GraphEntry } from './export-stage.js';
 import type { GateCase } from './kv-decoder.js';
 import type { Manifest, ManifestGraph } from '../bundle/manifest.js';
 
-/** How a tensor is stored once exported: matmul weights are quantized, the rest stay float. */
-export type TensorRole = 'matmul' | 'norm' | 'bias' | 'embedding' | 'conv' | 'other';
+/**
+ * How a tensor is stored once exported: matmul weights in the scheme, small tensors (norms, biases,
+ * conv taps) as float32 inline in the graph, host tables in their own file.
+ */
+export type TensorRole = 'matmul' | 'small' | 'host';
 
 export interface TensorSpec {
   name: string;
   shape: number[];
   role: TensorRole;
+  /** A matmul weight read by a dry build (families/tensors.ts): the scheme the graph stores it in. */
+  scheme?: QuantScheme;
 }
 
 export class ConfigError extends Error {
@@ -51,6 +56,11 @@ export function parseConfigWith<T>(schema: { safeParse(raw: unknown): { success:
   return r.data;
 }
 
+/**
+ * What a family gives the rest of forge: its config parser, its host tables and its components.
+ * Export, quantize, plan, the gates, compile and bundle iterate over components; only the family
+ * (and the shared modules it composes) knows what a component computes.
+ */
 export interface Family<C> {
   id: FamilyId;
   /** The runtime host-op that drives this family's bundles (its decode loop lives in native/). */
@@ -58,22 +68,81 @@ export interface Family<C> {
   /** Parses config.json (or the recipe's recorded copy); errors name the file and field. */
   parseConfig(raw: unknown, file: string): C;
   numLayers(config: C): number;
-  /** The checkpoint tensors one decoder layer reads. */
-  layerTensors(config: C, layer: number): TensorSpec[];
-  /** Input embedding table (kept on the host as f16). */
-  embedding(config: C): TensorSpec;
-  /** Tensors applied after the last layer, before the lm-head (final norm …). */
-  finalTensors(config: C): TensorSpec[];
-  /** The lm-head weight, or the embedding when tied. */
-  lmHead(config: C): TensorSpec;
-  /** Adds one shard's graph (layers first..last, N tokens per call) to g; returns its interface. */
-  buildShard(g: GraphBuilder, config: C, shard: ShardSpec, w: GraphWeights): Promise<GraphInterface>;
-  /** Adds the lm-head graph (final-normed hidden [1,1,H] → logits [1,1,V]) to g. */
-  buildLmHead(g: GraphBuilder, config: C, w: GraphWeights): Promise<GraphInterface>;
+  /** Tables the runtime keeps on the host (the token embedding …), in the order the manifest lists them. */
+  hostTables(config: C): HostTable[];
+  /** The units the runtime executes for a cut of the layers into contexts, in model order. */
+  components(config: C, layout: ComponentLayout): Component[];
   /** Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs. */
   gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase>;
   /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
+}
+
+/** A checkpoint tensor the runtime reads on the host, stored whole in its own file. */
+export interface HostTable {
+  name: string;
+  /** The checkpoint tensor it is made from. */
+  tensor: string;
+  shape: number[];
+  dtype: 'float16';
+}
+
+/**
+ * How the plan cut the model: layer ranges in model order (one context each; the one marked last
+ * applies the final norm), where the lm-head goes, and the call sizes.
+ */
+export interface ComponentLayout {
+  shards: Array<{ first: number; last: number; isLast: boolean }>;
+  /** The lm-head is part of the last shard's graphs (no component of its own). */
+  lmHeadInside: boolean;
+  /** Tokens per batched-prefill call; 0: no prefill graphs (decode over the prompt). */
+  prefillLength: number;
+  /** KV cache slots. */
+  maxContext: number;
+}
+
+/** One graph of a component; the variants of a component share its weights (one data file). */
+export interface GraphVariant {
+  /** Appended to the component's name for the graph's (`shard0.prefill`); '' names the graph as the component. */
+  name: string;
+  /** Tokens per call. */
+  n: number;
+  /** Why the runtime does without this graph, when it may (the planner drops it when a limit would be exceeded); absent: required. */
+  optional?: string;
+  build(g: GraphBuilder, w: GraphWeights): Promise<GraphInterface>;
+}
+
+/** A unit the runtime executes, compiled into one context: its graphs, built from one set of weights. */
+export interface Component {
+  /** Its context's name (`shard0`, `lm_head`). */
+  name: string;
+  /** Family-defined; only src/families/ reads it. */
+  kind: string;
+  /** Which of the recipe's schemes stores its matmul weights. */
+  weights: 'layers' | 'lmHead';
+  variants: GraphVariant[];
+  /** Fields every graph of it carries in graphs.json, for the family's gate cases and bindings. */
+  entry: ComponentEntryFields;
+}
+
+/** The hidden state a graph takes and gives, by trace name: lets a gate run one-token graphs in model order, each fed the previous one's output. */
+export interface ResidualStream {
+  /** Graph input holding it. */
+  input: string;
+  /** The trace value it is (`h.3`, `final`), or null when the runtime feeds it from a host table (the chain's first link). */
+  from: string | null;
+  output?: string;
+  /** The trace value the output is. */
+  to?: string;
+}
+
+export interface ComponentEntryFields {
+  stream?: ResidualStream;
+  shard?: number;
+  first?: number;
+  last?: number;
+  /** The last shard's hidden_out is final-normed. */
+  isLast?: boolean;
 }
 
 export interface GraphBindings {

@@ -8,6 +8,7 @@ import { openCheckpoint } from '../io/checkpoint.js';
 import type { FamilyId } from '../recipe/schema.js';
 import { getFamily } from './index.js';
 import type { Family, TensorSpec } from './types.js';
+import { allTensors, modelTensors } from './tensors.js';
 
 export async function validateCheckpoint(familyId: FamilyId, dir: string): Promise<{ tensors: number }> {
   const family = getFamily(familyId) as Family<unknown>;
@@ -20,8 +21,8 @@ export async function validateCheckpoint(familyId: FamilyId, dir: string): Promi
     throw new Error(`${configFile}: not valid JSON (${(e as Error).message})`);
   }
   const config = family.parseConfig(raw, configFile);
-  const specs: TensorSpec[] = [family.embedding(config), ...family.finalTensors(config), family.lmHead(config)];
-  for (let i = 0; i < family.numLayers(config); i++) specs.push(...family.layerTensors(config, i));
+  // What the graph builders and the host tables read (families/tensors.ts).
+  const specs: TensorSpec[] = allTensors(await modelTensors(family, config));
   const ckpt = await openCheckpoint(dir);
   try {
     for (const t of specs) ckpt.expectShape(t.name, t.shape);

@@ -19,27 +19,30 @@ export class StepChain {
   /** The graphs the chain ran, in order. */
   readonly graphs: string[] = [];
 
-  /** One-token graphs (decode shards, the lm-head) chain: every traced step has a case in each. */
+  /** One-token graphs on the residual stream (decode shards, the lm-head) chain: every traced step has a case in each. */
   static applies(entry: GraphEntry): boolean {
-    return entry.n === 1;
+    return entry.n === 1 && entry.stream !== undefined;
   }
 
-  /** The residual a graph's hidden input holds; null for the first shard (fed the embedding: it starts the chain). */
+  /** The residual a graph's hidden input holds; null for the first graph (fed from a host table: it starts the chain). */
   static source(entry: GraphEntry): string | null {
-    if (entry.kind === 'lm_head') return 'final';
-    return entry.first === 0 ? null : `h.${entry.first}`;
+    return StepChain.stream(entry).from;
   }
 
   private static sink(entry: GraphEntry): string | null {
-    if (entry.kind === 'lm_head') return null;
-    return entry.isLast ? 'final' : `h.${entry.last! + 1}`;
+    return StepChain.stream(entry).to ?? null;
+  }
+
+  private static stream(entry: GraphEntry): NonNullable<GraphEntry['stream']> {
+    if (!entry.stream) throw new Error(`oracle: ${entry.name} declares no residual stream, so it cannot be chained`);
+    return entry.stream;
   }
 
   /** The graph's gate cases with its hidden input replaced by what the previous graph of the chain gave at that step. */
   async *cases(entry: GraphEntry, cases: AsyncIterable<GateCase>): AsyncGenerator<GateCase> {
     const source = StepChain.source(entry);
-    if (source === null) throw new Error(`${entry.name} is fed the embedding: its gate cases are the chain's first link`);
-    const input = entry.kind === 'lm_head' ? 'hidden' : 'hidden_in';
+    if (source === null) throw new Error(`${entry.name} is fed from a host table: its gate cases are the chain's first link`);
+    const { input, output } = StepChain.stream(entry);
     const rows = this.rows.get(source);
     if (!rows) throw new Error(`oracle: ${entry.name} reads ${source}, which no earlier one-token graph of its variant wrote (graphs.json lists the graphs out of model order)`);
     for await (const c of cases) {
@@ -47,7 +50,7 @@ export class StepChain {
       const feed = c.feeds[input];
       if (!row || !feed) throw new Error(`oracle: no chained ${source} for ${entry.name} at prompt ${c.prompt} step ${c.step}`);
       const expected: GateCase['expected'] = {};
-      for (const name of ['hidden_out', 'logits']) if (c.expected[name]) expected[name] = c.expected[name];
+      for (const name of [output, 'logits']) if (name && c.expected[name]) expected[name] = c.expected[name];
       yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected };
     }
   }
@@ -56,9 +59,10 @@ export class StepChain {
   record(entry: GraphEntry, c: GateCase, output: (name: string) => Float32Array): void {
     if (this.graphs.at(-1) !== entry.name) this.graphs.push(entry.name);
     const sink = StepChain.sink(entry);
-    if (sink && c.expected.hidden_out) {
+    const out = entry.stream?.output;
+    if (sink && out && c.expected[out]) {
       if (!this.rows.has(sink)) this.rows.set(sink, new Map());
-      this.rows.get(sink)!.set(key(c), output('hidden_out').slice());
+      this.rows.get(sink)!.set(key(c), output(out).slice());
     }
     const want = c.expected.logits;
     if (!want) return;

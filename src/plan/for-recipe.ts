@@ -15,7 +15,7 @@ export async function planRecipe(id: string, archId: string, verbose = false): P
   const { arch, settings } = archSettings(recipe, archId, file);
   if (recipe.config) {
     const family = getFamily(recipe.family);
-    return makePlan(family, family.parseConfig(recipe.config, `${file} (config)`), arch, settings);
+    return await makePlan(family, family.parseConfig(recipe.config, `${file} (config)`), arch, settings);
   }
   const out = mkdtempSync(join(tmpdir(), 'forge-plan-'));
   try {
@@ -34,6 +34,7 @@ export function formatPlan(p: ShardPlan): string {
   for (const s of p.shards) lines.push(`  shard ${s.index}: layers ${s.first}-${s.last}  ${mb(s.weightBytes)}  graphs ${s.graphs.join('+')}`);
   lines.push(`  lm-head: ${p.lmHead.placement} ${p.lmHead.quant}${p.lmHead.tied ? ' (tied)' : ''}  ${mb(p.lmHead.bytes)}`);
   for (const t of p.hostTables) lines.push(`  host ${t.name}: ${t.dtype} ${mb(t.bytes)}`);
-  lines.push(`  ${p.contexts} contexts, ${mb(p.totalContextBytes)} in contexts`);
+  lines.push(`  ${p.contexts} contexts${p.graphs !== undefined ? `, ${p.graphs} graphs` : ''}, ${mb(p.totalContextBytes)} in contexts`);
+  for (const d of p.dropped ?? []) lines.push(`  dropped ${d.graph}: ${d.why}`);
   return lines.join('\n');
 }

@@ -1,10 +1,16 @@
-// The shard plan: contiguous layer ranges whose stored weight bytes fit the arch's per-context
-// ceiling, using as few contexts as possible and, for that count, the most even split (so neither
-// shard sits near the ceiling when an even split would not).
+// The plan: contiguous layer ranges whose stored weight bytes fit the arch's per-context ceiling,
+// using as few contexts as possible and, for that count, the most even split (so neither shard sits
+// near the ceiling when an even split would not); then the family's components for that cut,
+// checked against the arch's contexts and graphs per process. Optional graphs (batched prefill) are
+// dropped, each with its reason in plan.json, when the graphs would not fit; required ones that do
+// not fit are a PlanError naming the limit. The bytes come from the tensors each builder reads
+// (families/tensors.ts), not from a list kept beside it.
 import type { HexagonArch } from '../arch/table.js';
 import type { ArchSettings } from '../recipe/schema.js';
-import type { Family } from '../families/types.js';
-import { storedBytes, sumBytes } from '../quant/bytes.js';
+import type { Component, Family } from '../families/types.js';
+import { sumBytes } from '../quant/bytes.js';
+import { modelTensors } from '../families/tensors.js';
+import { graphName } from '../families/export-stage.js';
 
 export interface ShardPlan {
   arch: string;
@@ -19,6 +25,10 @@ export interface ShardPlan {
   hostTables: Array<{ name: string; dtype: 'f16'; bytes: number }>;
   contexts: number;
   totalContextBytes: number;
+  /** Graphs the bundle sets up in one process, against the arch's maxGraphsPerProcess. */
+  graphs?: number;
+  /** Optional graphs left out to fit an arch limit, each with why; absent when none was. */
+  dropped?: Array<{ graph: string; why: string }>;
 }
 
 export class PlanError extends Error {
@@ -51,17 +61,47 @@ function balancedSplit(costs: number[], k: number, extraLast: number): { max: nu
   return { max: best[k][n], cuts };
 }
 
+interface PlannedGraph {
+  graph: string;
+  component: string;
+  variant: string;
+  optional?: string;
+}
+
+/**
+ * Keeps the graphs within the arch's graphs per process: while over, drops one optional variant
+ * (by name, from every component at once: the runtime uses a variant across the model or not at
+ * all), in the order the family declares them. Returns what is kept and what was dropped, and why.
+ */
+export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' | 'maxGraphsPerProcess'>): { kept: PlannedGraph[]; dropped: Array<{ graph: string; why: string }> } {
+  let kept: PlannedGraph[] = components.flatMap((c) => c.variants.map((v) => ({ graph: graphName(c.name, v.name), component: c.name, variant: v.name, optional: v.optional })));
+  const dropped: Array<{ graph: string; why: string }> = [];
+  const limit = arch.maxGraphsPerProcess;
+  const optionalVariants = [...new Set(kept.filter((g) => g.optional).map((g) => g.variant))];
+  for (const variant of optionalVariants) {
+    if (kept.length <= limit) break;
+    const before = kept.length;
+    const gone = kept.filter((g) => g.variant === variant && g.optional);
+    kept = kept.filter((g) => !gone.includes(g));
+    for (const g of gone) dropped.push({ graph: g.graph, why: `${before} graphs are over the ${arch.id} limit of ${limit} graphs per process (arch table: cdsp-heap); optional, ${g.optional}` });
+  }
+  if (kept.length > limit) {
+    const left = dropped.length ? ` after dropping the optional ${dropped.map((d) => d.graph).join(', ')}` : '';
+    throw new PlanError(`the plan needs ${kept.length} graphs${left}, over the ${arch.id} limit of ${limit} graphs per process (arch table: cdsp-heap): use fewer, larger contexts or a family layout with fewer graphs`);
+  }
+  return { kept, dropped };
+}
+
 /** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
-export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): ShardPlan {
+export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): Promise<ShardPlan> {
   const n = family.numLayers(config);
-  const layerBytes = Array.from({ length: n }, (_, i) => sumBytes(family.layerTensors(config, i), s.quant));
-  const head = family.lmHead(config);
-  const headBytes = storedBytes(head, s.lmHead.quant) + sumBytes(family.finalTensors(config), s.lmHead.quant);
+  const tensors = await modelTensors(family, config);
+  const layerBytes = tensors.layers.map((t) => sumBytes(t, s.quant));
+  const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant) + sumBytes(tensors.final, s.lmHead.quant);
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
   const archCeiling = arch.contextCeilingBytes;
   const ceiling = Math.min(archCeiling, shardCeilingBytes ?? Infinity);
   const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
-  const graphs = s.prefillLength > 0 ? ['prefill', 'decode'] : ['decode'];
 
   let ranges: Array<[number, number]>;
   if (s.shards === 'auto') {
@@ -83,18 +123,31 @@ export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: 
     }
     if (next !== n) throw new PlanError(`pinned shards end at layer ${next - 1}, the model has ${n} layers`);
   }
-  const shards = ranges.map(([first, last], index) => {
+  const sized = ranges.map(([first, last], index) => {
     let weightBytes = layerBytes.slice(first, last + 1).reduce((x, y) => x + y, 0);
     if (index === ranges.length - 1) weightBytes += inLast;
     if (weightBytes > ceiling) throw new PlanError(`shard ${index} (layers ${first}-${last}) stores ${mb(weightBytes)}, over the ${arch.id} ceiling of ${mb(ceiling)}`);
-    return { index, first, last, weightBytes, graphs };
+    return { index, first, last, weightBytes };
   });
   if (s.lmHead.placement === 'separate' && headBytes > archCeiling) {
     throw new PlanError(`the lm-head stores ${mb(headBytes)} (${s.lmHead.quant}), over the ${arch.id} ceiling of ${mb(archCeiling)}: quantize it (lmHead.quant 'w8')`);
   }
-  const contexts = shards.length + (s.lmHead.placement === 'separate' ? 1 : 0);
+  const layout = {
+    shards: ranges.map(([first, last], i) => ({ first, last, isLast: i === ranges.length - 1 })),
+    lmHeadInside: s.lmHead.placement === 'last-shard',
+    prefillLength: s.prefillLength,
+    maxContext: s.maxContext,
+  };
+  const components = family.components(config, layout);
+  const contexts = components.length;
   if (contexts > arch.maxContexts) throw new PlanError(`the plan needs ${contexts} contexts, over the ${arch.id} limit of ${arch.maxContexts}`);
-  const emb = family.embedding(config);
+  const { kept, dropped } = fitGraphs(components, arch);
+  const shards = sized.map((x) => {
+    const c = components.find((k) => k.entry.shard === x.index);
+    return { ...x, graphs: c ? kept.filter((g) => g.component === c.name).map((g) => g.variant) : [] };
+  });
+  const host = family.hostTables(config);
+  const hostNames = new Set(host.map((t) => t.tensor));
   return {
     arch: arch.id,
     socModel: arch.socModel,
@@ -103,9 +156,11 @@ export function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: 
     quant: s.quant,
     layers: n,
     shards,
-    lmHead: { placement: s.lmHead.placement, quant: s.lmHead.quant, bytes: headBytes, tied: head.name === emb.name },
-    hostTables: [{ name: 'embedding', dtype: 'f16', bytes: emb.shape[0] * emb.shape[1] * 2 }],
+    lmHead: { placement: s.lmHead.placement, quant: s.lmHead.quant, bytes: headBytes, tied: tensors.lmHead.some((t) => hostNames.has(t.name)) },
+    hostTables: host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: t.shape.reduce((a, d) => a * d, 1) * 2 })),
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),
+    graphs: kept.length,
+    ...(dropped.length ? { dropped } : {}),
   };
 }

@@ -23,7 +23,7 @@ export interface PlanParams {
 
 export const stage: StageModule<PlanParams> = {
   name: 'plan',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const { family: familyId, arch, settings, expectedConfig } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
@@ -31,7 +31,7 @@ export const stage: StageModule<PlanParams> = {
     const raw = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
     if (expectedConfig) checkConfigMatches(raw, expectedConfig, file);
     const family = getFamily(familyId);
-    const plan = makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes);
+    const plan = await makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes);
     await writeFile(join(ctx.out, 'plan.json'), JSON.stringify(plan, null, 2));
     return { summary: { shards: plan.shards.length, contexts: plan.contexts, totalContextBytes: plan.totalContextBytes } };
   },

@@ -5,6 +5,7 @@
 import { describe, expect, it } from 'vitest';
 import { getFamily } from '../../src/families/index.js';
 import { ConfigError, type Family } from '../../src/families/types.js';
+import { headTensors, hostTensors, layerTensors } from '../../src/families/tensors.js';
 import { loadRecipe } from '../../src/recipe/load.js';
 import { expectClearRefusal, FUZZ_CASES, FUZZ_SEED, mutateJson, Rng, show } from './mutate.js';
 
@@ -15,24 +16,25 @@ const seeds = ['qwen3-4b', 'qwen3.5-4b'].map((id) => {
 });
 
 /**
- * The tensors a checkpoint of this config must hold, as export and the shape check see them: the
- * embedding, final and lm-head tensors, and the first and last layer's (a mutated layer count can
+ * The tensors a checkpoint of this config must hold, as export and the shape check see them (the
+ * builders' own reads, families/tensors.ts): the host tables, final and lm-head tensors, and the first and last layer's (a mutated layer count can
  * be in the millions; a checkpoint check stops at the first layer that is missing).
  */
-function tensorShapes(family: Family<unknown>, config: unknown): number[][] {
+async function tensorShapes(family: Family<unknown>, config: unknown): Promise<number[][]> {
   const layers = family.numLayers(config);
   expect(Number.isSafeInteger(layers) && layers > 0, `numLayers ${layers}`).toBe(true);
-  const specs = [family.embedding(config), ...family.finalTensors(config), family.lmHead(config)];
-  for (const l of new Set([0, layers - 1])) specs.push(...family.layerTensors(config, l));
+  const head = await headTensors(family, config);
+  const specs = [...hostTensors(family, config), ...head.final, ...head.lmHead];
+  for (const l of new Set([0, layers - 1])) specs.push(...(await layerTensors(family, config, l)));
   return specs.map((t) => [...t.shape]);
 }
 
 describe('fuzz: config.json', () => {
-  it('parses both seed configs', () => {
-    for (const s of seeds) expect(tensorShapes(s.family, s.family.parseConfig(s.config, FILE)).length).toBeGreaterThan(10);
+  it('parses both seed configs', async () => {
+    for (const s of seeds) expect((await tensorShapes(s.family, s.family.parseConfig(s.config, FILE))).length).toBeGreaterThan(10);
   });
 
-  it(`refuses every mutated config with one ConfigError line naming the file, or gives sound tensor shapes (${FUZZ_CASES} cases)`, () => {
+  it(`refuses every mutated config with one ConfigError line naming the file, or gives sound tensor shapes (${FUZZ_CASES} cases)`, async () => {
     const rng = new Rng(FUZZ_SEED);
     let refused = 0;
     for (let i = 0; i < FUZZ_CASES; i++) {
@@ -46,7 +48,7 @@ describe('fuzz: config.json', () => {
         expectClearRefusal(err, ConfigError, FILE, () => `case ${i} (${seed.id}): ${show(raw)}`);
         continue;
       }
-      for (const shape of tensorShapes(seed.family, config)) {
+      for (const shape of await tensorShapes(seed.family, config)) {
         expect(shape.every((d) => Number.isSafeInteger(d) && d > 0), `seed ${FUZZ_SEED}, case ${i} (${seed.id}): accepted, but a tensor has shape [${shape}]: ${show(raw)}`).toBe(true);
       }
     }

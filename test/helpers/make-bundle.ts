@@ -34,7 +34,7 @@ const trace = built.trace;
   const { settings } = archSettings(built.recipe, 'v81');
   const plan = JSON.parse(readFileSync(join(built.entry('plan'), 'plan.json'), 'utf8'));
   mkdirSync(join(out, 'fp32-copy'), { recursive: true });
-  await runExport({ family: built.recipe.family, scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: settings.maxContext, prefillLength: settings.prefillLength, embedding: false },
+  await runExport({ family: built.recipe.family, scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: settings.maxContext, prefillLength: settings.prefillLength, hostTables: false },
     readCheckpointRef(built.entry('fetch')).absDir, plan, join(out, 'fp32-copy'), { log() {}, progress() {} });
 }
 

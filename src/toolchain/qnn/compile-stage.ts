@@ -23,7 +23,7 @@ import { WAITING_LOCK } from '../../engine/cache.js';
 export type CompileToolchain = { kind: 'onnxruntime-qnn' } | { kind: 'qairt'; version: string };
 
 export interface CompileParams {
-  arch: { id: string; socModel: number; dspArch: string; vtcmMb: number; contextCeilingBytes: number; maxContexts: number };
+  arch: { id: string; socModel: number; dspArch: string; vtcmMb: number; contextCeilingBytes: number; maxContexts: number; maxGraphsPerProcess: number };
   toolchain: CompileToolchain;
   fp16: boolean;
   timeoutSeconds: number;
@@ -157,9 +157,11 @@ export const stage: StageModule<CompileParams> = {
     const p = ctx.params;
     const exp = JSON.parse(readFileSync(join(ctx.inputs.quantize, GRAPHS_JSON), 'utf8')) as ExportManifest;
     if (exp.contexts.length > p.arch.maxContexts) throw new Error(`${exp.contexts.length} contexts, over the ${p.arch.id} limit of ${p.arch.maxContexts}`);
+    const graphs = exp.contexts.reduce((n, c) => n + c.graphs.length, 0);
+    if (graphs > p.arch.maxGraphsPerProcess) throw new Error(`${graphs} graphs, over the ${p.arch.id} limit of ${p.arch.maxGraphsPerProcess} graphs per process (the plan drops optional graphs to fit)`);
     const qairt = qairtFor(p.toolchain);
-    // Which contexts hold W8 weights (a shard in the recipe's scheme, the lm-head in its own).
-    const w8 = (c: ContextEntry) => (c.graphs[0].kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme) === 'w8';
+    // Which contexts hold W8 weights (each graph records its weights' scheme).
+    const w8 = (c: ContextEntry) => c.graphs[0].scheme === 'w8';
     if (exp.contexts.some(w8)) {
       if (qairt === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
       if (qairt !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);

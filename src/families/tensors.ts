@@ -1,0 +1,92 @@
+// The checkpoint tensors a component reads, derived from its own graph builder: the builder runs
+// once against a store that records each weight it asks for instead of reading it. The planner's
+// byte counts, the export's progress total and the fetched checkpoint's check all come from this,
+// so a builder that reads a new tensor cannot leave a hand-written list behind.
+import { GraphBuilder } from '../onnx/builder.js';
+import type { QuantScheme } from '../recipe/schema.js';
+import type { WeightStore } from '../quant/weights.js';
+import type { Component, ComponentLayout, Family, TensorSpec } from './types.js';
+
+/** Stands in for a WeightStore during a dry build: records (name, shape, role), reads nothing. */
+class RecordingStore {
+  readonly tensors = new Map<string, TensorSpec>();
+
+  private record(name: string, shape: number[], role: TensorSpec['role']): void {
+    const seen = this.tensors.get(name);
+    if (seen && seen.shape.join(',') !== shape.join(',')) throw new Error(`${name} is read as [${seen.shape}] and as [${shape}] by one component`);
+    // A tensor read both as a matmul weight and as a small float (none today) is stored as the matmul.
+    if (!seen || role === 'matmul') this.tensors.set(name, { name, shape: [...shape], role });
+  }
+
+  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme): Promise<string> {
+    this.record(name, shape, 'matmul');
+    this.tensors.get(name)!.scheme = scheme;
+    return g.op('Identity', [x]);
+  }
+
+  async small(g: GraphBuilder, name: string, shape: number[]): Promise<string> {
+    this.record(name, shape, 'small');
+    return g.constFloat32([1], []);
+  }
+
+  async fp16(name: string, shape: number[]): Promise<void> {
+    this.record(name, shape, 'host');
+  }
+}
+
+/** Every tensor the component's graphs read (the union over its variants), in the order first read. */
+export async function componentTensors(c: Component, schemes: { scheme: QuantScheme; lmHeadScheme: QuantScheme } = { scheme: 'fp32', lmHeadScheme: 'fp32' }): Promise<TensorSpec[]> {
+  const store = new RecordingStore();
+  for (const v of c.variants) await v.build(new GraphBuilder(`dry.${c.name}.${v.name}`), { store: store as unknown as WeightStore, ...schemes });
+  return [...store.tensors.values()];
+}
+
+/** A layout for a dry build: tensors do not depend on the cache size or the call size. */
+const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 1 });
+
+async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentLayout): Promise<TensorSpec[][]> {
+  return Promise.all(family.components(config, layout).map((c) => componentTensors(c)));
+}
+
+const minus = (a: TensorSpec[], b: TensorSpec[]) => {
+  const drop = new Set(b.map((t) => t.name));
+  return a.filter((t) => !drop.has(t.name));
+};
+
+export interface ModelTensors {
+  /** Per layer, what a shard holding only that layer reads. */
+  layers: TensorSpec[][];
+  /** What the last shard reads beyond its layers (the final norm). */
+  final: TensorSpec[];
+  /** What the lm-head reads when it stands alone (its weight, the embedding's when tied). */
+  lmHead: TensorSpec[];
+  host: TensorSpec[];
+}
+
+/** What a shard holding only layer `i` reads (one dry build). */
+export async function layerTensors<C>(family: Family<C>, config: C, i: number): Promise<TensorSpec[]> {
+  return (await tensorsOfOnly(family, config, dryLayout([{ first: i, last: i, isLast: false }], true))).flat();
+}
+
+/** What is read after the layers: by the last shard beyond its layer (the final norm), and by the lm-head standing alone. */
+export async function headTensors<C>(family: Family<C>, config: C): Promise<{ final: TensorSpec[]; lmHead: TensorSpec[] }> {
+  const n = family.numLayers(config);
+  const [lastShard, ...rest] = await tensorsOfOnly(family, config, dryLayout([{ first: n - 1, last: n - 1, isLast: true }], false));
+  return { final: minus(lastShard, await layerTensors(family, config, n - 1)), lmHead: rest.flat() };
+}
+
+export const hostTensors = <C>(family: Family<C>, config: C): TensorSpec[] => family.hostTables(config).map((t) => ({ name: t.tensor, shape: t.shape, role: 'host' }));
+
+/** The model's tensors, grouped as the planner places them: one dry build per layer, plus the last shard and the lm-head. */
+export async function modelTensors<C>(family: Family<C>, config: C): Promise<ModelTensors> {
+  const layers: TensorSpec[][] = [];
+  for (let i = 0; i < family.numLayers(config); i++) layers.push(await layerTensors(family, config, i));
+  return { layers, ...(await headTensors(family, config)), host: hostTensors(family, config) };
+}
+
+/** Every distinct checkpoint tensor the model's graphs and host tables read. */
+export function allTensors(m: ModelTensors): TensorSpec[] {
+  const out = new Map<string, TensorSpec>();
+  for (const t of [...m.host, ...m.layers.flat(), ...m.final, ...m.lmHead]) if (!out.has(t.name)) out.set(t.name, t);
+  return [...out.values()];
+}
