@@ -10,7 +10,9 @@ import { checkExportedGraphs } from './helpers/check-graphs.js';
 import { venvPython } from '../src/toolchain/venv.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { checkIoNames, runExport, type ExportManifest } from '../src/families/export-stage.js';
+import { checkIoNames, layoutOf, runExport, type ExportManifest } from '../src/families/export-stage.js';
+import { getFamily } from '../src/families/index.js';
+import { allTensors, componentTensors, modelTensors } from '../src/families/tensors.js';
 import { runOracleGate, firstMiss } from '../src/gates/oracle.js';
 import type { RunRecord } from '../src/engine/record.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
@@ -131,6 +133,52 @@ describe('export', () => {
     await runExport(params, ckptDir, plan, a, ui);
     await runExport(params, ckptDir, plan, b, ui);
     for (const f of readdirSync(a)) expect(readFileSync(join(b, f)).equals(readFileSync(join(a, f))), f).toBe(true);
+  });
+});
+
+describe('components', () => {
+  it('derives each component\'s tensors from its builder: exactly the checkpoint tensors its exported graphs hold, and the host table\'s', async () => {
+    const ckpt = await openCheckpoint(readCheckpointRef(entry('fetch')).absDir);
+    try {
+      const family = getFamily('qwen3');
+      const config = family.parseConfig(JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8')), 'config.json');
+      const plan = JSON.parse(readFileSync(join(entry('plan'), 'plan.json'), 'utf8'));
+      const mf = manifest(entry('quantize'));
+      const components = family.components(config, layoutOf(plan, { prefillLength: 8, maxContext: mf.maxContext }));
+      expect(components.map((c) => c.name)).toEqual(mf.contexts.map((c) => c.name));
+      const everyRead = new Set<string>(['model.embed_tokens.weight']); // the host table
+      for (const [i, c] of components.entries()) {
+        const read = new Set<string>();
+        for (const g of mf.contexts[i].graphs) for (const t of readModel(join(entry('quantize'), g.file)).initializers()) if (ckpt.has(t.name)) read.add(t.name);
+        for (const t of read) everyRead.add(t);
+        const derived = await componentTensors(c);
+        expect(derived.map((t) => t.name).sort(), c.name).toEqual([...read].sort());
+        for (const t of derived) expect(t.shape, t.name).toEqual(ckpt.info(t.name).shape);
+      }
+      // Every tensor the model reads, the checkpoint check's list, is the graphs' plus the host table's.
+      const all = allTensors(await modelTensors(family, config)).map((t) => t.name);
+      expect(all.sort()).toEqual([...everyRead].sort());
+    } finally {
+      await ckpt.close();
+    }
+  });
+
+  it('leaves out the graphs the plan dropped, and writes host tables from the family\'s list', async () => {
+    const ckptDir = readCheckpointRef(entry('fetch')).absDir;
+    const plan = JSON.parse(readFileSync(join(entry('plan'), 'plan.json'), 'utf8'));
+    const params = { family: 'qwen3' as const, scheme: 'fp32' as const, lmHeadScheme: 'fp32' as const, maxContext: 128, prefillLength: 8, hostTables: true };
+    const out = mkdtempSync(join(tmpdir(), 'forge-exp-drop-'));
+    try {
+      const m = await runExport(params, ckptDir, { ...plan, dropped: [{ graph: 'shard0.prefill', why: 'test' }] }, out, { log() {}, progress() {} });
+      expect(m.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['lm_head']]);
+      expect(m.contexts[0].graphs[0]).toMatchObject({ component: 'shard0', variant: 'decode', n: 1, scheme: 'fp32', stream: { input: 'hidden_in', from: null, output: 'hidden_out', to: 'final' } });
+      const [vocab, hidden] = manifest(entry('quantize')).hostTables![0].shape;
+      expect(m.hostTables).toEqual([{ name: 'embedding', file: 'embedding.f16.bin', dtype: 'float16', shape: [vocab, hidden] }]);
+      expect(m.embedding).toEqual({ file: 'embedding.f16.bin', dtype: 'float16', shape: [vocab, hidden] });
+      expect(statSync(join(out, 'embedding.f16.bin')).size).toBe(vocab * hidden * 2);
+    } finally {
+      rmSync(out, { recursive: true, force: true });
+    }
   });
 });
 

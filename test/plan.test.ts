@@ -1,5 +1,6 @@
 import { describe, it, expect } from 'vitest';
 import { makePlan, PlanError } from '../src/plan/shards.js';
+import { formatPlan } from '../src/plan/for-recipe.js';
 import { qwen3, parseQwen3Config } from '../src/families/qwen3.js';
 import { getArch } from '../src/arch/table.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
@@ -57,6 +58,40 @@ describe('shard plan', async () => {
     expect(plan.contexts).toBe(plan.shards.length);
     const last = plan.shards[plan.shards.length - 1];
     expect(last.weightBytes).toBeLessThanOrEqual(v81.contextCeilingBytes);
+  });
+
+  it('counts the graphs a process sets up, and keeps Qwen3-4B\'s five within v81\'s limit', async () => {
+    const plan = await makePlan(qwen3, config, v81, settings());
+    expect(plan.graphs).toBe(5); // two shards × {prefill, decode} + the lm-head
+    expect(plan.dropped).toBeUndefined();
+    expect(plan.shards.map((s) => s.graphs)).toEqual([['prefill', 'decode'], ['prefill', 'decode']]);
+  });
+
+  it('drops the optional batched prefill, saying why in the plan, when the graphs would exceed the arch\'s graphs per process', async () => {
+    const tight = { ...v81, maxGraphsPerProcess: 3 };
+    const plan = await makePlan(qwen3, config, tight, settings());
+    expect(plan.graphs).toBe(3);
+    expect(plan.shards.map((s) => s.graphs)).toEqual([['decode'], ['decode']]);
+    expect(plan.dropped!.map((d) => d.graph)).toEqual(['shard0.prefill', 'shard1.prefill']);
+    for (const d of plan.dropped!) expect(d.why).toMatch(/^5 graphs are over the v81 limit of 3 graphs per process .*optional, batched prefill: without it the runtime decodes over the prompt/);
+    // Only the graphs change: the cut and the bytes are the unconstrained plan's.
+    const free = await makePlan(qwen3, config, v81, settings());
+    expect(plan.shards.map((s) => [s.first, s.last, s.weightBytes])).toEqual(free.shards.map((s) => [s.first, s.last, s.weightBytes]));
+    expect(formatPlan(plan)).toContain('dropped shard0.prefill: 5 graphs are over the v81 limit of 3');
+  });
+
+  it('refuses, naming the limit, when the required graphs alone exceed the graphs per process', async () => {
+    const tiny = { ...v81, maxGraphsPerProcess: 2 };
+    await expect(makePlan(qwen3, config, tiny, settings())).rejects.toThrow(PlanError);
+    await expect(makePlan(qwen3, config, tiny, settings())).rejects.toThrow('the plan needs 3 graphs after dropping the optional shard0.prefill, shard1.prefill, over the v81 limit of 2 graphs per process');
+    // Without a prefill there is nothing optional to drop.
+    await expect(makePlan(qwen3, config, tiny, settings({ prefillLength: 0 }))).rejects.toThrow(/^the plan needs 3 graphs, over the v81 limit of 2 graphs per process/);
+  });
+
+  it('records where each arch\'s graphs-per-process limit comes from: v79 ran the 64-graph Phi-tiny-MoE bundle, v81 did not', () => {
+    expect(getArch('v79').maxGraphsPerProcess).toBe(64);
+    expect(v81.maxGraphsPerProcess).toBeLessThan(64);
+    expect(v81.knownBlocks.find((b) => b.id === 'cdsp-heap')).toMatchObject({ source: '[phimoe]' });
   });
 
   it('rejects a config field it cannot honour, naming the file and field', () => {

@@ -1,5 +1,5 @@
 // Stage `plan`: reads the fetched config.json, checks it against the config the recipe recorded,
-// and writes plan.json (layer ranges under the arch ceiling).
+// and writes plan.json (layer ranges under the arch ceiling, the graphs kept under its limits).
 import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -33,6 +33,7 @@ export const stage: StageModule<PlanParams> = {
     const family = getFamily(familyId);
     const plan = await makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes);
     await writeFile(join(ctx.out, 'plan.json'), JSON.stringify(plan, null, 2));
-    return { summary: { shards: plan.shards.length, contexts: plan.contexts, totalContextBytes: plan.totalContextBytes } };
+    // What the planner dropped to fit the arch (and why) goes to the run record with the rest.
+    return { summary: { shards: plan.shards.length, contexts: plan.contexts, graphs: plan.graphs ?? null, totalContextBytes: plan.totalContextBytes, ...(plan.dropped ? { dropped: plan.dropped } : {}) } };
   },
 };

@@ -5,8 +5,10 @@ import { StepChain } from '../../src/gates/step-chain.js';
 import type { GraphEntry } from '../../src/families/export-stage.js';
 import type { GateCase } from '../../src/families/kv-decoder.js';
 
-const shard = (name: string, first: number, last: number, isLast = false) => ({ name, kind: 'shard', n: 1, first, last, isLast }) as unknown as GraphEntry;
-const lmHead = { name: 'lm_head', kind: 'lm_head', n: 1 } as unknown as GraphEntry;
+// The chain reads only the residual stream each graph declares (its component's), never its kind.
+const shard = (name: string, first: number, last: number, isLast = false) =>
+  ({ name, n: 1, stream: { input: 'hidden_in', from: first === 0 ? null : `h.${first}`, output: 'hidden_out', to: isLast ? 'final' : `h.${last + 1}` } }) as unknown as GraphEntry;
+const lmHead = { name: 'lm_head', n: 1, stream: { input: 'hidden', from: 'final' } } as unknown as GraphEntry;
 const f32 = (...v: number[]) => Float32Array.from(v);
 const hfCase = (input: string, step: number, hf: Float32Array, expected: GateCase['expected']): GateCase =>
   ({ prompt: 0, step, feeds: { [input]: { dtype: 'float32', data: hf, dims: [1, 1, hf.length] }, position: { dtype: 'int32', data: Int32Array.of(step), dims: [1] } }, expected });
@@ -19,6 +21,8 @@ describe('StepChain', () => {
     const s0 = shard('shard0.decode', 0, 1), s1 = shard('shard1.decode', 2, 3, true);
     // The first shard is fed the embedding: its gate case is the chain's first link.
     expect(StepChain.source(s0)).toBeNull();
+    expect(StepChain.applies(s0)).toBe(true);
+    expect(StepChain.applies({ name: 'experts', n: 1 } as unknown as GraphEntry)).toBe(false); // off the residual stream: not chained
     chain.record(s0, hfCase('hidden_in', 0, f32(9, 9), { hidden_out: f32(1, 1) }), () => f32(1.5, 1));
     // The second shard gets shard0's output (1.5, 1) in place of HF's h.2, and keeps its other feeds.
     const [c1] = await collect(chain.cases(s1, of(hfCase('hidden_in', 0, f32(1, 1), { hidden_out: f32(2, 2), new_k_2: f32(0) }))));
