@@ -40,6 +40,7 @@ export function ropeTables(maxPos: number, rotDim: number, theta: number): { cos
   const half = rotDim / 2;
   const cos = new Float32Array(maxPos * rotDim);
   const sin = new Float32Array(maxPos * rotDim);
+  if (maxPos === 0) return { cos, sin }; // a dry build (families/tensors.ts): no slots, nothing to compute
   // HF computes inv_freq in float32 then position·inv_freq in float32; follow it so angles match bit for bit.
   const invFreq = new Float32Array(half);
   for (let i = 0; i < half; i++) invFreq[i] = 1 / Math.pow(theta, (2 * i) / rotDim);

@@ -41,8 +41,12 @@ export async function componentTensors(c: Component, schemes: { scheme: QuantSch
   return [...store.tensors.values()];
 }
 
-/** A layout for a dry build: tensors do not depend on the cache size or the call size. */
-const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 1 });
+/**
+ * A layout for a dry build: tensors do not depend on the cache size or the call size. No cache
+ * slots: tables computed per slot (RoPE) come out empty, so a dry build's cost does not grow with
+ * a config's head size.
+ */
+const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0 });
 
 async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentLayout): Promise<TensorSpec[][]> {
   return Promise.all(family.components(config, layout).map((c) => componentTensors(c)));
