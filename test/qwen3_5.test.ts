@@ -13,7 +13,9 @@ import type { ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, firstMiss, type OracleResult } from '../src/gates/oracle.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
 import { qwen3_5, parseQwen35Config } from '../src/families/qwen3_5.js';
-import { headTensors, layerTensors } from '../src/families/tensors.js';
+import { componentTensors, headTensors, layerTensors } from '../src/families/tensors.js';
+import { layoutOf } from '../src/families/export-stage.js';
+import { openCheckpoint } from '../src/io/checkpoint.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { makePlan } from '../src/plan/shards.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
@@ -88,6 +90,23 @@ describe('qwen3_5 export', () => {
     expect(init('dt_bias').dtype).toBe('float32');
     expect(init('norm.weight').dtype).toBe('float32');
     expect(m.nodes().some((n) => n.opType === 'Cast')).toBe(false);
+  });
+
+  it('derives each component\'s tensors from its builder: exactly the checkpoint tensors its graphs hold, conv taps, A_log and dt_bias included', async () => {
+    const dir = readCheckpointRef(entry('fetch')).absDir;
+    const config = parseQwen35Config(JSON.parse(readFileSync(join(dir, 'config.json'), 'utf8')), 'config.json');
+    const mf = manifest(entry('quantize'));
+    const plan = JSON.parse(readFileSync(join(entry('plan'), 'plan.json'), 'utf8'));
+    const components = qwen3_5.components(config, layoutOf(plan, { prefillLength: 0, maxContext: mf.maxContext }));
+    const ckpt = await openCheckpoint(dir);
+    try {
+      for (const [i, c] of components.entries()) {
+        const read = new Set(mf.contexts[i].graphs.flatMap((g) => readModel(join(entry('quantize'), g.file)).initializers().map((t) => t.name).filter((n) => ckpt.has(n))));
+        expect((await componentTensors(c)).map((t) => t.name).sort(), c.name).toEqual([...read].sort());
+      }
+    } finally {
+      await ckpt.close();
+    }
   });
 
   it('refuses to build a prefill (N > 1) graph, saying why', async () => {
