@@ -138,8 +138,9 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
   return {
     id: 'bundle', module: src('bundle/bundle-stage.ts'), params: params as any,
     // Every gate is an input: a bundle exists only when all of them passed.
-    // The trace for the card's Confidence section (HF's margins along the continuations).
-    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])) },
+    // The trace for the card's Confidence section (HF's margins along the continuations); the plan
+    // for what the planner dropped to stay within the arch's limits.
+    inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])) },
     tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], memory: stageMemory.bundle,
   };
 }

@@ -43,7 +43,7 @@ function facts(): CardFacts {
     recipe: { id: 'x', family: 'qwen3', source: { kind: 'tiny', twin: 'qwen3' }, card: { title: 'X', license: 'apache-2.0', caveats: [] } as unknown as CardFacts['recipe']['card'] },
     arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
     oracle, parity: { ok: true, target: 'host', matched: 6, total: 6, ties: 0, maxTies: 0, rule: 'r', variants: {}, mismatches: { count: 0, listed: [] } }, tools: {},
-    confidence: buildConfidence(trace, oracle, emulation),
+    confidence: buildConfidence(trace, oracle, emulation), planDropped: [],
   };
 }
 

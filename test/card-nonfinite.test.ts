@@ -13,7 +13,7 @@ function facts(source: CardFacts['recipe']['source']): CardFacts {
     arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
     oracle: { ok: true, rows: [], graphs: {}, logitError: {}, logitChain: {} },
     parity: { ok: true, target: 'host', matched: 1, total: 1, ties: 0, maxTies: 0, rule: 'r', variants: {}, mismatches: { count: 0, listed: [] } },
-    tools: {},
+    tools: {}, planDropped: [],
     confidence: {
       margins: { count: 1, min: 1, p5: 1, p50: 1, max: 1, fp16_spacing: 2 ** -8, below_fp16_spacing: 0, below_0_1: 0, smallest: { prompt: 0, step: 0, generated_index: 0, margin: 1, token: 1, runner_up: 2, token_text: 'a', runner_up_text: 'b' } },
       stepMargins: [1], prompts: 1, errors: [],

@@ -16,7 +16,7 @@ function facts(parity: ParityFacts, emulation?: CardFacts['emulation']): CardFac
     recipe: { id: 'x', family: 'qwen3', source: { kind: 'tiny', twin: 'qwen3' }, card: { title: 'X', license: 'apache-2.0', caveats: [] } as CardFacts['recipe']['card'] } as CardFacts['recipe'],
     arch: getArch('v81'), manifest: manifest as unknown as CardFacts['manifest'], compiled: [],
     oracle: { ok: true, rows: [], graphs: {}, logitError: { export: 1e-6, quantize: 0.02 }, logitChain: {} },
-    parity, tools: {}, ...(emulation ? { emulation } : {}),
+    parity, tools: {}, ...(emulation ? { emulation } : {}), planDropped: [],
     confidence: { margins: { count: 1, min: 1, p5: 1, p50: 1, max: 1, fp16_spacing: 2 ** -8, below_fp16_spacing: 0, below_0_1: 0, smallest: { prompt: 0, step: 0, generated_index: 0, margin: 1, token: 1, runner_up: 2, token_text: 'a', runner_up_text: 'b' } }, stepMargins: [1], prompts: 1, errors: [] },
   };
 }
@@ -56,6 +56,14 @@ describe('model card: parity', () => {
     expect(card).toContain('| quantize | 0 | 3 | 11 | 12 | 1.00e-2 | tie |');
     expect(card).toContain('| quantize | 1 | 7 | 5 | 9 | 5.00e-1 | mismatch |');
     expect(card).toContain('This recipe allows up to 2 ties per variant: synthetic random weights.');
+  });
+
+  it('says which optional graphs the planner left out, and why', () => {
+    const why = '9 graphs are over the v81 limit of 6 graphs per process (arch table: cdsp-heap)';
+    const card = modelCard({ ...facts(clean), planDropped: [{ graph: 'shard0.prefill', why }, { graph: 'shard1.prefill', why }, { graph: 'shard2.prefill', why: 'another reason' }] }, {});
+    expect(card).toContain(`**Planner:** left out 2 graph(s) for v81 (\`shard0.prefill\`, \`shard1.prefill\`): ${why}.`);
+    expect(card).toContain('**Planner:** left out 1 graph(s) for v81 (`shard2.prefill`): another reason.');
+    expect(modelCard(facts(clean), {})).not.toContain('**Planner:**');
   });
 
   it('says how many mismatches were left out of the list', () => {

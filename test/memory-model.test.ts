@@ -18,7 +18,7 @@ function plan(shards: number, shardBytes: number, headBytes: number, layers = 6)
     arch: 'v81', socModel: 87, ceilingBytes: 2 * GB, quant: 'w8', layers: shards * layers,
     shards: Array.from({ length: shards }, (_, i) => ({ index: i, first: i * layers, last: i * layers + layers - 1, weightBytes: shardBytes, graphs: ['prefill', 'decode'] })),
     lmHead: { placement: 'separate', quant: 'fp16', bytes: headBytes, tied: true },
-    hostTables: [], contexts: shards + 1, totalContextBytes: shards * shardBytes + headBytes,
+    hostTables: [], contexts: shards + 1, graphs: 2 * shards + 1, dropped: [], totalContextBytes: shards * shardBytes + headBytes,
   };
 }
 

@@ -17,6 +17,7 @@ import { buildConfidence } from './confidence.js';
 import { readTraceMeta } from '../gates/trace.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
+import type { ShardPlan } from '../plan/shards.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -79,6 +80,7 @@ export const stage: StageModule<BundleParams> = {
       ...(p.gatesNotRun ? { gatesNotRun: p.gatesNotRun } : {}),
       ...(emulation ? { emulation: emulationFacts(emulation) } : {}),
       confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
+      planDropped: (JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan).dropped ?? [],
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));

@@ -32,6 +32,8 @@ export interface CardFacts {
   gatesNotRun?: Record<string, string>;
   /** HF's margins along the traced continuations beside each precision's largest logit error. */
   confidence: Confidence;
+  /** Optional graphs the planner left out to stay within the arch's limits (plan.json `dropped`). */
+  planDropped?: Array<{ graph: string; why: string }>;
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -71,6 +73,10 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push(`Built by forge from ${source(recipe.source)}, recipe \`${recipe.id}\`, family \`${recipe.family}\`, host-op \`${manifest.hostOp}\`.`, '');
   if (recipe.source.allowNonFinite) lines.push(`**NaN/Inf weight check: not run** — the recipe allows non-finite weights: ${recipe.source.allowNonFinite.reason}.`, '');
   lines.push(`**Arch-pinned:** the context binaries are compiled for soc_model ${arch.socModel} (${arch.dspArch}); they do not load on another Hexagon arch. Max context ${manifest.limits.maxContext} tokens. License: ${recipe.card.license}.`, '');
+  // One line per reason: the planner drops graphs for the same limit together.
+  const byWhy = new Map<string, string[]>();
+  for (const d of f.planDropped ?? []) byWhy.set(d.why, [...(byWhy.get(d.why) ?? []), d.graph]);
+  for (const [why, graphs] of byWhy) lines.push(`**Planner:** left out ${graphs.length} graph(s) for ${arch.id} (${graphs.map((g) => `\`${g}\``).join(', ')}): ${why}.`, '');
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
     lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);
