@@ -33,12 +33,18 @@ Writes, into a temp dir beside --out renamed at the end:
                      lm_head), logits [V] (after any softcap), k.{i} / v.{i} [kv_heads, head_dim]
                      (the row this step appended to layer i's cache, keys after RoPE). float32.
                      kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
+                     Per-family captures, per layer i (LAYER_CAPTURES, FAMILIES): qwen3_5 conv.{i} /
+                     rec.{i}; phimoe attn_res.{i} [H] (input of post_attention_layernorm),
+                     router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
+                     sparsemixer at inference, slot order), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
+--prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
 Format checked by check_trace.py.
 """
 import argparse
+import collections
 import contextlib
 import json
 import os
@@ -71,20 +77,21 @@ class NonFiniteReference(Exception):
 def what_is(name):
     """A trace tensor's name in words, for messages."""
     kind, _, i = name.partition(".")
-    return {"h": f"the residual entering decoder layer {i}" if i == "0" else f"the output of decoder layer {int(i) - 1}" if i else name,
-            "final": "the final norm output", "logits": "the logits",
-            "k": f"layer {i}'s new key row", "v": f"layer {i}'s new value row",
-            "conv": f"layer {i}'s conv state", "rec": f"layer {i}'s recurrent state"}.get(kind, name)
+    if kind == "h":
+        return f"the residual entering decoder layer {i}" if i == "0" else f"the output of decoder layer {int(i) - 1}"
+    if kind in LAYER_CAPTURES and i.isdigit():
+        return f"layer {i}'s {LAYER_CAPTURES[kind][1]}"
+    return {"final": "the final norm output", "logits": "the logits"}.get(kind, name)
 
 
 def forward_order(name):
-    """Where a trace tensor is computed in the forward pass: layer i's state rows come before its
-    output h.{i+1}; final and logits come last."""
+    """Where a trace tensor is computed in the forward pass: inside layer i, its captures in their
+    declared order (LAYER_CAPTURES), then its output h.{i+1}; final and logits come last."""
     kind, _, i = name.partition(".")
     if kind == "h":
-        return (int(i) - 1, 1)
+        return (int(i) - 1, len(LAYER_CAPTURES))
     if i.isdigit():
-        return (int(i), 0)
+        return (int(i), LAYER_CAPTURES[kind][0] if kind in LAYER_CAPTURES else 0)
     return (1 << 30, 0 if kind == "final" else 1)
 
 
@@ -144,10 +151,28 @@ def capture_qwen3_5(ctx):
         ctx.put(f"rec.{i}", rec[0].float())
 
 
-def capture_phimoe(ctx):
-    put_kv_rows(ctx)
-    # HOOK POINT (phimoe issue): router logits / chosen experts and weights per layer, via a
-    # hooks() function on each layer's MoE block.
+def hooks_phimoe(ctx):
+    """Per layer and step, from HF's own modules at inference (nothing re-derived here): the attention
+    block's residual output (the input of post_attention_layernorm), the router's logits (fp32: the
+    model runs in fp32), the two experts and their weights as HF's sparsemixer picked them (the
+    router module returns logits, weights, experts) and the MoE block's output."""
+    def put_router(i):
+        def hook(_mod, _args, out):
+            if not (isinstance(out, tuple) and len(out) == 3 and out[2].dtype == torch.int64):
+                raise Unsupported(f"layer {i}'s router returned {type(out).__name__}, not (logits, weights, experts)")
+            ctx.put(f"router_logits.{i}", out[0])
+            ctx.put(f"expert_ids.{i}", out[2])
+            ctx.put(f"expert_weights.{i}", out[1])
+        return hook
+
+    for i, layer in enumerate(ctx.layers):
+        moe = getattr(layer, "mlp", None)
+        if getattr(moe, "router", None) is None or getattr(layer, "post_attention_layernorm", None) is None:
+            raise Unsupported(f"decoder layer {i} has no mlp.router or post_attention_layernorm")
+        layer.post_attention_layernorm.register_forward_pre_hook(
+            lambda _mod, args, i=i: ctx.put(f"attn_res.{i}", args[0]))
+        moe.router.register_forward_hook(put_router(i))
+        moe.register_forward_hook(lambda _mod, _args, out, i=i: ctx.put(f"moe_out.{i}", out))
 
 
 def capture_gemma4(ctx):
@@ -155,12 +180,26 @@ def capture_gemma4(ctx):
     # HOOK POINT (gemma4 issue): per-layer PLE inputs (decoder layer arg 1) via a hooks() function.
 
 
-FAMILIES = {  # model_type -> (capture, hooks, what is not captured yet)
-    "qwen3": (capture_attention, None, None),
-    "qwen3_vl": (capture_attention, None, None),
-    "qwen3_5": (capture_qwen3_5, None, None),
-    "phimoe": (capture_phimoe, None, "router/expert selection"),
-    "gemma4": (capture_gemma4, None, "per-layer (PLE) inputs"),
+# Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
+# rank orders the finite check, so the first non-finite tensor named is where NaN/Inf entered.
+LAYER_CAPTURES = {
+    "k": (0, "new key row"), "v": (0, "new value row"),
+    "conv": (0, "conv state"), "rec": (0, "recurrent state"),
+    "attn_res": (1, "attention residual output (input of post_attention_layernorm)"),
+    "router_logits": (2, "router logits"), "expert_ids": (3, "selected experts"),
+    "expert_weights": (3, "selected experts' weights"), "moe_out": (4, "MoE block output"),
+}
+
+# model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state
+# tensors; hooks(ctx) (optional) runs once after loading and registers forward hooks that put
+# per-layer captures into ctx.step; pending: what is not captured yet (a warning).
+Family = collections.namedtuple("Family", "capture hooks pending")
+FAMILIES = {
+    "qwen3": Family(capture_attention, None, None),
+    "qwen3_vl": Family(capture_attention, None, None),
+    "qwen3_5": Family(capture_qwen3_5, None, None),
+    "phimoe": Family(put_kv_rows, hooks_phimoe, None),
+    "gemma4": Family(capture_gemma4, None, "per-layer (PLE) inputs"),
 }
 
 
@@ -398,6 +437,30 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
     return generated, runner_up, margins
 
 
+# Trace inputs are typed: "text" now; pixels and audio samples come with the families that take them.
+INPUT_TYPES = {"text": str}
+
+
+def text_inputs(items):
+    """The texts of a trace's inputs: a JSON list whose entries are {"type": "text", "text": "..."}
+    or a plain string (a text input). Any other type is refused, naming the entry."""
+    if not isinstance(items, list) or not items:
+        raise ValueError("must hold a non-empty JSON list of inputs (strings or {\"type\": \"text\", \"text\": ...})")
+    texts = []
+    for n, item in enumerate(items):
+        if isinstance(item, dict):
+            kind = item.get("type")
+            if kind not in INPUT_TYPES:
+                raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(INPUT_TYPES)}")
+            if set(item) != {"type", kind} or not isinstance(item[kind], INPUT_TYPES[kind]):
+                raise ValueError(f"[{n}]: a {kind} input is {{\"type\": \"{kind}\", \"{kind}\": <string>}}, got keys {sorted(item)}")
+            item = item[kind]
+        if not isinstance(item, str):
+            raise ValueError(f"[{n}] is {type(item).__name__}, not a string or a typed input")
+        texts.append(item)
+    return texts
+
+
 # fp16's spacing for magnitudes in [4, 8) (0.0039): two logits of that size closer than this may
 # round to the same fp16 value (issue 13's 151,936-token twin diverged on the simulator at 7e-4).
 FP16_SPACING = 2.0 ** -8
@@ -453,8 +516,10 @@ def main():
             prompts = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"reading {args.prompts}: {e}")
-    if not isinstance(prompts, list) or not prompts or not all(isinstance(s, str) for s in prompts):
-        fail(f"{args.prompts} must hold a non-empty JSON list of strings")
+    try:
+        prompts = text_inputs(prompts)
+    except ValueError as e:
+        fail(f"{args.prompts}: {e}")
 
     tok = transformers.AutoTokenizer.from_pretrained(args.model)
     encoded = [tok(s)["input_ids"] for s in prompts]  # tokenizer's default special tokens, no template
