@@ -17,6 +17,12 @@ Imports nothing from trace.py. Checks:
      does not stop at EOS either).
   3. qwen3 / qwen3_vl: k.i and v.i recomputed by hand in float64 from h.i (input_layernorm ->
      k_proj -> k_norm -> RoPE with the config's theta; v_proj) at every step of prompt 0.
+  5. phimoe, every step of every prompt: h.{i+1} == attn_res.i + moe_out.i exactly (HF's fp32
+     residual add); router_logits.i recomputed in float64 (post_attention_layernorm of attn_res.i
+     -> router); expert_ids.i / expert_weights.i equal to HF's own sparsemixer (eval) applied to
+     router_logits.i, bit for bit, and to an independent float64 sparsemixer written here (ids
+     equal, weights within tol); moe_out.i recomputed in float64 from the two experts and weights;
+     k.i / v.i by hand (LayerNorm, biased k_proj / v_proj, RoPE over head_dim).
   4. qwen3_5: the state the trace holds after step s (one token at a time: HF's recurrent delta
      rule) against the cache of ONE forward over tokens 0..s (HF's chunked prefill kernel, another
      code path): conv.i, rec.i of the linear layers and k.i, v.i rows of the full ones, at a few
@@ -67,7 +73,7 @@ def load_model(model_dir):
     return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None):
+def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None, layer_extra=None):
     for key in ("family", "layers", "hidden", "vocab", "kv_heads", "head_dim", "max_context", "new_tokens",
                 "prompts", "margins", "tensors", "torch", "transformers"):
         expect(key in meta, f"trace.json lacks {key}")
@@ -91,6 +97,8 @@ def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=N
             for i in linear_layers:
                 want[f"conv.{i}"] = (linear_shapes["conv"], torch.float32)
                 want[f"rec.{i}"] = (linear_shapes["rec"], torch.float32)
+            for i in range(n_layers):
+                want.update({f"{w}.{i}": spec for w, spec in (layer_extra or {}).items()})
             for w, (shape, dt) in want.items():
                 x = t.get(pre + w)
                 expect(x is not None and list(x.shape) == shape and x.dtype == dt, f"{pre}{w}: bad or missing")
@@ -152,6 +160,68 @@ def rms_by_hand(x, w, eps):
     return w.double() * x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps)
 
 
+def layernorm_by_hand(x, ln):
+    mu = x.mean(-1, keepdim=True)
+    var = ((x - mu) ** 2).mean(-1, keepdim=True)
+    return (x - mu) / torch.sqrt(var + ln.eps) * ln.weight.double() + ln.bias.double()
+
+
+def sparsemixer_by_hand(s, eps, k):
+    """Sparsemixer at inference, from its description (not HF's code), in float64: slot by slot,
+    the largest remaining logit m wins; the logits s_j with (m - s_j) / max(|s_j|, m) <= 2 eps
+    (over the ORIGINAL logits; earlier winners stay out) share a softmax; the winner's share is
+    its weight. Weights are not renormalised. (With m = s_j = 0 the ratio is 0/0, NaN: kept.)"""
+    s = s.double()
+    out = s.clone()
+    ids, ws = [], []
+    for _ in range(k):
+        e = int(torch.argmax(out))
+        m = out[e]
+        keep = ~((m - s) / s.abs().clamp(min=m.item()) > 2 * eps) & torch.isfinite(out)  # 0/0 keeps
+        ws.append(torch.softmax(out.masked_fill(~keep, float("-inf")), -1)[e].item())
+        ids.append(e)
+        out[e] = float("-inf")
+    return ids, ws
+
+
+def check_phimoe(model, meta, t):
+    """attn_res + moe_out == h.{i+1}; router logits, experts, weights, MoE output and K/V rows
+    recomputed (see the docstring, check 5). Returns the errors."""
+    from transformers.models.phimoe import modeling_phimoe as hf
+    tc = model.config
+    layers = model.get_decoder().layers
+    eps, top_k, L = tc.router_jitter_noise, tc.num_experts_per_tok, meta["layers"]
+    kvh, d, theta = meta["kv_heads"], meta["head_dim"], tc.rope_parameters["rope_theta"]
+    e = {n: Err() for n in ("router_by_hand", "weights_by_hand", "moe_by_hand", "k_by_hand", "v_by_hand")}
+    for p, pr in enumerate(meta["prompts"]):
+        for s in range(pr["steps"]):
+            pre = f"p{p}/s{s}/"
+            for i in range(L):
+                layer, g = layers[i], lambda w: t[f"{pre}{w}.{i}"]
+                expect(torch.equal(g("attn_res") + g("moe_out"), t[f"{pre}h.{i + 1}"]),
+                       f"{pre}: attn_res.{i} + moe_out.{i} != h.{i + 1}")
+                x = layernorm_by_hand(g("attn_res").double(), layer.post_attention_layernorm)
+                e["router_by_hand"].add(g("router_logits"), layer.mlp.router.weight.double() @ x)
+                w_hf, ids_hf = hf.sparsemixer(g("router_logits")[None], jitter_eps=eps, training=False, top_k=top_k)
+                expect(torch.equal(ids_hf[0], g("expert_ids")), f"{pre}: expert_ids.{i} {g('expert_ids').tolist()} != HF sparsemixer {ids_hf[0].tolist()}")
+                expect(torch.equal(w_hf[0], g("expert_weights")), f"{pre}: expert_weights.{i} != HF sparsemixer's")
+                ids, ws = sparsemixer_by_hand(g("router_logits"), eps, top_k)
+                expect(ids == g("expert_ids").tolist(), f"{pre}: expert_ids.{i} {g('expert_ids').tolist()} != float64 sparsemixer {ids}")
+                e["weights_by_hand"].add(g("expert_weights"), torch.tensor(ws))
+                ex, y = layer.mlp.experts, torch.zeros_like(x)
+                for eid, w in zip(g("expert_ids").tolist(), g("expert_weights").double()):
+                    gate, up = (ex.gate_up_proj[eid].double() @ x).chunk(2)
+                    y += w * (ex.down_proj[eid].double() @ (torch.nn.functional.silu(gate) * up))
+                e["moe_by_hand"].add(g("moe_out"), y)
+                if p == 0:
+                    a = layer.self_attn
+                    xin = layernorm_by_hand(t[f"{pre}h.{i}"].double(), layer.input_layernorm)
+                    k = (a.k_proj.weight.double() @ xin + a.k_proj.bias.double()).view(kvh, d)
+                    e["k_by_hand"].add(g("k"), rope_by_hand(k, s, theta))
+                    e["v_by_hand"].add(g("v"), (a.v_proj.weight.double() @ xin + a.v_proj.bias.double()).view(kvh, d))
+    return e
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -176,7 +246,13 @@ def main():
     if linear_layers:
         kh, vh, kd, vd = tc.linear_num_key_heads, tc.linear_num_value_heads, tc.linear_key_head_dim, tc.linear_value_head_dim
         linear_shapes = {"conv": [(2 * kh * kd + vh * vd) * tc.linear_conv_kernel_dim], "rec": [vh * kd * vd]}
-    check_format(meta, t, L, kv_layers, linear_layers, linear_shapes)
+    layer_extra = None
+    if meta["family"] == "phimoe":
+        H, E, k = meta["hidden"], tc.num_local_experts, tc.num_experts_per_tok
+        layer_extra = {"attn_res": ([H], torch.float32), "router_logits": ([E], torch.float32),
+                       "expert_ids": ([k], torch.int64), "expert_weights": ([k], torch.float32),
+                       "moe_out": ([H], torch.float32)}
+    check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
     e_conv, e_rec, e_kv = Err(), Err(), Err()
@@ -231,6 +307,9 @@ def main():
                         e_kv.add(t[f"{pre}v.{i}"], layer.values[0, :, s])
 
     errs = {"h": e_h, "final": e_final, "logits": e_logits}
+    if meta["family"] == "phimoe" and not problems:  # format problems: tensors may be missing
+        with torch.no_grad():
+            errs.update(check_phimoe(model, meta, t))
     if meta["family"] in ("qwen3", "qwen3_vl"):
         errs.update(k_by_hand=e_k, v_by_hand=e_v)
     if meta["family"] == "qwen3_5":
