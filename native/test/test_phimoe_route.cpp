@@ -3,8 +3,10 @@
 // zero maxima, near ties on both sides of 2ε, ratios exactly at float32(2ε)).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
