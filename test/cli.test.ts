@@ -16,8 +16,15 @@ beforeAll(() => {
   cpSync('recipes', recipes, { recursive: true });
 });
 
-function editRecipe(id: string, edit: (r: any) => void) {
-  const file = join(recipes, id, 'recipe.json');
+/** A private copy of the recipes: a test that edits one cannot change what another test builds. */
+function ownRecipes(name: string): string {
+  const dir = join(work, name);
+  cpSync('recipes', dir, { recursive: true });
+  return dir;
+}
+
+function editRecipe(id: string, edit: (r: any) => void, dir = recipes) {
+  const file = join(dir, id, 'recipe.json');
   const r = JSON.parse(readFileSync(file, 'utf8'));
   edit(r);
   writeFileSync(file, JSON.stringify(r, null, 2));
@@ -51,25 +58,26 @@ describe('forge build', () => {
     expect(Object.values(statuses(rec2)).every((s) => s === 'cached')).toBe(true);
     expect(rec2.stages.every((s: any) => s.peakRssBytes === null)).toBe(true);
     console.log(`[measured] second build of tiny-qwen3: ${rec2.seconds.toFixed(2)} s inside forge`);
-  });
+  }, 600_000); // the first build of a cold cache compiles the native runtime (~150 s here) and runs every gate
 
   it('re-runs only the stages downstream of a changed recipe field', async () => {
     const out = join(work, 'out-b');
-    await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
-    const again = async () => lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes })).stdout);
-    editRecipe('tiny-qwen3', (r) => (r.gates.parity.tokens = 24));
+    const own = ownRecipes('recipes-b');
+    await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: own });
+    const again = async () => lastJson((await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: own })).stdout);
+    editRecipe('tiny-qwen3', (r) => (r.gates.parity.tokens = 24), own);
     // A shorter generation: a new trace and the gates that read it; the graphs and binaries are reused.
     expect(statuses(await again())).toEqual({
       fetch: 'cached', plan: 'cached', trace: 'ran', export: 'cached', quantize: 'cached', oracle: 'ran',
       compile: 'cached', native: 'cached', parity: 'ran', emulation: 'ran', bundle: 'ran',
     });
     // The prefill length: new graphs and binaries; the trace is reused.
-    editRecipe('tiny-qwen3', (r) => (r.arch.default.prefillLength = 4));
+    editRecipe('tiny-qwen3', (r) => (r.arch.default.prefillLength = 4), own);
     expect(statuses(await again())).toMatchObject({
       fetch: 'cached', plan: 'ran', trace: 'cached', export: 'ran', quantize: 'ran', oracle: 'ran', compile: 'ran', native: 'cached', bundle: 'ran',
     });
     // Card text only: just the bundle.
-    editRecipe('tiny-qwen3', (r) => (r.card.title = 'renamed'));
+    editRecipe('tiny-qwen3', (r) => (r.card.title = 'renamed'), own);
     const r3 = statuses(await again());
     expect(Object.entries(r3).filter(([, s]) => s !== 'cached').map(([n]) => n)).toEqual(['bundle']);
   }, 300_000); // three rebuilds, two of them with the simulator's emulation gate (~60 s each)
@@ -80,12 +88,13 @@ describe('forge build', () => {
     // This build's own fetch entry: the shared test cache also holds other twins' checkpoints.
     const entry = twin.stages.find((s: { name: string }) => s.name === 'fetch').key;
     const modelDir = join(process.env.FORGE_CACHE!, 'fetch', entry, 'model');
+    const own = ownRecipes('recipes-c');
     editRecipe('tiny-qwen3', (r) => {
       r.source = { kind: 'local', path: modelDir };
       r.config = { model_type: 'qwen3', hidden_size: 4096 };
-    });
+    }, own);
     const out = join(work, 'out-c');
-    const run = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    const run = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: own });
     expect(run.code).toBe(1);
     const rec = lastJson(run.stdout);
     expect(rec.ok).toBe(false);
