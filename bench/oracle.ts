@@ -139,7 +139,7 @@ async function measure(dir: string, g: GraphEntry, maxContext: number, form: str
   const tally = new GateTally(trace.meta.vocab);
   const outputs = new Map<string, Float32Array[]>();
   let cases = 0, runS = 0, compareS = 0;
-  const all = family.gateCases(config, g, trace, maxContext);
+  const all = family.gateCases(config, g, trace, maxContext, dir);
   async function* first(n: number) {
     for (let k = 0; k < n; k++) {
       const next = await all.next();

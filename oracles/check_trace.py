@@ -18,7 +18,7 @@ Imports nothing from trace.py. Checks:
   3. qwen3 / qwen3_vl: k.i and v.i recomputed by hand in float64 from h.i (input_layernorm ->
      k_proj -> k_norm -> RoPE with the config's theta; v_proj) at every step of prompt 0.
   5. phimoe, every step of every prompt: h.{i+1} == attn_res.i + moe_out.i exactly (HF's fp32
-     residual add); router_logits.i recomputed in float64 (post_attention_layernorm of attn_res.i
+     residual add); moe_in.i (post_attention_layernorm of attn_res.i) and router_logits.i recomputed in float64
      -> router); expert_ids.i / expert_weights.i equal to HF's own sparsemixer (eval) applied to
      router_logits.i, bit for bit, and to an independent float64 sparsemixer written here (ids
      equal, weights within tol); moe_out.i recomputed in float64 from the two experts and weights;
@@ -192,7 +192,7 @@ def check_phimoe(model, meta, t):
     layers = model.get_decoder().layers
     eps, top_k, L = tc.router_jitter_noise, tc.num_experts_per_tok, meta["layers"]
     kvh, d, theta = meta["kv_heads"], meta["head_dim"], tc.rope_parameters["rope_theta"]
-    e = {n: Err() for n in ("router_by_hand", "weights_by_hand", "moe_by_hand", "k_by_hand", "v_by_hand")}
+    e = {n: Err() for n in ("moe_in_by_hand", "router_by_hand", "weights_by_hand", "moe_by_hand", "k_by_hand", "v_by_hand")}
     for p, pr in enumerate(meta["prompts"]):
         for s in range(pr["steps"]):
             pre = f"p{p}/s{s}/"
@@ -201,6 +201,7 @@ def check_phimoe(model, meta, t):
                 expect(torch.equal(g("attn_res") + g("moe_out"), t[f"{pre}h.{i + 1}"]),
                        f"{pre}: attn_res.{i} + moe_out.{i} != h.{i + 1}")
                 x = layernorm_by_hand(g("attn_res").double(), layer.post_attention_layernorm)
+                e["moe_in_by_hand"].add(g("moe_in"), x)
                 e["router_by_hand"].add(g("router_logits"), layer.mlp.router.weight.double() @ x)
                 w_hf, ids_hf = hf.sparsemixer(g("router_logits")[None], jitter_eps=eps, training=False, top_k=top_k)
                 expect(torch.equal(ids_hf[0], g("expert_ids")), f"{pre}: expert_ids.{i} {g('expert_ids').tolist()} != HF sparsemixer {ids_hf[0].tolist()}")
@@ -249,7 +250,7 @@ def main():
     layer_extra = None
     if meta["family"] == "phimoe":
         H, E, k = meta["hidden"], tc.num_local_experts, tc.num_experts_per_tok
-        layer_extra = {"attn_res": ([H], torch.float32), "router_logits": ([E], torch.float32),
+        layer_extra = {"attn_res": ([H], torch.float32), "moe_in": ([H], torch.float32), "router_logits": ([E], torch.float32),
                        "expert_ids": ([k], torch.int64), "expert_weights": ([k], torch.float32),
                        "moe_out": ([H], torch.float32)}
     check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)

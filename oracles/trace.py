@@ -35,7 +35,7 @@ Writes, into a temp dir beside --out renamed at the end:
                      kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
                      Per-family captures, per layer i (LAYER_CAPTURES, FAMILIES): qwen3_5 conv.{i} /
                      rec.{i}; phimoe attn_res.{i} [H] (input of post_attention_layernorm),
-                     router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
+                     moe_in.{i} [H] (its output), router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
                      sparsemixer at inference, slot order), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
 --prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
@@ -171,6 +171,10 @@ def hooks_phimoe(ctx):
             raise Unsupported(f"decoder layer {i} has no mlp.router or post_attention_layernorm")
         layer.post_attention_layernorm.register_forward_pre_hook(
             lambda _mod, args, i=i: ctx.put(f"attn_res.{i}", args[0]))
+        # Its output too: the router's and the experts' input, which the attention+router graph
+        # hands to the experts graph (one graph serves every layer, so the norm stays with attention).
+        layer.post_attention_layernorm.register_forward_hook(
+            lambda _mod, _args, out, i=i: ctx.put(f"moe_in.{i}", out))
         moe.router.register_forward_hook(put_router(i))
         moe.register_forward_hook(lambda _mod, _args, out, i=i: ctx.put(f"moe_out.{i}", out))
 
@@ -186,8 +190,9 @@ LAYER_CAPTURES = {
     "k": (0, "new key row"), "v": (0, "new value row"),
     "conv": (0, "conv state"), "rec": (0, "recurrent state"),
     "attn_res": (1, "attention residual output (input of post_attention_layernorm)"),
-    "router_logits": (2, "router logits"), "expert_ids": (3, "selected experts"),
-    "expert_weights": (3, "selected experts' weights"), "moe_out": (4, "MoE block output"),
+    "moe_in": (2, "MoE block input (post_attention_layernorm output)"),
+    "router_logits": (3, "router logits"), "expert_ids": (4, "selected experts"),
+    "expert_weights": (4, "selected experts' weights"), "moe_out": (5, "MoE block output"),
 }
 
 # model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state

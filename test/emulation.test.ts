@@ -104,7 +104,7 @@ describe('what the simulator cannot run is reported exactly', () => {
     const entry = exp.contexts[0].graphs.find((g) => g.n === 1)!;
     const trace = await Trace.open(inputs.trace);
     const e = await simulateGraph({
-      family, config, entry, compiled: shared.get(entry.name)!, trace, maxContext: exp.maxContext, arch, fp16: true, minCosine: 0.999, minTop1: 1,
+      family, config, entry, compiled: shared.get(entry.name)!, trace, maxContext: exp.maxContext, graphsDir: inputs.quantize, arch, fp16: true, minCosine: 0.999, minTop1: 1,
       python: venvPython(), script: 'oracles/qnn_simulate.py', work: join(dir, 'crash'), timeoutSeconds: 300,
     }).catch((x: Error) => x).finally(() => trace.close());
     expect(e).toBeInstanceOf(Error);

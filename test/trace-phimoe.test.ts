@@ -47,13 +47,13 @@ beforeAll(async () => {
 }, 600_000);
 
 describe('the PhiMoE trace', () => {
-  it('captures per layer the attention residual, router logits, HF\'s chosen experts and weights and the MoE output, and they check out', async () => {
+  it('captures per layer the attention residual, the MoE input, router logits, HF\'s chosen experts and weights and the MoE output, and they check out', async () => {
     const { code, report } = await check(traceDir);
     expect(report.problems).toEqual([]);
     expect(code).toBe(0);
     // Router logits and the MoE output recomputed in float64 from the captured attention residual;
     // the weights from a float64 sparsemixer written from its description.
-    for (const k of ['router_by_hand', 'weights_by_hand', 'moe_by_hand', 'k_by_hand', 'v_by_hand']) expect(report.errors[k].rel, k).toBeLessThan(1e-5);
+    for (const k of ['moe_in_by_hand', 'router_by_hand', 'weights_by_hand', 'moe_by_hand', 'k_by_hand', 'v_by_hand']) expect(report.errors[k].rel, k).toBeLessThan(1e-5);
     const meta = JSON.parse(readFileSync(join(traceDir, 'trace.json'), 'utf8'));
     expect(meta.prompts.map((p: { text: string }) => p.text)).toEqual(['The capital of France is', 'Hello']);
   }, 120_000);

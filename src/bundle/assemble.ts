@@ -110,7 +110,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
         name: g.name,
         // Today a context holds one component's variants (a shard's prefill and decode, the lm-head).
         component: c.name,
-        role: g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill',
+        role: g.role ?? (g.kind === 'lm_head' ? 'lm_head' : g.n === 1 ? 'decode' : 'prefill'),
         tokens: g.n,
         ...graphFiles,
         ...(g.first !== undefined ? { layers: [g.first, g.last!] as [number, number] } : {}),
@@ -122,6 +122,13 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     contexts.push({ name: c.name, files, graphs });
   }
   linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
+  // Tables made in the graphs' own scheme (expert rows): from the export whose graphs they feed.
+  const made: Manifest['hostTables'] = [];
+  for (const t of exp.madeTables ?? []) {
+    linkOrCopy(join(input.graphsDir, t.file), join(out, t.file));
+    made.push({ name: t.name, use: t.use, file: t.file, sha256: await placedSha(t.file, input.dataDigestsDir ?? input.graphsDir), dtype: t.dtype, shape: t.shape });
+  }
+  const hostOpParams = family.hostOpParams?.(config);
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
   const special = readSpecialTokens(input.checkpointDir);
   const [vocab, hidden] = emb.embedding.shape;
@@ -134,7 +141,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],
-    hostTables: [{ name: 'embedding', use: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }],
+    hostTables: [{ name: 'embedding', use: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }, ...made],
     mask: { masked: MASKED, layout: 'past-then-new' },
     tokenizer: {
       file: 'tokenizer.json',
@@ -144,6 +151,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     },
     limits: { maxContext: exp.maxContext },
     generation: { maxNewTokens: input.maxNewTokens, greedy: true },
+    ...(hostOpParams ? { hostOpParams } : {}),
   };
   ManifestSchema.parse(manifest); // forge never writes a manifest the runtime would refuse
   writeFileSync(join(out, MANIFEST), JSON.stringify(manifest, null, 2) + '\n');

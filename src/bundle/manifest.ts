@@ -44,8 +44,11 @@ const InputSchema = z.discriminatedUnion('bind', [
     ...tensor, bind: z.literal('host-rows'), table: z.string().min(1), index: z.enum(['token', 'expert']),
     layer: index.optional(), slot: index.optional(),
   }).strict(),
-  // The host's top-k weights of the experts selected from the router-logits output of `layer`.
-  z.object({ ...tensor, bind: z.literal('routing-weights'), layer: index }).strict(),
+  // The host's top-k weights of the experts selected from the router-logits output of `layer`; no
+  // layer: the layer whose router ran last (a graph shared by every layer, PhiMoE's experts).
+  z.object({ ...tensor, bind: z.literal('routing-weights'), layer: index.optional() }).strict(),
+  // What the previous graph gave as hand-off `handoff` in the same layer step (PhiMoE's normed MoE input).
+  z.object({ ...tensor, bind: z.literal('hand-off'), handoff: identifier }).strict(),
   // The output of an encoder component (vision, audio), fed to this graph.
   z.object({ ...tensor, bind: z.literal('encoder-output'), component: z.string().min(1) }).strict(),
   z.object({ ...tensor, bind: z.literal('pixels') }).strict(), // a preprocessed image
@@ -64,6 +67,8 @@ const OutputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('router-logits'), layer: index, topK: z.number().int().positive() }).strict(),
   // An encoder's result, kept by the host for the graphs that bind it as encoder-output {component}.
   z.object({ ...tensor, bind: z.literal('encoder-output') }).strict(),
+  // Kept by the host for the next graph that takes hand-off `handoff` (and only for it).
+  z.object({ ...tensor, bind: z.literal('hand-off'), handoff: identifier }).strict(),
 ]);
 
 export const GraphSchema = z.object({
@@ -155,6 +160,8 @@ export const ManifestSchema = z.object({
     chatTemplate: z.string().nullable(),
   }).strict(),
   limits: z.object({ maxContext: z.number().int().positive() }).strict(),
+  /** Numbers the host-op needs beyond the graphs (PhiMoE: the router's jitter eps, experts, top-k). */
+  hostOpParams: z.record(identifier, z.union([z.number(), z.string(), z.boolean()])).optional(),
   generation: z.object({ maxNewTokens: z.number().int().positive(), greedy: z.literal(true) }).strict(),
 }).strict().superRefine((m, ctx) => {
   // Every name a binding refers to is declared, as the runtime checks it (native/src/manifest.cpp):
@@ -164,6 +171,7 @@ export const ManifestSchema = z.object({
   const components = new Set(m.contexts.flatMap((c) => c.graphs.map((g) => g.component)));
   const encoders = new Set(m.contexts.flatMap((c) => c.graphs.filter((g) => g.outputs.some((o) => o.bind === 'encoder-output')).map((g) => g.component)));
   const routed = new Set(m.contexts.flatMap((c) => c.graphs.flatMap((g) => g.outputs.flatMap((o) => (o.bind === 'router-logits' ? [o.layer] : [])))));
+  const handed = new Map(m.contexts.flatMap((c) => c.graphs.flatMap((g) => g.outputs.flatMap((o) => (o.bind === 'hand-off' ? [[o.handoff, o] as const] : [])))));
   m.contexts.forEach((c, ci) => c.graphs.forEach((g, gi) => {
     const at = (io: 'inputs' | 'outputs', i: number, field: string) => ['contexts', ci, 'graphs', gi, io, i, field];
     g.inputs.forEach((b, i) => {
@@ -173,7 +181,16 @@ export const ManifestSchema = z.object({
         const message = components.has(b.component) ? `component '${b.component}' gives no encoder-output` : `'${b.component}' is not a component of this manifest`;
         ctx.addIssue({ code: 'custom', path: at('inputs', i, 'component'), message });
       }
-      if (b.bind === 'routing-weights' && !routed.has(b.layer)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'layer'), message: `no graph gives router-logits for layer ${b.layer}` });
+      if (b.bind === 'routing-weights' && (b.layer === undefined ? routed.size === 0 : !routed.has(b.layer))) {
+        ctx.addIssue({ code: 'custom', path: at('inputs', i, 'layer'), message: b.layer === undefined ? 'no graph gives router-logits' : `no graph gives router-logits for layer ${b.layer}` });
+      }
+      if (b.bind === 'hand-off') {
+        const o = handed.get(b.handoff);
+        if (!o) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'handoff'), message: `no graph gives hand-off '${b.handoff}'` });
+        else if (o.dtype !== b.dtype || o.shape.join(',') !== b.shape.join(',')) {
+          ctx.addIssue({ code: 'custom', path: at('inputs', i, 'shape'), message: `hand-off '${b.handoff}' is ${o.dtype} [${o.shape}] where it is given, ${b.dtype} [${b.shape}] here` });
+        }
+      }
     });
     g.outputs.forEach((b, i) => {
       if ((b.bind === 'state-rows' || b.bind === 'state-replace') && !states.has(b.state)) ctx.addIssue({ code: 'custom', path: at('outputs', i, 'state'), message: `'${b.state}' is not a declared state` });

@@ -15,6 +15,11 @@ export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number): str
   return g.op('Mul', [g.op('Mul', [x, inv]), w]);
 }
 
+/** LayerNorm over the last axis with weight and bias (ONNX LayerNormalization, opset 17). */
+export function layerNorm(g: GraphBuilder, x: string, w: string, b: string, eps: number): string {
+  return g.op('LayerNormalization', [x, w, b], { axis: -1, epsilon: eps });
+}
+
 /** x [1, N, in] · Wᵀ with W [out, in] → [1, N, out]. */
 export function linear(g: GraphBuilder, x: string, w: string, inDim: number, outDim: number, n: number, bias?: string): string {
   const x2 = g.op('Reshape', [x, g.constInt64([n, inDim])]);

@@ -18,7 +18,7 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
-import type { Component, ComponentEntryFields, ComponentLayout, Family, GraphInterface, GraphVariant, HostTable } from './types.js';
+import type { Component, ComponentEntryFields, ComponentLayout, Family, GraphInterface, GraphVariant, HostTable, MadeTable } from './types.js';
 import { componentTensors } from './tensors.js';
 
 export interface ExportParams {
@@ -51,6 +51,8 @@ export interface GraphEntry extends GraphInterface, ComponentEntryFields {
   variant: string;
   /** Tokens per call. */
   n: number;
+  /** The variant's role, when the family names one (GraphVariant.role). */
+  role?: string;
   /** The quant scheme of its matmul weights. */
   scheme: QuantScheme;
 }
@@ -81,6 +83,8 @@ export interface ExportManifest {
   contexts: ContextEntry[];
   /** The family's host tables, in its order. */
   hostTables?: HostTableEntry[];
+  /** Tables made in this export's scheme (expert rows …) that its graphs are fed from, in the family's order. */
+  madeTables?: Array<MadeTable & { file: string }>;
   /** The first host table (the token embedding), as the v1 bundle assembly reads it. */
   embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
   /** The checkpoint's files, linked (or, failing that, copied) into the export directory. */
@@ -88,6 +92,10 @@ export interface ExportManifest {
 }
 
 export const GRAPHS_JSON = 'graphs.json';
+
+const SUFFIX: Record<MadeTable['dtype'], string> = { int8: 'i8', float16: 'f16', float32: 'f32' };
+/** A made table's file: its name and dtype (`experts.gate_up.i8.bin`). */
+export const madeTableFile = (t: MadeTable) => `${t.name}.${SUFFIX[t.dtype]}.bin`;
 
 /** A host table: the tensor's fp16 form, alone in its file. */
 async function writeHostTable(ckpt: Checkpoint, name: string, shape: number[], file: string): Promise<void> {
@@ -140,7 +148,7 @@ async function exportContext(
       const g = new GraphBuilder(name);
       const iface = await v.build(g, { store, ...schemes });
       checkIoNames(name, iface);
-      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, scheme, ...c.entry, ...iface } });
+      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...iface } });
     }
     // Data first, then the models that point into it.
     await sink.commitAsync();
@@ -193,6 +201,12 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (links?.files().length) manifest.linked = links.files();
+    const made = family.madeTables?.(config, p.scheme);
+    if (made?.tables.length) {
+      await made.write(ckpt, (name) => join(out, madeTableFile(made.tables.find((t) => t.name === name)!)));
+      manifest.madeTables = made.tables.map((t) => ({ ...t, file: madeTableFile(t) }));
+      ui.log(`made tables: ${made.tables.map((t) => `${t.name} ${t.dtype} [${t.shape.join(', ')}]`).join('; ')}`);
+    }
     if (tables.length) {
       manifest.hostTables = [];
       for (const t of tables) {

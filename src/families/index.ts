@@ -3,8 +3,9 @@ import type { FamilyId } from '../recipe/schema.js';
 import type { Family } from './types.js';
 import { qwen3 } from './qwen3.js';
 import { qwen3_5 } from './qwen3_5.js';
+import { phimoe } from './phimoe.js';
 
-const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5 };
+const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5, phimoe };
 
 export function getFamily(id: FamilyId): Family<unknown> {
   const f = FAMILIES[id];

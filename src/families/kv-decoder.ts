@@ -10,8 +10,9 @@ import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
 
 export interface Feed {
-  dtype: 'float32' | 'int32';
-  data: Float32Array | Int32Array;
+  /** int8 and float16 (raw bits): expert rows fed from host tables. */
+  dtype: 'float32' | 'int32' | 'int8' | 'float16';
+  data: Float32Array | Int32Array | Int8Array | Uint16Array;
   dims: number[];
 }
 

@@ -46,7 +46,7 @@ export const qwen3: Family<Qwen3Config> = {
   hostOp: 'decoder_generate',
   parseConfig: parseQwen3Config,
   numLayers: (c) => c.layers,
-  hostTables: (c) => [{ name: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
+  hostTables: (c) => [{ name: 'embedding', use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
   components: (c, layout) => decoderComponents(layout, {
     shard: (g, s, w) => denseDecoderShard(g, c, s, w, { finalNorm: 'model.norm.weight', lmHead: lmHeadWeight(c) },
       (x, layer, io) => qwen3Layer(g, c, 'model.layers', layer, x, io, w)),

@@ -159,7 +159,7 @@ export const qwen3_5: Family<Qwen35Config> = {
   hostOp: 'qwen3_5_generate',
   parseConfig: parseQwen35Config,
   numLayers: (c) => c.layers,
-  hostTables: (c) => [{ name: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
+  hostTables: (c) => [{ name: 'embedding', use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
   components: (c, layout) => decoderComponents(layout, {
     shard: (g, s, w) => qwen35Shard(g, c, s, w),
     lmHead: (g, w) => lmHeadGraph(g, c.hidden, c.vocab, lmHeadWeight(c), w),

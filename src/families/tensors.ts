@@ -79,7 +79,11 @@ export async function headTensors<C>(family: Family<C>, config: C): Promise<{ fi
   return { final: minus(lastShard, await layerTensors(family, config, n - 1)), lmHead: rest.flat() };
 }
 
-export const hostTensors = <C>(family: Family<C>, config: C): TensorSpec[] => family.hostTables(config).map((t) => ({ name: t.tensor, shape: t.shape, role: 'host' }));
+/** What the host tables read: each table's tensor, and the tensors the made tables (expert rows …) are made from. */
+export const hostTensors = <C>(family: Family<C>, config: C): TensorSpec[] => [
+  ...family.hostTables(config).map((t): TensorSpec => ({ name: t.tensor, shape: t.shape, role: 'host' })),
+  ...(family.madeTables?.(config, 'fp32').reads ?? []),
+];
 
 /** The model's tensors, grouped as the planner places them: one dry build per layer, plus the last shard and the lm-head. */
 export async function modelTensors<C>(family: Family<C>, config: C): Promise<ModelTensors> {

@@ -5,6 +5,7 @@ import type { GraphBuilder } from '../onnx/builder.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { WeightStore } from '../quant/weights.js';
 import type { Trace } from '../gates/trace.js';
+import type { Checkpoint } from '../io/checkpoint.js';
 import type { GraphEntry } from './export-stage.js';
 import type { GateCase } from './kv-decoder.js';
 import type { Manifest, ManifestGraph } from '../bundle/manifest.js';
@@ -72,19 +73,49 @@ export interface Family<C> {
   hostTables(config: C): HostTable[];
   /** The units the runtime executes for a cut of the layers into contexts, in model order. */
   components(config: C, layout: ComponentLayout): Component[];
-  /** Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs. */
-  gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase>;
+  /**
+   * Tables made from several checkpoint tensors in a component scheme (PhiMoE's expert rows): every
+   * export writes them beside its graphs, which are fed from them.
+   */
+  madeTables?(config: C, scheme: QuantScheme): MadeTables;
+  /** Numbers the host-op needs beyond the graphs (a router's jitter eps …), written into the manifest. */
+  hostOpParams?(config: C): Record<string, number | string | boolean>;
+  /**
+   * Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs.
+   * `dir` holds the export (graphs.json, its graphs and the made tables they are fed from).
+   */
+  gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number, dir: string): AsyncGenerator<GateCase>;
   /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
 }
 
+/** What the runtime does with a host table (the manifest's `use`). */
+export type HostTableUse = Manifest['hostTables'][number]['use'];
+
 /** A checkpoint tensor the runtime reads on the host, stored whole in its own file. */
 export interface HostTable {
   name: string;
+  use: HostTableUse;
   /** The checkpoint tensor it is made from. */
   tensor: string;
   shape: number[];
   dtype: 'float16';
+}
+
+/** A table the family makes from several tensors (see Family.madeTables). */
+export interface MadeTable {
+  name: string;
+  use: HostTableUse;
+  shape: number[];
+  dtype: 'int8' | 'float16' | 'float32';
+}
+
+export interface MadeTables {
+  tables: MadeTable[];
+  /** The checkpoint tensors they are made from (the fetched checkpoint's check covers them). */
+  reads: TensorSpec[];
+  /** Writes every table, each to `fileOf(name)`, in one pass over the checkpoint; nothing half-written on failure. */
+  write(ckpt: Checkpoint, fileOf: (table: string) => string): Promise<void>;
 }
 
 /**
@@ -107,6 +138,8 @@ export interface GraphVariant {
   name: string;
   /** Tokens per call. */
   n: number;
+  /** How the host-op runs it (the manifest's role); absent: prefill for N > 1, decode for N = 1, lm_head for an lm-head component. */
+  role?: string;
   /** Why the runtime does without this graph, when it may (the planner drops it when a limit would be exceeded); absent: required. */
   optional?: string;
   build(g: GraphBuilder, w: GraphWeights): Promise<GraphInterface>;

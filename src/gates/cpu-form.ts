@@ -557,6 +557,7 @@ export function writeCpuFormExport(exportDir: string, outDir: string, o: { block
     for (const g of c.graphs) stats[g.name] = writeGateModel(join(exportDir, g.file), [], outDir, { tokensPerCall: g.n, ...o }).stats;
   }
   if (manifest.embedding) linkOrCopy(join(exportDir, manifest.embedding.file), join(outDir, manifest.embedding.file));
+  for (const t of manifest.madeTables ?? []) linkOrCopy(join(exportDir, t.file), join(outDir, t.file));
   writeFileSync(join(outDir, GRAPHS_JSON), JSON.stringify(manifest, null, 2));
   return stats;
 }

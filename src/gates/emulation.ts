@@ -208,9 +208,10 @@ export async function compileForSimulator(graphsDir: string, exp: ExportManifest
 
 /** Feeds of one batch of cases into a safetensors file: `<case>/<input>`, `__metadata__.cases`. */
 async function writeFeeds(path: string, cases: GateCase[]): Promise<void> {
-  const specs: Array<TensorSpec & { data: Float32Array | Int32Array }> = [];
+  const specs: Array<TensorSpec & { data: ArrayBufferView }> = [];
+  const DTYPE = { float32: 'F32', int32: 'I32', int8: 'I8', float16: 'F16' } as const;
   cases.forEach((c, i) => {
-    for (const [name, f] of Object.entries(c.feeds)) specs.push({ name: `${i}/${name}`, dtype: f.dtype === 'int32' ? 'I32' : 'F32', shape: f.dims, data: f.data });
+    for (const [name, f] of Object.entries(c.feeds)) specs.push({ name: `${i}/${name}`, dtype: DTYPE[f.dtype], shape: f.dims, data: f.data });
   });
   await writeSafetensors(path, specs, { cases: String(cases.length) });
 }
@@ -235,6 +236,8 @@ export async function simulateBatch(python: string, script: string, wrapper: str
  */
 export async function simulateGraph<C>(o: {
   family: Family<C>; config: C; entry: GraphEntry; compiled: CompiledGraph; trace: Trace; maxContext: number;
+  /** The export the graph is from (its made tables feed the cases). */
+  graphsDir: string;
   arch: HtpArch; fp16: boolean; minCosine: number; minTop1: number; python: string; script: string; work: string; timeoutSeconds: number;
 }): Promise<SimulatedGraph> {
   const outputNames = new Set(o.entry.outputs.map((t) => t.name));
@@ -280,7 +283,7 @@ export async function simulateGraph<C>(o: {
     batchNo++;
   };
 
-  for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext)) {
+  for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
     // gateCases may reuse its buffers (the KV cache grows in place from case to case): keep copies.
     const feeds: GateCase['feeds'] = {};
     for (const [name, f] of Object.entries(c.feeds)) {
@@ -405,7 +408,7 @@ export async function runEmulation(i: EmulationInput): Promise<EmulationResult> 
     for (const entry of entries) {
       progress(done++, steps, entry.name);
       const g = await simulateGraph({
-        family, config, entry, compiled: compiled.get(entry.name)!, trace, maxContext: exp.maxContext, arch: i.arch, fp16: i.fp16,
+        family, config, entry, compiled: compiled.get(entry.name)!, trace, maxContext: exp.maxContext, graphsDir: i.graphsDir, arch: i.arch, fp16: i.fp16,
         minCosine, minTop1: i.minTop1, python, script, work: join(i.work, 'cases'), timeoutSeconds,
       });
       graphs[entry.name] = g;

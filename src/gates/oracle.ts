@@ -153,14 +153,14 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
   try {
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
-    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext), form, (c, output) => {
+    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
       if (firstLink) chain.record(entry, c, output);
       cases++;
     });
     // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).
     if (chained && !firstLink) {
-      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext)), form, (c, output) => chain.record(entry, c, output));
+      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext, dir)), form, (c, output) => chain.record(entry, c, output));
     }
   } finally {
     await session.release();

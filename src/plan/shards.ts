@@ -22,7 +22,7 @@ export interface ShardPlan {
   layers: number;
   shards: Array<{ index: number; first: number; last: number; weightBytes: number; graphs: string[] }>;
   lmHead: { placement: 'separate' | 'last-shard'; quant: ArchSettings['quant']; bytes: number; tied: boolean };
-  hostTables: Array<{ name: string; dtype: 'f16'; bytes: number }>;
+  hostTables: Array<{ name: string; dtype: 'f16' | 'f32' | 'i8'; bytes: number }>;
   contexts: number;
   totalContextBytes: number;
   /** Graphs the bundle sets up in one process, against the arch's maxGraphsPerProcess. */
@@ -93,6 +93,10 @@ export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' 
 }
 
 /** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
+const numel = (shape: number[]) => shape.reduce((a, d) => a * d, 1);
+const MADE_DTYPE = { int8: 'i8', float16: 'f16', float32: 'f32' } as const;
+const MADE_BYTES = { int8: 1, float16: 2, float32: 4 } as const;
+
 export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): Promise<ShardPlan> {
   const n = family.numLayers(config);
   const tensors = await modelTensors(family, config);
@@ -157,7 +161,11 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     layers: n,
     shards,
     lmHead: { placement: s.lmHead.placement, quant: s.lmHead.quant, bytes: headBytes, tied: tensors.lmHead.some((t) => hostNames.has(t.name)) },
-    hostTables: host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: t.shape.reduce((a, d) => a * d, 1) * 2 })),
+    hostTables: [
+      ...host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: numel(t.shape) * 2 })),
+      // Made tables (expert rows) in the layers' scheme.
+      ...(family.madeTables?.(config, s.quant).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPE[t.dtype], bytes: numel(t.shape) * MADE_BYTES[t.dtype] })),
+    ],
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),
     graphs: kept.length,

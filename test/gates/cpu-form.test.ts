@@ -86,7 +86,7 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
         for (const c of m.contexts) for (const g of c.graphs) {
           const cases: Array<Record<string, ort.Tensor>> = [];
           // Copies: gateCases may reuse its buffers from case to case (the KV cache grows in place).
-          for await (const k of family.gateCases(config, g, trace, m.maxContext)) {
+          for await (const k of family.gateCases(config, g, trace, m.maxContext, dir)) {
             cases.push(Object.fromEntries(Object.entries(k.feeds).map(([n, f]) => [n, new ort.Tensor(f.dtype, f.data.slice(), f.dims)])));
           }
           expect(cases.length, g.name).toBeGreaterThan(0);
@@ -158,7 +158,7 @@ describe.each(twins)('CPU-gate form on $recipe', ({ recipe, family: familyId }) 
           const session = await ort.InferenceSession.create(model.path, gateSessionOptions(form.copies));
           const after: Array<Record<string, Float32Array>> = [];
           try {
-            await runGateCases(session, g.file, family.gateCases(config, g, trace, maxContext), form,
+            await runGateCases(session, g.file, family.gateCases(config, g, trace, maxContext, dir), form,
               (_c, output) => after.push(Object.fromEntries(Object.keys(before[0]).map((name) => [name, output(name).slice()]))),
               (n, _s, w) => {
                 batched += n > 1 ? 1 : 0;

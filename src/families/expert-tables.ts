@@ -1,0 +1,93 @@
+// Expert weights the host keeps and feeds per call (a mixture-of-experts layer's selected experts),
+// as tables [layers, experts, rows, cols]: the experts graph is one graph for every layer and every
+// choice of experts, so their rows cannot be its initializers. W8 stores int8 codes with one float32
+// scale per row in a table of its own (the same per-row symmetric form as W8 graph weights); fp16 and
+// fp32 store the rows as they are. Written in one pass, expert by expert: never a whole table in memory.
+import { openSync, readSync, closeSync } from 'node:fs';
+import type { Checkpoint } from '../io/checkpoint.js';
+import { ExternalDataWriter } from '../onnx/external.js';
+import { quantizeRows } from '../quant/w8.js';
+import { f32ToF16Bits } from '../io/dtype.js';
+import type { QuantScheme } from '../recipe/schema.js';
+import type { MadeTable, MadeTables, TensorSpec } from './types.js';
+
+/** One expert matrix of a table: the checkpoint tensors stacked (row-wise, in order) into its rows. */
+export interface ExpertMatrix {
+  /** Table name (`experts.gate_up`); its W8 scales are `<name>.scale`. */
+  name: string;
+  rows: number;
+  cols: number;
+  /** The checkpoint tensors of layer l, expert e, stacked in this order ([r_i, cols] each, Σ r_i = rows). */
+  tensors(layer: number, expert: number): Array<{ name: string; rows: number }>;
+}
+
+export const scaleTable = (name: string) => `${name}.scale`;
+
+const DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
+const BYTES: Record<MadeTable['dtype'], number> = { int8: 1, float16: 2, float32: 4 };
+
+/** The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`. */
+export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme): MadeTables {
+  const tables: MadeTable[] = [];
+  for (const m of matrices) {
+    tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: DTYPE[scheme] });
+    if (scheme === 'w8') tables.push({ name: scaleTable(m.name), use: 'expert-scales', shape: [layers, experts, m.rows], dtype: 'float32' });
+  }
+  const reads: TensorSpec[] = [];
+  for (let l = 0; l < layers; l++) for (let e = 0; e < experts; e++) for (const m of matrices) for (const t of m.tensors(l, e)) reads.push({ name: t.name, shape: [t.rows, m.cols], role: 'host' });
+  return {
+    tables,
+    reads,
+    async write(ckpt: Checkpoint, fileOf: (table: string) => string): Promise<void> {
+      const sinks = new Map(tables.map((t) => [t.name, new ExternalDataWriter(fileOf(t.name), { align: 1 })]));
+      try {
+        for (let l = 0; l < layers; l++) {
+          for (let e = 0; e < experts; e++) {
+            for (const m of matrices) {
+              const rows = new Float32Array(m.rows * m.cols);
+              let at = 0;
+              for (const t of m.tensors(l, e)) {
+                ckpt.expectShape(t.name, [t.rows, m.cols]);
+                rows.set(await ckpt.readRows(t.name, 0, t.rows), at * m.cols);
+                at += t.rows;
+              }
+              const sink = sinks.get(m.name)!;
+              if (scheme === 'w8') {
+                const q = new Int8Array(rows.length);
+                const scales = new Float32Array(m.rows);
+                quantizeRows(rows, m.cols, q, scales);
+                sink.append(new Uint8Array(q.buffer));
+                sinks.get(scaleTable(m.name))!.append(new Uint8Array(scales.buffer));
+              } else if (scheme === 'fp16') {
+                sink.append(new Uint8Array(Uint16Array.from(rows, f32ToF16Bits).buffer));
+              } else {
+                sink.append(new Uint8Array(rows.buffer));
+              }
+            }
+          }
+        }
+        for (const s of sinks.values()) await s.commitAsync();
+      } catch (e) {
+        for (const s of sinks.values()) s.abort();
+        throw e;
+      }
+    },
+  };
+}
+
+/** Rows of table `file` (`dtype`, shape [L, E, rows, cols]) for layer l, expert e: `rows × cols` elements. */
+export function readExpertRows(file: string, dtype: MadeTable['dtype'], shape: number[], layer: number, expert: number): Int8Array | Uint16Array | Float32Array {
+  const [, E, ...inner] = shape;
+  const count = inner.reduce((a, d) => a * d, 1);
+  const bytes = BYTES[dtype];
+  const buf = Buffer.alloc(count * bytes);
+  const fd = openSync(file, 'r');
+  try {
+    const got = readSync(fd, buf, 0, buf.length, (layer * E + expert) * count * bytes);
+    if (got !== buf.length) throw new Error(`${file}: short read of layer ${layer} expert ${expert} (${got} of ${buf.length} bytes): the table is truncated`);
+  } finally {
+    closeSync(fd);
+  }
+  const ab = buf.buffer.slice(buf.byteOffset, buf.byteOffset + buf.length);
+  return dtype === 'int8' ? new Int8Array(ab) : dtype === 'float16' ? new Uint16Array(ab) : new Float32Array(ab);
+}

@@ -1,0 +1,157 @@
+// PhiMoE's gate cases and runtime bindings (the graphs are in phimoe.ts). Teacher-forced from the
+// trace's named captures: an attention+router graph is fed h.l and HF's KV cache and must give
+// attn_res.l, moe_in.l, router_logits.l and the K/V rows; the experts graph, at every step and
+// layer, is fed attn_res.l, moe_in.l, the rows of the two experts HF's sparsemixer chose (read from
+// this export's own host tables) and HF's weights, and must give h.{l+1}; the lm-head is fed h.L.
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Trace } from '../gates/trace.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from './export-stage.js';
+import type { GraphBindings } from './types.js';
+import type { ManifestGraph } from '../bundle/manifest.js';
+import { attentionMask } from './blocks.js';
+import { CacheBuilder, type Feed, type GateCase, type KvLayout } from './kv-decoder.js';
+import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
+import { readExpertRows, scaleTable } from './expert-tables.js';
+import { EXPERT_TABLES, ROLES, expertInput, expertScaleInput, type PhimoeConfig } from './phimoe.js';
+
+const kvLayout = (c: PhimoeConfig, maxContext: number): KvLayout => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
+
+/** The layer an attention+router graph runs (its variant is `layer<l>`). */
+function layerOf(entry: GraphEntry): number {
+  const m = /^layer(\d+)$/.exec(entry.variant);
+  if (!m) throw new Error(`${entry.name}: not a per-layer attention+router graph (variant '${entry.variant}')`);
+  return Number(m[1]);
+}
+
+const f32 = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
+
+async function* attnRouterCases(c: PhimoeConfig, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
+  const l = layerOf(entry);
+  const kv = kvLayout(c, maxContext);
+  const H = c.hidden;
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    const cache = new CacheBuilder([l], kv);
+    for (let t = 0; t < trace.meta.prompts[p].steps; t++) {
+      await cache.fillTo(trace, p, t);
+      yield {
+        prompt: p, step: t,
+        feeds: {
+          hidden_in: f32(await trace.get(p, t, `h.${l}`), [1, 1, H]),
+          position: { dtype: 'int32', data: Int32Array.of(Math.min(t, maxContext - 1)), dims: [1] },
+          attn_mask: f32(attentionMask(maxContext, 1, t, 1), [1, 1, 1, maxContext + 1]),
+          [pastKv('k', l)]: f32(cache.k.get(l)!, [1, c.kvHeads, maxContext, c.headDim]),
+          [pastKv('v', l)]: f32(cache.v.get(l)!, [1, c.kvHeads, maxContext, c.headDim]),
+        },
+        expected: {
+          attn_res: await trace.get(p, t, `attn_res.${l}`),
+          moe_in: await trace.get(p, t, `moe_in.${l}`),
+          router_logits: await trace.get(p, t, `router_logits.${l}`),
+          [newKv('k', l)]: await trace.get(p, t, `k.${l}`),
+          [newKv('v', l)]: await trace.get(p, t, `v.${l}`),
+        },
+      };
+    }
+  }
+}
+
+/** The export's made tables, by name, with their paths. */
+function tablesOf(dir: string): Map<string, NonNullable<ExportManifest['madeTables']>[number] & { path: string }> {
+  const m = JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  return new Map((m.madeTables ?? []).map((t) => [t.name, { ...t, path: join(dir, t.file) }]));
+}
+
+async function* expertsCases(c: PhimoeConfig, trace: Trace, dir: string): AsyncGenerator<GateCase> {
+  const tables = tablesOf(dir);
+  const table = (name: string) => {
+    const t = tables.get(name);
+    if (!t) throw new Error(`${join(dir, GRAPHS_JSON)}: no host table '${name}' (the experts graph is fed from it)`);
+    return t;
+  };
+  const H = c.hidden;
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    for (let t = 0; t < trace.meta.prompts[p].steps; t++) {
+      for (let l = 0; l < c.layers; l++) {
+        const ids = await trace.get(p, t, `expert_ids.${l}`);
+        const feeds: Record<string, Feed> = {
+          attn_res: f32(await trace.get(p, t, `attn_res.${l}`), [1, 1, H]),
+          moe_in: f32(await trace.get(p, t, `moe_in.${l}`), [1, 1, H]),
+          routing: f32(await trace.get(p, t, `expert_weights.${l}`), [2]),
+        };
+        for (const slot of [0, 1]) {
+          const e = ids[slot];
+          if (!Number.isInteger(e) || e < 0 || e >= c.experts) throw new Error(`trace: expert_ids.${l} of prompt ${p} step ${t} holds ${e}, not an expert of ${c.experts}`);
+          for (const name of [EXPERT_TABLES.gateUp, EXPERT_TABLES.down]) {
+            const tb = table(name);
+            const data = readExpertRows(tb.path, tb.dtype, tb.shape, l, e);
+            feeds[expertInput(name, slot)] = { dtype: tb.dtype, data, dims: tb.shape.slice(2) } as Feed;
+            if (tb.dtype === 'int8') {
+              const sc = table(scaleTable(name));
+              feeds[expertScaleInput(name, slot)] = f32(readExpertRows(sc.path, sc.dtype, sc.shape, l, e) as Float32Array, sc.shape.slice(2));
+            }
+          }
+        }
+        yield { prompt: p, step: t, feeds, expected: { hidden_out: await trace.get(p, t, `h.${l + 1}`) } };
+      }
+    }
+  }
+}
+
+async function* lmHeadCases(c: PhimoeConfig, trace: Trace): AsyncGenerator<GateCase> {
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    for (let t = 0; t < trace.meta.prompts[p].steps; t++) {
+      yield { prompt: p, step: t, feeds: { hidden: f32(await trace.get(p, t, `h.${c.layers}`), [1, 1, c.hidden]) }, expected: { logits: await trace.get(p, t, 'logits') } };
+    }
+  }
+}
+
+export function phimoeCases(c: PhimoeConfig, entry: GraphEntry, trace: Trace, maxContext: number, dir: string): AsyncGenerator<GateCase> {
+  if (entry.role === ROLES.attnRouter) return attnRouterCases(c, entry, trace, maxContext);
+  if (entry.role === ROLES.experts) return expertsCases(c, trace, dir);
+  if (entry.role === ROLES.lmHead) return lmHeadCases(c, trace);
+  throw new Error(`${entry.name}: role '${entry.role}' is not a phimoe graph's`);
+}
+
+/**
+ * How phimoe_generate binds each graph: the attention+router graph threads the residual, reads and
+ * writes its layer's KV cache and hands moe_in to the experts graph; the experts graph takes the
+ * rows of the slot's expert of the current layer (no `layer`: the layer whose router ran last) and
+ * the routing weights; the lm-head takes the last residual.
+ */
+export function phimoeBindings(c: PhimoeConfig, entry: GraphEntry, maxContext: number): GraphBindings {
+  const state: GraphBindings['state'] = [];
+  const rows = /^(expert_gate_up|expert_down)_([01])(_scale)?$/;
+  const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
+    const kv = parseStateInput(t.name);
+    if (kv && !kv.recurrent) {
+      const name = stateName(kv);
+      state.push({ name, kind: 'kv-cache', dtype: 'float32', shape: [1, c.kvHeads, maxContext, c.headDim], positionAxis: 2 });
+      return { ...t, bind: 'state', state: name };
+    }
+    const r = rows.exec(t.name);
+    if (r) {
+      const table = r[1] === 'expert_gate_up' ? EXPERT_TABLES.gateUp : EXPERT_TABLES.down;
+      return { ...t, bind: 'host-rows', table: r[3] ? scaleTable(table) : table, index: 'expert', slot: Number(r[2]) };
+    }
+    switch (t.name) {
+      case 'hidden_in': case 'hidden': case 'attn_res': return { ...t, bind: 'residual' };
+      case 'position': return { ...t, bind: 'positions' };
+      case 'attn_mask': return { ...t, bind: 'mask' };
+      case 'moe_in': return { ...t, bind: 'hand-off', handoff: 'moe_in' };
+      case 'routing': return { ...t, bind: 'routing-weights' };
+    }
+    throw new Error(`${entry.name}: input ${t.name} has no binding`);
+  });
+  const outputs = entry.outputs.map((t): ManifestGraph['outputs'][number] => {
+    const kv = parseStateOutput(t.name);
+    if (kv && !kv.recurrent) return { ...t, bind: 'state-rows', state: stateName(kv), axis: 2 };
+    switch (t.name) {
+      case 'attn_res': case 'hidden_out': return { ...t, bind: 'residual' };
+      case 'moe_in': return { ...t, bind: 'hand-off', handoff: 'moe_in' };
+      case 'router_logits': return { ...t, bind: 'router-logits', layer: layerOf(entry), topK: 2 };
+      case 'logits': return { ...t, bind: 'logits' };
+    }
+    throw new Error(`${entry.name}: output ${t.name} has no binding`);
+  });
+  return { inputs, outputs, state };
+}

@@ -1,0 +1,225 @@
+// PhiMoE (Phi-tiny-MoE, Phi-3.5-MoE), model_type "phimoe". What is special: every layer routes on
+// the host between attention and experts. Per layer, an attention+router graph (LayerNorm with
+// bias, biased q/k/v/o, GQA, default RoPE over head_dim) gives the attention residual, the normed
+// MoE input (handed to the experts graph) and 16 router logits; the host runs HF's sparsemixer
+// (top-2, not renormalised; native/src/phimoe_generate/phimoe_route.cpp) and feeds the two chosen
+// experts' rows from host tables to ONE experts graph shared by every layer (int8 rows with per-row
+// scales in W8). The final LayerNorm and the biased, untied lm-head are one graph after the last
+// layer. HF semantics and sources: REFERENCE.md and wip notes in the closing note of issue 14.
+import { z } from 'zod';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type ComponentLayout, type Family, type GraphInterface, type GraphWeights, type TensorIO } from './types.js';
+import type { GraphBuilder } from '../onnx/builder.js';
+import type { ElemType } from '../onnx/dtype.js';
+import type { QuantScheme } from '../recipe/schema.js';
+import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
+import { newKv, pastKv } from './state-io.js';
+import { expertTables, type ExpertMatrix } from './expert-tables.js';
+import { phimoeBindings, phimoeCases } from './phimoe-gates.js';
+
+const ConfigSchema = z.object({
+  model_type: z.literal('phimoe'),
+  hidden_size: z.number().int().positive().max(MAX_DIM),
+  intermediate_size: z.number().int().positive().max(MAX_DIM),
+  num_hidden_layers: z.number().int().positive().max(MAX_LAYERS),
+  num_attention_heads: z.number().int().positive().max(MAX_DIM),
+  num_key_value_heads: z.number().int().positive().max(MAX_DIM),
+  head_dim: z.number().int().positive().max(MAX_DIM).optional(),
+  num_local_experts: z.number().int().min(2).max(MAX_DIM),
+  num_experts_per_tok: z.literal(2, { message: 'sparsemixer routing is top-2 only' }),
+  router_jitter_noise: z.number().nonnegative(),
+  vocab_size: z.number().int().positive().max(MAX_DIM),
+  rms_norm_eps: z.number().positive(),
+  max_position_embeddings: z.number().int().positive(),
+  // The real config.json has the legacy top-level rope_theta; transformers >= 5 writes rope_parameters.
+  rope_theta: z.number().positive().optional(),
+  rope_parameters: z.object({ rope_theta: z.number().positive(), rope_type: z.string().default('default') }).passthrough().optional(),
+  rope_scaling: z.null({ message: 'only default RoPE is supported (LongRoPE Phi-3.5-MoE is not)' }).optional(),
+  attention_bias: z.literal(true, { message: 'the graphs are built with q/k/v/o biases' }),
+  lm_head_bias: z.literal(true, { message: 'the lm-head graph is built with its bias' }),
+  tie_word_embeddings: z.literal(false, { message: 'a tied PhiMoE lm-head is not supported' }).default(false),
+  sliding_window: z.number().int().positive().nullable().optional(),
+}).passthrough();
+
+export interface PhimoeConfig {
+  hidden: number;
+  /** Per expert. */
+  ffn: number;
+  layers: number;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  experts: number;
+  jitterEps: number;
+  vocab: number;
+  eps: number;
+  ropeTheta: number;
+  /** HF masks keys older than this many positions (Phi-tiny-MoE: 2047); null: none. */
+  slidingWindow: number | null;
+}
+
+export function parsePhimoeConfig(raw: unknown, file: string): PhimoeConfig {
+  const c = parseConfigWith(ConfigSchema, raw, file);
+  // No fallback to PhimoeConfig's default theta (1e6): a config without one is refused.
+  const ropeTheta = c.rope_parameters?.rope_theta ?? c.rope_theta;
+  if (ropeTheta === undefined) throw new ConfigError(file, 'rope_theta', 'missing (neither rope_parameters nor rope_theta is set)');
+  if (c.rope_parameters && c.rope_parameters.rope_type !== 'default') throw new ConfigError(file, 'rope_parameters.rope_type', `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
+  if (c.num_attention_heads % c.num_key_value_heads !== 0) throw new ConfigError(file, 'num_key_value_heads', `${c.num_key_value_heads} does not divide num_attention_heads ${c.num_attention_heads}`);
+  if (c.head_dim === undefined && c.hidden_size % c.num_attention_heads !== 0) throw new ConfigError(file, 'head_dim', `missing, and hidden_size ${c.hidden_size} is not a multiple of num_attention_heads ${c.num_attention_heads}`);
+  const headDim = c.head_dim ?? c.hidden_size / c.num_attention_heads;
+  checkElements(file, 'head_dim', [c.num_attention_heads, headDim, c.hidden_size], 'q_proj');
+  checkElements(file, 'num_local_experts', [c.num_hidden_layers, c.num_local_experts, 2 * c.intermediate_size, c.hidden_size], 'the experts table');
+  checkElements(file, 'vocab_size', [c.vocab_size, c.hidden_size], 'the embedding');
+  return {
+    hidden: c.hidden_size, ffn: c.intermediate_size, layers: c.num_hidden_layers, heads: c.num_attention_heads, kvHeads: c.num_key_value_heads,
+    headDim, experts: c.num_local_experts, jitterEps: c.router_jitter_noise, vocab: c.vocab_size, eps: c.rms_norm_eps, ropeTheta,
+    slidingWindow: c.sliding_window ?? null,
+  };
+}
+
+const EMBEDDING = 'model.embed_tokens.weight';
+const layerName = (l: number, rest: string) => `model.layers.${l}.${rest}`;
+const expertName = (l: number, e: number, w: 'w1' | 'w2' | 'w3') => layerName(l, `block_sparse_moe.experts.${e}.${w}.weight`);
+
+/** The experts' host tables: gate and up rows stacked (w1 then w3, as HF's gate_up_proj), and down. */
+export const EXPERT_TABLES = { gateUp: 'experts.gate_up', down: 'experts.down' } as const;
+
+function expertMatrices(c: PhimoeConfig): ExpertMatrix[] {
+  return [
+    { name: EXPERT_TABLES.gateUp, rows: 2 * c.ffn, cols: c.hidden, tensors: (l, e) => [{ name: expertName(l, e, 'w1'), rows: c.ffn }, { name: expertName(l, e, 'w3'), rows: c.ffn }] },
+    { name: EXPERT_TABLES.down, rows: c.hidden, cols: c.ffn, tensors: (l, e) => [{ name: expertName(l, e, 'w2'), rows: c.hidden }] },
+  ];
+}
+
+/** Graph roles, as the runtime's phimoe_generate host-op runs them. */
+export const ROLES = { attnRouter: 'attn_router', experts: 'experts', lmHead: 'lm_head' } as const;
+
+function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
+  // A dry build (the planner's per-layer tensors; maxContext 0) asks for a shard with the lm-head
+  // inside: it has none here, the lm-head is always its own graph after the shared experts graph.
+  const dry = layout.maxContext === 0;
+  if (layout.lmHeadInside && !dry) throw new ConfigError('recipe', 'arch.lmHead.placement', "'last-shard' is not possible for phimoe: the last layer ends in the experts graph every layer shares, so the lm-head is its own graph ('separate')");
+  if (layout.prefillLength > 0) throw new ConfigError('recipe', 'arch.prefillLength', 'phimoe has no batched prefill yet (the host routes every token in every layer); set 0');
+  if (!dry && c.slidingWindow !== null && layout.maxContext > c.slidingWindow) {
+    throw new ConfigError('recipe', 'arch.maxContext', `${layout.maxContext} is over the model's sliding_window ${c.slidingWindow}: HF's oracle masks keys past it and the graphs do not`);
+  }
+  const out: Component[] = layout.shards.map(({ first, last }, index) => ({
+    name: `shard${index}`,
+    kind: 'attn_router',
+    weights: 'layers',
+    entry: { shard: index, first, last },
+    variants: Array.from({ length: last - first + 1 }, (_, k) => first + k).map((l) => ({
+      name: `layer${l}`, n: 1, role: ROLES.attnRouter,
+      build: (g: GraphBuilder, w: GraphWeights) => attnRouterGraph(g, c, l, layout.maxContext, w),
+    })),
+  }));
+  out.push({ name: 'experts', kind: 'experts', weights: 'layers', entry: {}, variants: [{ name: '', n: 1, role: ROLES.experts, build: (g, w) => expertsGraph(g, c, w.scheme) }] });
+  if (!layout.lmHeadInside) out.push({ name: 'lm_head', kind: 'lm_head', weights: 'lmHead', entry: {}, variants: [{ name: '', n: 1, role: ROLES.lmHead, build: (g, w) => lmHeadGraph(g, c, w) }] });
+  return out;
+}
+
+export const phimoe: Family<PhimoeConfig> = {
+  id: 'phimoe',
+  hostOp: 'phimoe_generate',
+  parseConfig: parsePhimoeConfig,
+  numLayers: (c) => c.layers,
+  hostTables: (c) => [{ name: 'embedding', use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
+  madeTables: (c, scheme) => expertTables(expertMatrices(c), c.layers, c.experts, scheme),
+  hostOpParams: (c) => ({ experts: c.experts, top_k: 2, router_jitter_eps: c.jitterEps }),
+  components,
+  gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),
+  bindings: (c, entry, maxContext) => phimoeBindings(c, entry, maxContext),
+};
+
+// ---- graphs ----------------------------------------------------------------------------------
+
+const f32 = 'float32' as const;
+const io = (name: string, shape: number[], dtype: ElemType = f32): TensorIO => ({ name, dtype, shape });
+
+async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number]): Promise<string> {
+  const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, 1);
+  return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]])]);
+}
+
+async function norm(g: GraphBuilder, w: GraphWeights, x: string, name: string, size: number, eps: number): Promise<string> {
+  return layerNorm(g, x, await w.store.small(g, `${name}.weight`, [size]), await w.store.small(g, `${name}.bias`, [size]), eps);
+}
+
+/** Layer l's attention and router over one token: h.l → attn_res (residual), moe_in (hand-off), router_logits, new K/V. */
+async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: number, w: GraphWeights): Promise<GraphInterface> {
+  const { hidden: H, heads, kvHeads, headDim: d } = c;
+  const x = g.input('hidden_in', f32, [1, 1, H]);
+  const position = g.input('position', 'int32', [1]);
+  const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
+  const pastK = g.input(pastKv('k', l), f32, [1, kvHeads, ctx, d]);
+  const pastV = g.input(pastKv('v', l), f32, [1, kvHeads, ctx, d]);
+  const tables = ropeTables(ctx, d, c.ropeTheta);
+  const rope = ropeGather(g, position, { cos: g.initializer('rope.cos', tables.cos, [ctx, d]), sin: g.initializer('rope.sin', tables.sin, [ctx, d]) }, 1, d);
+  const p = (rest: string) => layerName(l, rest);
+  const xn = await norm(g, w, x, p('input_layernorm'), H, c.eps);
+  const q = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.q_proj'), [heads * d, H]), heads, d, 1);
+  const k = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.k_proj'), [kvHeads * d, H]), kvHeads, d, 1);
+  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H]), kvHeads, d, 1);
+  const newK = g.output(applyRope(g, k, rope), newKv('k', l), { shape: [1, kvHeads, 1, d] });
+  const newV = g.output(v, newKv('v', l), { shape: [1, kvHeads, 1, d] });
+  const attn = cachedAttention(g, applyRope(g, q, rope), newK, newV, pastK, pastV, mask, { heads, kvHeads, headDim: d, n: 1, ctx, scale: 1 / Math.sqrt(d) });
+  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, 1), p('self_attn.o_proj'), [H, heads * d]);
+  const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, 1, H] });
+  const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, 1, H] });
+  const logits = g.output(await w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, 1), 'router_logits', { shape: [1, 1, c.experts] });
+  return {
+    inputs: [io(x, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(pastK, [1, kvHeads, ctx, d]), io(pastV, [1, kvHeads, ctx, d])],
+    outputs: [io(attnRes, [1, 1, H]), io(moeIn, [1, 1, H]), io(logits, [1, 1, c.experts]), io(newK, [1, kvHeads, 1, d]), io(newV, [1, kvHeads, 1, d])],
+    probes: {},
+  };
+}
+
+/** The experts' rows as graph inputs: `expert_<table>_<slot>`, and W8's per-row scales. */
+export const expertInput = (table: string, slot: number) => `${table.replace(/^experts\./, 'expert_')}_${slot}`;
+export const expertScaleInput = (table: string, slot: number) => `${expertInput(table, slot)}_scale`;
+
+const ROW_DTYPE: Record<QuantScheme, ElemType> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
+
+/**
+ * The two selected experts over one token, for any layer: moe_in (hand-off) through each slot's
+ * gate/up and down rows (fed from the host tables), weighted by the host's routing weights, added
+ * to the attention residual. Rows in the scheme's dtype; W8 rows are int8 × their per-row scale.
+ */
+async function expertsGraph(g: GraphBuilder, c: PhimoeConfig, scheme: QuantScheme): Promise<GraphInterface> {
+  const { hidden: H, ffn: F } = c;
+  const res = g.input('attn_res', f32, [1, 1, H]);
+  const moeIn = g.input('moe_in', f32, [1, 1, H]);
+  const routing = g.input('routing', f32, [2]);
+  const inputs: TensorIO[] = [io(res, [1, 1, H]), io(moeIn, [1, 1, H]), io(routing, [2])];
+  // x [1,1,in] · rowsᵀ → [1,1,out]. W8: the int8 rows enter as a quantized tensor of scale 1 (a
+  // static DequantizeLinear, which QNN takes as an int8 input; a Cast from int8 it cannot place on
+  // the HTP) and each output is multiplied by its row's scale after the product: the same numbers
+  // as dequantizing the rows first (one scale per row), without an [out, in] multiply.
+  const project = (x: string, table: string, slot: number, shape: [number, number]) => {
+    const name = g.input(expertInput(table, slot), ROW_DTYPE[scheme], shape);
+    inputs.push(io(name, shape, ROW_DTYPE[scheme]));
+    if (scheme !== 'w8') return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], 1);
+    const w = g.op('DequantizeLinear', [name, g.constFloat32([1], []), g.initializer(`${name}.zero`, Int8Array.of(0), [], 'int8')]);
+    const scale = g.input(expertScaleInput(table, slot), f32, [shape[0]]);
+    inputs.push(io(scale, [shape[0]]));
+    return g.op('Mul', [linear(g, x, w, shape[1], shape[0], 1), scale]);
+  };
+  let sum: string | undefined;
+  for (const slot of [0, 1]) {
+    const gateUp = project(moeIn, EXPERT_TABLES.gateUp, slot, [2 * F, H]);
+    const [gate, up] = g.op('Split', [gateUp], { axis: -1 }, 2);
+    const y = project(swiGate(g, gate, up), EXPERT_TABLES.down, slot, [H, F]);
+    const weighted = g.op('Mul', [y, g.op('Gather', [routing, g.constInt64([slot], [])], { axis: 0 })]);
+    sum = sum ? g.op('Add', [sum, weighted]) : weighted;
+  }
+  const out = g.output(g.op('Add', [res, sum!]), 'hidden_out', { shape: [1, 1, H] });
+  return { inputs, outputs: [io(out, [1, 1, H])], probes: {} };
+}
+
+/** The last layer's residual [1,1,H] → final LayerNorm → biased lm-head → logits [1,1,V]. */
+async function lmHeadGraph(g: GraphBuilder, c: PhimoeConfig, w: GraphWeights): Promise<GraphInterface> {
+  const x = g.input('hidden', f32, [1, 1, c.hidden]);
+  const xn = await norm(g, w, x, 'model.norm', c.hidden, c.eps);
+  const y = await w.store.linear(g, xn, 'lm_head.weight', [c.vocab, c.hidden], w.lmHeadScheme, 1);
+  const logits = g.output(g.op('Add', [y, await w.store.small(g, 'lm_head.bias', [c.vocab])]), 'logits', { shape: [1, 1, c.vocab] });
+  return { inputs: [io(x, [1, 1, c.hidden])], outputs: [io(logits, [1, 1, c.vocab])], probes: {} };
+}
