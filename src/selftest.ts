@@ -51,11 +51,11 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
   }
 }
 
-/** The ctest suite needs real tiny bundles (Qwen3 fp32 and W8, Qwen3.5 fp32) and their HF traces. */
+/** The ctest suite needs real tiny bundles (Qwen3 fp32 and W8, Qwen3.5 and PhiMoE fp32 and W8) and their HF traces. */
 async function ctest(dir: string): Promise<Counts & { code: number }> {
   const build = await ensureNative();
-  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --hybrid`;
-  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as { fp32: string; w8: string; trace: string; hybrid: string; hybridW8: string; hybridTrace: string };
+  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --hybrid --phimoe`;
+  const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as Parameters<typeof nativeTestEnv>[0];
   const r = await runNativeTests(build, nativeTestEnv(bundles));
   // A green run prints one line per test (and the parity figures); a red one prints everything.
   process.stdout.write(r.ok ? r.output.split('\n').filter((l) => /Test +#|tests passed|parity|Skipped$/.test(l)).join('\n') + '\n' : r.output);

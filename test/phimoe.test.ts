@@ -1,6 +1,6 @@
 // PhiMoE as components: per layer an attention+router graph, one experts graph every layer shares,
-// fed the chosen experts' rows from host tables, and the lm-head. Built on the twin up to the oracle
-// gate (the phimoe_generate host-op is not in the runtime yet: the build stops at parity).
+// fed the chosen experts' rows from host tables, and the lm-head; run by the runtime's
+// phimoe_generate host-op (host top-2 routing between them). The whole build of the twin, every gate.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -28,7 +28,7 @@ const graphs = (dir: string) => manifest(dir).contexts.flatMap((c) => c.graphs);
 const twinConfig = () => JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8'));
 
 beforeAll(async () => {
-  record = await build({ recipe: 'tiny-phimoe', arch: 'v81', until: 'oracle', out: mkdtempSync(join(tmpdir(), 'forge-phimoe-')), progress: silentProgress });
+  record = await build({ recipe: 'tiny-phimoe', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-phimoe-')), progress: silentProgress });
   expect(record.error).toBeUndefined();
   expect(record.ok).toBe(true);
 }, 1_800_000); // the trained twin is made first
@@ -117,6 +117,22 @@ describe('phimoe oracle gate', () => {
     const r = await runOracleGate('phimoe', readCheckpointRef(entry('fetch')).absDir, entry('trace'), [{ label: 'quantize', dir: copy, minCosine: 0.999 }], 1, join(work, 'scratch'));
     expect(r.ok).toBe(false);
     expect(Object.entries(r.graphs).filter(([, g]) => !g.ok).map(([name]) => name)).toEqual(['quantize:w8/experts']);
+  });
+});
+
+describe('phimoe on the runtime', () => {
+  it("generates HF's tokens with phimoe_generate: teacher-forced parity N/N in fp32 and W8 on the host, and on the HTP simulator", () => {
+    const parity = record.gates.parity as { ok: boolean; variants: Record<string, { matched: number; total: number; ties: number }> };
+    expect(parity.ok).toBe(true);
+    for (const v of ['export', 'quantize']) {
+      expect(parity.variants[v].total, v).toBeGreaterThan(0);
+      expect(parity.variants[v].matched, v).toBe(parity.variants[v].total);
+      expect(parity.variants[v].ties, v).toBe(0);
+    }
+    const emulation = record.gates.emulation as { ok: boolean; graphs: Record<string, { minCosine: number }>; parity: { matched: number; total: number } };
+    expect(emulation.ok).toBe(true);
+    expect(Object.keys(emulation.graphs).sort()).toEqual(['experts', 'lm_head', 'shard0.layer0', 'shard0.layer1', 'shard0.layer2', 'shard0.layer3']);
+    expect(emulation.parity.matched).toBe(emulation.parity.total);
   });
 });
 

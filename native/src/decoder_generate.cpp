@@ -1,9 +1,5 @@
 #include "decoder_generate.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -14,63 +10,9 @@
 namespace forge {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
-
-/**
- * Index of the first maximum, as torch.argmax. Not std::max_element: it re-reads the best value
- * through the iterator on each element (~3.5 ns/element here), which made this the larger part of
- * the host overhead over a 248k vocab (bench/host-overhead.ts); a register max is ~5x faster.
- */
-int argmax(const float* x, int n) {
-  float best = x[0];
-  int at = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > best) {
-      best = x[i];
-      at = i;
-    }
-  return at;
-}
-
 size_t graph_index(const Context& c, const Graph* g) { return size_t(g - c.graphs.data()); }
 
-/** Thrown by run() with the position only; generate() knows which generated token that is. */
-struct NonFiniteAt {
-  int position;
-  NonFiniteCount nf;
-};
-
 }  // namespace
-
-NonFiniteCount count_non_finite(const float* x, int64_t n) {
-  // Exponent all ones ⇔ NaN or ±Inf. The first pass is branch-free integer work the compiler
-  // vectorises (it runs on every token, over the whole vocabulary); only a hit walks again.
-  uint32_t acc = 0;
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    acc |= (u & 0x7fffffffu) + 0x00800000u;
-  }
-  NonFiniteCount r;
-  if (!(acc & 0x80000000u)) return r;
-  for (int64_t i = 0; i < n; i++) {
-    uint32_t u;
-    std::memcpy(&u, x + i, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) {
-      if (r.first < 0) r.first = i;
-      r.count++;
-    }
-  }
-  return r;
-}
-
-NonFiniteLogits::NonFiniteLogits(int position_, int token_index_, NonFiniteCount nf, int vocab)
-    : std::runtime_error("non-finite logits at generation step " + std::to_string(token_index_) + " (position " + std::to_string(position_) +
-                         "): " + std::to_string(nf.count) + " of " + std::to_string(vocab) + " values are NaN or Inf (first at index " +
-                         std::to_string(nf.first) + "); refusing to take their argmax"),
-      position(position_),
-      token_index(token_index_) {}
 
 struct RowsOut {
   int state;
@@ -97,19 +39,11 @@ struct DecoderGenerate::Pass {
   int final_residual() const { return int(steps.size() % 2); }  // the residual buffer the last shard writes
 };
 
-DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : m_(manifest), exec_(executor) {
+DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : GreedyGenerator(manifest), exec_(executor) {
   // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head, one f16
   // embedding table) was checked when the manifest was loaded, before any graph: load_manifest runs
   // the host-op's validator (decoder_manifest.cpp), the one gate a bundle passes.
-  // The embedding table is mapped, not read: a real vocab is hundreds of MB and only rows are touched.
-  std::string path = m_.resolve(m_.tables("embedding").at(0)->file);
-  int fd = open(path.c_str(), O_RDONLY);
-  if (fd < 0) throw std::runtime_error("cannot open the embedding table " + path);
-  embedding_bytes_ = size_t(m_.vocab) * m_.hidden * 2;
-  void* p = mmap(nullptr, embedding_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-  close(fd);
-  if (p == MAP_FAILED) throw std::runtime_error("cannot map the embedding table " + path);
-  embedding_ = static_cast<const uint16_t*>(p);
+  embedding_ = map_host_table(m_.resolve(m_.tables("embedding").at(0)->file), uint64_t(m_.vocab) * m_.hidden * 2, "the embedding table");
 
   for (const StateSpec& s : m_.state) {
     caches_.emplace_back(s.elements(), 0.0f);
@@ -127,9 +61,7 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) :
   if (all_prefill && prefill_tokens) prefill_ = make_pass(role::prefill, prefill_tokens);
 }
 
-DecoderGenerate::~DecoderGenerate() {
-  if (embedding_) munmap(const_cast<uint16_t*>(embedding_), embedding_bytes_);
-}
+DecoderGenerate::~DecoderGenerate() = default;
 
 std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* variant, int n) {
   auto pass = std::make_unique<Pass>();
@@ -223,7 +155,7 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   const int H = m_.hidden, C = m_.max_context, V = m_.vocab;
   float* x = p.residual[0].data();
   for (int r = 0; r < valid; r++) {
-    const uint16_t* row = embedding_ + size_t(ids[r]) * H;
+    const uint16_t* row = embedding_->as<uint16_t>() + size_t(ids[r]) * H;
     for (int h = 0; h < H; h++) x[size_t(r) * H + h] = half_to_float(row[h]);
   }
   std::fill(x + size_t(valid) * H, x + size_t(p.n) * H, 0.0f);  // padding rows of a short chunk
@@ -257,89 +189,22 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   } else {
     logits += size_t(valid - 1) * V;
   }
-  NonFiniteCount nf = count_non_finite(logits, V);
-  if (nf.count) throw NonFiniteAt{start + valid - 1, nf};
-  return argmax(logits, V);
+  return token_of(logits, start + valid - 1);
 }
 
-GenerateResult DecoderGenerate::generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced) {
-  const int C = m_.max_context, L = int(prompt.size());
-  if (L == 0) throw std::runtime_error("the prompt is empty");
-  if (opts.max_new_tokens < 1) throw std::runtime_error("max_new_tokens must be at least 1");
-  for (int id : prompt)
-    if (id < 0 || id >= m_.vocab) throw std::runtime_error("prompt token id " + std::to_string(id) + " is outside the vocabulary [0, " + std::to_string(m_.vocab) + ")");
-  if (forced.size() > size_t(opts.max_new_tokens))
-    throw std::runtime_error(std::to_string(forced.size()) + " forced ids for " + std::to_string(opts.max_new_tokens) +
-                             " new tokens: at most one forced id per generated token");
-  for (size_t i = 0; i < forced.size(); i++)
-    if (forced[i] < 0 || forced[i] >= m_.vocab)
-      throw std::runtime_error("forced id " + std::to_string(i + 1) + " (token id " + std::to_string(forced[i]) + ") is outside the vocabulary [0, " +
-                               std::to_string(m_.vocab) + ")");
-  // Every prompt token and every generated token but the last takes a cache slot.
-  if (L + opts.max_new_tokens - 1 > C)
-    throw std::runtime_error("prompt of " + std::to_string(L) + " tokens + " + std::to_string(opts.max_new_tokens) +
-                             " new tokens needs " + std::to_string(L + opts.max_new_tokens - 1) + " positions; the bundle's maxContext is " + std::to_string(C));
+void DecoderGenerate::reset() {
   // KV slots are written before they are read (a slot past the position is masked), so only the
   // recurrent states, which every step reads whole, start from zeros: not 1.2 GB of caches per call.
   for (size_t s = 0; s < m_.state.size(); s++)
     if (m_.state[s].kind == StateKind::recurrent) std::fill(caches_[s].begin(), caches_[s].end(), 0.0f);
   flip_ = 0;
   decode_->mask_visible = -1;
-
-  GenerateResult res;
-  res.generated.reserve(size_t(opts.max_new_tokens));  // the decode loop allocates nothing
-  try {
-    loop(prompt, opts, forced, res);
-  } catch (const NonFiniteAt& at) {
-    // The logits at position p choose generated token p - (L - 1).
-    throw NonFiniteLogits(at.position, at.position - (L - 1), at.nf, m_.vocab);
-  }
-  return res;
 }
 
-void DecoderGenerate::loop(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced, GenerateResult& res) {
-  const int L = int(prompt.size());
-  double run_ms = 0;
-  auto t0 = Clock::now();
-  int next;
-  if (prefill_ && opts.use_prefill) {
-    res.used_prefill = true;
-    const int P = prefill_->n;
-    for (int s = 0;; s += P) {
-      int valid = std::min(P, L - s);
-      bool last = s + valid == L;
-      next = run(*prefill_, prompt.data() + s, s, valid, last, &run_ms);
-      if (last) break;
-    }
-  } else {
-    for (int t = 0; t < L; t++) next = run(*decode_, prompt.data() + t, t, 1, t == L - 1, &run_ms);
-  }
-  res.timings.prefill_ms = ms_since(t0);
+int DecoderGenerate::prefill_tokens() const { return prefill_ ? prefill_->n : 0; }
 
-  double decode_ms = 0, decode_run_ms = 0;
-  for (;;) {
-    res.generated.push_back(next);
-    // The token the sequence goes on with: the forced one while there is one (teacher-forced), else
-    // the runtime's own choice. EOS ends the sequence it goes on with.
-    const size_t k = res.generated.size() - 1;
-    const int fed = k < forced.size() ? forced[k] : next;
-    if (!opts.ignore_eos && std::find(m_.eos.begin(), m_.eos.end(), fed) != m_.eos.end()) {
-      res.stopped_at_eos = true;
-      break;
-    }
-    if (int(res.generated.size()) == opts.max_new_tokens) break;
-    int pos = L + int(res.generated.size()) - 1;
-    auto s0 = Clock::now();
-    double step_run = 0;
-    next = run(*decode_, &fed, pos, 1, true, &step_run);
-    decode_ms += ms_since(s0);
-    decode_run_ms += step_run;
-    res.timings.decode_steps++;
-  }
-  if (int n = res.timings.decode_steps) {
-    res.timings.decode_ms_per_token = decode_ms / n;
-    res.timings.host_overhead_ms_per_token = (decode_ms - decode_run_ms) / n;
-  }
+int DecoderGenerate::step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) {
+  return run(prefill ? *prefill_ : *decode_, ids, start, valid, want_token, run_ms);
 }
 
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec) { return std::make_unique<DecoderGenerate>(m, exec); }

@@ -1,5 +1,6 @@
-// The decoder host-ops: greedy generation over a decoder split into shards. This is the ONLY
-// implementation of the decode loop (TypeScript calls the runtime for it), and it serves both:
+// The decoder host-ops: greedy generation over a decoder split into shards. The decode loop itself
+// is greedy_loop.h's (the one loop of every host-op; TypeScript calls the runtime for it); this
+// computes its steps, and serves both:
 //   decoder_generate   dense decoders (Qwen3): KV caches; batched prefill when every shard has a
 //                      prefill graph, else decode over the prompt.
 //   qwen3_5_generate   hybrids (Qwen3.5): KV caches for the full-attention layers plus recurrent
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "executor.h"
+#include "greedy_loop.h"
 #include "host_op.h"
 #include "manifest.h"
 
@@ -36,26 +38,25 @@ void validate_decoder_generate(const Manifest& m);
 void validate_qwen3_5_generate(const Manifest& m);
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
 
-class DecoderGenerate : public Generator {
+class DecoderGenerate : public GreedyGenerator {
  public:
   DecoderGenerate(const Manifest& manifest, Executor& executor);
   ~DecoderGenerate() override;
-  GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {}) override;
-  bool has_prefill() const override { return prefill_ != nullptr; }
+
+ protected:
+  void reset() override;
+  int prefill_tokens() const override;
+  int step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) override;
 
  private:
   struct Pass;
   std::unique_ptr<Pass> make_pass(const char* variant, int tokens);
-  /** Prefill (or decode over the prompt), then greedy decode into `res`. */
-  void loop(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced, GenerateResult& res);
   /** Runs N tokens at positions start.. (valid of them real); returns the argmax of the last real row when `want_token`. */
   int run(Pass& pass, const int* ids, int start, int valid, bool want_token, double* run_ms);
   void fill_mask(Pass& pass, int start, int valid);
 
-  const Manifest& m_;
   Executor& exec_;
-  const uint16_t* embedding_ = nullptr;
-  size_t embedding_bytes_ = 0;
+  std::unique_ptr<MappedFile> embedding_;
   std::vector<std::vector<float>> caches_;
   std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
   int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_

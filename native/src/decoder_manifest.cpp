@@ -62,7 +62,7 @@ void graph(const Manifest& m, const Graph& g, const DecoderRules& r) {
     if (in.bind != InputBind::residual && in.bind != InputBind::positions && in.bind != InputBind::mask && in.bind != InputBind::state)
       m.fail(in.path + ".bind", op + " does not bind " + bind_name(in.bind) + " inputs");
   for (const GraphOutput& o : g.outputs)
-    if (o.bind == OutputBind::router_logits || o.bind == OutputBind::encoder_output) m.fail(o.path + ".bind", op + " does not bind " + bind_name(o.bind) + " outputs");
+    if (o.bind == OutputBind::router_logits || o.bind == OutputBind::encoder_output || o.bind == OutputBind::hand_off) m.fail(o.path + ".bind", op + " does not bind " + bind_name(o.bind) + " outputs");
 
   if (g.role == role::lm_head) {
     if (g.tokens != 1) m.fail(g.path + ".tokens", "a lm_head graph takes 1 token, not " + std::to_string(g.tokens));

@@ -104,15 +104,31 @@ void GraphBinding::check_name(const std::string& name, bool input) const {
 template <class T>
 void GraphBinding::bind(const std::string& name, T* data, const std::vector<int64_t>& shape, bool input) {
   check_name(name, input);
-  values_.push_back(Ort::Value::CreateTensor<T>(cpu_, data, elements(shape), shape.data(), shape.size()));
-  if (input) binding_.BindInput(name.c_str(), values_.back());
-  else binding_.BindOutput(name.c_str(), values_.back());
-  bound_++;
+  Ort::Value v = Ort::Value::CreateTensor<T>(cpu_, data, elements(shape), shape.data(), shape.size());
+  auto [at, fresh] = slot_.emplace((input ? "in:" : "out:") + name, values_.size());
+  if (fresh) {
+    values_.push_back(std::move(v));
+    bound_++;
+  } else {
+    values_[at->second] = std::move(v);  // IoBinding replaces a name bound again
+  }
+  if (input) binding_.BindInput(name.c_str(), values_[at->second]);
+  else binding_.BindOutput(name.c_str(), values_[at->second]);
 }
 
 void GraphBinding::bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
 void GraphBinding::bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
 void GraphBinding::bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, false); }
+// Inputs are only read: ORT's tensor views take non-const pointers, nothing writes through them.
+void GraphBinding::bind_input(const std::string& name, const int8_t* data, const std::vector<int64_t>& shape) {
+  bind(name, const_cast<int8_t*>(data), shape, true);
+}
+void GraphBinding::bind_input(const std::string& name, const Ort::Float16_t* data, const std::vector<int64_t>& shape) {
+  bind(name, const_cast<Ort::Float16_t*>(data), shape, true);
+}
+void GraphBinding::bind_input(const std::string& name, const float* data, const std::vector<int64_t>& shape) {
+  bind(name, const_cast<float*>(data), shape, true);
+}
 
 void GraphBinding::run() {
   if (bound_ != graph_.inputs.size() + graph_.outputs.size())

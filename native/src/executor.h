@@ -12,6 +12,7 @@
 // (Ort::IoBinding over Ort::Value views), and each run() reuses it: no per-call allocation.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -37,6 +38,10 @@ class GraphBinding {
   GraphBinding(Ort::Session& session, const Graph& graph);
   void bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape);
   void bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape);
+  /** Rows the host picks per call (expert rows from a mapped table): bind again to move the input to other rows, no copy. */
+  void bind_input(const std::string& name, const int8_t* data, const std::vector<int64_t>& shape);
+  void bind_input(const std::string& name, const Ort::Float16_t* data, const std::vector<int64_t>& shape);
+  void bind_input(const std::string& name, const float* data, const std::vector<int64_t>& shape);
   void bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape);
   /** Runs the graph; every input and output must have been bound. */
   void run();
@@ -51,6 +56,7 @@ class GraphBinding {
   Ort::RunOptions run_options_;
   Ort::MemoryInfo cpu_;
   std::vector<Ort::Value> values_;  // keeps the views alive while bound
+  std::map<std::string, size_t> slot_;  // (in|out):name → its view in values_: binding a name again replaces it
   size_t bound_ = 0;
 };
 

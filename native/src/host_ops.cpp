@@ -4,14 +4,17 @@
 
 #include "decoder_generate.h"
 #include "host_op.h"
+#include "phimoe_generate/phimoe_generate.h"
 
 namespace forge {
 namespace {
 
-// One decode loop (DecoderGenerate) serves both; each host-op's validator admits what it runs.
+// One decode loop (greedy_loop.h) serves all; each host-op gives its step and a validator admitting what it runs.
 const HostOpSpec kHostOps[] = {
     {"decoder_generate", validate_decoder_generate, make_decoder_generate},
     {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate},
+    // PhiMoE: its own step (attention+router, host top-2, shared experts graph) in the same loop.
+    {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate},
 };
 
 }  // namespace

@@ -68,12 +68,13 @@ struct Parser {
   }
 
   GraphInput input(const Node& in, int64_t N, int64_t C, int64_t H) {
-    std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state", "host-rows", "routing-weights", "encoder-output", "pixels", "audio-samples"});
+    std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state", "host-rows", "routing-weights", "encoder-output", "pixels", "audio-samples", "hand-off"});
     GraphInput gi;
     gi.path = in.path;
     if (bind == "state") in.object({"name", "dtype", "shape", "bind", "state"});
     else if (bind == "host-rows") in.object({"name", "dtype", "shape", "bind", "table", "index"}, {"layer", "slot"});
-    else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind", "layer"});
+    else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind"}, {"layer"});
+    else if (bind == "hand-off") in.object({"name", "dtype", "shape", "bind", "handoff"});
     else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"});
     else in.object({"name", "dtype", "shape", "bind"});
     static_cast<TensorSpec&>(gi) = tensor(in);
@@ -98,11 +99,14 @@ struct Parser {
       if (in.has("slot")) gi.slot = in.at("slot").int32(0);
     } else if (bind == "routing-weights") {
       gi.bind = InputBind::routing_weights;
-      gi.layer = layer(in.at("layer"));
+      if (in.has("layer")) gi.layer = layer(in.at("layer"));
       if (gi.dtype != "float32") in.at("dtype").fail("'" + gi.dtype + "' must be float32 (the host's top-k weights)");
     } else if (bind == "encoder-output") {
       gi.bind = InputBind::encoder_output;
       gi.component = in.at("component").str();
+    } else if (bind == "hand-off") {
+      gi.bind = InputBind::hand_off;
+      gi.handoff = identifier(in.at("handoff"));
     } else {
       gi.bind = bind == "pixels" ? InputBind::pixels : InputBind::audio_samples;
     }
@@ -110,10 +114,11 @@ struct Parser {
   }
 
   GraphOutput output(const Node& o, int64_t N, int64_t H) {
-    std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace", "router-logits", "encoder-output"});
+    std::string bind = o.at("bind").one_of({"residual", "logits", "state-rows", "state-replace", "router-logits", "encoder-output", "hand-off"});
     if (bind == "state-rows") o.object({"name", "dtype", "shape", "bind", "state", "axis"});
     else if (bind == "state-replace") o.object({"name", "dtype", "shape", "bind", "state"});
     else if (bind == "router-logits") o.object({"name", "dtype", "shape", "bind", "layer", "topK"});
+    else if (bind == "hand-off") o.object({"name", "dtype", "shape", "bind", "handoff"});
     else o.object({"name", "dtype", "shape", "bind"});
     GraphOutput go;
     go.path = o.path;
@@ -126,6 +131,9 @@ struct Parser {
       expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");
     } else if (bind == "encoder-output") {
       go.bind = OutputBind::encoder_output;  // kept by the host for graphs that bind encoder-output {component}
+    } else if (bind == "hand-off") {
+      go.bind = OutputBind::hand_off;  // kept by the host for the next graph that binds hand-off {handoff}
+      go.handoff = identifier(o.at("handoff"));
     } else if (bind == "router-logits") {
       go.bind = OutputBind::router_logits;
       go.layer = layer(o.at("layer"));
@@ -212,7 +220,7 @@ struct Parser {
         const StateSpec& s = m.state[go.state];
         if (!written_state.insert(go.state).second) o.at("state").fail("'" + s.name + "' is written twice");
         if (!read_state.count(go.state)) o.at("state").fail("'" + s.name + "' is written but not an input of this graph");
-      } else if (go.bind != OutputBind::router_logits && go.bind != OutputBind::encoder_output && seen_out[go.bind]++) {
+      } else if (go.bind != OutputBind::router_logits && go.bind != OutputBind::encoder_output && go.bind != OutputBind::hand_off && seen_out[go.bind]++) {
         o.at("bind").fail(std::string("'") + bind_name(go.bind) + "' is bound twice");
       }
       out.outputs.push_back(go);
@@ -250,13 +258,16 @@ struct Parser {
         ctx.files.push_back(cf);
       }
       Node gs = c.at("graphs");
+      // One graph per role and layer range: a shard's prefill and decode, or one attention graph per
+      // layer of a component (PhiMoE routes on the host between every layer's attention and experts).
       std::set<std::string> roles;
       for (size_t gi = 0, k = gs.array(1); gi < k; gi++) {
         Node gn = gs[gi];
         Graph g = graph(gn);
-        if (!roles.insert(g.role).second) gn.at("role").fail("a context has at most one graph of each role");
-        auto [at, fresh] = variants.emplace(std::make_pair(g.component, g.role), gn.path);
-        if (!fresh) gn.at("role").fail("component '" + g.component + "' already has a " + g.role + " graph at " + at->second);
+        const std::string key = g.role + (g.layers ? " of layers " + std::to_string(g.layers->first) + ".." + std::to_string(g.layers->second) : "");
+        if (!roles.insert(key).second) gn.at("role").fail("a context has at most one " + key + " graph");
+        auto [at, fresh] = variants.emplace(std::make_pair(g.component, key), gn.path);
+        if (!fresh) gn.at("role").fail("component '" + g.component + "' already has a " + key + " graph at " + at->second);
         if (!g.file.empty()) files.check(gn.at("sha256"), g.file, g.sha256);
         if (g.qnn) {
           files.check(gn.at("qnn").at("sha256"), g.qnn->wrapper, g.qnn->sha256);
@@ -267,15 +278,17 @@ struct Parser {
       m.contexts.push_back(std::move(ctx));
     }
 
-    // What bindings name beyond their own graph: an encoder component's output, a layer's router.
+    // What bindings name beyond their own graph: an encoder component's output, a layer's router, a hand-off.
     std::set<std::string> components, encoders;
     std::set<int> routed;
+    std::map<std::string, const GraphOutput*> handed;
     for (const Context& c : m.contexts)
       for (const Graph& g : c.graphs) {
         components.insert(g.component);
         for (const GraphOutput& o : g.outputs) {
           if (o.bind == OutputBind::router_logits) routed.insert(o.layer);
           if (o.bind == OutputBind::encoder_output) encoders.insert(g.component);
+          if (o.bind == OutputBind::hand_off) handed.emplace(o.handoff, &o);
         }
       }
     for (size_t ci = 0; ci < m.contexts.size(); ci++)
@@ -287,8 +300,15 @@ struct Parser {
           if (in.bind == InputBind::encoder_output && !encoders.count(in.component))
             at.at("component").fail(components.count(in.component) ? "component '" + in.component + "' gives no encoder-output"
                                                                  : "'" + in.component + "' is not a component of this manifest");
-          if (in.bind == InputBind::routing_weights && !routed.count(*in.layer))
+          if (in.bind == InputBind::routing_weights && in.layer && !routed.count(*in.layer))
             at.at("layer").fail("no graph gives router-logits for layer " + std::to_string(*in.layer));
+          if (in.bind == InputBind::routing_weights && !in.layer && routed.empty()) at.at("bind").fail("no graph gives router-logits");
+          if (in.bind == InputBind::hand_off) {
+            auto h = handed.find(in.handoff);
+            if (h == handed.end()) at.at("handoff").fail("no graph gives hand-off '" + in.handoff + "'");
+            if (h->second->dtype != in.dtype || h->second->shape != in.shape)
+              at.at("shape").fail("hand-off '" + in.handoff + "' is " + h->second->dtype + " " + shape_str(h->second->shape) + " at " + h->second->path + ", " + in.dtype + " " + shape_str(in.shape) + " here");
+          }
         }
       }
 
@@ -372,7 +392,7 @@ struct Parser {
   }
 
   void parse(const Node& r, FileChecker& files) {
-    r.object({"format", "version", "recipe", "arch", "hostOp", "model", "contexts", "state", "hostTables", "mask", "tokenizer", "limits", "generation"});
+    r.object({"format", "version", "recipe", "arch", "hostOp", "model", "contexts", "state", "hostTables", "mask", "tokenizer", "limits", "generation"}, {"hostOpParams"});
     if (r.at("format").str() != kFormat) r.at("format").fail("'" + r.at("format").str() + "' is not " + kFormat);
     if (int64_t v = r.at("version").integer(); v != kVersion)
       r.at("version").fail("version " + std::to_string(v) + " is not supported: this runtime reads manifest version " + std::to_string(kVersion) +
@@ -399,6 +419,19 @@ struct Parser {
     Node limits = r.at("limits");
     limits.object({"maxContext"});
     m.max_context = limits.at("maxContext").int32(1);
+    if (r.has("hostOpParams")) {
+      Node params = r.at("hostOpParams");
+      if (!params.j.is_object()) params.fail("expected an object");
+      for (const auto& [key, value] : params.j.items()) {
+        Node v = params.at(key.c_str());
+        if (key.empty() || !(key[0] >= 'a' && key[0] <= 'z') || key.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_") != std::string::npos)
+          v.fail("'" + key + "' is not a lowercase identifier (a-z, 0-9, _)");
+        if (value.is_boolean()) m.host_op_numbers[key] = value.get<bool>() ? 1 : 0;
+        else if (value.is_number()) m.host_op_numbers[key] = value.get<double>();
+        else if (value.is_string()) m.host_op_strings[key] = value.get<std::string>();
+        else v.fail("expected a number, a string or a boolean");
+      }
+    }
     Node gen = r.at("generation");
     gen.object({"maxNewTokens", "greedy"});
     m.max_new_tokens = gen.at("maxNewTokens").int32(1);
@@ -446,6 +479,7 @@ const char* bind_name(InputBind b) {
     case InputBind::encoder_output: return "encoder-output";
     case InputBind::pixels: return "pixels";
     case InputBind::audio_samples: return "audio-samples";
+    case InputBind::hand_off: return "hand-off";
   }
   return "?";
 }
@@ -458,6 +492,7 @@ const char* bind_name(OutputBind b) {
     case OutputBind::state_replace: return "state-replace";
     case OutputBind::router_logits: return "router-logits";
     case OutputBind::encoder_output: return "encoder-output";
+    case OutputBind::hand_off: return "hand-off";
   }
   return "?";
 }

@@ -6,6 +6,7 @@
 // names and roles, typed bindings to host tables, routing and encoders, windowed and shared state.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -21,8 +22,8 @@ class ManifestError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_samples };
-enum class OutputBind { residual, logits, state_rows, state_replace, router_logits, encoder_output };
+enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_samples, hand_off };
+enum class OutputBind { residual, logits, state_rows, state_replace, router_logits, encoder_output, hand_off };
 enum class StateKind { kv_cache, recurrent };
 enum class RowIndex { token, expert };
 
@@ -44,9 +45,10 @@ struct GraphInput : TensorSpec {
   int state = -1;              // index into Manifest::state when bind == state
   int table = -1;              // host_rows: index into Manifest::host_tables
   RowIndex index = RowIndex::token;  // host_rows: what picks the rows
-  std::optional<int> layer;    // host_rows (optional), routing_weights (always): the layer
+  std::optional<int> layer;    // host_rows, routing_weights (optional: absent = the layer whose router ran last)
   std::optional<int> slot;     // host_rows: which of the selected experts
   std::string component;       // encoder_output: the encoder component
+  std::string handoff;         // hand_off: what an earlier graph of the same step handed over
   std::string path;            // e.g. contexts[0].graphs[1].inputs[3], for a validator's complaint
 };
 
@@ -56,6 +58,7 @@ struct GraphOutput : TensorSpec {
   int axis = 0;    // the rows axis of a state_rows output
   int layer = -1;  // router_logits: the layer routed
   int top_k = 0;   // router_logits: experts selected
+  std::string handoff;  // hand_off: the name the next graph takes it by
   std::string path;
 };
 
@@ -135,6 +138,9 @@ struct Manifest {
   std::optional<std::string> chat_template;
   int max_context = 0;
   int max_new_tokens = 0;
+  /** hostOpParams: numbers (and booleans, as 0/1) and strings the host-op needs beyond the graphs. */
+  std::map<std::string, double> host_op_numbers;
+  std::map<std::string, std::string> host_op_strings;
 
   std::string label;  // how refusals name the file: "manifest.json"
 

@@ -29,6 +29,12 @@ std::string dims_text(const std::vector<int64_t>& dims) {
 
 }  // namespace
 
+std::unique_ptr<MappedFile> map_host_table(const std::string& path, uint64_t bytes, const std::string& what) {
+  auto f = std::make_unique<MappedFile>(path);
+  if (f->size() < bytes) throw std::runtime_error(what + " " + path + " has " + std::to_string(f->size()) + " bytes, " + std::to_string(bytes) + " expected");
+  return f;
+}
+
 MappedFile::MappedFile(const std::string& path) : path_(path) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw std::runtime_error("weight file '" + path + "' cannot be opened: " + std::strerror(errno));

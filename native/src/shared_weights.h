@@ -31,6 +31,8 @@ class MappedFile {
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;
   const uint8_t* data() const { return static_cast<const uint8_t*>(base_); }
+  template <class T>
+  const T* as() const { return static_cast<const T*>(base_); }
   uint64_t size() const { return size_; }
   const std::string& path() const { return path_; }
   /** Device and inode: hard links of one file are one file. */
@@ -42,6 +44,9 @@ class MappedFile {
   uint64_t size_ = 0;
   std::pair<uint64_t, uint64_t> id_;
 };
+
+/** A host table's file (embedding, expert rows), mapped whole: only the rows a step touches are paged in. Refuses a file under `bytes`. */
+std::unique_ptr<MappedFile> map_host_table(const std::string& path, uint64_t bytes, const std::string& what);
 
 struct SharedWeightStats {
   size_t files = 0;           // data files mapped

@@ -16,9 +16,10 @@ std::string need_env(const char* name) {
   const char* v = std::getenv(name);
   if (v && *v) return v;
   ADD_FAILURE() << name << " is not set. Build the tiny bundle with\n"
-                << "  FORGE_CACHE=/tmp/fc-native node --import tsx test/helpers/make-bundle.ts <dir> --hybrid\n"
+                << "  FORGE_CACHE=/tmp/fc-native node --import tsx test/helpers/make-bundle.ts <dir> --hybrid --phimoe\n"
                 << "and set FORGE_TEST_BUNDLE=<fp32 dir>, FORGE_TEST_BUNDLE_W8=<w8 dir>, FORGE_TEST_TRACE=<trace dir>,\n"
-                << "FORGE_TEST_HYBRID_BUNDLE=<hybrid dir>, FORGE_TEST_HYBRID_BUNDLE_W8=<hybridW8 dir>, FORGE_TEST_HYBRID_TRACE=<hybridTrace dir>.";
+                << "FORGE_TEST_HYBRID_BUNDLE=<hybrid dir>, FORGE_TEST_HYBRID_BUNDLE_W8=<hybridW8 dir>, FORGE_TEST_HYBRID_TRACE=<hybridTrace dir>,\n"
+                << "(with --phimoe) FORGE_TEST_PHIMOE_BUNDLE=<phimoe dir>, FORGE_TEST_PHIMOE_BUNDLE_W8=<phimoeW8 dir>, FORGE_TEST_PHIMOE_TRACE=<phimoeTrace dir>.";
   return "";
 }
 

@@ -61,7 +61,7 @@ TEST(Manifest, TinyBundleLoads) {
 
 // The registry holds the built-in host-ops by name; anything else is not one.
 TEST(HostOps, RegistryFindsTheBuiltInsByName) {
-  EXPECT_EQ(forge::host_op_names(), (std::vector<std::string>{"decoder_generate", "qwen3_5_generate"}));
+  EXPECT_EQ(forge::host_op_names(), (std::vector<std::string>{"decoder_generate", "qwen3_5_generate", "phimoe_generate"}));
   for (const std::string& n : forge::host_op_names()) {
     const forge::HostOpSpec* h = forge::find_host_op(n);
     ASSERT_NE(h, nullptr) << n;
@@ -69,7 +69,7 @@ TEST(HostOps, RegistryFindsTheBuiltInsByName) {
     EXPECT_NE(h->validate, nullptr);
     EXPECT_NE(h->make, nullptr);
   }
-  EXPECT_EQ(forge::find_host_op("phimoe_generate"), nullptr);
+  EXPECT_EQ(forge::find_host_op("gemma4_generate"), nullptr);
   EXPECT_EQ(forge::find_host_op(""), nullptr);
 }
 
@@ -110,11 +110,11 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"bound twice", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][4]["state"] = "kv.0.k"; }, "contexts[0].graphs[1].inputs[4].state: 'kv.0.k' is bound twice"},
       {"unknown field", [](json& j) { j["contexts"][0]["graphs"][0]["extra"] = 1; }, "contexts[0].graphs[0].extra: unknown field"},
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
-      {"hostOp not registered", [](json& j) { j["hostOp"] = "phimoe_generate"; },
-       "manifest.json: hostOp: 'phimoe_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate)"},
+      {"hostOp not registered", [](json& j) { j["hostOp"] = "gemma4_generate"; },
+       "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, phimoe_generate)"},
       // The registry answers first: no file of the bundle is looked at for an unknown host-op.
-      {"hostOp not registered, before any graph", [](json& j) { j["hostOp"] = "phimoe_generate"; j["contexts"][0]["graphs"][0]["file"] = "gone.onnx"; },
-       "manifest.json: hostOp: 'phimoe_generate' is not a registered host-op"},
+      {"hostOp not registered, before any graph", [](json& j) { j["hostOp"] = "gemma4_generate"; j["contexts"][0]["graphs"][0]["file"] = "gone.onnx"; },
+       "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op"},
       {"recurrent state bound as rows", [C](json& j) {
          j["hostOp"] = "qwen3_5_generate";  // the host-op that carries recurrent state
          j["state"][0] = {{"name", "kv.0.k"}, {"kind", "recurrent"}, {"dtype", "float32"}, {"shape", {1, 2, C, 32}}};

@@ -148,7 +148,7 @@ async function exportContext(
       const g = new GraphBuilder(name);
       const iface = await v.build(g, { store, ...schemes });
       checkIoNames(name, iface);
-      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...iface } });
+      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface } });
     }
     // Data first, then the models that point into it.
     await sink.commitAsync();

@@ -17,11 +17,10 @@ import { EXPERT_TABLES, ROLES, expertInput, expertScaleInput, type PhimoeConfig 
 
 const kvLayout = (c: PhimoeConfig, maxContext: number): KvLayout => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
 
-/** The layer an attention+router graph runs (its variant is `layer<l>`). */
+/** The layer an attention+router graph runs (its own entry's first = last). */
 function layerOf(entry: GraphEntry): number {
-  const m = /^layer(\d+)$/.exec(entry.variant);
-  if (!m) throw new Error(`${entry.name}: not a per-layer attention+router graph (variant '${entry.variant}')`);
-  return Number(m[1]);
+  if (entry.first === undefined || entry.first !== entry.last) throw new Error(`${entry.name}: not a per-layer attention+router graph (layers ${entry.first}..${entry.last})`);
+  return entry.first;
 }
 
 const f32 = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });

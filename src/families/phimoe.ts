@@ -108,7 +108,7 @@ function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
     weights: 'layers',
     entry: { shard: index, first, last },
     variants: Array.from({ length: last - first + 1 }, (_, k) => first + k).map((l) => ({
-      name: `layer${l}`, n: 1, role: ROLES.attnRouter,
+      name: `layer${l}`, n: 1, role: ROLES.attnRouter, entry: { first: l, last: l },
       build: (g: GraphBuilder, w: GraphWeights) => attnRouterGraph(g, c, l, layout.maxContext, w),
     })),
   }));

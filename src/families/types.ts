@@ -140,6 +140,8 @@ export interface GraphVariant {
   n: number;
   /** How the host-op runs it (the manifest's role); absent: prefill for N > 1, decode for N = 1, lm_head for an lm-head component. */
   role?: string;
+  /** Entry fields of this graph alone, over its component's (PhiMoE: the one layer of a per-layer graph). */
+  entry?: ComponentEntryFields;
   /** Why the runtime does without this graph, when it may (the planner drops it when a limit would be exceeded); absent: required. */
   optional?: string;
   build(g: GraphBuilder, w: GraphWeights): Promise<GraphInterface>;

@@ -108,7 +108,7 @@ export async function ensureNative(): Promise<NativeBuild> {
 }
 
 /** Environment for the native tests: the tiny bundles and HF trace from test/helpers/make-bundle.ts. */
-export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: string; hybrid?: string; hybridW8?: string; hybridTrace?: string }): Record<string, string> {
+export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: string; hybrid?: string; hybridW8?: string; hybridTrace?: string; phimoe?: string; phimoeW8?: string; phimoeTrace?: string }): Record<string, string> {
   return {
     FORGE_TEST_BUNDLE: bundles.fp32,
     FORGE_TEST_TRACE: bundles.trace,
@@ -116,6 +116,9 @@ export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: strin
     ...(bundles.hybrid ? { FORGE_TEST_HYBRID_BUNDLE: bundles.hybrid } : {}),
     ...(bundles.hybridW8 ? { FORGE_TEST_HYBRID_BUNDLE_W8: bundles.hybridW8 } : {}),
     ...(bundles.hybridTrace ? { FORGE_TEST_HYBRID_TRACE: bundles.hybridTrace } : {}),
+    ...(bundles.phimoe ? { FORGE_TEST_PHIMOE_BUNDLE: bundles.phimoe } : {}),
+    ...(bundles.phimoeW8 ? { FORGE_TEST_PHIMOE_BUNDLE_W8: bundles.phimoeW8 } : {}),
+    ...(bundles.phimoeTrace ? { FORGE_TEST_PHIMOE_TRACE: bundles.phimoeTrace } : {}),
   };
 }
 

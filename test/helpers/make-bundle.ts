@@ -1,7 +1,9 @@
-// Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, and with
-// --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op):
-//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid]
-// Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]} as JSON.
+// Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, with
+// --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op), with --phimoe an fp32 and a
+// W8 bundle of tiny-phimoe (phimoe_generate):
+//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe]
+// Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
+// [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir]} as JSON.
 // fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
 // form a recipe whose quant is fp32 compiles); the reference export reads the bf16 checkpoint in place.
 import { join } from 'node:path';
@@ -43,4 +45,7 @@ const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), fp32Copy: join(out
 const hybrid = process.argv.includes('--hybrid')
   ? { hybrid: join(out, 'hybrid'), hybridW8: join(out, 'hybrid-w8'), hybridTrace: (await bundles('tiny-qwen3.5', 'oracle', { hybrid: 'export', 'hybrid-w8': 'quantize' })).trace }
   : {};
-console.log(JSON.stringify({ ...dense, ...hybrid }));
+const phimoe = process.argv.includes('--phimoe')
+  ? { phimoe: join(out, 'phimoe'), phimoeW8: join(out, 'phimoe-w8'), phimoeTrace: (await bundles('tiny-phimoe', 'oracle', { phimoe: 'export', 'phimoe-w8': 'quantize' })).trace }
+  : {};
+console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe }));

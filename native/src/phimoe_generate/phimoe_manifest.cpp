@@ -1,0 +1,171 @@
+// The manifest rules of phimoe_generate: what phimoe_generate.cpp runs, and nothing else. Run by
+// load_manifest after the generic rules; each refusal names the field path.
+//
+// It runs, per token: for every layer 0..L-1 its one attn_router graph (residual, positions, mask,
+// its KV caches in; residual, hand-offs, router-logits of that layer with topK 2, state-rows out),
+// then the one experts graph (residual and those hand-offs in, the routing weights of the layer
+// that routed last, host-rows of the two chosen experts: index expert, slot 0 or 1, no layer; a
+// residual out); then the lm_head graph. Host tables: the f16 embedding, and expert tables
+// [layers, experts, ...] of uses expert-weights / expert-scales. hostOpParams: experts, top_k (2),
+// router_jitter_eps.
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "phimoe_generate/phimoe_generate.h"
+
+namespace forge {
+namespace {
+
+const char* const kOp = "phimoe_generate";
+
+void params(const Manifest& m, int* experts) {
+  auto number = [&](const char* key) {
+    auto it = m.host_op_numbers.find(key);
+    if (it == m.host_op_numbers.end()) m.fail(std::string("hostOpParams.") + key, std::string("missing (") + kOp + " needs experts, top_k and router_jitter_eps)");
+    return it->second;
+  };
+  for (const auto& [key, v] : m.host_op_strings) m.fail("hostOpParams." + key, std::string(kOp) + " reads no string parameter");
+  for (const auto& [key, v] : m.host_op_numbers)
+    if (key != "experts" && key != "top_k" && key != "router_jitter_eps") m.fail("hostOpParams." + key, std::string(kOp) + " reads no parameter '" + key + "'");
+  double e = number("experts");
+  if (e != std::floor(e) || e < 2 || e > 1 << 20) m.fail("hostOpParams.experts", "must be a whole number of experts, at least 2");
+  *experts = int(e);
+  if (number("top_k") != 2) m.fail("hostOpParams.top_k", "sparsemixer routes top-2 only");
+  double eps = number("router_jitter_eps");
+  if (!(eps >= 0 && eps < 1)) m.fail("hostOpParams.router_jitter_eps", "must be in [0, 1)");
+}
+
+void state_and_tables(const Manifest& m, int experts) {
+  for (const StateSpec& s : m.state) {
+    if (s.kind != StateKind::kv_cache) m.fail(s.path + ".kind", std::string(kOp) + " carries kv-cache state only");
+    if (s.window) m.fail(s.path + ".window", std::string(kOp) + " has no ring caches");
+    if (s.shared) m.fail(s.path + ".shared", std::string(kOp) + " keeps each layer's cache in its own graph");
+  }
+  int embeddings = 0;
+  for (const HostTable& t : m.host_tables) {
+    if (t.use == "embedding") {
+      if (embeddings++) m.fail(t.path + ".use", "a second embedding table");
+      if (t.dtype != "float16") m.fail(t.path + ".dtype", "'" + t.dtype + "' must be float16");
+      const std::vector<int64_t> want{m.vocab, m.hidden};
+      if (t.shape != want) m.fail(t.path + ".shape", shape_str(t.shape) + " must be [model.vocab, model.hidden] = " + shape_str(want));
+      continue;
+    }
+    if (t.use != "expert-weights" && t.use != "expert-scales") m.fail(t.path + ".use", std::string(kOp) + " reads no '" + t.use + "' table");
+    if (t.use == "expert-scales" ? t.dtype != "float32" : (t.dtype != "int8" && t.dtype != "float16" && t.dtype != "float32"))
+      m.fail(t.path + ".dtype", "'" + t.dtype + "' is not a dtype of a " + t.use + " table");
+    if (t.shape.size() < 3 || t.shape[0] != m.layers || t.shape[1] != experts)
+      m.fail(t.path + ".shape", shape_str(t.shape) + " must start [model.layers, hostOpParams.experts] = [" + std::to_string(m.layers) + "," + std::to_string(experts) + "]");
+  }
+  if (!embeddings) m.fail("hostTables", std::string(kOp) + " needs an 'embedding' table");
+}
+
+template <class T>
+int count_bind(const std::vector<T>& v, decltype(T::bind) b) {
+  return int(std::count_if(v.begin(), v.end(), [b](const T& x) { return x.bind == b; }));
+}
+
+std::set<std::string> handoffs_given(const Graph& g) {
+  std::set<std::string> s;
+  for (const GraphOutput& o : g.outputs)
+    if (o.bind == OutputBind::hand_off) s.insert(o.handoff);
+  return s;
+}
+
+void attn_router(const Manifest& m, const Graph& g, int experts) {
+  if (!g.layers || g.layers->first != g.layers->second) m.fail(g.path + ".layers", "an attn_router graph runs exactly one layer");
+  const int layer = g.layers->first;
+  for (const GraphInput& in : g.inputs)
+    if (in.bind != InputBind::residual && in.bind != InputBind::positions && in.bind != InputBind::mask && in.bind != InputBind::state)
+      m.fail(in.path + ".bind", std::string("an attn_router graph does not bind ") + bind_name(in.bind) + " inputs");
+  for (InputBind b : {InputBind::residual, InputBind::positions, InputBind::mask})
+    if (count_bind(g.inputs, b) != 1) m.fail(g.path + ".inputs", std::string("an attn_router graph needs one ") + bind_name(b) + " input");
+  for (const GraphOutput& o : g.outputs) {
+    if (o.bind != OutputBind::residual && o.bind != OutputBind::hand_off && o.bind != OutputBind::router_logits && o.bind != OutputBind::state_rows)
+      m.fail(o.path + ".bind", std::string("an attn_router graph does not bind ") + bind_name(o.bind) + " outputs");
+    if (o.bind == OutputBind::router_logits) {
+      if (o.layer != layer) m.fail(o.path + ".layer", "layer " + std::to_string(o.layer) + " in a graph of layer " + std::to_string(layer));
+      if (o.top_k != 2) m.fail(o.path + ".topK", "sparsemixer routes top-2 only");
+      if (o.shape.back() != experts) m.fail(o.path + ".shape", shape_str(o.shape) + ": the last axis must be hostOpParams.experts " + std::to_string(experts));
+      if (elements(o.shape) != size_t(experts)) m.fail(o.path + ".shape", shape_str(o.shape) + ": one token's logits");
+    }
+  }
+  if (count_bind(g.outputs, OutputBind::residual) != 1) m.fail(g.path + ".outputs", "an attn_router graph gives one residual (the attention residual)");
+  if (count_bind(g.outputs, OutputBind::router_logits) != 1) m.fail(g.path + ".outputs", "an attn_router graph gives one router-logits output");
+}
+
+void experts_graph(const Manifest& m, const Graph& g, const std::set<std::string>& handoffs) {
+  std::set<std::pair<int, int>> bound;  // (table, slot)
+  for (const GraphInput& in : g.inputs) {
+    switch (in.bind) {
+      case InputBind::residual: break;
+      case InputBind::hand_off:
+        if (!handoffs.count(in.handoff)) m.fail(in.path + ".handoff", "'" + in.handoff + "' is not what every attn_router graph hands off");
+        break;
+      case InputBind::routing_weights:
+        if (in.layer) m.fail(in.path + ".layer", "the experts graph serves every layer: its routing weights are the layer that routed last (no layer)");
+        if (in.shape != std::vector<int64_t>{2}) m.fail(in.path + ".shape", shape_str(in.shape) + " must be [2] (top-2)");
+        break;
+      case InputBind::host_rows: {
+        const HostTable& t = m.host_tables[size_t(in.table)];
+        if (in.index != RowIndex::expert) m.fail(in.path + ".index", "the experts graph takes rows by expert");
+        if (in.layer) m.fail(in.path + ".layer", "the experts graph serves every layer: its rows are the current layer's (no layer)");
+        if (!in.slot || *in.slot > 1) m.fail(in.path + ".slot", "must be 0 or 1 (top-2)");
+        if (t.use != "expert-weights" && t.use != "expert-scales") m.fail(in.path + ".table", "'" + t.name + "' is not an expert table");
+        const std::vector<int64_t> rows(t.shape.begin() + 2, t.shape.end());
+        if (in.shape != rows) m.fail(in.path + ".shape", shape_str(in.shape) + " is not one expert's rows of '" + t.name + "' " + shape_str(rows));
+        if (in.dtype != t.dtype) m.fail(in.path + ".dtype", "'" + in.dtype + "' but table '" + t.name + "' is " + t.dtype);
+        if (!bound.insert({in.table, *in.slot}).second) m.fail(in.path, "table '" + t.name + "' slot " + std::to_string(*in.slot) + " is bound twice");
+        break;
+      }
+      default: m.fail(in.path + ".bind", std::string("the experts graph does not bind ") + bind_name(in.bind) + " inputs");
+    }
+  }
+  if (count_bind(g.inputs, InputBind::residual) != 1) m.fail(g.path + ".inputs", "the experts graph needs one residual input (the attention residual)");
+  if (count_bind(g.inputs, InputBind::routing_weights) != 1) m.fail(g.path + ".inputs", "the experts graph needs one routing-weights input");
+  if (count_bind(g.inputs, InputBind::hand_off) != int(handoffs.size())) m.fail(g.path + ".inputs", "the experts graph must take every hand-off of the attn_router graphs");
+  for (size_t t = 0; t < m.host_tables.size(); t++)
+    if (m.host_tables[t].use == "expert-weights")
+      for (int slot : {0, 1})
+        if (!bound.count({int(t), slot})) m.fail(g.path + ".inputs", "no slot " + std::to_string(slot) + " rows of expert table '" + m.host_tables[t].name + "'");
+  if (g.outputs.size() != 1 || g.outputs[0].bind != OutputBind::residual) m.fail(g.path + ".outputs", "the experts graph gives exactly one residual");
+}
+
+}  // namespace
+
+void validate_phimoe_generate(const Manifest& m) {
+  int experts = 0;
+  params(m, &experts);
+  state_and_tables(m, experts);
+  std::vector<const Graph*> attn(size_t(m.layers), nullptr);
+  const Graph *experts_g = nullptr, *lm_head = nullptr;
+  for (const Context& c : m.contexts)
+    for (const Graph& g : c.graphs) {
+      if (g.tokens != 1) m.fail(g.path + ".tokens", std::string(kOp) + " runs one token per call (no batched prefill)");
+      if (g.role == "attn_router") {
+        attn_router(m, g, experts);
+        if (attn[size_t(g.layers->first)]) m.fail(g.path + ".layers", "layer " + std::to_string(g.layers->first) + " already has an attn_router graph at " + attn[size_t(g.layers->first)]->path);
+        attn[size_t(g.layers->first)] = &g;
+      } else if (g.role == "experts") {
+        if (experts_g) m.fail(g.path + ".role", "a second experts graph (the first is " + experts_g->path + ")");
+        experts_g = &g;
+      } else if (g.role == role::lm_head) {
+        if (lm_head) m.fail(g.path + ".role", "a second lm_head graph");
+        if (g.inputs.size() != 1 || g.inputs[0].bind != InputBind::residual) m.fail(g.path + ".inputs", "an lm_head graph takes exactly one residual input");
+        if (g.outputs.size() != 1 || g.outputs[0].bind != OutputBind::logits) m.fail(g.path + ".outputs", "an lm_head graph gives exactly one logits output");
+        lm_head = &g;
+      } else {
+        m.fail(g.path + ".role", std::string(kOp) + " runs no '" + g.role + "' graph (its roles: attn_router, experts, lm_head)");
+      }
+    }
+  for (int l = 0; l < m.layers; l++)
+    if (!attn[size_t(l)]) m.fail("contexts", "no attn_router graph runs layer " + std::to_string(l));
+  if (!experts_g) m.fail("contexts", "no experts graph");
+  if (!lm_head) m.fail("contexts", "no lm_head graph");
+  const std::set<std::string> handoffs = handoffs_given(*attn[0]);
+  for (const Graph* g : attn)
+    if (handoffs_given(*g) != handoffs) m.fail(g->path + ".outputs", "hands off other names than " + attn[0]->path);
+  experts_graph(m, *experts_g, handoffs);
+}
+
+}  // namespace forge

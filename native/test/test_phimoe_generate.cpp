@@ -1,0 +1,159 @@
+// phimoe_generate on the PhiMoE twin's bundles (test/helpers/make-bundle.ts --phimoe): every token
+// HF's, and every routing decision HF's (the experts HF's sparsemixer chose at each position and
+// layer, from the trace); and its validator refuses, naming the field, what it would not run.
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "bundle_env.h"
+#include "executor.h"
+#include "host_op.h"
+#include "manifest.h"
+#include "phimoe_generate/phimoe_generate.h"
+
+using nlohmann::json;
+
+namespace {
+
+/** The trace's int64 tensor `name` (a safetensors file: u64 header length, JSON header, data). */
+std::vector<int64_t> trace_ints(const std::string& dir, const std::string& name) {
+  std::ifstream meta_in(dir + "/trace.json");
+  const std::string file = dir + "/" + json::parse(meta_in).at("tensors").get<std::string>();
+  std::ifstream in(file, std::ios::binary);
+  uint64_t n = 0;
+  in.read(reinterpret_cast<char*>(&n), 8);
+  std::string header(n, '\0');
+  in.read(header.data(), std::streamsize(n));
+  const json t = json::parse(header).at(name);
+  if (t.at("dtype") != "I64") throw std::runtime_error(name + " is " + t.at("dtype").get<std::string>() + ", not I64");
+  const auto off = t.at("data_offsets").get<std::vector<uint64_t>>();
+  std::vector<int64_t> v((off[1] - off[0]) / 8);
+  in.seekg(std::streamoff(8 + n + off[0]));
+  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 8));
+  return v;
+}
+
+struct Loaded {
+  forge::Manifest manifest;
+  std::unique_ptr<forge::Executor> exec;
+  std::unique_ptr<forge::Generator> gen;
+};
+
+std::unique_ptr<Loaded> load(const std::string& dir) {
+  auto l = std::make_unique<Loaded>();
+  l->manifest = forge::load_manifest(dir + "/manifest.json", dir);
+  l->exec = std::make_unique<forge::Executor>(l->manifest, forge::ExecutorOptions{});
+  l->gen = forge::make_generator(l->manifest, *l->exec);
+  return l;
+}
+
+/** Teacher-forced on HF's tokens, every prompt: the tokens, and how many routes equal HF's. */
+void expect_hf(const char* label, const std::string& bundle, const std::string& trace, bool routes_exact) {
+  auto l = load(bundle);
+  auto* gen = dynamic_cast<forge::PhimoeGenerate*>(l->gen.get());
+  ASSERT_NE(gen, nullptr) << "the registry did not make a PhimoeGenerate for hostOp " << l->manifest.host_op;
+  gen->record_routes(true);
+  const auto prompts = forge_test::load_trace(trace);
+  ASSERT_FALSE(prompts.empty());
+  size_t routes = 0, same = 0;
+  for (size_t p = 0; p < prompts.size(); p++) {
+    const auto& tp = prompts[p];
+    auto r = gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true}, tp.generated);
+    EXPECT_EQ(r.generated, tp.generated) << label << " prompt " << p;
+    // Every position the trace stepped through (the prompt, then all generated tokens but the last).
+    ASSERT_EQ(gen->routes().size(), (tp.prompt_tokens.size() + tp.generated.size() - 1) * size_t(l->manifest.layers)) << label;
+    for (const forge::PhimoeRouteAt& at : gen->routes()) {
+      const auto hf = trace_ints(trace, "p" + std::to_string(p) + "/s" + std::to_string(at.position) + "/expert_ids." + std::to_string(at.layer));
+      const bool eq = hf.size() == 2 && hf[0] == at.route.expert[0] && hf[1] == at.route.expert[1];
+      routes++;
+      same += eq;
+      if (routes_exact)
+        EXPECT_TRUE(eq) << label << " prompt " << p << " position " << at.position << " layer " << at.layer << ": experts " << at.route.expert[0] << ","
+                        << at.route.expert[1] << ", HF " << hf[0] << "," << hf[1];
+    }
+  }
+  std::printf("[ parity   ] %s: tokens HF's on %zu prompts; %zu/%zu routing decisions HF's\n", label, prompts.size(), same, routes);
+}
+
+std::string error_of(const json& doc, const std::string& root) {
+  try {
+    forge::parse_manifest(doc, "manifest.json", root, {forge::Verify::none});
+  } catch (const forge::ManifestError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+/** Indices (context, graph) of the first graph of `role`. */
+std::pair<size_t, size_t> find(const json& j, const std::string& role) {
+  for (size_t c = 0; c < j["contexts"].size(); c++)
+    for (size_t g = 0; g < j["contexts"][c]["graphs"].size(); g++)
+      if (j["contexts"][c]["graphs"][g]["role"] == role) return {c, g};
+  throw std::runtime_error("no " + role + " graph");
+}
+
+}  // namespace
+
+TEST(PhimoeGenerate, Fp32TokensAndEveryRouteAreHFs) {
+  NEED_ENV(bundle, "FORGE_TEST_PHIMOE_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_PHIMOE_TRACE");
+  expect_hf("phimoe fp32", bundle, trace, true);
+}
+
+TEST(PhimoeGenerate, W8TokensAreHFs) {
+  NEED_ENV(bundle, "FORGE_TEST_PHIMOE_BUNDLE_W8");
+  NEED_ENV(trace, "FORGE_TEST_PHIMOE_TRACE");
+  // W8 moves the router logits a little: a route may differ where HF's top-2 was a near-tie.
+  expect_hf("phimoe W8", bundle, trace, false);
+}
+
+TEST(PhimoeManifest, EachMutationIsRefusedNamingTheField) {
+  NEED_ENV(bundle, "FORGE_TEST_PHIMOE_BUNDLE");
+  std::ifstream in(bundle + "/manifest.json");
+  const json good = json::parse(in);
+  ASSERT_EQ(error_of(good, bundle), "");
+  const auto [ec, eg] = find(good, "experts");
+  const auto [ac, ag] = find(good, "attn_router");
+  auto experts_in = [ec = ec, eg = eg](json& j, const std::string& name) -> json& {
+    for (json& i : j["contexts"][ec]["graphs"][eg]["inputs"])
+      if (i["name"] == name) return i;
+    throw std::runtime_error("no experts input " + name);
+  };
+  const std::string E = "contexts[" + std::to_string(ec) + "].graphs[" + std::to_string(eg) + "]";
+  const std::string A = "contexts[" + std::to_string(ac) + "].graphs[" + std::to_string(ag) + "]";
+  struct Mutation {
+    const char* what;
+    std::function<void(json&)> apply;
+    std::string expect;
+  };
+  const std::vector<Mutation> mutations = {
+      {"top-3", [](json& j) { j["hostOpParams"]["top_k"] = 3; }, "manifest.json: hostOpParams.top_k: sparsemixer routes top-2 only"},
+      {"no experts param", [](json& j) { j["hostOpParams"].erase("experts"); }, "hostOpParams.experts: missing"},
+      {"unknown param", [](json& j) { j["hostOpParams"]["temperature"] = 1; }, "hostOpParams.temperature: phimoe_generate reads no parameter 'temperature'"},
+      {"routing of a layer", [&](json& j) { experts_in(j, "routing")["layer"] = 0; }, ".layer: the experts graph serves every layer"},
+      {"rows of a layer", [&](json& j) { experts_in(j, "expert_down_1")["layer"] = 2; }, ".layer: the experts graph serves every layer: its rows are the current layer's"},
+      {"slot 2", [&](json& j) { experts_in(j, "expert_down_1")["slot"] = 2; }, ".slot: must be 0 or 1 (top-2)"},
+      {"rows by token", [&](json& j) { experts_in(j, "expert_down_1")["index"] = "token"; }, ".index: the experts graph takes rows by expert"},
+      {"slot bound twice", [&](json& j) { experts_in(j, "expert_down_1")["slot"] = 0; }, "slot 0 is bound twice"},
+      {"rows of another shape", [&](json& j) { experts_in(j, "expert_down_1")["shape"] = {32, 64}; }, "is not one expert's rows of 'experts.down' [64,32]"},
+      {"hand-off no graph gives", [&](json& j) { experts_in(j, "moe_in")["handoff"] = "moe_out"; }, "no graph gives hand-off 'moe_out'"},
+      {"router of another layer", [&](json& j) {
+         for (json& o : j["contexts"][ac]["graphs"][ag]["outputs"])
+           if (o["bind"] == "router-logits") o["layer"] = 3;
+       }, A + ".outputs"},
+      {"a decode graph", [&](json& j) { j["contexts"][ec]["graphs"][eg]["role"] = "decode"; }, E + ".role: phimoe_generate runs no 'decode' graph"},
+      {"expert table of other layers", [](json& j) { j["hostTables"][1]["shape"][0] = 5; }, "hostTables[1]"},
+      {"ring cache", [](json& j) { j["state"][0]["window"] = 8; }, "state[0]"},
+  };
+  for (const Mutation& mu : mutations) {
+    json doc = good;
+    mu.apply(doc);
+    const std::string err = error_of(doc, bundle);
+    EXPECT_NE(err.find(mu.expect), std::string::npos) << mu.what << ": expected '" << mu.expect << "', got '" << err << "'";
+  }
+}
