@@ -33,6 +33,14 @@ std::vector<TracePrompt> load_trace(const std::string& dir) {
   return out;
 }
 
+std::unique_ptr<Loaded> load(const std::string& dir) {
+  auto l = std::make_unique<Loaded>();
+  l->manifest = forge::load_manifest(dir + "/manifest.json", dir);
+  l->exec = std::make_unique<forge::Executor>(l->manifest, forge::ExecutorOptions{});
+  l->gen = forge::make_generator(l->manifest, *l->exec);  // through the registry, as qhx_generate
+  return l;
+}
+
 int run_command(const std::string& cmd, std::string* out, std::string* err) {
   char errfile[] = "/tmp/forge-test-stderr-XXXXXX";
   int fd = mkstemp(errfile);

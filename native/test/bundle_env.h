@@ -2,10 +2,15 @@
 // (the fp32 bundle dir) and FORGE_TEST_TRACE (the HF trace dir with trace.json). A test that needs
 // one FAILS when it is unset: the suite must never pass by not running its key checks.
 #pragma once
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "executor.h"
+#include "host_op.h"
+#include "manifest.h"
 
 namespace forge_test {
 
@@ -17,6 +22,14 @@ struct TracePrompt {
   std::vector<int> prompt_tokens, generated;
 };
 std::vector<TracePrompt> load_trace(const std::string& trace_dir);
+
+/** A bundle loaded as qhx_generate loads it: manifest, executor (CPU), the host-op's generator from the registry. */
+struct Loaded {
+  forge::Manifest manifest;
+  std::unique_ptr<forge::Executor> exec;
+  std::unique_ptr<forge::Generator> gen;
+};
+std::unique_ptr<Loaded> load(const std::string& dir);
 
 /** Runs a command; returns its exit status and fills stdout/stderr. */
 int run_command(const std::string& cmd, std::string* out, std::string* err);

@@ -22,19 +22,8 @@
 
 namespace {
 
-struct Loaded {
-  forge::Manifest manifest;
-  std::unique_ptr<forge::Executor> exec;
-  std::unique_ptr<forge::Generator> gen;
-};
-
-std::unique_ptr<Loaded> load(const std::string& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->manifest = forge::load_manifest(dir + "/manifest.json", dir);
-  l->exec = std::make_unique<forge::Executor>(l->manifest, forge::ExecutorOptions{});
-  l->gen = forge::make_generator(l->manifest, *l->exec);  // through the registry, as qhx_generate
-  return l;
-}
+using forge_test::Loaded;
+using forge_test::load;
 
 size_t matching_prefix(const std::vector<int>& a, const std::vector<int>& b) {
   size_t n = 0;

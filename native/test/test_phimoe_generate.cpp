@@ -38,19 +38,7 @@ std::vector<int64_t> trace_ints(const std::string& dir, const std::string& name)
   return v;
 }
 
-struct Loaded {
-  forge::Manifest manifest;
-  std::unique_ptr<forge::Executor> exec;
-  std::unique_ptr<forge::Generator> gen;
-};
-
-std::unique_ptr<Loaded> load(const std::string& dir) {
-  auto l = std::make_unique<Loaded>();
-  l->manifest = forge::load_manifest(dir + "/manifest.json", dir);
-  l->exec = std::make_unique<forge::Executor>(l->manifest, forge::ExecutorOptions{});
-  l->gen = forge::make_generator(l->manifest, *l->exec);
-  return l;
-}
+using forge_test::load;
 
 /** Teacher-forced on HF's tokens, every prompt: the tokens, and how many routes equal HF's. */
 void expect_hf(const char* label, const std::string& bundle, const std::string& trace, bool routes_exact) {
