@@ -51,11 +51,11 @@ const GB = 1_000_000_000;
 const V81_CEILING = 2.0 * GB;
 
 // [phimoe] On v81 64 graphs fail and the bundle's 4 decode-only contexts load, but the source gives
-// their contexts, not their graph count. 32 is an inference, not a measurement: half of the 64, on
-// the reading that the prefill graphs dropped were at least as many as the decode graphs kept. It
-// stands as the known-good count until a v81 run measures where between it and 64 the bound lies.
-// v79 ran all 64.
-const V81_GRAPHS = 32;
+// their contexts, not their graph count. 34 is an inference, not a measurement: the graphs of the
+// decode-only bundle as issue 14 describes the hand-made one (per layer an attention+router graph,
+// 32, one fused expert graph serving every layer, the lm-head), which loaded. It stands as the
+// known-good count until a v81 run measures where between it and 64 the bound lies. v79 ran all 64.
+const V81_GRAPHS = 34;
 const V79_GRAPHS = 64;
 
 const commonBlocks: KnownBlock[] = [
@@ -103,7 +103,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     dspArch: 'v81', vtcmMb: 8, // [ort-soc]
     contextCeilingBytes: V81_CEILING, // [seeds]
     maxContexts: 8, // [seeds]
-    maxGraphsPerProcess: V81_GRAPHS, // [phimoe]: known good 32 (inferred, see V81_GRAPHS); known bad 64
+    maxGraphsPerProcess: V81_GRAPHS, // [phimoe]: known good 34 (inferred, see V81_GRAPHS); known bad 64
     bf16: false, // bf16 needs soc_model >= 88 [ort-soc]
     knownBlocks: [
       ...commonBlocks,

@@ -99,8 +99,12 @@ function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
   const dry = layout.maxContext === 0;
   if (layout.lmHeadInside && !dry) throw new ConfigError('recipe', 'arch.lmHead.placement', "'last-shard' is not possible for phimoe: the last layer ends in the experts graph every layer shares, so the lm-head is its own graph ('separate')");
   if (layout.prefillLength > 0) throw new ConfigError('recipe', 'arch.prefillLength', 'phimoe has no batched prefill yet (the host routes every token in every layer); set 0');
-  if (!dry && c.slidingWindow !== null && layout.maxContext > c.slidingWindow) {
-    throw new ConfigError('recipe', 'arch.maxContext', `${layout.maxContext} is over the model's sliding_window ${c.slidingWindow}: HF's oracle masks keys past it and the graphs do not`);
+  // HF transformers masks keys older than sliding_window positions (Phi-tiny-MoE: 2047), the remote
+  // code the model ships does not below 2048 keys (its SDPA mask is plain causal): they agree up to
+  // position sliding_window − 1, and the graphs are plain causal, so the cache holds at most
+  // sliding_window + 1 positions (2048 for Phi-tiny-MoE; the oracle's prompts stay far below).
+  if (!dry && c.slidingWindow !== null && layout.maxContext > c.slidingWindow + 1) {
+    throw new ConfigError('recipe', 'arch.maxContext', `${layout.maxContext} is over the model's sliding_window ${c.slidingWindow} + 1: past it HF masks keys the graphs attend to`);
   }
   const out: Component[] = layout.shards.map(({ first, last }, index) => ({
     name: `shard${index}`,
