@@ -264,10 +264,10 @@ struct Parser {
       for (size_t gi = 0, k = gs.array(1); gi < k; gi++) {
         Node gn = gs[gi];
         Graph g = graph(gn);
-        const std::string key = g.role + (g.layers ? " of layers " + std::to_string(g.layers->first) + ".." + std::to_string(g.layers->second) : "");
-        if (!roles.insert(key).second) gn.at("role").fail("a context has at most one " + key + " graph");
+        const std::string key = g.role + " graph" + (g.layers ? " of layers " + std::to_string(g.layers->first) + ".." + std::to_string(g.layers->second) : "");
+        if (!roles.insert(key).second) gn.at("role").fail("a context has at most one " + key);
         auto [at, fresh] = variants.emplace(std::make_pair(g.component, key), gn.path);
-        if (!fresh) gn.at("role").fail("component '" + g.component + "' already has a " + key + " graph at " + at->second);
+        if (!fresh) gn.at("role").fail("component '" + g.component + "' already has a " + key + " at " + at->second);
         if (!g.file.empty()) files.check(gn.at("sha256"), g.file, g.sha256);
         if (g.qnn) {
           files.check(gn.at("qnn").at("sha256"), g.qnn->wrapper, g.qnn->sha256);

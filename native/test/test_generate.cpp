@@ -331,7 +331,7 @@ TEST(Tool, AnUnregisteredHostOpIsRefusedBeforeAnyGraphLoads) {
   {
     std::ifstream in(dir / "manifest.json");
     nlohmann::json j = nlohmann::json::parse(in);
-    j["hostOp"] = "phimoe_generate";
+    j["hostOp"] = "gemma4_generate";
     for (auto& c : j["contexts"])
       for (auto& g : c["graphs"]) fs::remove(dir / g["file"].get<std::string>());
     std::ofstream(dir / "manifest.json") << j.dump();
@@ -340,7 +340,7 @@ TEST(Tool, AnUnregisteredHostOpIsRefusedBeforeAnyGraphLoads) {
   int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 2 --prompt-ids 1,2", &out, &err);
   fs::remove_all(dir);
   EXPECT_EQ(code, 1) << err;
-  EXPECT_EQ(err, "qhx_generate: manifest.json: hostOp: 'phimoe_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate)\n");
+  EXPECT_EQ(err, "qhx_generate: manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, phimoe_generate)\n");
 }
 
 TEST(Tool, GeneratedIdsTheTokenizerCannotDecodeGiveNullTextNotAFailure) {

@@ -93,8 +93,22 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"role the host-op does not run", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "encode"; },
        "contexts[0].graphs[0].role: decoder_generate runs no 'encode' graph (its roles: prefill, decode, lm_head)"},
       {"component missing", [](json& j) { j["contexts"][0]["graphs"][0].erase("component"); }, "contexts[0].graphs[0].component: missing"},
-      {"two decode graphs of one component", [](json& j) { j["contexts"][1]["graphs"][0]["component"] = "shard0"; j["contexts"][1]["graphs"][0]["role"] = "decode"; },
-       "contexts[1].graphs[0].role: component 'shard0' already has a decode graph at contexts[0].graphs[1]"},
+      {"two decode graphs of one component", [](json& j) {
+         auto& g = j["contexts"][1]["graphs"][0];
+         g["component"] = "shard0";
+         g["role"] = "decode";
+         g["layers"] = j["contexts"][0]["graphs"][1]["layers"];
+       },
+       "contexts[1].graphs[0].role: component 'shard0' already has a decode graph of layers 0..3 at contexts[0].graphs[1]"},
+      // Graphs of one role over other layers may share a component (PhiMoE's per-layer attention);
+      // the decoder host-ops' own rules refuse that shape.
+      {"a second decode graph, of other layers", [](json& j) {
+         json g = j["contexts"][0]["graphs"][1];
+         g["name"] = "shard0.decode2";
+         g["layers"] = {2, 2};
+         j["contexts"][0]["graphs"].push_back(g);
+       },
+       "contexts[0].graphs[2].layers: prefill and decode graphs of a context run the same layers"},
       {"decode tokens", [](json& j) { j["contexts"][0]["graphs"][1]["tokens"] = 2; }, "contexts[0].graphs[1].tokens: a decode graph takes 1 token"},
       {"prefill tokens vs shapes", [](json& j) { j["contexts"][0]["graphs"][0]["tokens"] = 4; }, "contexts[0].graphs[0].inputs[0].shape"},
       {"residual width", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][0]["shape"][2] = 65; }, "contexts[0].graphs[1].inputs[0].shape: [1,1,65] must be [1,1,64]"},
