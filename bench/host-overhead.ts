@@ -254,10 +254,11 @@ async function makeBundle(shape: BenchShape, dir: string): Promise<Bundle> {
     exp.madeTables = writeSparseTables(exportDir, made);
   }
   writeFileSync(join(exportDir, GRAPHS_JSON), JSON.stringify(exp, null, 2));
-  // The assembler reads config.json and tokenizer.json from the checkpoint. The tokenizer is a stub
-  // the runtime cannot load: it then runs on token ids (--prompt-ids) and prints no text.
+  // The assembler reads config.json and tokenizer.json from the checkpoint. The tokenizer is a stub:
+  // the assembler's special-token reader needs a model.vocab, the runtime refuses a model that is not
+  // BPE and then runs on token ids (--prompt-ids) and prints no text.
   writeFileSync(join(ckptDir, 'config.json'), JSON.stringify(shape.rawConfig));
-  writeFileSync(join(ckptDir, 'tokenizer.json'), '{}');
+  writeFileSync(join(ckptDir, 'tokenizer.json'), JSON.stringify({ model: { vocab: {} } }));
   // Links the made tables into the bundle (same inode: dropping their pages drops the bundle's).
   const manifest = await assembleBundle({
     recipe: { id: shape.id, family: shape.family }, arch: shape.arch, graphsDir: exportDir, embeddingDir: exportDir, checkpointDir: ckptDir, maxNewTokens: newTokens,
