@@ -81,8 +81,10 @@ export function residentBytes(file: string): number {
  * router logits the E values at routerSliceStart, and sparsemixer's two experts are the largest
  * logit and the largest of the rest, the first of equal maxima winning (phimoe_route.cpp).
  */
-export function routedPairs(embeddingFile: string, hidden: number, layers: number, experts: number, fed: number[]): Set<number> {
+export function routedPairs(embeddingFile: string, hidden: number, layers: number, experts: number, fed: number[]): { pairs: Set<number>; afterToken: number[] } {
   const pairs = new Set<number>();
+  /** Distinct pairs after each fed token. */
+  const afterToken: number[] = [];
   const row = Buffer.alloc(hidden * 2);
   const fd = openSync(embeddingFile, 'r');
   try {
@@ -97,11 +99,12 @@ export function routedPairs(embeddingFile: string, hidden: number, layers: numbe
         for (let e = 0; e < experts; e++) if (e !== a && (b < 0 || logit(e) > logit(b))) b = e;
         pairs.add(l * experts + a).add(l * experts + b);
       }
+      afterToken.push(pairs.size);
     }
   } finally {
     closeSync(fd);
   }
-  return pairs;
+  return { pairs, afterToken };
 }
 
 /** Bytes of the pages of table `t` that hold the slabs of `pairs` (page-granular, as fincore counts). */

@@ -305,7 +305,7 @@ function measureTouch(qhx: string, b: Bundle, tokens: number) {
   // The tokens that ran the layers: the prompt's, then each generated one but the last (never fed back).
   const fed = [...PROMPT, ...generated.slice(0, -1)];
   const [L, E] = b.madeTables[0].shape;
-  const pairs = routedPairs(b.embeddingFile, b.manifest.model.hidden, L, E, fed);
+  const { pairs, afterToken } = routedPairs(b.embeddingFile, b.manifest.model.hidden, L, E, fed);
   const tables = b.madeTables.map((t, i) => ({ name: t.name, dtype: t.dtype, tableBytes: tableBytes(t), slabBytes: slabBytes(t), residentBytes: resident[i], predictedBytes: pagesOfPairs(t, pairs) }));
   const measured = resident.reduce((a, x) => a + x, 0);
   const predicted = tables.reduce((a, t) => a + t.predictedBytes, 0);
@@ -318,6 +318,8 @@ function measureTouch(qhx: string, b: Bundle, tokens: number) {
     distinctTokens: new Set(fed).size,
     expertsTouched: pairs.size,
     expertsInTables: L * E,
+    // From the routes: how many fed tokens it took until every (layer, expert) slab had been read.
+    routedTokensUntilAllTouched: afterToken.indexOf(L * E) + 1 || null,
     residentBytes: measured,
     predictedBytes: predicted,
     ratioMeasuredOverPredicted: measured / predicted,
