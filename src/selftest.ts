@@ -51,10 +51,10 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
   }
 }
 
-/** The ctest suite needs real tiny bundles (Qwen3 fp32 and W8, Qwen3.5 and PhiMoE fp32 and W8) and their HF traces. */
+/** The ctest suite needs real tiny bundles (every family's, fp32 and W8: make-bundle --all) and their HF traces. */
 async function ctest(dir: string): Promise<Counts & { code: number }> {
   const build = await ensureNative();
-  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --hybrid --phimoe`;
+  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --all`;
   const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as Parameters<typeof nativeTestEnv>[0];
   const r = await runNativeTests(build, nativeTestEnv(bundles));
   // A green run prints one line per test (and the parity figures); a red one prints everything.

@@ -228,7 +228,7 @@ describe('phimoe config', () => {
   it('refuses, naming the field, what the graphs do not build', () => {
     const { rope_theta: _, ...noTheta } = base();
     const cases: Array<[object, RegExp]> = [
-      [noTheta, /config\.json: field rope_theta: missing/],
+      [noTheta, /config\.json: field rope_parameters\.rope_theta: missing/],
       [{ ...base(), rope_scaling: { type: 'longrope' } }, /field rope_scaling: .*LongRoPE/],
       [{ ...base(), num_experts_per_tok: 3 }, /field num_experts_per_tok: sparsemixer routing is top-2 only/],
       [{ ...base(), tie_word_embeddings: true }, /field tie_word_embeddings: a tied PhiMoE lm-head is not supported/],

@@ -41,16 +41,17 @@ export interface AttentionDecoderFields {
 }
 
 /**
- * Checks and maps what Qwen3 and Qwen3.5 share: default RoPE with a theta, no attention biases, GQA
- * heads that divide. `at` prefixes field paths in errors (e.g. 'text_config.').
+ * Checks and maps what attention decoders share: default RoPE with a theta, attention biases as the
+ * family's graphs build them (Qwen3/3.5 none, PhiMoE on q/k/v/o), GQA heads that divide. `at`
+ * prefixes field paths in errors (e.g. 'text_config.').
  */
-export function attentionDecoderConfig(c: AttentionDecoderFields, tied: boolean, file: string, at = ''): AttentionDecoderConfig {
+export function attentionDecoderConfig(c: AttentionDecoderFields, tied: boolean, file: string, at = '', attentionBias = false): AttentionDecoderConfig {
   const ropeTheta = c.rope_parameters?.rope_theta ?? c.rope_theta;
   if (ropeTheta === undefined) throw new ConfigError(file, `${at}rope_parameters.rope_theta`, 'missing (neither rope_parameters nor rope_theta is set)');
   if (c.rope_parameters && c.rope_parameters.rope_type !== 'default') {
     throw new ConfigError(file, `${at}rope_parameters.rope_type`, `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
   }
-  if (c.attention_bias) throw new ConfigError(file, `${at}attention_bias`, 'the graphs are built without attention biases');
+  if (c.attention_bias !== attentionBias) throw new ConfigError(file, `${at}attention_bias`, `the graphs are built ${attentionBias ? 'with' : 'without'} attention biases`);
   for (const field of ['hidden_size', 'intermediate_size', 'num_attention_heads', 'num_key_value_heads', 'head_dim', 'vocab_size', 'max_position_embeddings'] as const) {
     const v = c[field];
     if (v !== undefined && v > MAX_DIM) throw new ConfigError(file, `${at}${field}`, `${v} is above ${MAX_DIM}`);

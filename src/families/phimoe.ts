@@ -11,6 +11,7 @@ import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type 
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
+import { attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
 import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 import { newKv, pastKv } from './state-io.js';
 import { expertTables, type ExpertMatrix } from './expert-tables.js';
@@ -40,38 +41,22 @@ const ConfigSchema = z.object({
   sliding_window: z.number().int().positive().nullable().optional(),
 }).passthrough();
 
-export interface PhimoeConfig {
-  hidden: number;
-  /** Per expert. */
-  ffn: number;
-  layers: number;
-  heads: number;
-  kvHeads: number;
-  headDim: number;
+/** The attention decoder's fields (lm-head untied), and the experts'. */
+export interface PhimoeConfig extends AttentionDecoderConfig {
   experts: number;
   jitterEps: number;
-  vocab: number;
-  eps: number;
-  ropeTheta: number;
   /** HF masks keys older than this many positions (Phi-tiny-MoE: 2047); null: none. */
   slidingWindow: number | null;
 }
 
 export function parsePhimoeConfig(raw: unknown, file: string): PhimoeConfig {
   const c = parseConfigWith(ConfigSchema, raw, file);
-  // No fallback to PhimoeConfig's default theta (1e6): a config without one is refused.
-  const ropeTheta = c.rope_parameters?.rope_theta ?? c.rope_theta;
-  if (ropeTheta === undefined) throw new ConfigError(file, 'rope_theta', 'missing (neither rope_parameters nor rope_theta is set)');
-  if (c.rope_parameters && c.rope_parameters.rope_type !== 'default') throw new ConfigError(file, 'rope_parameters.rope_type', `'${c.rope_parameters.rope_type}' is not supported (only default RoPE)`);
-  if (c.num_attention_heads % c.num_key_value_heads !== 0) throw new ConfigError(file, 'num_key_value_heads', `${c.num_key_value_heads} does not divide num_attention_heads ${c.num_attention_heads}`);
-  if (c.head_dim === undefined && c.hidden_size % c.num_attention_heads !== 0) throw new ConfigError(file, 'head_dim', `missing, and hidden_size ${c.hidden_size} is not a multiple of num_attention_heads ${c.num_attention_heads}`);
-  const headDim = c.head_dim ?? c.hidden_size / c.num_attention_heads;
-  checkElements(file, 'head_dim', [c.num_attention_heads, headDim, c.hidden_size], 'q_proj');
+  // The shared checks (RoPE theta present and default, heads, sizes); PhimoeConfig's own default
+  // theta (1e6) is never a fallback: a config without one is refused there.
+  const base = attentionDecoderConfig(c, false, file, '', true);
   checkElements(file, 'num_local_experts', [c.num_hidden_layers, c.num_local_experts, 2 * c.intermediate_size, c.hidden_size], 'the experts table');
-  checkElements(file, 'vocab_size', [c.vocab_size, c.hidden_size], 'the embedding');
   return {
-    hidden: c.hidden_size, ffn: c.intermediate_size, layers: c.num_hidden_layers, heads: c.num_attention_heads, kvHeads: c.num_key_value_heads,
-    headDim, experts: c.num_local_experts, jitterEps: c.router_jitter_noise, vocab: c.vocab_size, eps: c.rms_norm_eps, ropeTheta,
+    ...base, experts: c.num_local_experts, jitterEps: c.router_jitter_noise,
     slidingWindow: c.sliding_window ?? null,
   };
 }

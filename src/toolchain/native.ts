@@ -107,19 +107,26 @@ export async function ensureNative(): Promise<NativeBuild> {
   }
 }
 
-/** Environment for the native tests: the tiny bundles and HF trace from test/helpers/make-bundle.ts. */
-export function nativeTestEnv(bundles: { fp32: string; trace: string; w8?: string; hybrid?: string; hybridW8?: string; hybridTrace?: string; phimoe?: string; phimoeW8?: string; phimoeTrace?: string }): Record<string, string> {
-  return {
-    FORGE_TEST_BUNDLE: bundles.fp32,
-    FORGE_TEST_TRACE: bundles.trace,
-    ...(bundles.w8 ? { FORGE_TEST_BUNDLE_W8: bundles.w8 } : {}),
-    ...(bundles.hybrid ? { FORGE_TEST_HYBRID_BUNDLE: bundles.hybrid } : {}),
-    ...(bundles.hybridW8 ? { FORGE_TEST_HYBRID_BUNDLE_W8: bundles.hybridW8 } : {}),
-    ...(bundles.hybridTrace ? { FORGE_TEST_HYBRID_TRACE: bundles.hybridTrace } : {}),
-    ...(bundles.phimoe ? { FORGE_TEST_PHIMOE_BUNDLE: bundles.phimoe } : {}),
-    ...(bundles.phimoeW8 ? { FORGE_TEST_PHIMOE_BUNDLE_W8: bundles.phimoeW8 } : {}),
-    ...(bundles.phimoeTrace ? { FORGE_TEST_PHIMOE_TRACE: bundles.phimoeTrace } : {}),
-  };
+/**
+ * Environment for the native tests: the tiny bundles and HF traces from test/helpers/make-bundle.ts,
+ * by the names the ctest suites read. The dense twin's are FORGE_TEST_BUNDLE (fp32),
+ * FORGE_TEST_BUNDLE_W8 and FORGE_TEST_TRACE; every other family's `<name>`, `<name>W8` and
+ * `<name>Trace` become FORGE_TEST_<NAME>_BUNDLE, _BUNDLE_W8 and _TRACE, so a family's bundles reach
+ * its ctest without an edit here.
+ */
+export function nativeTestEnv(bundles: Record<string, string>): Record<string, string> {
+  const env: Record<string, string> = {};
+  const dense: Record<string, string> = { fp32: 'FORGE_TEST_BUNDLE', w8: 'FORGE_TEST_BUNDLE_W8', trace: 'FORGE_TEST_TRACE' };
+  for (const [key, dir] of Object.entries(bundles)) {
+    if (dense[key]) env[dense[key]] = dir;
+    else {
+      const m = /^([a-z][a-zA-Z0-9]*?)(W8|Trace)?$/.exec(key);
+      if (!m) throw new Error(`make-bundle: '${key}' is not <name>, <name>W8 or <name>Trace`);
+      const name = m[1].replace(/[A-Z]/g, (c) => `_${c}`).toUpperCase();
+      env[`FORGE_TEST_${name}_${m[2] === 'Trace' ? 'TRACE' : m[2] === 'W8' ? 'BUNDLE_W8' : 'BUNDLE'}`] = dir;
+    }
+  }
+  return env;
 }
 
 /** Runs ctest in a build; resolves with its exit code and output (the parity lines are in it). */

@@ -1,7 +1,7 @@
 // Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, with
 // --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op), with --phimoe an fp32 and a
 // W8 bundle of tiny-phimoe (phimoe_generate):
-//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe]
+//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--all: every one]
 // Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
 // [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir]} as JSON.
 // fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
@@ -42,10 +42,11 @@ const trace = built.trace;
 
 const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), fp32Copy: join(out, 'fp32-copy'), trace };
 // Up to the oracle gate (it needs trace, export and quantize): the parity gate would run this very runtime.
-const hybrid = process.argv.includes('--hybrid')
+const wants = (flag: string) => process.argv.includes(flag) || process.argv.includes('--all');
+const hybrid = wants('--hybrid')
   ? { hybrid: join(out, 'hybrid'), hybridW8: join(out, 'hybrid-w8'), hybridTrace: (await bundles('tiny-qwen3.5', 'oracle', { hybrid: 'export', 'hybrid-w8': 'quantize' })).trace }
   : {};
-const phimoe = process.argv.includes('--phimoe')
+const phimoe = wants('--phimoe')
   ? { phimoe: join(out, 'phimoe'), phimoeW8: join(out, 'phimoe-w8'), phimoeTrace: (await bundles('tiny-phimoe', 'oracle', { phimoe: 'export', 'phimoe-w8': 'quantize' })).trace }
   : {};
 console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe }));
