@@ -33,7 +33,7 @@ Writes, into a temp dir beside --out renamed at the end:
                      lm_head), logits [V] (after any softcap), k.{i} / v.{i} [kv_heads, head_dim]
                      (the row this step appended to layer i's cache, keys after RoPE). float32.
                      kv_heads / head_dim are a per-layer list where they vary (Gemma 4).
-                     Per-family captures, per layer i (LAYER_CAPTURES, FAMILIES): qwen3_5 conv.{i} /
+                     Per-family captures, per layer i (trace_families.py): qwen3_5 conv.{i} /
                      rec.{i}; phimoe attn_res.{i} [H] (input of post_attention_layernorm),
                      moe_in.{i} [H] (its output), router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
                      sparsemixer at inference, slot order), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
@@ -44,7 +44,6 @@ Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed |
 Format checked by check_trace.py.
 """
 import argparse
-import collections
 import contextlib
 import json
 import os
@@ -61,13 +60,13 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import cache_utils, core_model_loading  # noqa: E402
+from transformers import core_model_loading  # noqa: E402
 from transformers.integrations.heterogeneity.configuration_utils import (  # noqa: E402
     AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayer)
 
-
-class Unsupported(Exception):
-    pass
+# What each family captures beyond the residual stream (after the environment above is set).
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
+from trace_families import FAMILIES, LAYER_CAPTURES, Unsupported  # noqa: E402  (beside this file)
 
 
 class NonFiniteReference(Exception):
@@ -111,103 +110,6 @@ def check_finite(step, p, text, t):
 
 
 # ---- per-family capture -------------------------------------------------------------------------
-# A family entry: capture(ctx) runs after every step and puts that family's cache/state tensors;
-# hooks(ctx) (optional) runs once after loading to register extra forward hooks that put into
-# ctx.step. ctx has .model, .layers (decoder layers), .cache (after the step), .put(name, tensor).
-
-def put_kv_rows(ctx):
-    """The newest K/V row of every attention cache layer. Linear-attention layers (no KV cache)
-    and KV-shared layers (DummyLayer: they read another layer's cache) put nothing."""
-    for i, layer in enumerate(ctx.cache.layers):
-        kind = type(layer)
-        if kind in (cache_utils.DynamicLayer, cache_utils.DynamicSlidingWindowLayer):
-            # [1, kv, T, d]; a sliding layer keeps only its window, but the last row is still new.
-            ctx.put(f"k.{i}", layer.keys[0, :, -1, :])
-            ctx.put(f"v.{i}", layer.values[0, :, -1, :])
-        elif kind in (cache_utils.LinearAttentionLayer, cache_utils.DummyLayer):
-            continue
-        else:
-            raise Unsupported(f"cache layer {i} is {kind.__name__}")
-
-
-def capture_attention(ctx):  # qwen3, qwen3_vl (text only): every layer is plain KV attention
-    put_kv_rows(ctx)
-
-
-def capture_qwen3_5(ctx):
-    """Full-attention layers: their new K/V rows. Linear-attention (GatedDeltaNet) layers: the whole
-    state after the step, in the layout the exported graphs take it (batch axis dropped, flattened
-    row-major by put()): conv.{i} = LinearAttentionLayer.conv_states[0] [1, C, K] (the FIFO of the
-    last K in_proj_qkv outputs, oldest first, the newest in column K-1) and rec.{i} =
-    .recurrent_states[0] [1, Hv, dk, dv] (delta-rule state S, fp32)."""
-    put_kv_rows(ctx)
-    for i, layer in enumerate(ctx.cache.layers):
-        if type(layer) is not cache_utils.LinearAttentionLayer:
-            continue
-        conv, rec = layer.conv_states[0], layer.recurrent_states[0]
-        if conv is None or rec is None or conv.dim() != 3 or rec.dim() != 4:
-            raise Unsupported(f"linear-attention layer {i}: state not initialised after the step")
-        ctx.put(f"conv.{i}", conv[0].float())
-        ctx.put(f"rec.{i}", rec[0].float())
-
-
-def hooks_phimoe(ctx):
-    """Per layer and step, from HF's own modules at inference (nothing re-derived here): the attention
-    block's residual output (the input of post_attention_layernorm), the router's logits (fp32: the
-    model runs in fp32), the two experts and their weights as HF's sparsemixer picked them (the
-    router module returns logits, weights, experts) and the MoE block's output."""
-    def put_router(i):
-        def hook(_mod, _args, out):
-            if not (isinstance(out, tuple) and len(out) == 3 and out[2].dtype == torch.int64):
-                raise Unsupported(f"layer {i}'s router returned {type(out).__name__}, not (logits, weights, experts)")
-            ctx.put(f"router_logits.{i}", out[0])
-            ctx.put(f"expert_ids.{i}", out[2])
-            ctx.put(f"expert_weights.{i}", out[1])
-        return hook
-
-    for i, layer in enumerate(ctx.layers):
-        moe = getattr(layer, "mlp", None)
-        if getattr(moe, "router", None) is None or getattr(layer, "post_attention_layernorm", None) is None:
-            raise Unsupported(f"decoder layer {i} has no mlp.router or post_attention_layernorm")
-        layer.post_attention_layernorm.register_forward_pre_hook(
-            lambda _mod, args, i=i: ctx.put(f"attn_res.{i}", args[0]))
-        # Its output too: the router's and the experts' input, which the attention+router graph
-        # hands to the experts graph (one graph serves every layer, so the norm stays with attention).
-        layer.post_attention_layernorm.register_forward_hook(
-            lambda _mod, _args, out, i=i: ctx.put(f"moe_in.{i}", out))
-        moe.router.register_forward_hook(put_router(i))
-        moe.register_forward_hook(lambda _mod, _args, out, i=i: ctx.put(f"moe_out.{i}", out))
-
-
-def capture_gemma4(ctx):
-    put_kv_rows(ctx)  # sliding + full producer layers; KV-shared layers put nothing
-    # HOOK POINT (gemma4 issue): per-layer PLE inputs (decoder layer arg 1) via a hooks() function.
-
-
-# Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
-# rank orders the finite check, so the first non-finite tensor named is where NaN/Inf entered.
-LAYER_CAPTURES = {
-    "k": (0, "new key row"), "v": (0, "new value row"),
-    "conv": (0, "conv state"), "rec": (0, "recurrent state"),
-    "attn_res": (1, "attention residual output (input of post_attention_layernorm)"),
-    "moe_in": (2, "MoE block input (post_attention_layernorm output)"),
-    "router_logits": (3, "router logits"), "expert_ids": (4, "selected experts"),
-    "expert_weights": (4, "selected experts' weights"), "moe_out": (5, "MoE block output"),
-}
-
-# model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state
-# tensors; hooks(ctx) (optional) runs once after loading and registers forward hooks that put
-# per-layer captures into ctx.step; pending: what is not captured yet (a warning).
-Family = collections.namedtuple("Family", "capture hooks pending")
-FAMILIES = {
-    "qwen3": Family(capture_attention, None, None),
-    "qwen3_vl": Family(capture_attention, None, None),
-    "qwen3_5": Family(capture_qwen3_5, None, None),
-    "phimoe": Family(put_kv_rows, hooks_phimoe, None),
-    "gemma4": Family(capture_gemma4, None, "per-layer (PLE) inputs"),
-}
-
-
 # ---- streamed weights (the default; --whole-model loads every weight in fp32 up front) -----------
 # HF's fp32 model with its weights kept in the checkpoint's memory-mapped bytes, upcast per module.
 # HF's own `from_pretrained(dtype=float32)` builds the model, renames and converts the checkpoint's

@@ -5,7 +5,7 @@
 // (top-2, not renormalised; native/src/phimoe_generate/phimoe_route.cpp) and feeds the two chosen
 // experts' rows from host tables to ONE experts graph shared by every layer (int8 rows with per-row
 // scales in W8). The final LayerNorm and the biased, untied lm-head are one graph after the last
-// layer. HF semantics and sources: REFERENCE.md and wip notes in the closing note of issue 14.
+// layer. HF semantics, sources and where HF and the shipped remote code differ: docs/phimoe-semantics.md.
 import { z } from 'zod';
 import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type ComponentLayout, type Family, type GraphInterface, type GraphWeights, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';

@@ -9,6 +9,10 @@ import { runPython } from '../toolchain/python.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { readTraceMeta } from './trace.js';
 
+// The tracer and the Python module it imports: named here as code (`new URL`) so the stage's cache
+// key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
+const [TRACER] = [new URL('../../oracles/trace.py', import.meta.url), new URL('../../oracles/trace_families.py', import.meta.url)];
+
 export interface TraceParams {
   prompts: string[];
   newTokens: number;
@@ -23,7 +27,7 @@ export const stage: StageModule<TraceParams> = {
     const promptsFile = join(ctx.out, 'prompts.json');
     writeFileSync(promptsFile, JSON.stringify(ctx.params.prompts));
     const tmp = join(ctx.out, 'trace-out');
-    const r = await runPython(fileURLToPath(new URL('../../oracles/trace.py', import.meta.url)), [
+    const r = await runPython(fileURLToPath(TRACER), [
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
     ]);

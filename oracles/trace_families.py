@@ -1,0 +1,109 @@
+"""Per-family captures of oracles/trace.py: what each model family puts into the trace beyond the
+residual stream (K/V rows, recurrent states, MoE router and expert values), and in which order a
+layer computes them (for the NaN/Inf report). A family's trace specifics live here; the tracer
+(streamed weights, the teacher-forced loop, the file format) is in trace.py."""
+import collections
+
+import torch
+from transformers import cache_utils
+
+
+class Unsupported(Exception):
+    pass
+
+
+# A family entry: capture(ctx) runs after every step and puts that family's cache/state tensors;
+# hooks(ctx) (optional) runs once after loading to register extra forward hooks that put into
+# ctx.step. ctx has .model, .layers (decoder layers), .cache (after the step), .put(name, tensor).
+
+def put_kv_rows(ctx):
+    """The newest K/V row of every attention cache layer. Linear-attention layers (no KV cache)
+    and KV-shared layers (DummyLayer: they read another layer's cache) put nothing."""
+    for i, layer in enumerate(ctx.cache.layers):
+        kind = type(layer)
+        if kind in (cache_utils.DynamicLayer, cache_utils.DynamicSlidingWindowLayer):
+            # [1, kv, T, d]; a sliding layer keeps only its window, but the last row is still new.
+            ctx.put(f"k.{i}", layer.keys[0, :, -1, :])
+            ctx.put(f"v.{i}", layer.values[0, :, -1, :])
+        elif kind in (cache_utils.LinearAttentionLayer, cache_utils.DummyLayer):
+            continue
+        else:
+            raise Unsupported(f"cache layer {i} is {kind.__name__}")
+
+
+def capture_attention(ctx):  # qwen3, qwen3_vl (text only): every layer is plain KV attention
+    put_kv_rows(ctx)
+
+
+def capture_qwen3_5(ctx):
+    """Full-attention layers: their new K/V rows. Linear-attention (GatedDeltaNet) layers: the whole
+    state after the step, in the layout the exported graphs take it (batch axis dropped, flattened
+    row-major by put()): conv.{i} = LinearAttentionLayer.conv_states[0] [1, C, K] (the FIFO of the
+    last K in_proj_qkv outputs, oldest first, the newest in column K-1) and rec.{i} =
+    .recurrent_states[0] [1, Hv, dk, dv] (delta-rule state S, fp32)."""
+    put_kv_rows(ctx)
+    for i, layer in enumerate(ctx.cache.layers):
+        if type(layer) is not cache_utils.LinearAttentionLayer:
+            continue
+        conv, rec = layer.conv_states[0], layer.recurrent_states[0]
+        if conv is None or rec is None or conv.dim() != 3 or rec.dim() != 4:
+            raise Unsupported(f"linear-attention layer {i}: state not initialised after the step")
+        ctx.put(f"conv.{i}", conv[0].float())
+        ctx.put(f"rec.{i}", rec[0].float())
+
+
+def hooks_phimoe(ctx):
+    """Per layer and step, from HF's own modules at inference (nothing re-derived here): the attention
+    block's residual output (the input of post_attention_layernorm), the router's logits (fp32: the
+    model runs in fp32), the two experts and their weights as HF's sparsemixer picked them (the
+    router module returns logits, weights, experts) and the MoE block's output."""
+    def put_router(i):
+        def hook(_mod, _args, out):
+            if not (isinstance(out, tuple) and len(out) == 3 and out[2].dtype == torch.int64):
+                raise Unsupported(f"layer {i}'s router returned {type(out).__name__}, not (logits, weights, experts)")
+            ctx.put(f"router_logits.{i}", out[0])
+            ctx.put(f"expert_ids.{i}", out[2])
+            ctx.put(f"expert_weights.{i}", out[1])
+        return hook
+
+    for i, layer in enumerate(ctx.layers):
+        moe = getattr(layer, "mlp", None)
+        if getattr(moe, "router", None) is None or getattr(layer, "post_attention_layernorm", None) is None:
+            raise Unsupported(f"decoder layer {i} has no mlp.router or post_attention_layernorm")
+        layer.post_attention_layernorm.register_forward_pre_hook(
+            lambda _mod, args, i=i: ctx.put(f"attn_res.{i}", args[0]))
+        # Its output too: the router's and the experts' input, which the attention+router graph
+        # hands to the experts graph (one graph serves every layer, so the norm stays with attention).
+        layer.post_attention_layernorm.register_forward_hook(
+            lambda _mod, _args, out, i=i: ctx.put(f"moe_in.{i}", out))
+        moe.router.register_forward_hook(put_router(i))
+        moe.register_forward_hook(lambda _mod, _args, out, i=i: ctx.put(f"moe_out.{i}", out))
+
+
+def capture_gemma4(ctx):
+    put_kv_rows(ctx)  # sliding + full producer layers; KV-shared layers put nothing
+    # HOOK POINT (gemma4 issue): per-layer PLE inputs (decoder layer arg 1) via a hooks() function.
+
+
+# Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
+# rank orders the finite check, so the first non-finite tensor named is where NaN/Inf entered.
+LAYER_CAPTURES = {
+    "k": (0, "new key row"), "v": (0, "new value row"),
+    "conv": (0, "conv state"), "rec": (0, "recurrent state"),
+    "attn_res": (1, "attention residual output (input of post_attention_layernorm)"),
+    "moe_in": (2, "MoE block input (post_attention_layernorm output)"),
+    "router_logits": (3, "router logits"), "expert_ids": (4, "selected experts"),
+    "expert_weights": (4, "selected experts' weights"), "moe_out": (5, "MoE block output"),
+}
+
+# model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state
+# tensors; hooks(ctx) (optional) runs once after loading and registers forward hooks that put
+# per-layer captures into ctx.step; pending: what is not captured yet (a warning).
+Family = collections.namedtuple("Family", "capture hooks pending")
+FAMILIES = {
+    "qwen3": Family(capture_attention, None, None),
+    "qwen3_vl": Family(capture_attention, None, None),
+    "qwen3_5": Family(capture_qwen3_5, None, None),
+    "phimoe": Family(put_kv_rows, hooks_phimoe, None),
+    "gemma4": Family(capture_gemma4, None, "per-layer (PLE) inputs"),
+}
