@@ -5,7 +5,7 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "half.h"
+#include "step_buffers.h"
 
 namespace forge {
 namespace {
@@ -14,25 +14,18 @@ size_t graph_index(const Context& c, const Graph* g) { return size_t(g - c.graph
 
 }  // namespace
 
-struct RowsOut {
-  int state;
-  size_t outer, inner;  // elements before / after the rows axis
-  std::vector<float> buf;
-};
-
 struct Step {
   // binding[f] reads recurrent states from buffer f and writes buffer 1 - f; binding[1] is null for
   // a graph without recurrent state.
   std::unique_ptr<GraphBinding> binding[2];
-  std::vector<RowsOut> rows;
+  std::vector<StateRows> rows;
 };
 
 struct DecoderGenerate::Pass {
   int n = 1;
   std::vector<float> residual[2];
   std::vector<int32_t> positions;
-  std::vector<float> mask;
-  int mask_visible = -1;  // decode: leading visible cache slots currently in the mask row
+  std::unique_ptr<StepMask> mask;
   std::vector<Step> steps;
   std::vector<float> lm_in, logits;
   std::unique_ptr<GraphBinding> lm_head;  // null when the last shard gives the logits
@@ -70,7 +63,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
   pass->residual[0].assign(size_t(n) * H, 0.0f);
   pass->residual[1].assign(size_t(n) * H, 0.0f);
   pass->positions.assign(size_t(n), 0);
-  pass->mask.assign(size_t(n) * (C + n), m_.mask_masked);
+  pass->mask = std::make_unique<StepMask>(int(C), n, m_.mask_masked);
   int shard = 0;
   for (size_t ci = 0; ci < m_.contexts.size(); ci++) {
     const Context& c = m_.contexts[ci];
@@ -94,10 +87,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
     for (const GraphOutput& o : g->outputs) {
       if (o.bind == OutputBind::logits) pass->logits.assign(size_t(n) * V, 0.0f);
       if (o.bind != OutputBind::state_rows) continue;
-      RowsOut r{o.state, 1, 1, std::vector<float>(elements(o.shape))};
-      for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
-      for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
-      step.rows.push_back(std::move(r));
+      step.rows.emplace_back(o);
     }
     bool replaces = std::any_of(g->outputs.begin(), g->outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::state_replace; });
     for (int f = 0; f < (replaces ? 2 : 1); f++) {
@@ -110,7 +100,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
         switch (i.bind) {
           case InputBind::residual: b->bind_input(i.name, in, i.shape); break;
           case InputBind::positions: b->bind_input(i.name, pass->positions.data(), i.shape); break;
-          case InputBind::mask: b->bind_input(i.name, pass->mask.data(), i.shape); break;
+          case InputBind::mask: b->bind_input(i.name, pass->mask->data(), i.shape); break;
           case InputBind::state: b->bind_input(i.name, buffer(i.state, f), i.shape); break;
           default: throw std::logic_error(i.path + ": not a binding of the decoder host-ops (their validator refuses it)");
         }
@@ -132,35 +122,13 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
   return pass;
 }
 
-void DecoderGenerate::fill_mask(Pass& p, int start, int valid) {
-  const int C = m_.max_context, n = p.n, W = C + n;
-  const float masked = m_.mask_masked;
-  if (n == 1 && p.mask_visible >= 0 && start >= p.mask_visible) {
-    // Decode: the row only gains visible slots as the position advances.
-    std::fill(p.mask.begin() + p.mask_visible, p.mask.begin() + start, 0.0f);
-    p.mask_visible = start;
-    return;
-  }
-  // past-then-new: cache slot j < start visible; new token k visible to row r when k <= r and k is real.
-  for (int r = 0; r < n; r++) {
-    float* row = p.mask.data() + size_t(r) * W;
-    std::fill(row, row + W, masked);
-    std::fill(row, row + start, 0.0f);
-    for (int k = 0; k <= r && k < valid; k++) row[C + k] = 0.0f;
-  }
-  if (n == 1) p.mask_visible = start;
-}
-
 int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool want_token, double* run_ms) {
   const int H = m_.hidden, C = m_.max_context, V = m_.vocab;
   float* x = p.residual[0].data();
-  for (int r = 0; r < valid; r++) {
-    const uint16_t* row = embedding_->as<uint16_t>() + size_t(ids[r]) * H;
-    for (int h = 0; h < H; h++) x[size_t(r) * H + h] = half_to_float(row[h]);
-  }
+  embed_rows(embedding_->as<uint16_t>(), ids, valid, H, x);
   std::fill(x + size_t(valid) * H, x + size_t(p.n) * H, 0.0f);  // padding rows of a short chunk
   for (int r = 0; r < p.n; r++) p.positions[r] = std::min(start + r, C - 1);
-  fill_mask(p, start, valid);
+  p.mask->fill(start, valid);
 
   for (Step& s : p.steps) {
     GraphBinding& b = s.binding[1] && flip_ ? *s.binding[1] : *s.binding[0];
@@ -168,13 +136,7 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
     b.run();
     *run_ms += ms_since(t0);
     // Only the real rows enter the caches, at the call's positions.
-    for (const RowsOut& r : s.rows) {
-      float* cache = caches_[r.state].data();
-      for (size_t o = 0; o < r.outer; o++)
-        for (int k = 0; k < valid; k++)
-          std::memcpy(cache + (o * C + size_t(start + k)) * r.inner, r.buf.data() + (o * p.n + size_t(k)) * r.inner,
-                      r.inner * sizeof(float));
-    }
+    for (const StateRows& r : s.rows) r.write(caches_[size_t(r.state)].data(), C, p.n, start, valid);
   }
   // Every recurrent state was just written to its other buffer: the next call reads that one. (A
   // bundle without recurrent state has no second bindings, so the flip changes nothing there.)
@@ -198,7 +160,7 @@ void DecoderGenerate::reset() {
   for (size_t s = 0; s < m_.state.size(); s++)
     if (m_.state[s].kind == StateKind::recurrent) std::fill(caches_[s].begin(), caches_[s].end(), 0.0f);
   flip_ = 0;
-  decode_->mask_visible = -1;
+  decode_->mask->reset();
 }
 
 int DecoderGenerate::prefill_tokens() const { return prefill_ ? prefill_->n : 0; }

@@ -53,7 +53,6 @@ class DecoderGenerate : public GreedyGenerator {
   std::unique_ptr<Pass> make_pass(const char* variant, int tokens);
   /** Runs N tokens at positions start.. (valid of them real); returns the argmax of the last real row when `want_token`. */
   int run(Pass& pass, const int* ids, int start, int valid, bool want_token, double* run_ms);
-  void fill_mask(Pass& pass, int start, int valid);
 
   Executor& exec_;
   std::unique_ptr<MappedFile> embedding_;

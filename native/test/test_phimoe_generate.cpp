@@ -60,9 +60,10 @@ void expect_hf(const char* label, const std::string& bundle, const std::string& 
       const bool eq = hf.size() == 2 && hf[0] == at.route.expert[0] && hf[1] == at.route.expert[1];
       routes++;
       same += eq;
-      if (routes_exact)
+      if (routes_exact) {
         EXPECT_TRUE(eq) << label << " prompt " << p << " position " << at.position << " layer " << at.layer << ": experts " << at.route.expert[0] << ","
                         << at.route.expert[1] << ", HF " << hf[0] << "," << hf[1];
+      }
     }
   }
   std::printf("[ parity   ] %s: tokens HF's on %zu prompts; %zu/%zu routing decisions HF's\n", label, prompts.size(), same, routes);

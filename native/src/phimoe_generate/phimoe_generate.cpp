@@ -5,7 +5,6 @@
 #include <map>
 #include <stdexcept>
 
-#include "half.h"
 
 namespace forge {
 namespace {
@@ -29,7 +28,7 @@ PhimoeGenerate::PhimoeGenerate(const Manifest& manifest, Executor& executor) : G
   attn_res_.assign(size_t(H), 0.0f);
   router_logits_.assign(size_t(experts_), 0.0f);
   logits_.assign(size_t(V), 0.0f);
-  mask_.assign(size_t(C + 1), m_.mask_masked);
+  mask_ = std::make_unique<StepMask>(int(C), 1, m_.mask_masked);
   positions_.assign(1, 0);
   layers_.resize(size_t(m_.layers));
 
@@ -49,7 +48,7 @@ PhimoeGenerate::PhimoeGenerate(const Manifest& manifest, Executor& executor) : G
           switch (in.bind) {
             case InputBind::residual: b->bind_input(in.name, x_.data(), in.shape); break;
             case InputBind::positions: b->bind_input(in.name, positions_.data(), in.shape); break;
-            case InputBind::mask: b->bind_input(in.name, mask_.data(), in.shape); break;
+            case InputBind::mask: b->bind_input(in.name, mask_->data(), in.shape); break;
             case InputBind::state: b->bind_input(in.name, caches_[in.state].data(), in.shape); break;
             default: throw std::logic_error(in.path + ": not a binding phimoe_generate runs (its validator refuses it)");
           }
@@ -59,14 +58,10 @@ PhimoeGenerate::PhimoeGenerate(const Manifest& manifest, Executor& executor) : G
             case OutputBind::residual: b->bind_output(o.name, attn_res_.data(), o.shape); break;
             case OutputBind::hand_off: b->bind_output(o.name, handoff_buffer(o.handoff, o.shape), o.shape); break;
             case OutputBind::router_logits: b->bind_output(o.name, router_logits_.data(), o.shape); break;
-            case OutputBind::state_rows: {
-              Rows r{o.state, 1, 1, std::vector<float>(elements(o.shape))};
-              for (int d = 0; d < o.axis; d++) r.outer *= size_t(o.shape[d]);
-              for (size_t d = o.axis + 1; d < o.shape.size(); d++) r.inner *= size_t(o.shape[d]);
-              layer.rows.push_back(std::move(r));
+            case OutputBind::state_rows:
+              layer.rows.emplace_back(o);
               b->bind_output(o.name, layer.rows.back().buf.data(), o.shape);
               break;
-            }
             default: throw std::logic_error(o.path + ": not a binding phimoe_generate runs (its validator refuses it)");
           }
         }
@@ -110,34 +105,23 @@ void PhimoeGenerate::bind_expert_rows(int layer, const PhimoeRoute& r) {
 }
 
 void PhimoeGenerate::reset() {
-  mask_visible_ = -1;
+  mask_->reset();
   routes_.clear();
 }
 
 int PhimoeGenerate::step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) {
   if (prefill || valid != 1) throw std::logic_error("phimoe_generate has no batched prefill");
   const int H = m_.hidden, C = m_.max_context;
-  const uint16_t* row = embedding_->as<uint16_t>() + size_t(ids[0]) * H;
-  for (int h = 0; h < H; h++) x_[size_t(h)] = half_to_float(row[h]);
+  embed_rows(embedding_->as<uint16_t>(), ids, 1, H, x_.data());
   positions_[0] = std::min(start, C - 1);
-  // One token: cache slots before the position visible, its own new key (slot C) too.
-  if (mask_visible_ < 0 || start < mask_visible_) {
-    std::fill(mask_.begin(), mask_.end(), m_.mask_masked);
-    mask_[size_t(C)] = 0.0f;
-    mask_visible_ = 0;
-  }
-  std::fill(mask_.begin() + mask_visible_, mask_.begin() + start, 0.0f);
-  mask_visible_ = start;
+  mask_->fill(start, 1);
 
   for (int l = 0; l < m_.layers; l++) {
     Layer& layer = layers_[size_t(l)];
     auto t0 = Clock::now();
     layer.attn->run();
     *run_ms += ms_since(t0);
-    for (const Rows& r : layer.rows) {
-      float* cache = caches_[size_t(r.state)].data();
-      for (size_t o = 0; o < r.outer; o++) std::memcpy(cache + (o * size_t(C) + size_t(start)) * r.inner, r.buf.data() + o * r.inner, r.inner * sizeof(float));
-    }
+    for (const StateRows& r : layer.rows) r.write(caches_[size_t(r.state)].data(), C, 1, start, 1);
     PhimoeRoute route;
     try {
       route = phimoe_route(router_logits_.data(), experts_, jitter_eps_);

@@ -16,6 +16,7 @@
 #include "executor.h"
 #include "greedy_loop.h"
 #include "manifest.h"
+#include "step_buffers.h"
 #include "phimoe_generate/phimoe_route.h"
 
 namespace forge {
@@ -42,14 +43,9 @@ class PhimoeGenerate : public GreedyGenerator {
   int step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) override;
 
  private:
-  struct Rows {
-    int state;
-    size_t outer, inner;  // elements before / after the rows axis
-    std::vector<float> buf;
-  };
   struct Layer {
     std::unique_ptr<GraphBinding> attn;
-    std::vector<Rows> rows;
+    std::vector<StateRows> rows;
   };
   struct ExpertInput {
     std::string name, dtype;
@@ -66,11 +62,11 @@ class PhimoeGenerate : public GreedyGenerator {
   std::unique_ptr<MappedFile> embedding_;
   std::vector<std::unique_ptr<MappedFile>> tables_;  // by host table index (null: not an expert table)
   std::vector<std::vector<float>> caches_;
-  std::vector<float> x_, attn_res_, router_logits_, logits_, mask_;
+  std::vector<float> x_, attn_res_, router_logits_, logits_;
+  std::unique_ptr<StepMask> mask_;
   std::map<std::string, std::vector<float>> handoffs_;
   std::vector<int32_t> positions_;
   float routing_[2] = {0, 0};
-  int mask_visible_ = -1;
   std::vector<Layer> layers_;
   std::unique_ptr<GraphBinding> experts_graph_, lm_head_;
   std::vector<ExpertInput> expert_inputs_;

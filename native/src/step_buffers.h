@@ -1,0 +1,43 @@
+// Buffers every host-op's step keeps the same way: the additive attention mask of the manifest's
+// past-then-new layout, and the new cache rows a graph gives (state-rows outputs), of which only
+// the real rows are written into the KV cache at the call's positions.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "manifest.h"
+
+namespace forge {
+
+/** Rows ids[0..n) of an f16 table [vocab, H] (the embedding), widened to float32 into out [n, H]. */
+void embed_rows(const uint16_t* table, const int* ids, int n, int H, float* out);
+
+/** The mask [n, C + n] of n new tokens at positions start.. (valid of them real), kept across calls. */
+class StepMask {
+ public:
+  StepMask(int max_context, int n, float masked);
+  /** Fills it for this call: cache slot j < start visible; new token k visible to row r when k <= r and k is real. */
+  void fill(int start, int valid);
+  /** Forgets what the decode row shows (a new sequence). */
+  void reset() { visible_ = -1; }
+  float* data() { return mask_.data(); }
+
+ private:
+  int C_, n_;
+  float masked_;
+  std::vector<float> mask_;
+  int visible_ = -1;  // one token: leading cache slots the row shows now (it only grows as the position advances)
+};
+
+/** A state-rows output's buffer: `n` new rows on `axis` of a KV cache. */
+struct StateRows {
+  int state;
+  size_t outer, inner;  // elements before / after the rows axis
+  std::vector<float> buf;
+  explicit StateRows(const GraphOutput& o);
+  /** Writes the `valid` real rows (of n) into `cache` ([outer, C, inner]) at positions start... */
+  void write(float* cache, int max_context, int n, int start, int valid) const;
+};
+
+}  // namespace forge
