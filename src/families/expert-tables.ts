@@ -9,7 +9,7 @@ import { ExternalDataWriter } from '../onnx/external.js';
 import { quantizeRows } from '../quant/w8.js';
 import { f32ToF16Bits } from '../io/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
-import type { MadeTable, MadeTables, TensorSpec } from './types.js';
+import { MADE_DTYPES, type MadeTable, type MadeTables, type TensorSpec } from './types.js';
 
 /** One expert matrix of a table: the checkpoint tensors stacked (row-wise, in order) into its rows. */
 export interface ExpertMatrix {
@@ -23,14 +23,14 @@ export interface ExpertMatrix {
 
 export const scaleTable = (name: string) => `${name}.scale`;
 
-const DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
-const BYTES: Record<MadeTable['dtype'], number> = { int8: 1, float16: 2, float32: 4 };
+/** The dtype expert rows are stored (and fed to the experts graph) in, per scheme. */
+export const EXPERT_ROW_DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
 
 /** The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`. */
 export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme): MadeTables {
   const tables: MadeTable[] = [];
   for (const m of matrices) {
-    tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: DTYPE[scheme] });
+    tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: EXPERT_ROW_DTYPE[scheme] });
     if (scheme === 'w8') tables.push({ name: scaleTable(m.name), use: 'expert-scales', shape: [layers, experts, m.rows], dtype: 'float32' });
   }
   const reads: TensorSpec[] = [];
@@ -79,7 +79,7 @@ export function expertTables(matrices: ExpertMatrix[], layers: number, experts: 
 export function readExpertRows(file: string, dtype: MadeTable['dtype'], shape: number[], layer: number, expert: number): Int8Array | Uint16Array | Float32Array {
   const [, E, ...inner] = shape;
   const count = inner.reduce((a, d) => a * d, 1);
-  const bytes = BYTES[dtype];
+  const bytes = MADE_DTYPES[dtype].bytes;
   const buf = Buffer.alloc(count * bytes);
   const fd = openSync(file, 'r');
   try {

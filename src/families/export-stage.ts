@@ -18,7 +18,7 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
-import type { Component, ComponentEntryFields, ComponentLayout, Family, GraphInterface, GraphVariant, HostTable, MadeTable } from './types.js';
+import { MADE_DTYPES, type Component, type ComponentEntryFields, type ComponentLayout, type Family, type GraphInterface, type GraphVariant, type HostTable, type MadeTable } from './types.js';
 import { componentTensors } from './tensors.js';
 
 export interface ExportParams {
@@ -93,9 +93,8 @@ export interface ExportManifest {
 
 export const GRAPHS_JSON = 'graphs.json';
 
-const SUFFIX: Record<MadeTable['dtype'], string> = { int8: 'i8', float16: 'f16', float32: 'f32' };
 /** A made table's file: its name and dtype (`experts.gate_up.i8.bin`). */
-export const madeTableFile = (t: MadeTable) => `${t.name}.${SUFFIX[t.dtype]}.bin`;
+export const madeTableFile = (t: MadeTable) => `${t.name}.${MADE_DTYPES[t.dtype].short}.bin`;
 
 /** A host table: the tensor's fp16 form, alone in its file. */
 async function writeHostTable(ckpt: Checkpoint, name: string, shape: number[], file: string): Promise<void> {

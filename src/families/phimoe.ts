@@ -14,7 +14,7 @@ import type { QuantScheme } from '../recipe/schema.js';
 import { attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
 import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 import { newKv, pastKv } from './state-io.js';
-import { expertTables, type ExpertMatrix } from './expert-tables.js';
+import { EXPERT_ROW_DTYPE, expertTables, type ExpertMatrix } from './expert-tables.js';
 import { phimoeBindings, phimoeCases } from './phimoe-gates.js';
 
 const ConfigSchema = z.object({
@@ -166,7 +166,6 @@ async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx:
 export const expertInput = (table: string, slot: number) => `${table.replace(/^experts\./, 'expert_')}_${slot}`;
 export const expertScaleInput = (table: string, slot: number) => `${expertInput(table, slot)}_scale`;
 
-const ROW_DTYPE: Record<QuantScheme, ElemType> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
 
 /**
  * The two selected experts over one token, for any layer: moe_in (hand-off) through each slot's
@@ -184,8 +183,8 @@ async function expertsGraph(g: GraphBuilder, c: PhimoeConfig, scheme: QuantSchem
   // the HTP) and each output is multiplied by its row's scale after the product: the same numbers
   // as dequantizing the rows first (one scale per row), without an [out, in] multiply.
   const project = (x: string, table: string, slot: number, shape: [number, number]) => {
-    const name = g.input(expertInput(table, slot), ROW_DTYPE[scheme], shape);
-    inputs.push(io(name, shape, ROW_DTYPE[scheme]));
+    const name = g.input(expertInput(table, slot), EXPERT_ROW_DTYPE[scheme], shape);
+    inputs.push(io(name, shape, EXPERT_ROW_DTYPE[scheme]));
     if (scheme !== 'w8') return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], 1);
     const w = g.op('DequantizeLinear', [name, g.constFloat32([1], []), g.initializer(`${name}.zero`, Int8Array.of(0), [], 'int8')]);
     const scale = g.input(expertScaleInput(table, slot), f32, [shape[0]]);

@@ -110,6 +110,13 @@ export interface MadeTable {
   dtype: 'int8' | 'float16' | 'float32';
 }
 
+/** Per dtype of a made table: bytes per element, and the short name its file carries. */
+export const MADE_DTYPES = {
+  int8: { bytes: 1, short: 'i8' },
+  float16: { bytes: 2, short: 'f16' },
+  float32: { bytes: 4, short: 'f32' },
+} as const satisfies Record<MadeTable['dtype'], { bytes: number; short: string }>;
+
 export interface MadeTables {
   tables: MadeTable[];
   /** The checkpoint tensors they are made from (the fetched checkpoint's check covers them). */

@@ -7,7 +7,7 @@
 // (families/tensors.ts), not from a list kept beside it.
 import type { HexagonArch } from '../arch/table.js';
 import type { ArchSettings } from '../recipe/schema.js';
-import type { Component, Family } from '../families/types.js';
+import { MADE_DTYPES, type Component, type Family } from '../families/types.js';
 import { sumBytes } from '../quant/bytes.js';
 import { modelTensors } from '../families/tensors.js';
 import { graphName } from '../families/export-stage.js';
@@ -94,8 +94,6 @@ export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' 
 
 /** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
 const numel = (shape: number[]) => shape.reduce((a, d) => a * d, 1);
-const MADE_DTYPE = { int8: 'i8', float16: 'f16', float32: 'f32' } as const;
-const MADE_BYTES = { int8: 1, float16: 2, float32: 4 } as const;
 
 export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): Promise<ShardPlan> {
   const n = family.numLayers(config);
@@ -164,7 +162,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     hostTables: [
       ...host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: numel(t.shape) * 2 })),
       // Made tables (expert rows) in the layers' scheme.
-      ...(family.madeTables?.(config, s.quant).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPE[t.dtype], bytes: numel(t.shape) * MADE_BYTES[t.dtype] })),
+      ...(family.madeTables?.(config, s.quant).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPES[t.dtype].short, bytes: numel(t.shape) * MADE_DTYPES[t.dtype].bytes })),
     ],
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),
