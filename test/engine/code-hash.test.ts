@@ -22,7 +22,8 @@ describe("a stage's code, for its cache key", () => {
     expect(uses('src/families/export-stage.ts')).toEqual(['quant/w8-simd.wat']);
     // The twin factory with the corpus and training it imports; the NaN/Inf scan's kernel.
     expect(uses('src/hub/fetch-stage.ts')).toEqual(['oracles/make_twin.py', 'oracles/twin_corpus.py', 'oracles/twin_training.py', 'quant/w8-simd.wat']);
-    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/trace.py']);
+    // The tracer with the per-family captures it imports.
+    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/trace.py', 'oracles/trace_families.py']);
     expect(uses('src/toolchain/qnn/compile-stage.ts')).toContain('oracles/qnn_compile.py');
     expect(uses('src/gates/emulation.ts')).toEqual(expect.arrayContaining(['oracles/qnn_compile.py', 'oracles/qnn_simulate.py']));
   });
