@@ -206,6 +206,9 @@ export function phimoeCases(c: PhimoeConfig, entry: GraphEntry, trace: Trace, ma
  * rows of the slot's expert of the current layer (no `layer`: the layer whose router ran last) and
  * the routing weights; the lm-head takes the last residual.
  */
+/** The MoE input handed from attention to experts: one name per call size (its buffer holds N rows). */
+const handoff = (entry: GraphEntry) => (entry.n === 1 ? 'moe_in' : 'moe_in.prefill');
+
 export function phimoeBindings(c: PhimoeConfig, entry: GraphEntry, maxContext: number): GraphBindings {
   const state: GraphBindings['state'] = [];
   const rows = /^(expert_gate_up|expert_down)_([01])(_scale)?$/;
@@ -225,7 +228,7 @@ export function phimoeBindings(c: PhimoeConfig, entry: GraphEntry, maxContext: n
       case 'hidden_in': case 'hidden': case 'attn_res': case 'acc': return { ...t, bind: 'residual' };
       case 'position': return { ...t, bind: 'positions' };
       case 'attn_mask': return { ...t, bind: 'mask' };
-      case 'moe_in': return { ...t, bind: 'hand-off', handoff: 'moe_in' };
+      case 'moe_in': return { ...t, bind: 'hand-off', handoff: handoff(entry) };
       case 'routing': return { ...t, bind: 'routing-weights' };
     }
     throw new Error(`${entry.name}: input ${t.name} has no binding`);
@@ -235,7 +238,7 @@ export function phimoeBindings(c: PhimoeConfig, entry: GraphEntry, maxContext: n
     if (kv && !kv.recurrent) return { ...t, bind: 'state-rows', state: stateName(kv), axis: 2 };
     switch (t.name) {
       case 'attn_res': case 'hidden_out': return { ...t, bind: 'residual' };
-      case 'moe_in': return { ...t, bind: 'hand-off', handoff: 'moe_in' };
+      case 'moe_in': return { ...t, bind: 'hand-off', handoff: handoff(entry) };
       case 'router_logits': return { ...t, bind: 'router-logits', layer: layerOf(entry), topK: 2 };
       case 'logits': return { ...t, bind: 'logits' };
     }
