@@ -207,7 +207,7 @@ export function phimoeCases(c: PhimoeConfig, entry: GraphEntry, trace: Trace, ma
  * the routing weights; the lm-head takes the last residual.
  */
 /** The MoE input handed from attention to experts: one name per call size (its buffer holds N rows). */
-const handoff = (entry: GraphEntry) => (entry.n === 1 ? 'moe_in' : 'moe_in.prefill');
+const handoff = (entry: GraphEntry) => (entry.n === 1 ? 'moe_in' : 'moe_in_prefill');
 
 export function phimoeBindings(c: PhimoeConfig, entry: GraphEntry, maxContext: number): GraphBindings {
   const state: GraphBindings['state'] = [];
