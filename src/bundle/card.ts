@@ -52,7 +52,13 @@ function role(file: string, f: CardFacts): string {
 }
 
 function source(s: Recipe['source']): string {
-  if (s.kind === 'hub') return `[${s.repo}](https://huggingface.co/${s.repo}) at revision \`${s.revision}\``;
+  if (s.kind === 'hub') {
+    const repo = `[${s.repo}](https://huggingface.co/${s.repo})`;
+    if (s.revision === null) return `${repo} at an unpinned revision`; // a build pins one first (pinnedRecipe)
+    // The recipe pins no revision (the schema allows `unpinned` only then): `forge build --revision` gave this one.
+    if (s.unpinned !== undefined) return `${repo} at revision \`${s.revision}\`, given at build time with \`--revision\` (the recipe pins none: ${s.unpinned.replace(/\.$/, '')})`;
+    return `${repo} at revision \`${s.revision}\``;
+  }
   if (s.kind === 'tiny') return `a tiny ${s.twin} twin made by forge (oracles/make_twin.py: trained briefly on a fixed corpus until its greedy continuations are confident)`;
   return 'a local checkpoint';
 }
