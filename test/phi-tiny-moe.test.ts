@@ -22,7 +22,7 @@ describe('phi-tiny-moe recipe', () => {
     expect(r.source).toMatchObject({ kind: 'hub', repo: 'microsoft/Phi-tiny-MoE-instruct', revision: null, unpinned: expect.stringMatching(/cannot reach the Hugging Face hub/) });
     expect(r.configSource).toMatchObject({ repo: 'github.com/kunalm2345/slm-aplit', path: 'config.json', commit: '43979ed7a3057c8066829696dec6e2fc65fd0d27' });
     expect(r.config).toMatchObject({ model_type: 'phimoe', hidden_size: 4096, num_hidden_layers: 32, num_local_experts: 16, vocab_size: 32064, sliding_window: 2047 });
-    expect(r.arch.default).toEqual({ shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 2048, prefillLength: 0 });
+    expect(r.arch.default).toEqual({ shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 2048, prefillLength: 64 });
   });
 });
 
@@ -49,7 +49,7 @@ describe('forge plan phi-tiny-moe at real size', () => {
   });
 
   for (const archId of ['v79', 'v81']) {
-    it(`${archId}: 3 contexts and 34 graphs within the arch's limits, every context under the ceiling, with those sizes`, async () => {
+    it(`${archId}: 3 contexts and 34 graphs within the arch's limits (batched prefill's 33 left out, with why), every context under the ceiling, with those sizes`, async () => {
       const arch = getArch(archId);
       const r = await forge(['plan', 'phi-tiny-moe', '--arch', archId, '--json'], { HF_HUB_OFFLINE: '1' });
       expect(r.stderr).toBe('');
@@ -58,7 +58,9 @@ describe('forge plan phi-tiny-moe at real size', () => {
       expect(plan).toMatchObject({ arch: archId, socModel: arch.socModel, quant: 'w8', layers: 32, contexts: 3, graphs: 34 });
       expect(plan.contexts).toBeLessThanOrEqual(arch.maxContexts);
       expect(plan.graphs).toBeLessThanOrEqual(arch.maxGraphsPerProcess);
-      expect(plan.dropped).toBeUndefined();
+      // 32 + 1 + 1 decode graphs and 32 + 1 batched-prefill ones: 67, over v79's 64 and v81's 34.
+      expect(plan.dropped.map((d: { graph: string }) => d.graph)).toEqual([...Array.from({ length: 32 }, (_, l) => `shard0.layer${l}.prefill`), 'experts.prefill']);
+      for (const d of plan.dropped) expect(d.why).toBe(`67 graphs are over the ${archId} limit of ${arch.maxGraphsPerProcess} graphs per process (arch table: cdsp-heap); optional, batched prefill: without it the runtime decodes over the prompt one token at a time`);
       // The contexts: every layer's attention+router graph in one shard, the experts graph (its rows
       // are graph inputs: no weights of its own), the lm-head.
       expect(plan.shards).toEqual([{ index: 0, first: 0, last: 31, weightBytes: 32 * layerBytes, graphs: Array.from({ length: 32 }, (_, l) => `layer${l}`) }]);
