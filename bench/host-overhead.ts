@@ -4,8 +4,8 @@
 // also the host's top-2 routing per layer and the rebinding of the experts graph's inputs to the
 // chosen experts' rows of the mapped expert tables. Measured for Qwen3-4B-, Qwen3.5-4B- and
 // Phi-tiny-MoE-shaped bundles (state sizes from the recorded configs, v81 plans and maxContext);
-// target <= 1 ms/token. A shape is a recipe (recorded config + arch settings) or, for a model
-// without one, bench/configs/<id>.json (bench/shapes.ts).
+// target <= 1 ms/token. A shape is a recipe's recorded config and arch settings (bench/shapes.ts;
+// phi-tiny-moe's hub revision is unpinned, which planning does not need).
 //
 // The bundles are synthetic: each graph has exactly the real graph's inputs and outputs (they are
 // taken from the family module's own component builders, run on a throwaway builder) and the
@@ -51,7 +51,7 @@ import { dropResidency, isTmpfs, pagesOfPairs, residentBytes, routedPairs, route
 const { values: arg, num } = benchArgs({
   keep: { type: 'boolean' }, tokens: { type: 'string', default: '64' }, repeat: { type: 'string', default: '3' },
   'copy-repeat': { type: 'string', default: '7' }, threads: { type: 'string', default: '1' },
-  // Recipe ids, or bench/configs/<id>.json for a model without a recipe.
+  // Recipe ids (each with a recorded config).
   recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b,phi-tiny-moe' },
   // Where a shape with made tables (PhiMoE's expert rows) keeps its bundle: shm (tmpfs, exact touched
   // pages) or disk (os.tmpdir(); fincore then counts readahead too). See bench/expert-touch.ts.

@@ -21,7 +21,9 @@ Imports nothing from trace.py. Checks:
      residual add); moe_in.i (post_attention_layernorm of attn_res.i) and router_logits.i recomputed in float64
      -> router); expert_ids.i / expert_weights.i equal to HF's own sparsemixer (eval) applied to
      router_logits.i, bit for bit, and to an independent float64 sparsemixer written here (ids
-     equal, weights within tol); moe_out.i recomputed in float64 from the two experts and weights;
+     equal, weights within tol); expert_out.i (each chosen expert's own output) recomputed in
+     float64; moe_out.i recomputed in float64 from the two experts and weights, and equal to the
+     weighted sum of expert_out.i within tol;
      k.i / v.i by hand (LayerNorm, biased k_proj / v_proj, RoPE over head_dim).
   4. qwen3_5: the state the trace holds after step s (one token at a time: HF's recurrent delta
      rule) against the cache of ONE forward over tokens 0..s (HF's chunked prefill kernel, another
@@ -192,7 +194,7 @@ def check_phimoe(model, meta, t):
     layers = model.get_decoder().layers
     eps, top_k, L = tc.router_jitter_noise, tc.num_experts_per_tok, meta["layers"]
     kvh, d, theta = meta["kv_heads"], meta["head_dim"], tc.rope_parameters["rope_theta"]
-    e = {n: Err() for n in ("moe_in_by_hand", "router_by_hand", "weights_by_hand", "moe_by_hand", "k_by_hand", "v_by_hand")}
+    e = {n: Err() for n in ("moe_in_by_hand", "router_by_hand", "weights_by_hand", "experts_by_hand", "moe_by_hand", "moe_from_experts", "k_by_hand", "v_by_hand")}
     for p, pr in enumerate(meta["prompts"]):
         for s in range(pr["steps"]):
             pre = f"p{p}/s{s}/"
@@ -210,10 +212,14 @@ def check_phimoe(model, meta, t):
                 expect(ids == g("expert_ids").tolist(), f"{pre}: expert_ids.{i} {g('expert_ids').tolist()} != float64 sparsemixer {ids}")
                 e["weights_by_hand"].add(g("expert_weights"), torch.tensor(ws))
                 ex, y = layer.mlp.experts, torch.zeros_like(x)
-                for eid, w in zip(g("expert_ids").tolist(), g("expert_weights").double()):
+                outs = g("expert_out").view(top_k, -1)
+                for slot, (eid, w) in enumerate(zip(g("expert_ids").tolist(), g("expert_weights").double())):
                     gate, up = (ex.gate_up_proj[eid].double() @ x).chunk(2)
-                    y += w * (ex.down_proj[eid].double() @ (torch.nn.functional.silu(gate) * up))
+                    ye = ex.down_proj[eid].double() @ (torch.nn.functional.silu(gate) * up)
+                    e["experts_by_hand"].add(outs[slot], ye)
+                    y += w * ye
                 e["moe_by_hand"].add(g("moe_out"), y)
+                e["moe_from_experts"].add(g("moe_out"), (g("expert_weights").double()[:, None] * outs.double()).sum(0))
                 if p == 0:
                     a = layer.self_attn
                     xin = layernorm_by_hand(t[f"{pre}h.{i}"].double(), layer.input_layernorm)
@@ -252,7 +258,7 @@ def main():
         H, E, k = meta["hidden"], tc.num_local_experts, tc.num_experts_per_tok
         layer_extra = {"attn_res": ([H], torch.float32), "moe_in": ([H], torch.float32), "router_logits": ([E], torch.float32),
                        "expert_ids": ([k], torch.int64), "expert_weights": ([k], torch.float32),
-                       "moe_out": ([H], torch.float32)}
+                       "expert_out": ([k * H], torch.float32), "moe_out": ([H], torch.float32)}
     check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()

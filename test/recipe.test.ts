@@ -24,8 +24,33 @@ describe('recipes', () => {
 
   it('pins hub sources to a commit and records the model config for offline planning', () => {
     const { recipe } = loadRecipe('qwen3-4b');
-    expect(recipe.source).toMatchObject({ kind: 'hub', repo: 'Qwen/Qwen3-4B' });
+    expect(recipe.source).toMatchObject({ kind: 'hub', repo: 'Qwen/Qwen3-4B', revision: '1cfa9a7208912126459214e8b04321603b3df60c' });
     expect(recipe.config).toMatchObject({ num_hidden_layers: 36, hidden_size: 2560, vocab_size: 151936 });
+  });
+
+  it('ships every hub recipe pinned to a commit, or unpinned with the reason, its config and where the config came from', () => {
+    const hub = listRecipeIds().map((id) => loadRecipe(id).recipe).filter((r) => r.source.kind === 'hub');
+    expect(hub.map((r) => r.id)).toEqual(expect.arrayContaining(['qwen3-4b', 'phi-tiny-moe']));
+    for (const r of hub) {
+      if (r.source.kind !== 'hub') continue;
+      expect(r.config, r.id).toBeDefined();
+      if (r.source.revision !== null) expect(r.source.revision, r.id).toMatch(/^[0-9a-f]{40}$/);
+      else expect([r.source.unpinned, r.configSource], r.id).toEqual([expect.stringMatching(/\S/), expect.objectContaining({ commit: expect.stringMatching(/^[0-9a-f]{40}$/) })]);
+    }
+  });
+
+  it('takes "revision": null only with the reason in "unpinned", the config and its source; a missing revision stays an error', () => {
+    const unpinned = () => ({ ...base(), source: { kind: 'hub', repo: 'org/m', revision: null, unpinned: 'no hub here' }, config: { model_type: 'qwen3' }, configSource: { repo: 'github.com/o/r', path: 'config.json', commit: 'c'.repeat(40), note: 'a copy' } });
+    expect(parseRecipe(unpinned(), 'recipes/x/recipe.json').source).toEqual({ kind: 'hub', repo: 'org/m', revision: null, unpinned: 'no hub here' });
+    const refused = (edit: (r: any) => void) => { const r = unpinned(); edit(r); return () => parseRecipe(r, 'recipes/x/recipe.json'); };
+    expect(refused((r) => delete r.source.unpinned)).toThrow(/^invalid recipe recipes\/x\/recipe\.json: source\.unpinned: a hub source with "revision": null must say why it is not pinned \("unpinned": "<why>"\)$/);
+    expect(refused((r) => (r.source.unpinned = ' '))).toThrow(/source\.unpinned: say why the revision is not pinned$/);
+    expect(refused((r) => { delete r.source.revision; delete r.source.unpinned; })).toThrow(/^invalid recipe recipes\/x\/recipe\.json: source\.revision: required: a 40-hex-digit commit sha, or null with "unpinned": "<why>" while it cannot be pinned$/);
+    expect(refused((r) => delete r.source.revision)).toThrow(/source\.revision: required/);
+    expect(refused((r) => (r.source.revision = 'c'.repeat(40)))).toThrow(/source\.unpinned: the revision is pinned: drop "unpinned"/);
+    expect(refused((r) => delete r.config)).toThrow(/: config: an unpinned hub recipe must record the model config/);
+    expect(refused((r) => delete r.configSource)).toThrow(/: configSource: an unpinned hub recipe must say where its recorded config was copied from/);
+    expect(refused((r) => (r.configSource.commit = 'main'))).toThrow(/configSource\.commit/);
   });
 
   it('names the field path of an invalid value', () => {

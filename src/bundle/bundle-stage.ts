@@ -73,6 +73,7 @@ export const stage: StageModule<BundleParams> = {
 
     const oracle = JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')) as OracleResult;
     const emulation = ctx.inputs.emulation ? JSON.parse(readFileSync(join(ctx.inputs.emulation, 'emulation.json'), 'utf8')) : undefined;
+    const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
     const facts: CardFacts = {
       recipe: p.recipe, arch, manifest, compiled, oracle,
       parity: JSON.parse(readFileSync(join(ctx.inputs.parity, 'parity.json'), 'utf8')),
@@ -80,7 +81,8 @@ export const stage: StageModule<BundleParams> = {
       ...(p.gatesNotRun ? { gatesNotRun: p.gatesNotRun } : {}),
       ...(emulation ? { emulation: emulationFacts(emulation) } : {}),
       confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
-      planDropped: (JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan).dropped ?? [],
+      planDropped: plan.dropped ?? [],
+      planKept: { contexts: plan.contexts, graphs: plan.graphs },
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));

@@ -34,6 +34,8 @@ export interface CardFacts {
   confidence: Confidence;
   /** Optional graphs the planner left out to stay within the arch's limits (plan.json `dropped`). */
   planDropped?: Array<{ graph: string; why: string }>;
+  /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
+  planKept?: { contexts: number; graphs?: number };
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -52,7 +54,13 @@ function role(file: string, f: CardFacts): string {
 }
 
 function source(s: Recipe['source']): string {
-  if (s.kind === 'hub') return `[${s.repo}](https://huggingface.co/${s.repo}) at revision \`${s.revision}\``;
+  if (s.kind === 'hub') {
+    const repo = `[${s.repo}](https://huggingface.co/${s.repo})`;
+    if (s.revision === null) return `${repo} at an unpinned revision`; // a build pins one first (pinnedRecipe)
+    // The recipe pins no revision (the schema allows `unpinned` only then): `forge build --revision` gave this one.
+    if (s.unpinned !== undefined) return `${repo} at revision \`${s.revision}\`, given at build time with \`--revision\` (the recipe pins none: ${s.unpinned.replace(/\.$/, '')})`;
+    return `${repo} at revision \`${s.revision}\``;
+  }
   if (s.kind === 'tiny') return `a tiny ${s.twin} twin made by forge (oracles/make_twin.py: trained briefly on a fixed corpus until its greedy continuations are confident)`;
   return 'a local checkpoint';
 }
@@ -77,6 +85,10 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   const byWhy = new Map<string, string[]>();
   for (const d of f.planDropped ?? []) byWhy.set(d.why, [...(byWhy.get(d.why) ?? []), d.graph]);
   for (const [why, graphs] of byWhy) lines.push(`**Planner:** left out ${graphs.length} graph(s) for ${arch.id} (${graphs.map((g) => `\`${g}\``).join(', ')}): ${why}.`, '');
+  // Said when nothing was left out too: the same recipe may lose graphs on another arch.
+  if (f.planKept?.graphs !== undefined) {
+    lines.push(`**Planner:** ${f.planKept.graphs} graphs in ${f.planKept.contexts} contexts, within ${arch.id}'s limits of ${arch.maxGraphsPerProcess} graphs per process and ${arch.maxContexts} contexts (arch table)${byWhy.size ? '' : '; nothing left out'}.`, '');
+  }
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
     lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);

@@ -1,6 +1,7 @@
 // The run record: what a build did, kept with its output and printed by `--json`.
 import type { StageRecord } from './run.js';
 import type { Json } from './stage.js';
+import type { BuiltRevision } from '../recipe/schema.js';
 
 export interface GateRecord {
   ok: boolean;
@@ -17,6 +18,8 @@ export interface RunRecord {
   /** The stage a partial run stopped after. */
   until?: string;
   error?: string;
+  /** Hub sources: the revision fetched, and whether the recipe pinned it or `--revision` gave it. */
+  hubRevision?: BuiltRevision;
   stages: StageRecord[];
   /** The smaller shard ceiling the user asked for (--shard-ceiling): the plan is not the device-optimal one. */
   shardCeilingBytes?: number;

@@ -41,7 +41,7 @@ export interface KvLayout {
 }
 
 /** Rows of per-step vectors stacked into [1, n, width], zero-padded past the steps given. */
-async function stackRows(trace: Trace, p: number, steps: number[], n: number, what: string, width: number): Promise<Float32Array> {
+export async function stackRows(trace: Trace, p: number, steps: number[], n: number, what: string, width: number): Promise<Float32Array> {
   const out = new Float32Array(n * width);
   for (let r = 0; r < steps.length; r++) out.set(await trace.get(p, steps[r], what), r * width);
   return out;
@@ -55,7 +55,7 @@ export function rowMask(outer: number, n: number, inner: number, valid: number):
 }
 
 /** Per-step [kv, d] rows stacked into [1, kv, n, d], zero-padded past the steps given. */
-async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvHeads): Promise<Float32Array> {
+export async function stackKv(trace: Trace, p: number, steps: number[], n: number, what: string, kv: KvHeads): Promise<Float32Array> {
   const { kvHeads: H, headDim: d } = kv;
   const out = new Float32Array(H * n * d);
   for (let r = 0; r < steps.length; r++) {
@@ -95,7 +95,7 @@ export class CacheBuilder {
 }
 
 /** Calls covering a prompt: decode graphs take every step one by one; prefill graphs take the prompt in chunks. */
-function calls(entry: GraphEntry, promptLen: number, steps: number): Array<{ start: number; valid: number }> {
+export function promptCalls(entry: GraphEntry, promptLen: number, steps: number): Array<{ start: number; valid: number }> {
   const out: Array<{ start: number; valid: number }> = [];
   if (entry.n === 1) for (let t = 0; t < steps; t++) out.push({ start: t, valid: 1 });
   else for (let s = 0; s < promptLen; s += entry.n) out.push({ start: s, valid: Math.min(entry.n, promptLen - s) });
@@ -121,7 +121,7 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
     }
     const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
     const cache = new CacheBuilder(layers, kv);
-    for (const { start, valid } of calls(entry, prompt.prompt_tokens.length, prompt.steps)) {
+    for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
       await cache.fillTo(trace, p, start);
       const steps = Array.from({ length: valid }, (_, r) => start + r);
       const feeds: Record<string, Feed> = {

@@ -5,13 +5,16 @@
 // (top-2, not renormalised; native/src/phimoe_generate/phimoe_route.cpp) and feeds the two chosen
 // experts' rows from host tables to ONE experts graph shared by every layer (int8 rows with per-row
 // scales in W8). The final LayerNorm and the biased, untied lm-head are one graph after the last
-// layer. HF semantics, sources and where HF and the shipped remote code differ: docs/phimoe-semantics.md.
+// layer. Batched prefill (optional: the planner may drop it): per layer the same attention+router
+// graph over N tokens, then one experts-prefill graph run once per expert any of the N tokens chose
+// (HF's expert order), each adding its expert's weighted output to a running sum.
+// HF semantics, sources and where HF and the shipped remote code differ: docs/phimoe-semantics.md.
 import { z } from 'zod';
-import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type ComponentLayout, type Family, type GraphInterface, type GraphWeights, type TensorIO } from './types.js';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type ComponentLayout, type Family, type GraphInterface, type GraphVariant, type GraphWeights, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
-import { attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
+import { PREFILL_OPTIONAL, attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
 import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 import { newKv, pastKv } from './state-io.js';
 import { EXPERT_ROW_DTYPE, expertTables, type ExpertMatrix } from './expert-tables.js';
@@ -76,14 +79,16 @@ function expertMatrices(c: PhimoeConfig): ExpertMatrix[] {
 }
 
 /** Graph roles, as the runtime's phimoe_generate host-op runs them. */
-export const ROLES = { attnRouter: 'attn_router', experts: 'experts', lmHead: 'lm_head' } as const;
+export const ROLES = {
+  attnRouter: 'attn_router', experts: 'experts', lmHead: 'lm_head',
+  attnRouterPrefill: 'attn_router_prefill', expertsPrefill: 'experts_prefill',
+} as const;
 
 function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
   // A dry build (the planner's per-layer tensors; maxContext 0) asks for a shard with the lm-head
   // inside: it has none here, the lm-head is always its own graph after the shared experts graph.
   const dry = layout.maxContext === 0;
   if (layout.lmHeadInside && !dry) throw new ConfigError('recipe', 'arch.lmHead.placement', "'last-shard' is not possible for phimoe: the last layer ends in the experts graph every layer shares, so the lm-head is its own graph ('separate')");
-  if (layout.prefillLength > 0) throw new ConfigError('recipe', 'arch.prefillLength', 'phimoe has no batched prefill yet (the host routes every token in every layer); set 0');
   // HF transformers masks keys older than sliding_window positions (Phi-tiny-MoE: 2047), the remote
   // code the model ships does not below 2048 keys (its SDPA mask is plain causal): they agree up to
   // position sliding_window − 1, and the graphs are plain causal, so the cache holds at most
@@ -91,17 +96,27 @@ function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
   if (!dry && c.slidingWindow !== null && layout.maxContext > c.slidingWindow + 1) {
     throw new ConfigError('recipe', 'arch.maxContext', `${layout.maxContext} is over the model's sliding_window ${c.slidingWindow} + 1: past it HF masks keys the graphs attend to`);
   }
+  const N = layout.prefillLength;
   const out: Component[] = layout.shards.map(({ first, last }, index) => ({
     name: `shard${index}`,
     kind: 'attn_router',
     weights: 'layers',
     entry: { shard: index, first, last },
-    variants: Array.from({ length: last - first + 1 }, (_, k) => first + k).map((l) => ({
-      name: `layer${l}`, n: 1, role: ROLES.attnRouter, entry: { first: l, last: l },
-      build: (g: GraphBuilder, w: GraphWeights) => attnRouterGraph(g, c, l, layout.maxContext, w),
-    })),
+    variants: Array.from({ length: last - first + 1 }, (_, k) => first + k).flatMap((l): GraphVariant[] => [
+      { name: `layer${l}`, n: 1, role: ROLES.attnRouter, entry: { first: l, last: l }, build: (g, w) => attnRouterGraph(g, c, l, layout.maxContext, 1, w) },
+      ...(N > 0 ? [{
+        name: `layer${l}.prefill`, n: N, role: ROLES.attnRouterPrefill, entry: { first: l, last: l }, optional: PREFILL_OPTIONAL,
+        build: (g: GraphBuilder, w: GraphWeights) => attnRouterGraph(g, c, l, layout.maxContext, N, w),
+      }] : []),
+    ]),
   }));
-  out.push({ name: 'experts', kind: 'experts', weights: 'layers', entry: {}, variants: [{ name: '', n: 1, role: ROLES.experts, build: (g, w) => expertsGraph(g, c, w.scheme) }] });
+  out.push({
+    name: 'experts', kind: 'experts', weights: 'layers', entry: {},
+    variants: [
+      { name: '', n: 1, role: ROLES.experts, build: (g, w) => expertsGraph(g, c, w.scheme) },
+      ...(N > 0 ? [{ name: 'prefill', n: N, role: ROLES.expertsPrefill, optional: PREFILL_OPTIONAL, build: (g: GraphBuilder, w: GraphWeights) => expertsPrefillGraph(g, c, w.scheme, N) }] : []),
+    ],
+  });
   if (!layout.lmHeadInside) out.push({ name: 'lm_head', kind: 'lm_head', weights: 'lmHead', entry: {}, variants: [{ name: '', n: 1, role: ROLES.lmHead, build: (g, w) => lmHeadGraph(g, c, w) }] });
   return out;
 }
@@ -124,8 +139,8 @@ export const phimoe: Family<PhimoeConfig> = {
 const f32 = 'float32' as const;
 const io = (name: string, shape: number[], dtype: ElemType = f32): TensorIO => ({ name, dtype, shape });
 
-async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number]): Promise<string> {
-  const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, 1);
+async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number): Promise<string> {
+  const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n);
   return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]])]);
 }
 
@@ -133,31 +148,31 @@ async function norm(g: GraphBuilder, w: GraphWeights, x: string, name: string, s
   return layerNorm(g, x, await w.store.small(g, `${name}.weight`, [size]), await w.store.small(g, `${name}.bias`, [size]), eps);
 }
 
-/** Layer l's attention and router over one token: h.l → attn_res (residual), moe_in (hand-off), router_logits, new K/V. */
-async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: number, w: GraphWeights): Promise<GraphInterface> {
+/** Layer l's attention and router over n tokens: h.l → attn_res (residual), moe_in (hand-off), router_logits, new K/V rows. */
+async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: number, n: number, w: GraphWeights): Promise<GraphInterface> {
   const { hidden: H, heads, kvHeads, headDim: d } = c;
-  const x = g.input('hidden_in', f32, [1, 1, H]);
-  const position = g.input('position', 'int32', [1]);
-  const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
+  const x = g.input('hidden_in', f32, [1, n, H]);
+  const position = g.input('position', 'int32', [n]);
+  const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
   const pastK = g.input(pastKv('k', l), f32, [1, kvHeads, ctx, d]);
   const pastV = g.input(pastKv('v', l), f32, [1, kvHeads, ctx, d]);
   const tables = ropeTables(ctx, d, c.ropeTheta);
-  const rope = ropeGather(g, position, { cos: g.initializer('rope.cos', tables.cos, [ctx, d]), sin: g.initializer('rope.sin', tables.sin, [ctx, d]) }, 1, d);
+  const rope = ropeGather(g, position, { cos: g.initializer('rope.cos', tables.cos, [ctx, d]), sin: g.initializer('rope.sin', tables.sin, [ctx, d]) }, n, d);
   const p = (rest: string) => layerName(l, rest);
   const xn = await norm(g, w, x, p('input_layernorm'), H, c.eps);
-  const q = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.q_proj'), [heads * d, H]), heads, d, 1);
-  const k = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.k_proj'), [kvHeads * d, H]), kvHeads, d, 1);
-  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H]), kvHeads, d, 1);
-  const newK = g.output(applyRope(g, k, rope), newKv('k', l), { shape: [1, kvHeads, 1, d] });
-  const newV = g.output(v, newKv('v', l), { shape: [1, kvHeads, 1, d] });
-  const attn = cachedAttention(g, applyRope(g, q, rope), newK, newV, pastK, pastV, mask, { heads, kvHeads, headDim: d, n: 1, ctx, scale: 1 / Math.sqrt(d) });
-  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, 1), p('self_attn.o_proj'), [H, heads * d]);
-  const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, 1, H] });
-  const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, 1, H] });
-  const logits = g.output(await w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, 1), 'router_logits', { shape: [1, 1, c.experts] });
+  const q = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.q_proj'), [heads * d, H], n), heads, d, n);
+  const k = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.k_proj'), [kvHeads * d, H], n), kvHeads, d, n);
+  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H], n), kvHeads, d, n);
+  const newK = g.output(applyRope(g, k, rope), newKv('k', l), { shape: [1, kvHeads, n, d] });
+  const newV = g.output(v, newKv('v', l), { shape: [1, kvHeads, n, d] });
+  const attn = cachedAttention(g, applyRope(g, q, rope), newK, newV, pastK, pastV, mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
+  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n);
+  const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, n, H] });
+  const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, n, H] });
+  const logits = g.output(await w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, n), 'router_logits', { shape: [1, n, c.experts] });
   return {
-    inputs: [io(x, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(pastK, [1, kvHeads, ctx, d]), io(pastV, [1, kvHeads, ctx, d])],
-    outputs: [io(attnRes, [1, 1, H]), io(moeIn, [1, 1, H]), io(logits, [1, 1, c.experts]), io(newK, [1, kvHeads, 1, d]), io(newV, [1, kvHeads, 1, d])],
+    inputs: [io(x, [1, n, H]), io(position, [n], 'int32'), io(mask, [1, 1, n, ctx + n]), io(pastK, [1, kvHeads, ctx, d]), io(pastV, [1, kvHeads, ctx, d])],
+    outputs: [io(attnRes, [1, n, H]), io(moeIn, [1, n, H]), io(logits, [1, n, c.experts]), io(newK, [1, kvHeads, n, d]), io(newV, [1, kvHeads, n, d])],
     probes: {},
   };
 }
@@ -168,39 +183,65 @@ export const expertScaleInput = (table: string, slot: number) => `${expertInput(
 
 
 /**
+ * One expert's rows as a graph input (`expert_<table>_<slot>`, in the scheme's dtype) and x [1,n,in]
+ * through them → [1,n,out]. W8: the int8 rows enter as a quantized tensor of scale 1 (a static
+ * DequantizeLinear, which QNN takes as an int8 input; a Cast from int8 it cannot place on the HTP)
+ * and each output is multiplied by its row's scale (`…_scale`) after the product: the same numbers
+ * as dequantizing the rows first (one scale per row), without an [out, in] multiply.
+ */
+function expertProject(g: GraphBuilder, scheme: QuantScheme, inputs: TensorIO[], x: string, table: string, slot: number, shape: [number, number], n: number): string {
+  const name = g.input(expertInput(table, slot), EXPERT_ROW_DTYPE[scheme], shape);
+  inputs.push(io(name, shape, EXPERT_ROW_DTYPE[scheme]));
+  if (scheme !== 'w8') return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], n);
+  const w = g.op('DequantizeLinear', [name, g.constFloat32([1], []), g.initializer(`${name}.zero`, Int8Array.of(0), [], 'int8')]);
+  const scale = g.input(expertScaleInput(table, slot), f32, [shape[0]]);
+  inputs.push(io(scale, [shape[0]]));
+  return g.op('Mul', [linear(g, x, w, shape[1], shape[0], n), scale]);
+}
+
+/** The expert of `slot` over x [1,n,H]: gate/up rows, SwiGLU, down rows → [1,n,H], unweighted. */
+function expertFfn(g: GraphBuilder, c: PhimoeConfig, scheme: QuantScheme, inputs: TensorIO[], x: string, slot: number, n: number): string {
+  const gateUp = expertProject(g, scheme, inputs, x, EXPERT_TABLES.gateUp, slot, [2 * c.ffn, c.hidden], n);
+  const [gate, up] = g.op('Split', [gateUp], { axis: -1 }, 2);
+  return expertProject(g, scheme, inputs, swiGate(g, gate, up), EXPERT_TABLES.down, slot, [c.hidden, c.ffn], n);
+}
+
+/**
  * The two selected experts over one token, for any layer: moe_in (hand-off) through each slot's
  * gate/up and down rows (fed from the host tables), weighted by the host's routing weights, added
- * to the attention residual. Rows in the scheme's dtype; W8 rows are int8 × their per-row scale.
+ * to the attention residual.
  */
 async function expertsGraph(g: GraphBuilder, c: PhimoeConfig, scheme: QuantScheme): Promise<GraphInterface> {
-  const { hidden: H, ffn: F } = c;
+  const H = c.hidden;
   const res = g.input('attn_res', f32, [1, 1, H]);
   const moeIn = g.input('moe_in', f32, [1, 1, H]);
   const routing = g.input('routing', f32, [2]);
   const inputs: TensorIO[] = [io(res, [1, 1, H]), io(moeIn, [1, 1, H]), io(routing, [2])];
-  // x [1,1,in] · rowsᵀ → [1,1,out]. W8: the int8 rows enter as a quantized tensor of scale 1 (a
-  // static DequantizeLinear, which QNN takes as an int8 input; a Cast from int8 it cannot place on
-  // the HTP) and each output is multiplied by its row's scale after the product: the same numbers
-  // as dequantizing the rows first (one scale per row), without an [out, in] multiply.
-  const project = (x: string, table: string, slot: number, shape: [number, number]) => {
-    const name = g.input(expertInput(table, slot), EXPERT_ROW_DTYPE[scheme], shape);
-    inputs.push(io(name, shape, EXPERT_ROW_DTYPE[scheme]));
-    if (scheme !== 'w8') return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], 1);
-    const w = g.op('DequantizeLinear', [name, g.constFloat32([1], []), g.initializer(`${name}.zero`, Int8Array.of(0), [], 'int8')]);
-    const scale = g.input(expertScaleInput(table, slot), f32, [shape[0]]);
-    inputs.push(io(scale, [shape[0]]));
-    return g.op('Mul', [linear(g, x, w, shape[1], shape[0], 1), scale]);
-  };
   let sum: string | undefined;
   for (const slot of [0, 1]) {
-    const gateUp = project(moeIn, EXPERT_TABLES.gateUp, slot, [2 * F, H]);
-    const [gate, up] = g.op('Split', [gateUp], { axis: -1 }, 2);
-    const y = project(swiGate(g, gate, up), EXPERT_TABLES.down, slot, [H, F]);
-    const weighted = g.op('Mul', [y, g.op('Gather', [routing, g.constInt64([slot], [])], { axis: 0 })]);
+    const weighted = g.op('Mul', [expertFfn(g, c, scheme, inputs, moeIn, slot, 1), g.op('Gather', [routing, g.constInt64([slot], [])], { axis: 0 })]);
     sum = sum ? g.op('Add', [sum, weighted]) : weighted;
   }
   const out = g.output(g.op('Add', [res, sum!]), 'hidden_out', { shape: [1, 1, H] });
   return { inputs, outputs: [io(out, [1, 1, H])], probes: {} };
+}
+
+/**
+ * One expert over a prefill chunk of n tokens, for any layer and expert: acc + routing ⊙ FFN_e(moe_in),
+ * routing [n] being each token's weight for this expert (0 where the token chose others). The host
+ * runs it once per expert the chunk chose, threading acc from the attention residual; its rows are
+ * slot 0's.
+ */
+async function expertsPrefillGraph(g: GraphBuilder, c: PhimoeConfig, scheme: QuantScheme, n: number): Promise<GraphInterface> {
+  const H = c.hidden;
+  const acc = g.input('acc', f32, [1, n, H]);
+  const moeIn = g.input('moe_in', f32, [1, n, H]);
+  const routing = g.input('routing', f32, [n]);
+  const inputs: TensorIO[] = [io(acc, [1, n, H]), io(moeIn, [1, n, H]), io(routing, [n])];
+  const y = expertFfn(g, c, scheme, inputs, moeIn, 0, n);
+  const weighted = g.op('Mul', [y, g.op('Reshape', [routing, g.constInt64([1, n, 1])])]);
+  const out = g.output(g.op('Add', [acc, weighted]), 'hidden_out', { shape: [1, n, H] });
+  return { inputs, outputs: [io(out, [1, n, H])], probes: {} };
 }
 
 /** The last layer's residual [1,1,H] → final LayerNorm → biased lm-head → logits [1,1,V]. */

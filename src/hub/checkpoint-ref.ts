@@ -3,11 +3,11 @@
 // an 8 GB model is never copied into the cache.
 import { readFileSync } from 'node:fs';
 import { isAbsolute, join } from 'node:path';
-import type { Recipe } from '../recipe/schema.js';
+import type { PinnedSource } from '../recipe/schema.js';
 
 export interface CheckpointRef {
   dir: string;
-  source: Recipe['source'];
+  source: PinnedSource;
   /** Relative path → size of every file, as seen when fetched. */
   files: Record<string, number>;
   /**

@@ -6,7 +6,7 @@ import { readFileSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { Json, StageModule } from '../engine/stage.js';
-import type { FamilyId, Recipe } from '../recipe/schema.js';
+import type { FamilyId, PinnedSource } from '../recipe/schema.js';
 import { validateCheckpoint } from '../families/validate.js';
 import { isAbsolute } from 'node:path';
 import { runPython } from '../toolchain/python.js';
@@ -20,7 +20,7 @@ import { listFilesBelow } from '../io/files.js';
 import { readSpecialTokens } from '../bundle/special-tokens.js';
 
 export interface FetchParams {
-  source: Recipe['source'];
+  source: PinnedSource;
   /** The checkpoint is checked against this family's tensors before any other stage reads it. */
   family: FamilyId;
   /** For local sources: relative path → sha256 of every file, so an edited checkpoint is a new key. */

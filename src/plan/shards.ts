@@ -69,19 +69,20 @@ interface PlannedGraph {
 }
 
 /**
- * Keeps the graphs within the arch's graphs per process: while over, drops one optional variant
- * (by name, from every component at once: the runtime uses a variant across the model or not at
- * all), in the order the family declares them. Returns what is kept and what was dropped, and why.
+ * Keeps the graphs within the arch's graphs per process: while over, drops one optional feature
+ * (every graph whose `optional` reason is the same, from every component at once: the runtime uses
+ * a feature such as batched prefill across the model or not at all), in the order the family
+ * declares them. Returns what is kept and what was dropped, and why.
  */
 export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' | 'maxGraphsPerProcess'>): { kept: PlannedGraph[]; dropped: Array<{ graph: string; why: string }> } {
   let kept: PlannedGraph[] = components.flatMap((c) => c.variants.map((v) => ({ graph: graphName(c.name, v.name), component: c.name, variant: v.name, optional: v.optional })));
   const dropped: Array<{ graph: string; why: string }> = [];
   const limit = arch.maxGraphsPerProcess;
-  const optionalVariants = [...new Set(kept.filter((g) => g.optional).map((g) => g.variant))];
-  for (const variant of optionalVariants) {
+  const features = [...new Set(kept.filter((g) => g.optional).map((g) => g.optional))];
+  for (const feature of features) {
     if (kept.length <= limit) break;
     const before = kept.length;
-    const gone = kept.filter((g) => g.variant === variant && g.optional);
+    const gone = kept.filter((g) => g.optional === feature);
     kept = kept.filter((g) => !gone.includes(g));
     for (const g of gone) dropped.push({ graph: g.graph, why: `${before} graphs are over the ${arch.id} limit of ${limit} graphs per process (arch table: cdsp-heap); optional, ${g.optional}` });
   }

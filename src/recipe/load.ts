@@ -2,7 +2,7 @@ import { readFileSync, readdirSync, existsSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { z } from 'zod';
 import { ARCH_IDS, getArch, type HexagonArch } from '../arch/table.js';
-import { ARCH_SETTING_DEFAULTS, ArchSettingsSchema, RecipeSchema, type ArchSettings, type Recipe } from './schema.js';
+import { ARCH_SETTING_DEFAULTS, ArchSettingsSchema, RecipeSchema, RevisionSchema, type ArchSettings, type PinnedRecipe, type Recipe } from './schema.js';
 import { repoRoot } from '../paths.js';
 
 export class RecipeError extends Error {
@@ -106,4 +106,27 @@ export function checkLocalSource(recipe: Recipe, file: string): void {
   } catch (e) {
     throw new RecipeError(`${file}: source.path: ${shown} cannot be read (${(e as NodeJS.ErrnoException).code ?? (e as Error).message})`);
   }
+}
+
+/**
+ * The recipe a build fetches: a hub source with its revision. `given` is `forge build --revision`:
+ * it pins an unpinned recipe (`"revision": null`) for this build, and equals the pinned sha of a
+ * pinned one or is refused (the recorded config belongs to that sha: edit the recipe to move it).
+ * Every refusal is one line naming the recipe file and the field, and what to do.
+ */
+export function pinnedRecipe({ recipe, file }: Pick<LoadedRecipe, 'recipe' | 'file'>, given?: string): PinnedRecipe {
+  const src = recipe.source;
+  if (given !== undefined) {
+    const ok = RevisionSchema.safeParse(given);
+    if (!ok.success) throw new RecipeError(`--revision '${given}': ${ok.error.issues[0].message}`);
+    if (src.kind !== 'hub') throw new RecipeError(`--revision pins a hub revision, but ${file} has source.kind '${src.kind}'`);
+    if (src.revision !== null && src.revision !== given) {
+      throw new RecipeError(`${file}: source.revision pins ${src.revision}; --revision ${given} differs (to build another commit, change source.revision and the recorded config to that commit's)`);
+    }
+    return { ...recipe, source: { ...src, revision: given } };
+  }
+  if (src.kind === 'hub' && src.revision === null) {
+    throw new RecipeError(`${file}: source.revision: not pinned (${src.unpinned}); forge build needs the commit of ${src.repo} to fetch: pass --revision <40-hex commit sha> (its config.json must match the recipe's recorded config), or pin source.revision in the recipe (forge plan needs neither)`);
+  }
+  return recipe as PinnedRecipe;
 }

@@ -5,8 +5,9 @@ import { z } from 'zod';
 export const FAMILY_IDS = ['qwen3', 'qwen3_5', 'phimoe', 'gemma4', 'qwen3_vl'] as const;
 export type FamilyId = (typeof FAMILY_IDS)[number];
 
-const revision = z
-  .string()
+/** A pinned hub revision: the commit sha (a branch or tag moves). `forge build --revision` takes the same. */
+export const RevisionSchema = z
+  .string({ error: (iss) => (iss.input === undefined ? 'required: a 40-hex-digit commit sha, or null with "unpinned": "<why>" while it cannot be pinned' : 'a pinned revision is a 40-hex-digit commit sha string') })
   .regex(/^[0-9a-f]{40}$/, 'a pinned revision is a 40-hex-digit commit sha (not a branch or tag)');
 
 /**
@@ -15,16 +16,49 @@ const revision = z
  */
 const allowNonFinite = z.object({ reason: z.string().trim().min(1, 'say why non-finite weights are allowed') }).strict().optional();
 
+/**
+ * A hub checkpoint. `revision` is the commit its weights are fetched at; `null` says it is not pinned
+ * yet, and then `unpinned` must say why. Only fetching the weights needs the revision: `forge plan`
+ * reads the recorded config, and `forge build --revision <sha>` pins one for that build.
+ */
+const HubSourceSchema = z.object({
+  kind: z.literal('hub'),
+  repo: z.string().regex(/^[\w.-]+\/[\w.-]+$/, 'expected <org>/<name>'),
+  revision: RevisionSchema.nullable(),
+  unpinned: z.string().trim().min(1, 'say why the revision is not pinned').optional(),
+  allowNonFinite,
+}).strict().superRefine((s, ctx) => {
+  if (s.revision === null && s.unpinned === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['unpinned'], message: 'a hub source with "revision": null must say why it is not pinned ("unpinned": "<why>")' });
+  }
+  // Only a valid sha is 'pinned' (a branch name is refused by its own message).
+  if (s.unpinned !== undefined && RevisionSchema.safeParse(s.revision).success) {
+    ctx.addIssue({ code: 'custom', path: ['unpinned'], message: 'the revision is pinned: drop "unpinned" (it says why a revision is not pinned)' });
+  }
+});
+
 export const SourceSchema = z.discriminatedUnion('kind', [
-  z.object({
-    kind: z.literal('hub'),
-    repo: z.string().regex(/^[\w.-]+\/[\w.-]+$/, 'expected <org>/<name>'),
-    revision,
-    allowNonFinite,
-  }).strict(),
+  HubSourceSchema,
   z.object({ kind: z.literal('local'), path: z.string().min(1), allowNonFinite }).strict(),
   z.object({ kind: z.literal('tiny'), twin: z.enum(FAMILY_IDS), allowNonFinite }).strict(),
 ]);
+export type Source = z.infer<typeof SourceSchema>;
+export type HubSource = Extract<Source, { kind: 'hub' }>;
+
+/**
+ * A source a build can fetch: a hub source with its revision (the recipe's, or `--revision`'s; then
+ * `unpinned` still carries the recipe's reason for not pinning one). See pinnedRecipe (load.ts).
+ */
+export type PinnedSource = Exclude<Source, { kind: 'hub' }> | (HubSource & { revision: string });
+
+/** The hub revision a build fetches and where it came from (the run record and the card say both). */
+export interface BuiltRevision { repo: string; revision: string; from: 'recipe' | '--revision'; unpinned?: string }
+
+export function builtRevision(s: PinnedSource): BuiltRevision | undefined {
+  if (s.kind !== 'hub') return undefined;
+  // A recipe that pins its revision has no `unpinned` (the schema refuses both): present, --revision gave it.
+  return s.unpinned === undefined ? { repo: s.repo, revision: s.revision, from: 'recipe' } : { repo: s.repo, revision: s.revision, from: '--revision', unpinned: s.unpinned };
+}
 
 export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8']);
 export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
@@ -104,6 +138,17 @@ export const CardSchema = z.object({
   caveats: z.array(z.string()).default([]),
 }).strict();
 
+/**
+ * Where the recorded config's values were copied from when not from the pinned revision itself (an
+ * unpinned recipe must say): a file at a commit of a repository, and what the copy is.
+ */
+export const ConfigSourceSchema = z.object({
+  repo: z.string().min(1),
+  path: z.string().min(1),
+  commit: z.string().regex(/^[0-9a-f]{40}$/, 'a 40-hex-digit commit sha'),
+  note: z.string().trim().min(1),
+}).strict();
+
 export const RecipeSchema = z.object({
   id: z.string().regex(/^[a-z0-9][a-z0-9.\-]*$/, 'lower-case letters, digits, dots and dashes'),
   family: z.enum(FAMILY_IDS),
@@ -114,11 +159,21 @@ export const RecipeSchema = z.object({
    * and a fetched checkpoint that differs is refused. Optional for tiny twins (made here).
    */
   config: z.record(z.string(), z.unknown()).optional(),
+  configSource: ConfigSourceSchema.optional(),
   arch: z.object({
     default: ArchSettingsPatchSchema.default({}),
   }).catchall(ArchSettingsPatchSchema).default({ default: {} }),
   gates: GateSettingsSchema,
   card: CardSchema,
-}).strict();
+}).strict().superRefine((r, ctx) => {
+  if (r.source.kind === 'hub' && r.source.revision === null && r.config === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['config'], message: 'an unpinned hub recipe must record the model config: forge plan reads it, and a checkpoint fetched with --revision is checked against it' });
+  }
+  if (r.source.kind === 'hub' && r.source.revision === null && r.configSource === undefined) {
+    ctx.addIssue({ code: 'custom', path: ['configSource'], message: 'an unpinned hub recipe must say where its recorded config was copied from (repo, path, commit, note)' });
+  }
+});
 
 export type Recipe = z.infer<typeof RecipeSchema>;
+/** A recipe a build can fetch (its hub revision known). */
+export type PinnedRecipe = Recipe & { source: PinnedSource };
