@@ -15,11 +15,11 @@ namespace forge_test {
 std::string need_env(const char* name) {
   const char* v = std::getenv(name);
   if (v && *v) return v;
-  ADD_FAILURE() << name << " is not set. Build the tiny bundle with\n"
-                << "  FORGE_CACHE=/tmp/fc-native node --import tsx test/helpers/make-bundle.ts <dir> --hybrid --phimoe\n"
-                << "and set FORGE_TEST_BUNDLE=<fp32 dir>, FORGE_TEST_BUNDLE_W8=<w8 dir>, FORGE_TEST_TRACE=<trace dir>,\n"
-                << "FORGE_TEST_HYBRID_BUNDLE=<hybrid dir>, FORGE_TEST_HYBRID_BUNDLE_W8=<hybridW8 dir>, FORGE_TEST_HYBRID_TRACE=<hybridTrace dir>,\n"
-                << "(with --phimoe) FORGE_TEST_PHIMOE_BUNDLE=<phimoe dir>, FORGE_TEST_PHIMOE_BUNDLE_W8=<phimoeW8 dir>, FORGE_TEST_PHIMOE_TRACE=<phimoeTrace dir>.";
+  ADD_FAILURE() << name << " is not set. Build the tiny bundles with\n"
+                << "  FORGE_CACHE=/tmp/fc-native node --import tsx test/helpers/make-bundle.ts <dir> --all\n"
+                << "and set the variables its JSON keys map to (src/toolchain/native.ts nativeTestEnv): fp32, w8, trace ->\n"
+                << "FORGE_TEST_BUNDLE, FORGE_TEST_BUNDLE_W8, FORGE_TEST_TRACE; <name>, <name>W8, <name>Trace ->\n"
+                << "FORGE_TEST_<NAME>_BUNDLE, FORGE_TEST_<NAME>_BUNDLE_W8, FORGE_TEST_<NAME>_TRACE.";
   return "";
 }
 
@@ -31,6 +31,17 @@ std::vector<TracePrompt> load_trace(const std::string& dir) {
   for (const auto& p : j.at("prompts"))
     out.push_back({p.value("text", ""), p.at("prompt_tokens").get<std::vector<int>>(), p.at("generated").get<std::vector<int>>()});
   return out;
+}
+
+std::vector<std::vector<int>> prefill_test_prompts(const std::string& trace_dir, int chunk, int vocab) {
+  std::vector<std::vector<int>> prompts;
+  for (const auto& tp : load_trace(trace_dir)) prompts.push_back(tp.prompt_tokens);
+  std::vector<int> longp, exact;
+  for (int i = 0; i < 2 * chunk + 3; i++) longp.push_back((i * 37 + 11) % vocab);
+  for (int i = 0; i < 2 * chunk; i++) exact.push_back((i * 53 + 5) % vocab);
+  prompts.push_back(longp);
+  prompts.push_back(exact);
+  return prompts;
 }
 
 std::unique_ptr<Loaded> load(const std::string& dir) {

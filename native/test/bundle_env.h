@@ -23,6 +23,12 @@ struct TracePrompt {
 };
 std::vector<TracePrompt> load_trace(const std::string& trace_dir);
 
+/**
+ * The prompts a prefill test runs: the trace's, one of 2·chunk + 3 tokens (several chunks, the last
+ * padded) and one of exactly 2·chunk, their ids spread over the vocabulary.
+ */
+std::vector<std::vector<int>> prefill_test_prompts(const std::string& trace_dir, int chunk, int vocab);
+
 /** A bundle loaded as qhx_generate loads it: manifest, executor (CPU), the host-op's generator from the registry. */
 struct Loaded {
   forge::Manifest manifest;

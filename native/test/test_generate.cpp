@@ -73,14 +73,8 @@ TEST(Generate, PrefillEqualsDecodeOverPrompt) {
   auto l = load(bundle);
   ASSERT_TRUE(l->gen->has_prefill()) << "the tiny bundle is expected to have prefill graphs";
   int chunk = l->manifest.contexts[0].graph(forge::role::prefill)->tokens;
-  std::vector<std::vector<int>> prompts;
-  for (const auto& tp : forge_test::load_trace(trace)) prompts.push_back(tp.prompt_tokens);
-  // A long prompt: several chunks with a padded last one, and one exactly filling two chunks.
-  std::vector<int> longp, exact;
-  for (int i = 0; i < 2 * chunk + 3; i++) longp.push_back((i * 37 + 11) % l->manifest.vocab);
-  for (int i = 0; i < 2 * chunk; i++) exact.push_back((i * 53 + 5) % l->manifest.vocab);
-  prompts.push_back(longp);
-  prompts.push_back(exact);
+  // The trace's prompts, one of several chunks with a padded last one, one exactly filling two.
+  const auto prompts = forge_test::prefill_test_prompts(trace, chunk, l->manifest.vocab);
   for (const auto& p : prompts) {
     auto a = l->gen->generate(p, {16, true, true});
     auto b = l->gen->generate(p, {16, true, false});

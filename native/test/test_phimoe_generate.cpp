@@ -137,13 +137,7 @@ TEST(PhimoeGenerate, PrefillChunksEqualDecodeOverPrompt) {
   ASSERT_TRUE(gen->has_prefill()) << "the tiny PhiMoE bundle is expected to have prefill graphs";
   const auto [pc, pg] = find_graph(l->manifest, "experts_prefill");
   const int chunk = l->manifest.contexts[pc].graphs[pg].tokens;
-  std::vector<std::vector<int>> prompts;
-  for (const auto& tp : forge_test::load_trace(trace)) prompts.push_back(tp.prompt_tokens);
-  std::vector<int> longp, exact;
-  for (int i = 0; i < 2 * chunk + 3; i++) longp.push_back((i * 37 + 11) % l->manifest.vocab);
-  for (int i = 0; i < 2 * chunk; i++) exact.push_back((i * 53 + 5) % l->manifest.vocab);
-  prompts.push_back(longp);
-  prompts.push_back(exact);
+  const auto prompts = forge_test::prefill_test_prompts(trace, chunk, l->manifest.vocab);
   gen->record_routes(true);
   for (const auto& p : prompts) {
     auto a = gen->generate(p, {16, true, true});
