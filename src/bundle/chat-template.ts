@@ -57,12 +57,12 @@ function occurrences(text: string, part: string): number {
  * chat_template when the template fails to render or does not render the content once, verbatim.
  */
 export function chatWrap(template: string, tokens: TemplateTokens, file: string): ChatWrap {
-  const refuse = (why: string, cause?: unknown) => CheckpointError.at(file, undefined, `field chat_template: ${why}`.replace(/\s+/g, ' '), cause);
+  const refuse = (why: string, cause?: unknown) => CheckpointError.at(file, undefined, `field chat_template: ${why}`.replace(/[\r\n]+/g, ' '), cause);
   const render = (content: string) => {
     try {
       return renderUserTurn(template, tokens, content);
     } catch (e) {
-      throw refuse(`does not render one user turn with a generation prompt: ${(e as Error).message}`, e);
+      throw refuse(`does not render one user turn with a generation prompt: ${String((e as Error).message).slice(0, 400)}`, e);
     }
   };
   const rendered = render(SENTINEL);
