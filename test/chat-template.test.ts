@@ -29,7 +29,7 @@ const TEXTS = [
 ];
 
 // Templates written for this test with what real ones do around one user turn: BOS in the
-// template, a default system prompt, namespace and loop state, a branch on tools, a trailing
+// template, a default system prompt, namespace state, a branch on tools being none, a trailing
 // newline after the last tag (Jinja drops one), an eos_token branch without a generation prompt.
 const TEMPLATES: Record<string, string> = {
   'bos-and-eos-branch':
@@ -37,7 +37,7 @@ const TEMPLATES: Record<string, string> = {
     "{% elif message['role'] == 'user' %}{{ '<|user|>\\n' + message['content'] + '<|end|>\\n' }}{% else %}{{ '<|assistant|>\\n' + message['content'] + '<|end|>\\n' }}{% endif %}{% endfor %}" +
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}",
   'default-system-prompt':
-    "{%- if tools %}{{- '<|system|>\\nTools: ' + tools | length | string + '<|end|>\\n' }}{%- elif messages[0]['role'] != 'system' %}" +
+    "{%- if tools is not none %}{{- '<|system|>\\nTools: ' + tools | length | string + '<|end|>\\n' }}{%- elif messages[0]['role'] != 'system' %}" +
     "{{- '<|system|>\\nYou are a helpful assistant.<|end|>\\n' }}{%- endif %}\n{%- set ns = namespace(users=0) %}\n" +
     "{%- for message in messages %}\n    {%- if message.role == 'user' %}{%- set ns.users = ns.users + 1 %}{%- endif %}\n" +
     "    {{- '<|' + message.role + '|>\\n' + message.content + '<|end|>\\n' }}\n{%- endfor %}\n" +
