@@ -1,5 +1,6 @@
 // The model card's parity lines: each variant's N/N under teacher forcing, its ties with the bound,
-// every listed mismatch with HF's margin, the rule, and the recipe's reason when it allows ties.
+// every listed mismatch with HF's margin, the rule, and the recipe's reason when it allows ties;
+// and its run command (--chat where the model has a chat template).
 import { describe, expect, it } from 'vitest';
 import { modelCard, type CardFacts, type ParityFacts } from '../src/bundle/card.js';
 import { getArch } from '../src/arch/table.js';
@@ -85,5 +86,19 @@ describe('model card: parity', () => {
       parity: { matched: 64, total: 64, ties: 0, maxTies: 0, tieMargin: 0.125, mismatches: { count: 0, listed: [] } },
     };
     expect(modelCard(facts(clean, emulation), {})).toContain('parity (teacher-forced) 64/64 equal to HF, 0 ties (0 allowed; tie margin 1.25e-1, twice the simulator\'s largest logit error).');
+  });
+});
+
+describe('model card: run command', () => {
+  it('asks a model with a chat template through --chat, and one without in plain text', () => {
+    const withChat = facts(clean);
+    (withChat.manifest.tokenizer as { chat: unknown }).chat = { prefix: '<|user|>\n', suffix: '<|end|>\n<|assistant|>\n' };
+    const card = modelCard(withChat, {});
+    expect(card).toContain(`./qhx_generate manifest.json libQnnHtp.so libQnnSystem.so . 8 'What is the capital of France?' --chat"`);
+    expect(card).toContain('`--chat` wraps the prompt in the model\'s chat template');
+    const plain = modelCard(facts(clean), {});
+    expect(plain).toContain(`./qhx_generate manifest.json libQnnHtp.so libQnnSystem.so . 8 'The capital of France is'"`);
+    expect(plain).toContain('The model has no chat template: the prompt is plain text.');
+    expect(plain).not.toContain('--chat');
   });
 });

@@ -71,4 +71,13 @@ describe('manifest v2', () => {
     expect(refusal(edited((m) => (m.hostTables[0].shape = [32])))).toBeNull();
     expect(refusal(edited((m) => m.hostTables.push({ ...m.hostTables[0] })))).toBe('hostTables: host table names are unique');
   });
+
+  it('records the chat wrap as {prefix, suffix} strings, or null without a template', () => {
+    expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: '<|user|>\n', suffix: '<|end|>\n<|assistant|>\n' })))).toBeNull();
+    expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: '', suffix: '' })))).toBeNull();
+    expect(refusal(edited((m) => delete m.tokenizer.chat))).toMatch(/^tokenizer\.chat: /);
+    expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: '<|user|>\n' })))).toMatch(/^tokenizer\.chat\.suffix: /);
+    expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: 1, suffix: '' })))).toMatch(/^tokenizer\.chat\.prefix: /);
+    expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: '', suffix: '', system: '' })))).toMatch(/^tokenizer\.chat: /);
+  });
 });

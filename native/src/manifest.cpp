@@ -446,7 +446,7 @@ struct Parser {
     host_tables(r.at("hostTables"), files);
 
     Node tok = r.at("tokenizer");
-    tok.object({"file", "sha256", "bos", "eos", "chatTemplate"}, {"config"});
+    tok.object({"file", "sha256", "bos", "eos", "chatTemplate", "chat"}, {"config", "chatNotApplied"});
     m.tokenizer_file = tok.at("file").rel_path();
     files.check(tok.at("sha256"), m.tokenizer_file, tok.at("sha256").sha256());
     if (tok.has("config")) files.exists(tok.at("config"), tok.at("config").rel_path());
@@ -461,6 +461,24 @@ struct Parser {
       m.eos.push_back(id);
     }
     if (!tok.at("chatTemplate").j.is_null()) m.chat_template = tok.at("chatTemplate").str();
+    if (Node chat = tok.at("chat"); !chat.j.is_null()) {
+      chat.object({"prefix", "suffix"});
+      // Either may be empty; both are tokenized as prompt text, so they must be UTF-8.
+      auto text = [](const Node& n) {
+        if (!n.j.is_string()) n.fail("expected a string");
+        try {
+          utf8_decode(n.j.get<std::string>());
+        } catch (const std::exception& e) {
+          n.fail(e.what());
+        }
+        return n.j.get<std::string>();
+      };
+      m.chat = Manifest::ChatWrap{text(chat.at("prefix")), text(chat.at("suffix"))};
+    }
+    if (tok.has("chatNotApplied")) {
+      if (m.chat) tok.at("chatNotApplied").fail("given with a chat wrap: it says why there is none");
+      m.chat_not_applied = tok.at("chatNotApplied").str();
+    }
 
     contexts(r.at("contexts"), files);
   }

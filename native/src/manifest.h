@@ -135,7 +135,14 @@ struct Manifest {
   std::string tokenizer_file;
   std::optional<int> bos;
   std::vector<int> eos;
-  std::optional<std::string> chat_template;
+  std::optional<std::string> chat_template;  // the Jinja source, as shipped (not read by the runtime)
+  /** tokenizer.chat: the template as forge rendered it around one user turn (`qhx_generate --chat`). */
+  struct ChatWrap {
+    std::string prefix, suffix;
+  };
+  std::optional<ChatWrap> chat;
+  /** tokenizer.chatNotApplied: why the checkpoint's template has no wrap (it does not put the content in fixed text). */
+  std::optional<std::string> chat_not_applied;
   int max_context = 0;
   int max_new_tokens = 0;
   /** hostOpParams: numbers (and booleans, as 0/1) and strings the host-op needs beyond the graphs. */

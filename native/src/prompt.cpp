@@ -2,6 +2,9 @@
 
 #include <stdexcept>
 
+#include "manifest.h"
+#include "tokenizer.h"
+
 namespace forge {
 
 std::vector<int> parse_ids(const std::string& s, const std::string& flag) {
@@ -19,6 +22,30 @@ std::vector<int> parse_ids(const std::string& s, const std::string& flag) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  return ids;
+}
+
+void check_vocab(const Manifest& m, const std::vector<int>& ids, const std::string& what) {
+  for (size_t i = 0; i < ids.size(); i++)
+    if (ids[i] < 0 || ids[i] >= m.vocab)
+      throw std::runtime_error(what + ": entry " + std::to_string(i + 1) + " token id " + std::to_string(ids[i]) + " is outside the vocabulary [0, " +
+                               std::to_string(m.vocab) + ")");
+}
+
+std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat) {
+  std::vector<int> ids;
+  if (chat) {
+    if (!m.chat && m.chat_not_applied)
+      throw std::runtime_error("--chat: " + m.label + "'s chat template cannot be applied by the runtime (" + *m.chat_not_applied +
+                               "); give the ids transformers' apply_chat_template renders with --prompt-ids, or the prompt as plain text");
+    if (!m.chat)
+      throw std::runtime_error("--chat: " + m.label + " has no chat template (tokenizer.chat is null: the checkpoint's tokenizer_config.json has no chat_template); give the prompt as plain text");
+    ids = tok.encode(m.chat->prefix + text + m.chat->suffix);
+  } else {
+    ids = tok.encode(text);
+    if (m.bos) ids.insert(ids.begin(), *m.bos);
+  }
+  check_vocab(m, ids, "the tokenized prompt");
   return ids;
 }
 

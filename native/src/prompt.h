@@ -1,4 +1,5 @@
-// The prompt of qhx_generate given as token ids (`--prompt-ids 12,5,7`). Text is never taken for
+// The prompt of qhx_generate: text, tokenized (and, with --chat, wrapped in the model's chat
+// template first), or token ids given as such (`--prompt-ids 12,5,7`). Text is never taken for
 // ids: a prompt of digits ("42") is text like any other and is tokenized.
 #pragma once
 #include <string>
@@ -6,7 +7,23 @@
 
 namespace forge {
 
+struct Manifest;
+class Tokenizer;
+
 /** Parses "12,5,7"; throws std::runtime_error naming the flag (`--prompt-ids`, `--force-ids`) and the bad entry. */
 std::vector<int> parse_ids(const std::string& s, const std::string& flag = "--prompt-ids");
+
+/**
+ * The token ids of a text prompt. Plain: the text tokenized, the manifest's BOS (if any) before it.
+ * chat: tokenizer.chat's prefix + text + suffix tokenized as one text, nothing added, which is what
+ * transformers' apply_chat_template(add_generation_prompt=True, tokenize=True) feeds the model (it
+ * tokenizes the rendered text without special tokens: a template that wants BOS renders it, and it
+ * is then in the prefix). Throws when `chat` is asked of a manifest without a template, or when an
+ * id is outside model.vocab (a tokenizer larger than the model's embedding).
+ */
+std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat);
+
+/** Throws, naming the flag and entry, when an id is outside [0, model.vocab). */
+void check_vocab(const Manifest& m, const std::vector<int>& ids, const std::string& what);
 
 }  // namespace forge

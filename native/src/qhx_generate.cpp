@@ -1,10 +1,14 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
-//              [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7]
+//              [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
 // Runs a forge bundle greedily with the host-op its manifest names (the registry, host_op.h).
 // backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a QNN backend library (QNN EP
 // plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
-// the prompt, each checked against the vocabulary. --force-ids teacher-forces the continuation: step k
+// the prompt, each checked against the vocabulary. --chat wraps the text in the model's chat template
+// (one user turn and the assistant's generation prompt, as forge rendered it into tokenizer.chat) and
+// adds no BOS: the ids transformers' apply_chat_template gives. --print-prompt-ids prints the prompt's
+// ids and stops before the graphs load (feed them back with --prompt-ids for an exact-id repro).
+// --force-ids teacher-forces the continuation: step k
 // (k >= 1) is fed the k-th forced id instead of the token chosen at step k - 1 (at most max_new_tokens
 // ids, each in the vocabulary), and generated_ids is still the token the runtime chose at every step;
 // the parity gate forces HF's greedy tokens so a comparison goes on past a mismatch. The text and EOS
@@ -42,7 +46,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
-    "(<prompt text> | --prompt-ids 1,2,3) [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7]";
+    "(<prompt text> | --prompt-ids 1,2,3) [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -53,7 +57,7 @@ std::string join_ids(const std::vector<int>& ids) {
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
   std::optional<std::string> prompt_ids, force_ids;
-  bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false;
+  bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false, chat = false, print_prompt_ids = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--prompt-ids") {
@@ -65,6 +69,8 @@ int run(int argc, char** argv) {
       if (force_ids) throw std::runtime_error("--force-ids given twice");
       force_ids = argv[++i];
     } else if (a == "--ids") throw std::runtime_error("--ids is gone: give token ids as --prompt-ids 1,2,3 in place of the prompt");
+    else if (a == "--chat") chat = true;
+    else if (a == "--print-prompt-ids") print_prompt_ids = true;
     else if (a == "--json") as_json = true;
     else if (a == "--ignore-eos") ignore_eos = true;
     else if (a == "--no-prefill") no_prefill = true;
@@ -75,6 +81,7 @@ int run(int argc, char** argv) {
   }
   if (prompt_ids && pos.size() == 6) throw std::runtime_error("give the prompt as text or as --prompt-ids, not both; " + std::string(kUsage));
   if (pos.size() != (prompt_ids ? 5u : 6u)) throw std::runtime_error(kUsage);
+  if (chat && prompt_ids) throw std::runtime_error("--chat wraps a text prompt in the chat template; --prompt-ids are fed as given, not both");
   const std::string &manifest_path = pos[0], &backend = pos[1], &system_lib = pos[2], &root = pos[3];
   int max_new = 0;
   try {
@@ -104,19 +111,17 @@ int run(int argc, char** argv) {
   std::vector<int> ids;
   if (prompt_ids) {
     ids = forge::parse_ids(*prompt_ids);
-    for (size_t i = 0; i < ids.size(); i++)
-      if (ids[i] >= m.vocab)
-        throw std::runtime_error("--prompt-ids: entry " + std::to_string(i + 1) + " token id " + std::to_string(ids[i]) +
-                                 " is outside the vocabulary [0, " + std::to_string(m.vocab) + ")");
+    forge::check_vocab(m, ids, "--prompt-ids");
   } else {
     if (!tok) throw std::runtime_error(tok_error);
-    ids = tok->encode(pos[5]);
-    if (m.bos) ids.insert(ids.begin(), *m.bos);
+    ids = forge::text_prompt_ids(m, *tok, pos[5], chat);
   }
-  for (size_t i = 0; i < forced.size(); i++)
-    if (forced[i] >= m.vocab)
-      throw std::runtime_error("--force-ids: entry " + std::to_string(i + 1) + " token id " + std::to_string(forced[i]) +
-                               " is outside the vocabulary [0, " + std::to_string(m.vocab) + ")");
+  forge::check_vocab(m, forced, "--force-ids");
+  if (print_prompt_ids) {  // what the model would be fed; nothing is loaded or run
+    if (as_json) std::cout << nlohmann::json{{"prompt_ids", ids}}.dump() << "\n";
+    else std::cout << "prompt_ids: " << join_ids(ids) << "\n";
+    return 0;
+  }
 
   // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
   const char* threads = std::getenv("FORGE_ORT_THREADS");

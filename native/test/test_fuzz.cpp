@@ -215,7 +215,8 @@ json write_seed_bundle(const std::string& dir) {
       {"state", {kv, kv_v}},
       {"hostTables", {{{"name", "embedding"}, {"use", "embedding"}, {"file", "embedding.f16.bin"}, {"sha256", file("embedding.f16.bin", weights)}, {"dtype", "float16"}, {"shape", {8, 4}}}}},
       {"mask", {{"masked", -1e9}, {"layout", "past-then-new"}}},
-      {"tokenizer", {{"file", "tokenizer.json"}, {"sha256", file("tokenizer.json", "{}")}, {"bos", nullptr}, {"eos", {7}}, {"chatTemplate", nullptr}}},
+      {"tokenizer", {{"file", "tokenizer.json"}, {"sha256", file("tokenizer.json", "{}")}, {"bos", nullptr}, {"eos", {7}}, {"chatTemplate", nullptr},
+                     {"chat", {{"prefix", "<|im_start|>user\n"}, {"suffix", "<|im_end|>\n<|im_start|>assistant\n"}}}}},
       {"limits", {{"maxContext", 4}}},
       {"generation", {{"maxNewTokens", 2}, {"greedy", true}}}};
 }

@@ -57,6 +57,10 @@ TEST(Manifest, TinyBundleLoads) {
   ASSERT_EQ(m.host_tables.size(), 1u);
   EXPECT_EQ(m.host_tables[0].use, "embedding");
   EXPECT_EQ(m.host_tables[0].shape, (std::vector<int64_t>{m.vocab, m.hidden}));
+  // The twin's Qwen template, rendered by forge around one user turn.
+  ASSERT_TRUE(m.chat);
+  EXPECT_EQ(m.chat->prefix, "<|im_start|>user\n");
+  EXPECT_EQ(m.chat->suffix, "<|im_end|>\n<|im_start|>assistant\n");
 }
 
 // The registry holds the built-in host-ops by name; anything else is not one.
@@ -193,6 +197,13 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"file bytes", [](json& j) { j["contexts"][0]["files"][0]["bytes"] = 5; }, "contexts[0].files[0].bytes: 5 but"},
       {"wrong sha256", [](json& j) { j["contexts"][0]["graphs"][1]["sha256"] = std::string(64, 'a'); }, "contexts[0].graphs[1].sha256: sha256 of 'shard0.decode.onnx' is"},
       {"bad sha256 text", [](json& j) { j["tokenizer"]["sha256"] = "XYZ"; }, "tokenizer.sha256: 'XYZ' is not a lowercase hex sha256"},
+      // tokenizer.chat: null or {prefix, suffix}, each a UTF-8 string (possibly empty).
+      {"chat missing", [](json& j) { j["tokenizer"].erase("chat"); }, "manifest.json: tokenizer.chat: missing"},
+      {"chat a string", [](json& j) { j["tokenizer"]["chat"] = "<|user|>"; }, "tokenizer.chat: expected an object"},
+      {"chat suffix missing", [](json& j) { j["tokenizer"]["chat"] = {{"prefix", "<|user|>\n"}}; }, "tokenizer.chat.suffix: missing"},
+      {"chat prefix a number", [](json& j) { j["tokenizer"]["chat"] = {{"prefix", 1}, {"suffix", ""}}; }, "tokenizer.chat.prefix: expected a string"},
+      {"chat extra field", [](json& j) { j["tokenizer"]["chat"] = {{"prefix", ""}, {"suffix", ""}, {"system", ""}}; }, "tokenizer.chat.system: unknown field"},
+      {"chat not UTF-8", [](json& j) { j["tokenizer"]["chat"] = {{"prefix", "a\xff"}, {"suffix", ""}}; }, "tokenizer.chat.prefix: text is not valid UTF-8 (byte 1)"},
       {"layer gap", [](json& j) { for (auto& g : j["contexts"][0]["graphs"]) g["layers"][0] = 1; }, "contexts[0].graphs: layers start at 1, expected 0"},
       {"layers past model", [](json& j) { j["contexts"][0]["graphs"][0]["layers"][1] = 9; }, "contexts[0].graphs[0].layers[1]: layer 9 is past model.layers 4"},
       {"lm-head first", [](json& j) { std::swap(j["contexts"][0], j["contexts"][1]); }, "contexts[0]: the lm-head comes before layers 0..3 are run"},

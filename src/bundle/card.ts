@@ -96,8 +96,15 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push('', '## Run it', '', '```sh');
   lines.push(`adb push . /data/local/tmp/${recipe.id}`);
   lines.push(`adb shell "cd /data/local/tmp/${recipe.id} && LD_LIBRARY_PATH=\\$PWD ADSP_LIBRARY_PATH=\\$PWD \\`);
-  lines.push(`  ./qhx_generate manifest.json libQnnHtp.so libQnnSystem.so . ${manifest.generation.maxNewTokens} 'The capital of France is'"`);
+  // A model with a chat template is asked as its users do: the prompt wrapped in one user turn.
+  const chat = Boolean(manifest.tokenizer.chat);
+  lines.push(`  ./qhx_generate manifest.json libQnnHtp.so libQnnSystem.so . ${manifest.generation.maxNewTokens} ${chat ? "'What is the capital of France?' --chat" : "'The capital of France is'"}"`);
   lines.push('```', '', 'The runner and the QNN/ORT libraries are not part of the bundle; see forge\'s docs/DEVICE.md.', '');
+  lines.push(chat
+    ? '`--chat` wraps the prompt in the model\'s chat template as one user turn with the assistant\'s generation prompt (rendered by forge into the manifest\'s `tokenizer.chat`: the token ids transformers\' `apply_chat_template` gives); without it the prompt is plain text. `--print-prompt-ids` prints the ids fed, for `--prompt-ids` to repeat exactly.'
+    : manifest.tokenizer.chatNotApplied
+      ? `The runtime cannot apply the model's chat template (${manifest.tokenizer.chatNotApplied.replace(/\.$/, '')}): the prompt above is plain text; feed the ids transformers' \`apply_chat_template\` gives with \`--prompt-ids\` to ask as its users do. \`--print-prompt-ids\` prints the ids fed.`
+      : 'The model has no chat template: the prompt is plain text. `--print-prompt-ids` prints the ids fed, for `--prompt-ids` to repeat exactly.', '');
   lines.push('## Gates, as measured in this build', '');
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
   lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');

@@ -157,7 +157,16 @@ export const ManifestSchema = z.object({
     config: relPath.optional(),
     bos: z.number().int().nonnegative().nullable(),
     eos: z.array(z.number().int().nonnegative()),
+    /** The checkpoint's chat template (Jinja source), as shipped; the runtime does not read it. */
     chatTemplate: z.string().nullable(),
+    /**
+     * That template rendered by forge for one user turn with a generation prompt, split around the
+     * user's content: `qhx_generate --chat` tokenizes prefix + prompt + suffix (src/bundle/chat-template.ts).
+     * null: no template.
+     */
+    chat: z.object({ prefix: z.string(), suffix: z.string() }).strict().nullable(),
+    /** Why the runtime cannot apply chatTemplate (chat is null): it does not wrap the content in fixed text. */
+    chatNotApplied: z.string().min(1).optional(),
   }).strict(),
   limits: z.object({ maxContext: z.number().int().positive() }).strict(),
   /** Numbers the host-op needs beyond the graphs (PhiMoE: the router's jitter eps, experts, top-k). */

@@ -1,16 +1,22 @@
-// The ids of the BOS/EOS tokens a checkpoint names, and its chat template, for the manifest: read
-// from tokenizer.json, tokenizer_config.json and generation_config.json. These are outside input,
+// The ids of the BOS/EOS tokens a checkpoint names, and its chat template with the prefix and
+// suffix it puts around one user turn (chat-template.ts), for the manifest: read from
+// tokenizer.json, tokenizer_config.json and generation_config.json. These are outside input,
 // so each is checked for the shape read here, and any problem is one CheckpointError line naming the
 // file and field, never a TypeError from deep inside the bundle stage.
 import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { CheckpointError } from '../io/errors.js';
+import { chatWrap, TEMPLATE_TOKEN_NAMES, type ChatWrap, type TemplateTokens } from './chat-template.js';
 
 export interface SpecialTokens {
   bos: number | null;
   eos: number[];
   chatTemplate: string | null;
+  /** What the runtime's --chat wraps a prompt in; null without a template. */
+  chat: ChatWrap | null;
+  /** Why the runtime cannot apply the checkpoint's chat template (chat is then null); absent otherwise. */
+  chatNotApplied?: string;
 }
 
 const tokenId = z.number().int().nonnegative();
@@ -20,11 +26,14 @@ const TokenizerJsonSchema = z.object({
   model: z.object({ vocab: z.record(z.string(), tokenId) }).passthrough(),
 }).passthrough();
 
+// A token is named by its text, or by an AddedToken object {content, ...}.
+const namedToken = z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional();
+
 const TokenizerConfigSchema = z.object({
   add_bos_token: z.boolean().nullable().optional(),
-  // A token is named by its text, or by an AddedToken object {content, ...}.
-  bos_token: z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional(),
-  eos_token: z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional(),
+  ...Object.fromEntries(TEMPLATE_TOKEN_NAMES.map((k) => [k, namedToken])) as Record<(typeof TEMPLATE_TOKEN_NAMES)[number], typeof namedToken>,
+  // One template, or (older files) a list of named ones of which transformers uses 'default'.
+  chat_template: z.union([z.string(), z.array(z.object({ name: z.string(), template: z.string() }).passthrough())]).nullable().optional(),
 }).passthrough();
 
 const GenerationConfigSchema = z.object({
@@ -67,12 +76,29 @@ export function parseSpecialTokens(sources: SpecialTokenSources): SpecialTokens 
   const eos = new Set<number>([gen.eos_token_id ?? []].flat());
   const cfgEos = idOf(cfg.eos_token);
   if (cfgEos !== null) eos.add(cfgEos);
-  const chatTemplate = (cfg as { chat_template?: unknown }).chat_template;
+  const chatTemplate = templateOf(cfg.chat_template, sources.tokenizerConfig?.file);
+  const tokens: TemplateTokens = {};
+  for (const k of TEMPLATE_TOKEN_NAMES) {
+    const t = cfg[k];
+    if (t) tokens[k] = typeof t === 'string' ? t : t.content;
+  }
+  const wrapped = chatTemplate === null ? null : chatWrap(chatTemplate, tokens, sources.tokenizerConfig!.file);
   return {
     bos: cfg.add_bos_token ? idOf(cfg.bos_token) : null,
     eos: [...eos].sort((a, b) => a - b),
-    chatTemplate: typeof chatTemplate === 'string' ? chatTemplate : null,
+    chatTemplate,
+    chat: wrapped && 'wrap' in wrapped ? wrapped.wrap : null,
+    ...(wrapped && 'notApplied' in wrapped ? { chatNotApplied: wrapped.notApplied } : {}),
   };
+}
+
+/** The template transformers applies: the string, or the list's 'default' (it refuses a list without one). */
+function templateOf(t: string | { name: string; template: string }[] | null | undefined, file: string | undefined): string | null {
+  if (typeof t === 'string') return t;
+  if (!t) return null;
+  const named = t.find((x) => x.name === 'default');
+  if (!named) throw CheckpointError.at(file!, undefined, `field chat_template: a list of templates (${t.map((x) => JSON.stringify(x.name)).join(', ')}) with none named "default", the one transformers applies`);
+  return named.template;
 }
 
 /** Reads the three files from a checkpoint directory (the two configs are optional). */

@@ -1,5 +1,5 @@
 // Fuzz: the TS side's reading of tokenizer.json, tokenizer_config.json and generation_config.json
-// (the special-token ids the manifest records), 10,000 seeded mutations of the tiny Qwen3
+// (the special-token ids and the chat template's wrap the manifest records), 10,000 seeded mutations of the tiny Qwen3
 // tokenizer and Qwen-style configs. Every case must be refused by a CheckpointError of one line
 // naming the file, or give ids the manifest schema accepts. (The C++ runtime's tokenizer.json
 // loader is fuzzed in native/test/test_fuzz.cpp.)
@@ -28,7 +28,7 @@ const seeds = {
     add_bos_token: true,
     bos_token: { content: '<|endoftext|>', lstrip: false },
     eos_token: '<|im_end|>',
-    chat_template: "{% for message in messages %}{{ '<|im_start|>' + message['role'] }}{% endfor %}",
+    chat_template: "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
     model_max_length: 131072,
   },
   'generation_config.json': { bos_token_id: 1024, eos_token_id: [1025, 1024], do_sample: true },
@@ -43,8 +43,11 @@ function sources(texts: Record<Name, string>): SpecialTokenSources {
 const seedTexts = Object.fromEntries(Object.entries(seeds).map(([k, v]) => [k, JSON.stringify(v)])) as Record<Name, string>;
 
 describe('fuzz: tokenizer files (special tokens)', () => {
-  it('reads the seed files: BOS and every EOS named', () => {
-    expect(parseSpecialTokens(sources(seedTexts))).toEqual({ bos: 1024, eos: [1024, 1025, 1026], chatTemplate: seeds['tokenizer_config.json'].chat_template });
+  it('reads the seed files: BOS, every EOS named, the template and the text it puts around a user turn', () => {
+    expect(parseSpecialTokens(sources(seedTexts))).toEqual({
+      bos: 1024, eos: [1024, 1025, 1026], chatTemplate: seeds['tokenizer_config.json'].chat_template,
+      chat: { prefix: '<|im_start|>user\n', suffix: '<|im_end|>\n<|im_start|>assistant\n' },
+    });
   });
 
   it(`refuses every mutated file with one CheckpointError line naming it, or gives valid ids (${FUZZ_CASES} cases)`, () => {
@@ -60,6 +63,7 @@ describe('fuzz: tokenizer files (special tokens)', () => {
         for (const id of [...special.eos, ...(special.bos === null ? [] : [special.bos])]) {
           expect(Number.isSafeInteger(id) && id >= 0, `seed ${FUZZ_SEED}, case ${i}: id ${id} from ${name} ${show(bytes)}`).toBe(true);
         }
+        if (special.chat) expect(typeof special.chat.prefix + typeof special.chat.suffix, `case ${i}: ${show(bytes)}`).toBe('stringstring');
       } catch (err) {
         refused++;
         expectClearRefusal(err, CheckpointError, join(DIR, name), () => `case ${i} (${name}): ${show(bytes)}`);

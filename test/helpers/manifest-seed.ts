@@ -42,7 +42,7 @@ export const SEED = {
   state: ['kv.0.k', 'kv.0.v'].map((name) => ({ name, kind: 'kv-cache', dtype: 'float32', shape: [1, 1, 4, 2], positionAxis: 2 })),
   hostTables: [{ name: 'embedding', use: 'embedding', file: 'embedding.f16.bin', sha256: sha('d'), dtype: 'float16', shape: [8, 4] }],
   mask: { masked: -1e9, layout: 'past-then-new' },
-  tokenizer: { file: 'tokenizer.json', sha256: sha('e'), config: 'tokenizer_config.json', bos: null, eos: [7], chatTemplate: null },
+  tokenizer: { file: 'tokenizer.json', sha256: sha('e'), config: 'tokenizer_config.json', bos: null, eos: [7], chatTemplate: null, chat: null },
   limits: { maxContext: 4 },
   generation: { maxNewTokens: 2, greedy: true },
 };
