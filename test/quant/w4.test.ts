@@ -12,6 +12,10 @@ import { writeModel } from '../../src/onnx/writer.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { WeightStore } from '../../src/quant/weights.js';
 import { tempDir } from '../io/helpers.js';
+import { readFileSync } from 'node:fs';
+import { parsePhimoeConfig, phimoe } from '../../src/families/phimoe.js';
+import { EXPERT_ROW_DTYPE } from '../../src/families/expert-tables.js';
+import { modelTensors } from '../../src/families/tensors.js';
 
 /** The 4-bit codes of a packed blob, in weight order (low nibble first). */
 const unpack = (packed: Uint8Array) => Array.from({ length: packed.length * 2 }, (_, i) => (i & 1 ? packed[i >> 1] >> 4 : packed[i >> 1] & 15));
@@ -137,5 +141,16 @@ describe('WeightStore in w4', () => {
       for (let k = 0; k < cols; k++) want += Math.cos(k / 3) * dq[r * cols + k];
       expect(Math.abs(y[r] - want)).toBeLessThan(1e-5);
     }
+  }, 60_000);
+});
+
+describe('PhiMoE under w4', () => {
+  it('keeps the host expert rows int8 with row scales, as in w8, and stores the attention matrices in w4', async () => {
+    expect(EXPERT_ROW_DTYPE.w4).toBe('int8');
+    const c = parsePhimoeConfig(JSON.parse(readFileSync('recipes/phi-tiny-moe/recipe.json', 'utf8')).config, 'config.json');
+    const tables = (scheme: 'w4' | 'w8') => phimoe.madeTables!(c, scheme).tables;
+    expect(tables('w4')).toEqual(tables('w8'));
+    const layer0 = (await modelTensors(phimoe, c)).layers[0].filter((t) => t.role === 'matmul');
+    expect(layer0.map((t) => storedBytes(t, 'w4')).reduce((a, b) => a + b, 0)).toBeLessThan(layer0.map((t) => storedBytes(t, 'w8')).reduce((a, b) => a + b, 0) * 0.65);
   }, 60_000);
 });
