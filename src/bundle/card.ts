@@ -44,7 +44,7 @@ export interface CardFacts {
 function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
   if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
-  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ' (int4 blocks of 32, MatMulNBits)' : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} matrices otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
+  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ' (int4 blocks of 32, MatMulNBits)' : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
   for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
   return [...lines, ''];
 }
