@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Experiments around the QNN HTP toolchain (onnxruntime-qnn), kept so their evidence can be re-run.
 
-    python oracles/qnn_probe.py forms --out DIR [--soc-models 69,87] [--n 2048]
+    python oracles/qnn_probe.py forms --out DIR [--soc-models 69,87] [--n 2048] [--only REGEX]
         Compiles one N x N linear layer in each candidate weight form and reports, per form and
         SoC: the context binary size, the nodes the QNN EP left on CPU (and why), and the QNN data
         type of the weight tensor from the compile log. fp16 weights cost 2 bytes a parameter;
@@ -102,7 +102,8 @@ def build_forms(n):
     forms["uint16 act QDQ + int8 DQ(axis=1) -> MatMul (W8A16)"] = lambda: qdq16("MatMul")
     for bs in (32, 128, n):
         forms[f"MatMulNBits bits=8 block={bs} (fp16 act)"] = (lambda b: lambda: nbits(8, b))(bs)
-    forms["MatMulNBits bits=4 block=32 (fp16 act)"] = lambda: nbits(4, 32)
+    for bs in (32, 64, 128):
+        forms[f"MatMulNBits bits=4 block={bs} (fp16 act)"] = (lambda b: lambda: nbits(4, b))(bs)
     return forms
 
 
@@ -112,6 +113,8 @@ def forms(a):
     os.makedirs(a.out, exist_ok=True)
     rows = []
     for i, (name, make) in enumerate(build_forms(a.n).items()):
+        if a.only and not re.search(a.only, name):
+            continue
         src = os.path.join(a.out, f"form{i}.onnx")
         onnx.save(make(), src)
         for soc in a.soc_models.split(","):
@@ -161,6 +164,7 @@ def main():
     s.add_argument("--out", required=True)
     s.add_argument("--soc-models", default="69,87")
     s.add_argument("--n", type=int, default=2048)
+    s.add_argument("--only", help="a regular expression: only the forms whose name it matches")
     a = ap.parse_args()
     try:
         {"forms": forms}[a.cmd](a)

@@ -4,7 +4,8 @@
 import { join } from 'node:path';
 import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
-import type { ArchSettings, Recipe } from '../src/recipe/schema.js';
+import { shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
+import { RecipeError } from '../src/recipe/load.js';
 import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
 import type { PlanParams } from '../src/plan/stage.js';
@@ -56,7 +57,7 @@ function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
   const o = recipe.gates.oracle;
   const params: OracleParams = {
     family: recipe.family,
-    variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: s.quant === 'fp32' ? o.fp32MinCosine : o.w8MinCosine }],
+    variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: shippedMinCosine(o, s.quant) }],
     minTop1: o.minTop1,
   };
   return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], memory: stageMemory.oracle };
@@ -123,7 +124,7 @@ export function requiredGates(recipe: Recipe): string[] {
  * ask for it (the simulator takes 50–300 ms a graph call even for a tiny twin: measured here,
  * tiny-qwen3 prefill ~270 ms and decode ~66 ms, tiny-qwen3.5 decode 54–148 ms).
  */
-function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain): StageNode | string {
+function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: CompileToolchain): StageNode | string {
   if (!recipe.gates.emulation) return 'the recipe does not ask for it (gates.emulation): the x86 HTP simulator takes 50–300 ms a graph call even for a tiny twin';
   if (toolchain.kind === 'qairt') {
     return "the simulator gate compiles the graphs with onnxruntime-qnn, which leaves the QDQ weights of a QAIRT build on the CPU: not run when QAIRT_SDK_ROOT is set";
@@ -131,7 +132,7 @@ function emulationNode(recipe: Recipe, arch: Arch, toolchain: CompileToolchain):
   const params: EmulationParams = {
     recipe: { id: recipe.id, family: recipe.family },
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
-    fp16: true, minCosine: recipe.gates.oracle.w8MinCosine, minTop1: recipe.gates.oracle.minTop1,
+    fp16: true, minCosine: shippedMinCosine(recipe.gates.oracle, s.quant), minTop1: recipe.gates.oracle.minTop1,
     tokens: recipe.gates.parity.tokens, ...parityBounds(recipe),
   };
   return {
@@ -183,11 +184,24 @@ export interface PipelineOptions {
   localDigest?: LocalDigest;
 }
 
+/**
+ * W4 has one form, MatMulNBits(bits=4), which only onnxruntime-qnn compiles: the QAIRT converter
+ * path has no 4-bit encodings in forge yet, so that pair is refused here, naming the recipe field.
+ */
+function refuseQairtW4(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, toolchain: CompileToolchain): void {
+  if (toolchain.kind !== 'qairt') return;
+  const own = recipe.arch[arch.id];
+  const field = (key: 'quant' | 'lmHead') => (own?.[key] !== undefined ? `arch.${arch.id}.${key}` : `arch.default.${key}`);
+  const at = settings.quant === 'w4' ? field('quant') : settings.lmHead.quant === 'w4' ? `${field('lmHead')}.quant` : undefined;
+  if (at) throw new RecipeError(`recipe ${recipe.id}: ${at} is 'w4', which the QAIRT toolchain (QAIRT_SDK_ROOT=${process.env.QAIRT_SDK_ROOT ?? '…'}) cannot compile in forge yet (no 4-bit converter encodings): use 'w8' there, or unset QAIRT_SDK_ROOT to compile W4 with onnxruntime-qnn`);
+}
+
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
   const toolchain = opts.toolchain ?? compileToolchain();
-  const emu = emulationNode(recipe, arch, toolchain);
+  refuseQairtW4(recipe, arch, settings, toolchain);
+  const emu = emulationNode(recipe, arch, settings, toolchain);
   const emulation = typeof emu === 'string' ? null : emu;
   const gatesNotRun = typeof emu === 'string' ? { emulation: emu } : undefined;
   return {

@@ -102,3 +102,14 @@ describe('model card: run command', () => {
     expect(plain).not.toContain('--chat');
   });
 });
+
+describe('model card: precision', () => {
+  it('lists every matrix that is not in the W4 scheme with why, and the lm-head\'s own scheme', () => {
+    const card = modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.self_attn.o_proj.weight', scheme: 'w8', why: 'in-features 48 are not a multiple of the W4 block 32' }] } }, {});
+    expect(card).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits); the lm-head fp16 (recipe lmHead.quant); 1 matrix otherwise:');
+    expect(card).toContain('- `model.layers.0.self_attn.o_proj.weight`: w8, in-features 48 are not a multiple of the W4 block 32');
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
+    // A W8 build without fallbacks says nothing new.
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [] } }, {})).not.toContain('**Precision:**');
+  });
+});

@@ -79,6 +79,21 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     expect(nodes('2.51.0').find((n) => n.id === 'quantize')!.params).toMatchObject({ scheme: 'w8', w8Form: 'qdq' });
     expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } }).nodes.find((n) => n.id === 'quantize')!.params).not.toHaveProperty('w8Form');
   });
+
+  it('refuses w4 with the QAIRT toolchain in one error naming the recipe field, and gates w4 at w4MinCosine', () => {
+    const { recipe } = loadRecipe('tiny-qwen3');
+    const w4 = { ...recipe, arch: { ...recipe.arch, v81: { quant: 'w4' as const } } };
+    const { arch, settings } = archSettings(w4, 'v81');
+    expect(() => buildPipeline(w4, arch, settings, { toolchain: { kind: 'qairt', version: '2.51.0' } })).toThrow(/arch\.v81\.quant is 'w4', which the QAIRT toolchain .* cannot compile/);
+    const head = { ...recipe, arch: { default: { ...recipe.arch.default, lmHead: { placement: 'separate' as const, quant: 'w4' as const } } } };
+    const h = archSettings(head, 'v81');
+    expect(() => buildPipeline(head, h.arch, h.settings, { toolchain: { kind: 'qairt', version: '2.51.0' } })).toThrow(/arch\.default\.lmHead\.quant is 'w4'/);
+    const nodes = buildPipeline(w4, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } }).nodes;
+    expect(nodes.find((n) => n.id === 'quantize')!.params).toMatchObject({ scheme: 'w4' });
+    const o = recipe.gates.oracle;
+    expect(nodes.find((n) => n.id === 'oracle')!.params).toMatchObject({ variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: o.w4MinCosine }] });
+    expect(nodes.find((n) => n.id === 'emulation')!.params).toMatchObject({ minCosine: o.w4MinCosine });
+  });
 });
 
 describe('the simulator gate in the pipeline', () => {

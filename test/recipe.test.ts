@@ -54,7 +54,8 @@ describe('recipes', () => {
   });
 
   it('names the field path of an invalid value', () => {
-    expectInvalid((r) => (r.arch.default.quant = 'w4'), 'arch.default.quant');
+    expectInvalid((r) => (r.arch.default.quant = 'w3'), 'arch.default.quant');
+    expectInvalid((r) => (r.gates.oracle.w4MinCosine = 1.5), 'gates.oracle.w4MinCosine');
     expectInvalid((r) => delete r.gates.prompts, 'gates.prompts');
     expectInvalid((r) => (r.source = { kind: 'hub', repo: 'Qwen/Qwen3-4B', revision: 'main' }), 'source.revision');
     expectInvalid((r) => (r.family = 'llama'), 'family');

@@ -194,7 +194,7 @@ struct Parser {
     }
     Node quant = g.at("quant");
     quant.object({"weights", "activations"});
-    out.weights = quant.at("weights").one_of({"fp32", "fp16", "w8"});
+    out.weights = quant.at("weights").one_of({"fp32", "fp16", "w8", "w4"});
     quant.at("activations").one_of({"float32"});
 
     const int64_t N = out.tokens, C = m.max_context, H = m.hidden;

@@ -80,7 +80,7 @@ struct Graph {
   std::optional<std::pair<int, int>> layers;
   std::vector<GraphInput> inputs;
   std::vector<GraphOutput> outputs;
-  std::string weights;  // fp32 / fp16 / w8
+  std::string weights;  // fp32 / fp16 / w8 / w4
   std::string path;     // contexts[i].graphs[j]
 };
 

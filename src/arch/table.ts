@@ -11,6 +11,12 @@
 //             (per-layer decode graphs and their batched-prefill twins) exhausted the unsigned
 //             protection domain's cDSP heap during graph setup and rebooted the phone, while its 4
 //             decode-only contexts load; on v79 the full 7-context, 64-graph bundle runs.
+//  [qnn-probe] oracles/qnn_probe.py forms --only bits=4 (onnxruntime-qnn 2.7.0, QAIRT 2.51), one
+//             2048×2048 linear, compiled offline for soc_model 43, 57, 69 and 87 alike: MatMulNBits
+//             bits=4 with blocks 32, 64 and 128 leaves no node on the CPU, context binaries of
+//             2,428,928 / 2,293,760 / 2,228,224 bytes (0.579 / 0.547 / 0.531 bytes a weight); block
+//             32 on the x86 HTP simulator matches ORT CPU at cosine 0.99999988 (shared/REFERENCE.md).
+//             Compiled, not run on a phone.
 
 export type ArchId = 'v73' | 'v75' | 'v79' | 'v81';
 
@@ -59,7 +65,8 @@ const V81_GRAPHS = 34;
 const V79_GRAPHS = 64;
 
 const commonBlocks: KnownBlock[] = [
-  { id: 'w4', what: 'W4 weights do not compile on HTP; W8A16 is the floor', source: '[seeds]' },
+  // The seeds' "W4 weights do not compile on HTP" held for their older QAIRT, not for the pinned one.
+  { id: 'w4-form', what: 'W4 weights compile only as com.microsoft MatMulNBits(bits=4) (blocks 32, 64, 128 measured; forge uses 32); a per-channel DequantizeLinear → Gemm stays on the CPU', source: '[qnn-probe]' },
   { id: 'proto-2gb', what: 'ONNX protobuf limit of 2 GB: weights always go to external data', source: 'protobuf' },
 ];
 
@@ -73,7 +80,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V81_GRAPHS, // not measured on v73: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]'],
   },
   v75: {
     id: 'v75', soc: 'SM8650', marketingName: 'Snapdragon 8 Gen 3',
@@ -84,7 +91,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V81_GRAPHS, // not measured on v75: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]'],
   },
   v79: {
     id: 'v79', soc: 'SM8750', marketingName: 'Snapdragon 8 Elite',
@@ -95,7 +102,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V79_GRAPHS, // [phimoe]: known good 64 (the whole bundle ran); no failure seen
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]'],
   },
   v81: {
     id: 'v81', soc: 'SM8850', marketingName: 'Snapdragon 8 Elite Gen 5',
@@ -111,7 +118,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
       { id: 'cdsp-heap', what: '64 graphs in 7 contexts (decode + batched prefill) exhaust the unsigned PD\'s cDSP heap during graph setup and reboot the phone; the 4 decode-only contexts load (phi-tiny-moe v81 ships decode-only): maxGraphsPerProcess', source: '[phimoe]' },
       { id: 'ctx-3.6gb', what: 'a ~3.6 GB context fails with MEM_ALLOC (0x3ea)', source: '[seeds]' },
     ],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]'],
   },
 };
 

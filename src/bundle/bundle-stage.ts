@@ -18,6 +18,7 @@ import { readTraceMeta } from '../gates/trace.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
 import type { ShardPlan } from '../plan/shards.js';
+import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -57,6 +58,13 @@ function emulationFacts(e: any): NonNullable<CardFacts['emulation']> {
   };
 }
 
+/** The shipped graphs' schemes and the matrices a W4 export stored otherwise (graphs.json `matrices`). */
+function shippedPrecision(quantizeDir: string): CardFacts['precision'] {
+  const exp = JSON.parse(readFileSync(join(quantizeDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  const fallbacks = exp.contexts.flatMap((c) => (c.matrices ?? []).filter((m) => m.why).map((m) => ({ tensor: m.tensor, scheme: m.scheme, why: m.why! })));
+  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks };
+}
+
 export const stage: StageModule<BundleParams> = {
   name: 'bundle',
   version: '1',
@@ -83,6 +91,7 @@ export const stage: StageModule<BundleParams> = {
       confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
       planDropped: plan.dropped ?? [],
       planKept: { contexts: plan.contexts, graphs: plan.graphs },
+      precision: shippedPrecision(ctx.inputs.quantize),
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));

@@ -36,6 +36,17 @@ export interface CardFacts {
   planDropped?: Array<{ graph: string; why: string }>;
   /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
   planKept?: { contexts: number; graphs?: number };
+  /** The shipped graphs' weight schemes and the matrices stored otherwise, with why (graphs.json). */
+  precision?: { scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string }> };
+}
+
+/** The precision line: the scheme, and each matrix that is not in it with why (a W4 fallback). */
+function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
+  if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
+  const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
+  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ' (int4 blocks of 32, MatMulNBits)' : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
+  for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
+  return [...lines, ''];
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -89,6 +100,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   if (f.planKept?.graphs !== undefined) {
     lines.push(`**Planner:** ${f.planKept.graphs} graphs in ${f.planKept.contexts} contexts, within ${arch.id}'s limits of ${arch.maxGraphsPerProcess} graphs per process and ${arch.maxContexts} contexts (arch table)${byWhy.size ? '' : '; nothing left out'}.`, '');
   }
+  if (f.precision) lines.push(...precisionLines(f.precision));
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
     lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);

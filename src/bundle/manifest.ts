@@ -89,7 +89,7 @@ export const GraphSchema = z.object({
   layers: z.tuple([z.number().int().nonnegative(), z.number().int().nonnegative()]).optional(),
   inputs: z.array(InputSchema).min(1),
   outputs: z.array(OutputSchema).min(1),
-  quant: z.object({ weights: z.enum(['fp32', 'fp16', 'w8']), activations: z.literal('float32') }).strict(),
+  quant: z.object({ weights: z.enum(['fp32', 'fp16', 'w8', 'w4']), activations: z.literal('float32') }).strict(),
 }).strict()
   .refine((g) => g.file !== undefined || g.qnn !== undefined, 'a graph needs an ONNX file or a compiled context (qnn)')
   .refine((g) => (g.file === undefined) === (g.sha256 === undefined), "'file' and 'sha256' go together");

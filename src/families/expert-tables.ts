@@ -23,15 +23,22 @@ export interface ExpertMatrix {
 
 export const scaleTable = (name: string) => `${name}.scale`;
 
-/** The dtype expert rows are stored (and fed to the experts graph) in, per scheme. */
-export const EXPERT_ROW_DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: 'int8', fp16: 'float16', fp32: 'float32' };
+/**
+ * The dtype expert rows are stored (and fed to the experts graph) in, per scheme. Under w4 they stay
+ * int8 rows with row scales, as in w8: the experts graph takes them as inputs bound to the host's
+ * mapped rows, not as MatMulNBits initializers, and no packed-int4 input form was measured on the HTP.
+ */
+export const EXPERT_ROW_DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: 'int8', w4: 'int8', fp16: 'float16', fp32: 'float32' };
+
+/** Schemes whose expert rows are int8 with one float32 scale per row (see EXPERT_ROW_DTYPE). */
+export const int8Rows = (scheme: QuantScheme) => EXPERT_ROW_DTYPE[scheme] === 'int8';
 
 /** The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`. */
 export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme): MadeTables {
   const tables: MadeTable[] = [];
   for (const m of matrices) {
     tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: EXPERT_ROW_DTYPE[scheme] });
-    if (scheme === 'w8') tables.push({ name: scaleTable(m.name), use: 'expert-scales', shape: [layers, experts, m.rows], dtype: 'float32' });
+    if (int8Rows(scheme)) tables.push({ name: scaleTable(m.name), use: 'expert-scales', shape: [layers, experts, m.rows], dtype: 'float32' });
   }
   const reads: TensorSpec[] = [];
   for (let l = 0; l < layers; l++) for (let e = 0; e < experts; e++) for (const m of matrices) for (const t of m.tensors(l, e)) reads.push({ name: t.name, shape: [t.rows, m.cols], role: 'host' });
@@ -52,7 +59,7 @@ export function expertTables(matrices: ExpertMatrix[], layers: number, experts: 
                 at += t.rows;
               }
               const sink = sinks.get(m.name)!;
-              if (scheme === 'w8') {
+              if (int8Rows(scheme)) {
                 const q = new Int8Array(rows.length);
                 const scales = new Float32Array(m.rows);
                 quantizeRows(rows, m.cols, q, scales);

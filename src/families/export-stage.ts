@@ -15,7 +15,7 @@ import { ExternalDataWriter } from '../onnx/external.js';
 import { CheckpointLinks, type LinkedFile } from '../onnx/linked-data.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
-import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
+import { F16Copy, WeightStore, type MatrixEntry, type W8Form } from '../quant/weights.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
 import { MADE_DTYPES, type Component, type ComponentEntryFields, type ComponentLayout, type Family, type GraphInterface, type GraphVariant, type HostTable, type MadeTable } from './types.js';
@@ -65,6 +65,11 @@ export interface ContextEntry {
   /** Checkpoint files (links in the export directory, see ExportManifest.linked) the context's graphs read in place. */
   linked?: string[];
   graphs: GraphEntry[];
+  /**
+   * The precision each matmul weight of the context got, in the order first stored; `why` where it
+   * is not the graphs' scheme (a W4 matrix the block does not fit: quant/w4.ts w4Precision).
+   */
+  matrices?: MatrixEntry[];
 }
 
 export interface HostTableEntry {
@@ -158,7 +163,8 @@ async function exportContext(
   for (const { g, entry } of built) writeModel(g, join(out, entry.file), { externalThreshold: Infinity });
   const files = new Set(built.flatMap(({ g }) => g.initializers().flatMap((i) => (i.external ? [i.external.location] : []))));
   const linked = [...files].filter((f) => f !== data);
-  return { name: c.name, ...(sink.size ? { data } : {}), dataBytes: sink.size, ...(linked.length ? { linked } : {}), graphs: built.map((b) => b.entry) };
+  const matrices = store.precisions();
+  return { name: c.name, ...(sink.size ? { data } : {}), dataBytes: sink.size, ...(linked.length ? { linked } : {}), graphs: built.map((b) => b.entry), ...(matrices.length ? { matrices } : {}) };
 }
 
 export interface ExportProgress {
@@ -197,6 +203,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
       contexts.push(ctx);
       const range = c.entry.first !== undefined ? ` (layers ${c.entry.first}-${c.entry.last})` : '';
       ui.log(`${c.name}${range}: ${ctx.graphs.map((g) => g.name).join(', ')}; ${ctx.dataBytes} bytes of weights written${ctx.linked ? `; weights read in place from ${ctx.linked.join(', ')}` : ''}`);
+      for (const m of ctx.matrices ?? []) if (m.why) ui.log(`${m.tensor}: ${m.scheme}, ${m.why}`);
     }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (links?.files().length) manifest.linked = links.files();
@@ -231,7 +238,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
 
 export const stage: StageModule<ExportParams> = {
   name: 'export',
-  version: '2',
+  version: '3',
   async run(ctx) {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
@@ -240,6 +247,8 @@ export const stage: StageModule<ExportParams> = {
       summary: {
         scheme: m.scheme,
         contexts: m.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })),
+        // The matrices not in the scheme asked for (a W4 fallback), with why.
+        ...(m.contexts.some((c) => c.matrices?.some((x) => x.why)) ? { fallbacks: m.contexts.flatMap((c) => (c.matrices ?? []).filter((x) => x.why).map((x) => ({ tensor: x.tensor, scheme: x.scheme, why: x.why! }))) } : {}),
         ...(m.linked ? { linked: m.linked.map((f) => ({ file: f.file, bytes: f.bytes, how: f.how })) } : {}),
       },
     };

@@ -17,7 +17,7 @@ import type { QuantScheme } from '../recipe/schema.js';
 import { PREFILL_OPTIONAL, attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
 import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
 import { newKv, pastKv } from './state-io.js';
-import { EXPERT_ROW_DTYPE, expertTables, type ExpertMatrix } from './expert-tables.js';
+import { EXPERT_ROW_DTYPE, expertTables, int8Rows, type ExpertMatrix } from './expert-tables.js';
 import { phimoeBindings, phimoeCases } from './phimoe-gates.js';
 
 const ConfigSchema = z.object({
@@ -184,7 +184,7 @@ export const expertScaleInput = (table: string, slot: number) => `${expertInput(
 
 /**
  * One expert's rows as a graph input (`expert_<table>_<slot>`, in the scheme's dtype) and x [1,n,in]
- * through them → [1,n,out]. W8: the int8 rows enter as a quantized tensor of scale 1 (a static
+ * through them → [1,n,out]. W8 (and W4: EXPERT_ROW_DTYPE): the int8 rows enter as a quantized tensor of scale 1 (a static
  * DequantizeLinear, which QNN takes as an int8 input; a Cast from int8 it cannot place on the HTP)
  * and each output is multiplied by its row's scale (`…_scale`) after the product: the same numbers
  * as dequantizing the rows first (one scale per row), without an [out, in] multiply.
@@ -192,7 +192,7 @@ export const expertScaleInput = (table: string, slot: number) => `${expertInput(
 function expertProject(g: GraphBuilder, scheme: QuantScheme, inputs: TensorIO[], x: string, table: string, slot: number, shape: [number, number], n: number): string {
   const name = g.input(expertInput(table, slot), EXPERT_ROW_DTYPE[scheme], shape);
   inputs.push(io(name, shape, EXPERT_ROW_DTYPE[scheme]));
-  if (scheme !== 'w8') return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], n);
+  if (!int8Rows(scheme)) return linear(g, x, scheme === 'fp16' ? g.op('Cast', [name], { to: 1 }) : name, shape[1], shape[0], n);
   const w = g.op('DequantizeLinear', [name, g.constFloat32([1], []), g.initializer(`${name}.zero`, Int8Array.of(0), [], 'int8')]);
   const scale = g.input(expertScaleInput(table, slot), f32, [shape[0]]);
   inputs.push(io(scale, [shape[0]]));

@@ -9,6 +9,8 @@
 //  - MatMulNBits(bits=8, codes, per-row scales, implicit zero point 128) → DequantizeLinear(axis 0,
 //    zero point 128) → com.microsoft FusedMatMul(transB=1): MatMulNBits' own fallback (dequantize,
 //    then MlasGemm(NoTrans, Trans)) spelled in other ops, so the same SGEMM call sums the same way.
+//    MatMulNBits(bits=4) (W4 blocks): the same, its nibbles unpacked and scaled per block in float
+//    ops (opset 17 has no blocked or 4-bit DequantizeLinear; matMulNBits4).
 //  - In a one-token graph (decode, lm-head) each such weight, and each Cast(bf16|fp16 weight) →
 //    Gemm(transB=1), is split into row blocks of about `blockBytes` of fp32 (each an external
 //    initializer pointing into the same file at its rows' offset), dequantized or cast block by
@@ -407,7 +409,7 @@ class Rewriter {
     const [a, bName, sName, ...rest] = n.input ?? [];
     if (rest.some((i) => i)) return 'has a zero-point, g_idx or bias input';
     const bits = attrInt(n, 'bits');
-    if (bits !== 8) return `bits=${bits}`;
+    if (bits !== 8 && bits !== 4) return `bits=${bits}`;
     const K = attrInt(n, 'K');
     const N = attrInt(n, 'N');
     const bs = attrInt(n, 'block_size');
@@ -417,6 +419,7 @@ class Rewriter {
     if (b.dataType !== DT.UINT8 || s.dataType !== DT.FLOAT) return 'codes not uint8 or scales not float';
     const blocks = Math.ceil(K / bs);
     if (blocks * bs !== K) return `K=${K} is not a multiple of block_size ${bs}`;
+    if (bits === 4) return this.matMulNBits4(n, a, b, s, K, N, bs);
     const scales = new Float32Array(Uint8Array.from(this.model.initializerBytes(sName)).buffer); // a copy: inline bytes are a view into the model's buffer
     if (scales.length !== N * blocks) return `${scales.length} scales for N=${N} × ${blocks} blocks`;
     const rowScales = new Float32Array(N);
@@ -436,6 +439,38 @@ class Rewriter {
       // at 4B a prefill graph then held ~7 GB of dequantized weights at once (measured 9.7 GB).
       const gated = this.node('Where', [ready, sc, sc]);
       return this.node('DequantizeLinear', [w, gated, this.zeroPoint128(rows)], [intAttr('axis', 0)]);
+    }, a, n.output![0], true);
+    return undefined;
+  }
+
+  /**
+   * MatMulNBits(bits=4, zero point 8) the way its CPU fallback computes it: each row block's codes
+   * (two a byte, low nibble first) unpacked in float (lo = f − 16·⌊f/16⌋, hi = ⌊f/16⌋: exact),
+   * (q − 8)·s with one rounding per weight, then FusedMatMul(transB=1) as for W8. The codes and the
+   * scales stay references into the export's file, sliced by rows.
+   */
+  private matMulNBits4(n: Node, a: string, b: Tensor, s: Tensor, K: number, N: number, bs: number): undefined {
+    const blocks = K / bs;
+    this.replaced.add(b.name!);
+    this.replaced.add(s.name!);
+    this.stats.matMulNBits++;
+    const ready = this.readyFlag(a);
+    const f32 = (name: string, values: number[], dims: number[] = []) => this.initializer({ name: this.fresh(name), dataType: DT.FLOAT, dims, rawData: new Uint8Array(Float32Array.from(values).buffer) });
+    const sixteen = f32('sixteen', [16]);
+    const eight = f32('eight', [8]);
+    this.rowBlocks(N, K, (r0, rows, tag) => {
+      const codes = this.initializer(rowSlice(b, this.fresh(`${b.name}${tag}`), K / 2, r0, rows, K / 2));
+      const sc = this.initializer(rowSlice(s, this.fresh(`${s.name}${tag}`), blocks * 4, r0, rows, blocks));
+      // The scales wait for the activation, as W8's do (see matMulNBits).
+      const gated = this.node('Where', [ready, sc, sc]);
+      const f = this.node('Cast', [codes], [intAttr('to', DT.FLOAT)]);
+      const hi = this.node('Floor', [this.node('Div', [f, sixteen])]);
+      const lo = this.node('Sub', [f, this.node('Mul', [hi, sixteen])]);
+      const pair = this.int64('pair', [rows, K / 2, 1]);
+      const q = this.node('Concat', [this.node('Reshape', [lo, pair]), this.node('Reshape', [hi, pair])], [intAttr('axis', 2)]);
+      const centred = this.node('Sub', [this.node('Reshape', [q, this.int64('blocks', [rows, blocks, bs])]), eight]);
+      const w = this.node('Mul', [centred, this.node('Reshape', [gated, this.int64('scales', [rows, blocks, 1])])]);
+      return this.node('Reshape', [w, this.int64('weight', [rows, K])]);
     }, a, n.output![0], true);
     return undefined;
   }

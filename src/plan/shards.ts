@@ -133,7 +133,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     return { index, first, last, weightBytes };
   });
   if (s.lmHead.placement === 'separate' && headBytes > archCeiling) {
-    throw new PlanError(`the lm-head stores ${mb(headBytes)} (${s.lmHead.quant}), over the ${arch.id} ceiling of ${mb(archCeiling)}: quantize it (lmHead.quant 'w8')`);
+    throw new PlanError(`the lm-head stores ${mb(headBytes)} (${s.lmHead.quant}), over the ${arch.id} ceiling of ${mb(archCeiling)}: quantize it (lmHead.quant 'w8' or 'w4')`);
   }
   const layout = {
     shards: ranges.map(([first, last], i) => ({ first, last, isLast: i === ranges.length - 1 })),

@@ -3,6 +3,7 @@
 import type { QuantScheme } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
 import { w8BlockSize } from './w8.js';
+import { W4_BLOCK, w4Precision } from './w4.js';
 
 const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
@@ -14,6 +15,11 @@ export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
     case 'fp16': return n * 2;
     // int8 codes + one float32 scale per MatMulNBits block (each row's scale, repeated per block)
     case 'w8': return n + t.shape[0] * (t.shape[1] / w8BlockSize(t.shape[1], t.name)) * 4;
+    // packed nibbles + one float32 scale per block; a matrix W4 cannot block takes its fallback's bytes
+    case 'w4': {
+      const p = w4Precision(t.shape[1]);
+      return p.scheme === 'w4' ? n / 2 + (n / W4_BLOCK) * 4 : storedBytes(t, p.scheme);
+    }
   }
 }
 

@@ -1,6 +1,9 @@
 // How checkpoint tensors become graph weights under a quant scheme — the one place that decides the
-// ONNX form of a quantized weight. W8 has two forms, one per compile toolchain, with the same codes
-// and scales (so the same numbers on the CPU):
+// ONNX form of a quantized weight. W4 (quant/w4.ts) is com.microsoft MatMulNBits(bits=4, block 32),
+// onnxruntime-qnn only (the QAIRT path has no W4 form yet: the build refuses that pair); a matrix
+// whose in-features the block does not divide falls back to W8 or fp16 on its own (w4Precision),
+// and the store records each matrix's precision (precisions()). W8 has two forms, one per compile
+// toolchain, with the same codes and scales (so the same numbers on the CPU):
 //  - 'matmulnbits' (onnxruntime-qnn): com.microsoft MatMulNBits(bits=8). The QNN EP compiles it with
 //    int8 weights and float activations; a per-channel DequantizeLinear → Gemm is left on the CPU by
 //    the QNN EP, its weights never reaching the context binary (see the issue notes for the sizes).
@@ -21,6 +24,7 @@ import type { CheckpointLinks } from '../onnx/linked-data.js';
 import type { DType } from '../io/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
+import { quantizeW4Rows, W4_BLOCK, w4Precision, type MatrixPrecision } from './w4.js';
 import type { Bf16W8 } from './w8-simd.js';
 
 /** The ONNX form of a W8 weight: what the compile toolchain reads as int8 weights (see above). */
@@ -32,6 +36,14 @@ interface Stored {
   ref: ExternalRef;
   scale?: { ref: ExternalRef; dims: number[] };
   blockSize?: number;
+  /** MatMulNBits' bits (W8 in its 'matmulnbits' form, W4); absent for float and QDQ weights. */
+  bits?: 4 | 8;
+}
+
+/** A matmul weight as a graph stores it: its precision, and why when it is not the scheme asked for. */
+export interface MatrixEntry extends MatrixPrecision {
+  tensor: string;
+  shape: number[];
 }
 
 /** Checkpoint dtypes a graph can read in place (Cast to float where not f32). */
@@ -66,6 +78,7 @@ export interface WeightStoreOptions {
 
 export class WeightStore {
   private readonly stored = new Map<string, Stored>();
+  private readonly matrices = new Map<string, MatrixEntry>();
   private work: Bf16W8 | undefined;
   private readonly onTensor: (name: string) => void;
   private readonly f16Copy: F16Copy | undefined;
@@ -141,6 +154,14 @@ export class WeightStore {
     const cols = dims.reduce((a, b) => a * b, 1) / rows;
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
+    if (scheme === 'w4') {
+      const p = w4Precision(cols);
+      if (p.scheme !== 'w4') {
+        const fallback = await this.store(name, expected, p.scheme);
+        this.stored.set(key, fallback);
+        return fallback;
+      }
+    }
     let stored: Stored;
     const inPlace = scheme === 'fp32' && this.inPlace ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
     if (inPlace) {
@@ -175,6 +196,23 @@ export class WeightStore {
         }),
       );
       stored = { dtype: 'float32', dims, ref };
+    } else if (scheme === 'w4') {
+      // Row chunks as W8's scalar path (bf16 too: readRowsInto widens it), so memory stays one chunk
+      // plus the scales (an eighth of the tensor's element count in bytes), appended after the codes.
+      const blocks = cols / W4_BLOCK;
+      const scales = new Float32Array(rows * blocks);
+      const f32 = new Float32Array(rowsPerChunk * cols);
+      const packed = new Uint8Array((rowsPerChunk * cols) / 2);
+      const ref = await this.sink.appendChunked((rows * cols) / 2, async (write) => {
+        for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+          const n = Math.min(rowsPerChunk, rows - r0);
+          const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+          quantizeW4Rows(data, cols, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
+          write(packed.subarray(0, (n * cols) / 2));
+        }
+      });
+      const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
+      stored = { dtype: 'uint8', dims: [rows, blocks, W4_BLOCK / 2], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize: W4_BLOCK, bits: 4 };
     } else if (scheme === 'w8') {
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
@@ -244,7 +282,7 @@ export class WeightStore {
     const blockScales = new Float32Array(rows * blocks);
     for (let r = 0; r < rows; r++) blockScales.fill(scales[r], r * blocks, (r + 1) * blocks);
     const scaleRef = this.sink.append(new Uint8Array(blockScales.buffer));
-    return { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize };
+    return { dtype: 'uint8', dims: [rows, blocks, blockSize], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize, bits: 8 };
   }
 
   /**
@@ -252,16 +290,29 @@ export class WeightStore {
    * fp32: Gemm(transB=1) on the tensor (after a Cast when it is the checkpoint's bf16/f16 bytes in
    * place). fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
    * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
+   * w4: MatMulNBits(bits=4), or the matrix's fallback (w4Precision).
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
     const s = await this.store(name, shape, scheme);
+    this.noteMatrix(name, shape, scheme);
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
-    if (scheme !== 'w8') return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
-    const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale!.dims, s.scale!.ref);
-    if (this.w8Form === 'qdq') return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
-    const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: 8, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
+    if (!s.scale) return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
+    const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
+    if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
+    const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
+  }
+
+  private noteMatrix(name: string, shape: [number, number], scheme: QuantScheme): void {
+    if (this.matrices.has(name)) return;
+    const p: MatrixPrecision = scheme === 'w4' ? w4Precision(shape[1]) : { scheme };
+    this.matrices.set(name, { tensor: name, shape: [...shape], ...p });
+  }
+
+  /** Each matmul weight the graphs read, in the order first stored, with the precision it got. */
+  precisions(): MatrixEntry[] {
+    return [...this.matrices.values()];
   }
 
   /** A small float tensor (norm weight, bias) kept in float32, inline in each graph. */

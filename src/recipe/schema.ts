@@ -60,7 +60,11 @@ export function builtRevision(s: PinnedSource): BuiltRevision | undefined {
   return s.unpinned === undefined ? { repo: s.repo, revision: s.revision, from: 'recipe' } : { repo: s.repo, revision: s.revision, from: '--revision', unpinned: s.unpinned };
 }
 
-export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8']);
+/**
+ * Weight precision of the matmuls: w8 = int8 per output row; w4 = int4 blocks of 32 (quant/w4.ts:
+ * a matrix whose in-features the block does not divide falls back to w8 or fp16 on its own).
+ */
+export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8', 'w4']);
 export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
 
 const layerRange = z
@@ -101,14 +105,30 @@ function removedField(name: string, replacement: string) {
   return z.undefined({ error: () => `${name} was removed (issue 13): ${replacement}` }).optional();
 }
 
+/**
+ * Default w4MinCosine, from measurement (README, W4): round-to-nearest W4 moves each twin matrix by
+ * ~9.6% of its norm (W8: ~0.6%), and the gate's per-graph minimum over every traced step was 0.8798
+ * on tiny-qwen3 (decode, layer 3's K row) and 0.9302 on tiny-qwen3.5, against 0.9995 in W8. 0.85
+ * sits under both with a margin; a wrong nibble order or zero point gives unrelated outputs (cosine
+ * near 0), far below it. Real checkpoints were not measured: a recipe may set its own.
+ */
+export const W4_MIN_COSINE = 0.85;
+
+/** The oracle threshold the shipped graphs of a scheme are held to. */
+export function shippedMinCosine(o: { fp32MinCosine: number; w8MinCosine: number; w4MinCosine: number }, scheme: QuantScheme): number {
+  return scheme === 'fp32' ? o.fp32MinCosine : scheme === 'w4' ? o.w4MinCosine : o.w8MinCosine;
+}
+
 export const GateSettingsSchema = z.object({
   prompts: z.array(z.string().min(1)).min(1),
   oracle: z.object({
     fp32MinCosine: z.number().min(0).max(1).default(0.99999),
     w8MinCosine: z.number().min(0).max(1).default(0.999),
+    /** The shipped graphs' threshold when the quant is w4 (README: measured on the twins). */
+    w4MinCosine: z.number().min(0).max(1).default(W4_MIN_COSINE),
     /** Fraction of traced steps whose logits' argmax must match HF's. */
     minTop1: z.number().min(0).max(1).default(1),
-  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, minTop1: 1 }),
+  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, w4MinCosine: W4_MIN_COSINE, minTop1: 1 }),
   parity: z.object({
     tokens: z.number().int().positive().default(64),
     /** Fraction of tokens that must match HF greedy, in every variant (fp32 and the shipped precision); 1 means N/N. */

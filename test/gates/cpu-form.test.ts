@@ -23,6 +23,7 @@ import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { onnx } from '../../src/onnx/proto.js';
 import { OnnxModel, readModel } from '../../src/onnx/reader.js';
 import type { RunRecord } from '../../src/engine/record.js';
+import { quantizeW4Rows } from '../../src/quant/w4.js';
 
 /** Outputs of one session over every gate case of a graph, in order. */
 async function runCases(model: string, options: ort.InferenceSession.SessionOptions, cases: Array<Record<string, ort.Tensor>>): Promise<Array<Record<string, Float32Array>>> {
@@ -308,6 +309,33 @@ describe('CPU-gate form pieces', () => {
     expect(await optimized(CPU_GATE_SESSION_OPTIONS, 'gate.onnx')).toContain('Cast');
     // The control: ORT's default at level basic folds it.
     expect(await optimized({ graphOptimizationLevel: 'basic' }, 'basic.onnx')).not.toContain('Cast');
+  });
+
+  it('rewrites MatMulNBits(bits=4) (W4 blocks) with the node\'s own numbers bit for bit: one token in row blocks, several whole', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-mnb4-'));
+    const [n, k] = [200, 96];
+    const w = Float32Array.from({ length: n * k }, () => (rnd() * 2 - 1) * 0.05);
+    w.fill(0, 0, 32); // an all-zero block
+    const packed = new Uint8Array((n * k) / 2);
+    const sc = new Float32Array((n * k) / 32);
+    quantizeW4Rows(w, k, packed, sc);
+    const sink = new ExternalDataWriter(join(dir, 'w.data'));
+    const codesRef = sink.append(packed);
+    const scalesRef = sink.append(new Uint8Array(sc.buffer));
+    sink.commit();
+    for (const M of [1, 4]) {
+      const g = new GraphBuilder('mnb4');
+      const x = g.input('x', 'float32', [1, M, k]);
+      const codes = g.externalInitializer('codes', 'uint8', [n, k / 32, 16], codesRef);
+      const scales = g.externalInitializer('scales', 'float32', [(n * k) / 32], scalesRef);
+      g.output(g.op('MatMulNBits', [x, codes, scales], { K: k, N: n, bits: 4, block_size: 32 }, 1, { domain: MS_DOMAIN }), 'y', { dtype: 'float32', shape: [1, M, n] });
+      const model = join(dir, `m${M}.onnx`);
+      writeFileSync(model, onnx.ModelProto.encode(g.toModelProto()).finish());
+      const { path, stats } = writeGateModel(model, [], join(dir, `form${M}`), { tokensPerCall: M, blockBytes: 32 * k * 4 });
+      expect(stats).toMatchObject({ matMulNBits: 1, kept: [], blocks: M === 1 ? Math.ceil(n / 32) : 1 });
+      const feeds = [1, 2, 3].map(() => ({ x: new ort.Tensor('float32', new Float32Array(M * k).map(() => rnd() - 0.5), [1, M, k]) }));
+      expect(diff(await runCases(model, CPU_GATE_SESSION_OPTIONS, feeds), await runCases(path, CPU_GATE_SESSION_OPTIONS, feeds))).toEqual({ values: 3 * M * n, unequal: 0, maxAbs: 0 });
+    }
   });
 
   it('keeps a MatMulNBits it cannot express per row (block-wise scales, 4 bits), naming the node and why', () => {

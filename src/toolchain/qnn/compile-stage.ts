@@ -160,6 +160,8 @@ export const stage: StageModule<CompileParams> = {
     const graphs = exp.contexts.reduce((n, c) => n + c.graphs.length, 0);
     if (graphs > p.arch.maxGraphsPerProcess) throw new Error(`${graphs} graphs, over the ${p.arch.id} limit of ${p.arch.maxGraphsPerProcess} graphs per process (the plan drops optional graphs to fit)`);
     const qairt = qairtFor(p.toolchain);
+    // W4 is MatMulNBits(bits=4), which only onnxruntime-qnn reads (the build refuses QAIRT + w4 first).
+    if (qairt !== null && exp.contexts.some((c) => c.graphs.some((g) => g.scheme === 'w4'))) throw new Error(`${ctx.inputs.quantize}: W4 weights as MatMulNBits(bits=4), which the QAIRT converter path does not read`);
     // Which contexts hold W8 weights (each graph records its weights' scheme).
     const w8 = (c: ContextEntry) => c.graphs[0].scheme === 'w8';
     if (exp.contexts.some(w8)) {
