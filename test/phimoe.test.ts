@@ -15,6 +15,7 @@ import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
 import type { ExportManifest } from '../src/families/export-stage.js';
 import { runOracleGate, type OracleResult } from '../src/gates/oracle.js';
+import { Trace } from '../src/gates/trace.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
 import { ManifestSchema, type Manifest } from '../src/bundle/manifest.js';
 import { parsePhimoeConfig, phimoe } from '../src/families/phimoe.js';
@@ -109,6 +110,31 @@ describe('phimoe oracle gate', () => {
     expect(outputs('shard0.layer1.prefill')).toEqual(['attn_res', 'moe_in', 'new_k_1', 'new_v_1', 'router_logits']);
     expect(outputs('experts.prefill')).toEqual(['hidden_out']);
     expect(r.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
+  });
+
+  it("feeds the experts graphs no residual: their gate compares HF's MoE output (one token) and one expert's weighted output (prefill) alone", async () => {
+    const trace = await Trace.open(entry('trace'));
+    const c = parsePhimoeConfig(twinConfig(), 'config.json');
+    const byRole = (role: string) => graphs(entry('quantize')).find((g) => g.role === role)!;
+    const first = async (role: string) => (await phimoe.gateCases(c, byRole(role), trace, 256, entry('quantize')).next()).value!;
+    const one = await first('experts');
+    expect(Array.from(one.feeds.attn_res.data as Float32Array).every((x) => x === 0)).toBe(true);
+    expect(one.expected.hidden_out).toEqual(await trace.get(0, 0, 'moe_out.0'));
+    const chunk = await first('experts_prefill');
+    expect(Array.from(chunk.feeds.acc.data as Float32Array).every((x) => x === 0)).toBe(true);
+    // Prompt 0's first chunk at layer 0, its lowest chosen expert (HF's order): each real row gives
+    // its weight for that expert times HF's output of it, or 0 where the row chose others.
+    const rows = Math.min(8, trace.meta.prompts[0].prompt_tokens.length);
+    const chosen = await Promise.all(Array.from({ length: rows }, async (_, r) => Array.from(await trace.get(0, r, 'expert_ids.0'))));
+    const e = Math.min(...chosen.flat());
+    const H = c.hidden;
+    for (let r = 0; r < rows; r++) {
+      const slot = chosen[r].indexOf(e);
+      const w = slot < 0 ? 0 : (await trace.get(0, r, 'expert_weights.0'))[slot];
+      expect((chunk.feeds.routing.data as Float32Array)[r], `row ${r}`).toBe(w);
+      const want = slot < 0 ? new Float32Array(H) : Float32Array.from((await trace.get(0, r, 'expert_out.0')).subarray(slot * H, (slot + 1) * H), (v) => w * v);
+      expect(chunk.expected.hidden_out.subarray(r * H, (r + 1) * H), `row ${r}`).toEqual(want);
+    }
   });
 
   it('fails the experts graphs (one token, prefill) when a layer is fed another expert\'s rows, and only them', async () => {

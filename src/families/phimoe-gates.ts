@@ -1,8 +1,10 @@
 // PhiMoE's gate cases and runtime bindings (the graphs are in phimoe.ts). Teacher-forced from the
 // trace's named captures: an attention+router graph is fed h.l and HF's KV cache and must give
 // attn_res.l, moe_in.l, router_logits.l and the K/V rows; the experts graph, at every step and
-// layer, is fed attn_res.l, moe_in.l, the rows of the two experts HF's sparsemixer chose (read from
-// this export's own host tables) and HF's weights, and must give h.{l+1}; the lm-head is fed h.L.
+// layer, is fed a zero residual, moe_in.l, the rows of the two experts HF's sparsemixer chose (read
+// from this export's own host tables) and HF's weights, and must give HF's MoE output moe_out.l (h.{l+1}
+// less the residual, exactly: check_trace.py): the experts' numbers, not diluted by a residual of
+// similar size; the lm-head is fed h.L.
 // Batched prefill, over each prompt in chunks of N: the attention+router graph the same, N rows at
 // once; the experts-prefill graph once per (chunk, layer, expert the chunk chose), fed a zero
 // running sum and that expert's per-token weights, must give weight · HF's own output of that
@@ -136,12 +138,12 @@ async function* expertsCases(c: PhimoeConfig, trace: Trace, dir: string): AsyncG
       for (let l = 0; l < c.layers; l++) {
         const ids = await expertIds(c, trace, p, t, l);
         const feeds: Record<string, Feed> = {
-          attn_res: f32(await trace.get(p, t, `attn_res.${l}`), [1, 1, H]),
+          attn_res: f32(new Float32Array(H), [1, 1, H]),
           moe_in: f32(await trace.get(p, t, `moe_in.${l}`), [1, 1, H]),
           routing: f32(await trace.get(p, t, `expert_weights.${l}`), [2]),
         };
         for (const slot of [0, 1]) feedRows(feeds, slot, l, ids[slot]);
-        yield { prompt: p, step: t, feeds, expected: { hidden_out: await trace.get(p, t, `h.${l + 1}`) } };
+        yield { prompt: p, step: t, feeds, expected: { hidden_out: await trace.get(p, t, `moe_out.${l}`) } };
       }
     }
   }
