@@ -18,7 +18,7 @@ import { readTraceMeta } from '../gates/trace.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
 import type { ShardPlan } from '../plan/shards.js';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, matrixFallbacks, type ExportManifest } from '../families/export-stage.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -61,8 +61,7 @@ function emulationFacts(e: any): NonNullable<CardFacts['emulation']> {
 /** The shipped graphs' schemes and the matrices a W4 export stored otherwise (graphs.json `matrices`). */
 function shippedPrecision(quantizeDir: string): CardFacts['precision'] {
   const exp = JSON.parse(readFileSync(join(quantizeDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
-  const fallbacks = exp.contexts.flatMap((c) => (c.matrices ?? []).filter((m) => m.why).map((m) => ({ tensor: m.tensor, scheme: m.scheme, why: m.why! })));
-  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks };
+  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp) };
 }
 
 export const stage: StageModule<BundleParams> = {

@@ -7,6 +7,7 @@ import type { OracleResult } from '../gates/oracle.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import type { Manifest } from './manifest.js';
 import { confidenceSection, type Confidence } from './confidence.js';
+import { W4_BLOCK } from '../quant/w4.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -44,7 +45,7 @@ export interface CardFacts {
 function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
   if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
-  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ' (int4 blocks of 32, MatMulNBits)' : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
+  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, MatMulNBits)` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
   for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
   return [...lines, ''];
 }

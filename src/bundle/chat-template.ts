@@ -36,10 +36,6 @@ const PROBES = ['  Probe <a href="x">&amp;</a> \'q\' "d" {{ x }}\n\n', 'Zwölf B
  * the special tokens, messages, tools and documents as None, add_generation_prompt. Jinja options
  * match: @huggingface/jinja lexes with trim_blocks and lstrip_blocks, as transformers compiles.
  */
-export function renderUserTurn(template: string, tokens: TemplateTokens, content: string): string {
-  return renderParsed(new Template(template), tokens, content);
-}
-
 function renderParsed(t: Template, tokens: TemplateTokens, content: string): string {
   return t.render({ ...tokens, messages: [{ role: 'user', content }], tools: null, documents: null, add_generation_prompt: true });
 }

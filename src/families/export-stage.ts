@@ -72,6 +72,11 @@ export interface ContextEntry {
   matrices?: MatrixEntry[];
 }
 
+/** The matrices an export stored in another precision than its scheme (a W4 fallback), with why. */
+export function matrixFallbacks(m: ExportManifest): Array<{ tensor: string; scheme: string; why: string }> {
+  return m.contexts.flatMap((c) => (c.matrices ?? []).flatMap((x) => (x.why ? [{ tensor: x.tensor, scheme: x.scheme, why: x.why }] : [])));
+}
+
 export interface HostTableEntry {
   name: string;
   file: string;
@@ -248,7 +253,7 @@ export const stage: StageModule<ExportParams> = {
         scheme: m.scheme,
         contexts: m.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })),
         // The matrices not in the scheme asked for (a W4 fallback), with why.
-        ...(m.contexts.some((c) => c.matrices?.some((x) => x.why)) ? { fallbacks: m.contexts.flatMap((c) => (c.matrices ?? []).filter((x) => x.why).map((x) => ({ tensor: x.tensor, scheme: x.scheme, why: x.why! }))) } : {}),
+        ...(matrixFallbacks(m).length ? { fallbacks: matrixFallbacks(m) } : {}),
         ...(m.linked ? { linked: m.linked.map((f) => ({ file: f.file, bytes: f.bytes, how: f.how })) } : {}),
       },
     };

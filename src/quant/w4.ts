@@ -9,11 +9,11 @@
 // 32 is the finest of them, the one whose simulator output was checked against ORT CPU (cosine
 // 0.99999988, REFERENCE.md), and the block onnxruntime-qnn's issue #288 names with 64.
 
+import { ROUND } from './w8.js'; // + and − 1.5·2^52: round half to even
+
 /** Weights per block along the in-features. */
 export const W4_BLOCK = 32;
 
-// Adding and subtracting 1.5·2^52 rounds a float64 to the nearest integer, ties to even (as w8.ts).
-const ROUND = 6755399441055744;
 
 /**
  * Quantizes `rows` [n, cols] (cols a multiple of `block`) into packed codes [n, cols/block, block/2]

@@ -4,7 +4,7 @@
 
 // Adding and subtracting 1.5·2^52 rounds a float64 to the nearest integer, ties to even (the FPU's
 // default rounding) — exactly numpy/torch rounding, at a quarter of Math.round's cost plus a tie fix.
-const ROUND = 6755399441055744;
+export const ROUND = 6755399441055744;
 
 /**
  * q = round(w / s) with s = max|w_row| / 127, clamped to ±127, plus `zeroPoint` (128 gives the
