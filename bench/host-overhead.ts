@@ -42,6 +42,7 @@ import { GraphBuilder } from '../src/onnx/builder.js';
 import { writeModel } from '../src/onnx/writer.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 import type { WeightStore } from '../src/quant/weights.js';
+import { baseScheme } from '../src/recipe/schema.js';
 import { ensureNative } from '../src/toolchain/native.js';
 import { loadShape, type BenchShape } from './shapes.js';
 import { dropResidency, isTmpfs, pagesOfPairs, residentBytes, routedPairs, routerSliceStart, slabBytes, tableBytes, timeExpertCopy, writeSparseTables } from './expert-touch.js';
@@ -224,7 +225,7 @@ async function makeBundle(shape: BenchShape, dir: string): Promise<Bundle> {
   // fields the export gives it (role, per-variant layer range), in the settings' schemes (the
   // experts graph's row inputs are int8 + scales in W8).
   const dropped = new Set((plan.dropped ?? []).map((d) => d.graph));
-  const schemes = { scheme: settings.quant, lmHeadScheme: settings.lmHead.quant };
+  const schemes = { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant };
   const contexts: ExportManifest['contexts'] = [];
   for (const c of family.components(config, layoutOf(plan, { prefillLength, maxContext }))) {
     const entries: GraphEntry[] = [];
@@ -245,10 +246,10 @@ async function makeBundle(shape: BenchShape, dir: string): Promise<Bundle> {
   log(`${shape.id}: writing the f16 embedding table [${vocab}, ${hidden}] (${((vocab * hidden * 2) / 1e9).toFixed(2)} GB)`);
   writeEmbedding(join(exportDir, 'embedding.f16.bin'), vocab, hidden);
   const exp: ExportManifest = {
-    family: shape.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant, w8Form: 'matmulnbits', maxContext, contexts,
+    family: shape.family, scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, w8Form: 'matmulnbits', maxContext, contexts,
     embedding: { file: 'embedding.f16.bin', dtype: 'float16', shape: [vocab, hidden] },
   };
-  const made = family.madeTables?.(config, settings.quant).tables ?? [];
+  const made = family.madeTables?.(config, baseScheme(settings.quant)).tables ?? [];
   if (made.length) {
     log(`${shape.id}: made tables as sparse files at their real sizes: ${made.map((t) => `${t.name} ${t.dtype} [${t.shape.join(', ')}]`).join('; ')} (${(made.reduce((a, t) => a + tableBytes(t), 0) / 1e9).toFixed(2)} GB)`);
     exp.madeTables = writeSparseTables(exportDir, made);

@@ -14,6 +14,7 @@ import { benchArgs } from './util.js';
 import { getArch } from '../src/arch/table.js';
 import { makePlan } from '../src/plan/shards.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
+import { baseScheme } from '../src/recipe/schema.js';
 
 const { values: a, positionals: [ckptDir, out] } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, 'per-tensor': { type: 'boolean' } });
 if (!ckptDir || !out) {
@@ -31,7 +32,7 @@ const configFile = join(ckptDir, 'config.json');
 const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
 const plan = await makePlan(family, config, getArch('v81'), settings);
 const params: ExportParams = {
-  family: recipe.family, scheme: settings.quant, lmHeadScheme: settings.lmHead.quant,
+  family: recipe.family, scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides,
   maxContext: settings.maxContext, prefillLength: settings.prefillLength, hostTables: true,
 };
 

@@ -4,7 +4,8 @@
 import { join } from 'node:path';
 import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
-import { shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
+import { baseScheme, shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
+import type { AutoParams } from '../src/quant/auto.js';
 import { RecipeError } from '../src/recipe/load.js';
 import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
@@ -51,6 +52,16 @@ function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageN
 function traceNode(recipe: Recipe, s: ArchSettings): StageNode {
   const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
+}
+
+/** quant 'auto': the precision stage picks each layer's precision with the oracle before the plan (quant/auto.ts). */
+function precisionNode(recipe: Recipe, arch: Arch, s: ArchSettings): StageNode {
+  const o = recipe.gates.oracle;
+  const params: AutoParams = {
+    family: recipe.family, lmHeadScheme: s.lmHead.quant, maxContext: s.maxContext, overrides: s.overrides, minCosine: o.autoMinCosine, minTop1: o.minTop1,
+    parity: { recipe: { id: recipe.id, family: recipe.family }, arch: arch.id, tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch, maxTies: recipe.gates.parity.maxTies },
+  };
+  return { id: 'precision', module: src('quant/auto.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', native: 'native' }, tools: ['onnxruntime-node'], memory: stageMemory.precision(s.maxContext) };
 }
 
 function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
@@ -158,7 +169,8 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
 }
 
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
-function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSettings['quant'], toolchain: CompileToolchain): StageNode {
+function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: CompileToolchain): StageNode {
+  const scheme = id === 'export' ? 'fp32' : baseScheme(s.quant);
   const params: ExportParams = {
     family: recipe.family,
     scheme,
@@ -170,8 +182,11 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, scheme: ArchSet
     ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
     // The reference graphs read the checkpoint's own bytes: no fp32 copy of the weights on disk.
     ...(id === 'export' ? { inPlace: true } : {}),
+    // The recipe's per-matrix pins, and auto's map (the precision stage's output), shape the shipped graphs only.
+    ...(id === 'quantize' && s.overrides.length ? { overrides: s.overrides } : {}),
   };
-  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan' }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
+  const precision: Record<string, string> = id === 'quantize' && s.quant === 'auto' ? { precision: 'precision' } : {};
+  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
 }
 
 export interface PipelineOptions {
@@ -192,13 +207,18 @@ function refuseQairtW4(recipe: Recipe, arch: HexagonArch, settings: ArchSettings
   if (toolchain.kind !== 'qairt') return;
   const own = recipe.arch[arch.id];
   const field = (key: 'quant' | 'lmHead') => (own?.[key] !== undefined ? `arch.${arch.id}.${key}` : `arch.default.${key}`);
-  const at = settings.quant === 'w4' ? field('quant') : settings.lmHead.quant === 'w4' ? `${field('lmHead')}.quant` : undefined;
-  if (at) throw new RecipeError(`recipe ${recipe.id}: ${at} is 'w4', which the QAIRT toolchain (QAIRT_SDK_ROOT=${process.env.QAIRT_SDK_ROOT ?? '…'}) cannot compile in forge yet (no 4-bit converter encodings): use 'w8' there, or unset QAIRT_SDK_ROOT to compile W4 with onnxruntime-qnn`);
+  const at = settings.quant === 'w4' || settings.quant === 'auto' ? field('quant') : settings.lmHead.quant === 'w4' ? `${field('lmHead')}.quant` : undefined;
+  if (at) throw new RecipeError(`recipe ${recipe.id}: ${at} is '${settings.quant === 'auto' ? 'auto' : 'w4'}' (W4 weights), which the QAIRT toolchain (QAIRT_SDK_ROOT=${process.env.QAIRT_SDK_ROOT ?? '…'}) cannot compile in forge yet (no 4-bit converter encodings): use 'w8' there, or unset QAIRT_SDK_ROOT to compile W4 with onnxruntime-qnn`);
+}
+
+function planNode(params: PlanParams, auto: boolean): StageNode {
+  return { id: 'plan', module: src('plan/stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', ...(auto ? { precision: 'precision' } : {}) }, tools: [], memory: stageMemory.plan };
 }
 
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
+  const auto = settings.quant === 'auto';
   const toolchain = opts.toolchain ?? compileToolchain();
   refuseQairtW4(recipe, arch, settings, toolchain);
   const emu = emulationNode(recipe, arch, settings, toolchain);
@@ -207,19 +227,20 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
   return {
     nodes: [
       fetchNode(recipe, opts.localDigest),
-      { id: 'plan', module: src('plan/stage.ts'), params: plan as any, inputs: { checkpoint: 'fetch' }, tools: [], memory: stageMemory.plan },
-      traceNode(recipe, settings),
-      exportNode('export', recipe, settings, 'fp32', toolchain),
-      exportNode('quantize', recipe, settings, settings.quant, toolchain),
+      nativeNode(),
+      // Under auto the plan needs the precisions, which need the trace; otherwise the plan goes first
+      // (a compile that cannot fit the machine is refused before the trace).
+      ...(auto ? [traceNode(recipe, settings), precisionNode(recipe, arch, settings), planNode(plan, true)] : [planNode(plan, false), traceNode(recipe, settings)]),
+      exportNode('export', recipe, settings, toolchain),
+      exportNode('quantize', recipe, settings, toolchain),
       oracleNode(recipe, settings),
       compileNode(arch, toolchain),
-      nativeNode(),
       parityNode(recipe, arch, target),
       ...(emulation ? [emulation] : []),
       bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun),
     ],
     publish: ['bundle'],
-    reports: ['plan', 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
+    reports: ['plan', ...(auto ? ['precision'] : []), 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
     ...(gatesNotRun ? { gatesNotRun } : {}),
   };
 }

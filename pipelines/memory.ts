@@ -176,6 +176,15 @@ export const stageMemory = {
     },
   } satisfies StageMemory,
   oracle: { from: ['fetch', 'export'], predict: (d) => cpuGatePrediction(ORACLE, d, 'one graph at a time') } satisfies StageMemory,
+  /** precision (quant 'auto'): one-layer exports streamed as quantize does, then the oracle's CPU gate on them; the oracle's model, not measured apart. */
+  precision: (maxContext: number) => ({
+    from: ['fetch'],
+    predict: (d) => {
+      const kv = kvCacheBytes(textConfig(d.fetch), maxContext);
+      const weights = checkpointBytes(d.fetch);
+      return { privateBytes: Math.round(ORACLE.floor + kv), mappedBytes: Math.round(ORACLE.mappedFloor + weights), how: `the oracle's: ${gb(ORACLE.floor)} + ${gb(kv)} (K/V caches at maxContext) private, ${gb(ORACLE.mappedFloor)} + ${gb(weights)} mapped; not measured apart` };
+    },
+  }) satisfies StageMemory,
   parity: { from: ['fetch', 'export'], predict: (d) => cpuGatePrediction(PARITY, d, 'one variant at a time') } satisfies StageMemory,
   emulation: { from: ['quantize'], predict: (d) => linear(EMULATION, exportedTotal(d.quantize), 'all W8 graph weights; provisional') } satisfies StageMemory,
 /** Predicted from plan.json, right after the plan stage: a compile that cannot fit is refused before the trace. */

@@ -8,7 +8,8 @@ import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
-import type { FamilyId, QuantScheme } from '../recipe/schema.js';
+import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import { PrecisionChooser, PRECISION_JSON, type PrecisionMap } from '../quant/precision.js';
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
 import { GraphBuilder } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
@@ -37,6 +38,8 @@ export interface ExportParams {
    * export only: a compile toolchain would get bf16 weights.
    */
   inPlace?: boolean;
+  /** The recipe's per-matrix pins (quant/precision.ts); the auto map, when there is one, is the `precision` input. */
+  overrides?: PrecisionOverride[];
 }
 
 /** One exported graph: a variant of a component, with the interface its builder gave. */
@@ -131,8 +134,11 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
 /** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */
 export const graphName = (component: string, variant: string) => (variant ? `${component}.${variant}` : component);
 
+/** What an export reads of a plan: the layer cut, where the lm-head goes, the graphs left out. */
+export type ExportPlan = { shards: Array<Pick<ShardPlan['shards'][number], 'first' | 'last'>>; lmHead: Pick<ShardPlan['lmHead'], 'placement'>; dropped?: ShardPlan['dropped'] };
+
 /** The cut of the layers the plan chose, as the family's components take it. */
-export function layoutOf(plan: ShardPlan, p: { prefillLength: number; maxContext: number }): ComponentLayout {
+export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number }): ComponentLayout {
   return {
     shards: plan.shards.map((s, i) => ({ first: s.first, last: s.last, isLast: i === plan.shards.length - 1 })),
     lmHeadInside: plan.lmHead.placement === 'last-shard',
@@ -144,11 +150,11 @@ export function layoutOf(plan: ShardPlan, p: { prefillLength: number; maxContext
 /** Builds every kept graph of one component into `out`, sharing one data file. */
 async function exportContext(
   out: string, c: Component, variants: GraphVariant[], ckpt: Checkpoint, schemes: { scheme: QuantScheme; lmHeadScheme: QuantScheme },
-  onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form, inPlace: CheckpointLinks | undefined,
+  onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form, inPlace: CheckpointLinks | undefined, precision: PrecisionChooser,
 ): Promise<ContextEntry> {
   const data = `${c.name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
-  const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form, inPlace });
+  const store = new WeightStore(ckpt, sink, { onTensor, f16Copy, w8Form, inPlace, precision });
   const scheme = c.weights === 'lmHead' ? schemes.lmHeadScheme : schemes.scheme;
   const built: Array<{ g: GraphBuilder; entry: GraphEntry }> = [];
   try {
@@ -177,14 +183,19 @@ export interface ExportProgress {
   progress(done: number, total: number, label?: string): void;
 }
 
-/** Exports every graph of a plan from a checkpoint directory into `out` (the stage's work, callable by benchmarks). */
-export async function runExport(p: ExportParams, checkpointDir: string, plan: ShardPlan, out: string, ui: ExportProgress): Promise<ExportManifest> {
+/**
+ * Exports every graph of a plan from a checkpoint directory into `out` (the stage's work, callable by
+ * benchmarks and by the auto precision stage, which exports one layer per graph). `precision`: the
+ * auto map, on top of which the recipe's overrides (p.overrides) apply.
+ */
+export async function runExport(p: ExportParams, checkpointDir: string, plan: ExportPlan, out: string, ui: ExportProgress, precision?: PrecisionMap): Promise<ExportManifest> {
   const family = getFamily(p.family) as Family<unknown>;
   const configFile = join(checkpointDir, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const ckpt = await openCheckpoint(checkpointDir);
   const schemes = { scheme: p.scheme, lmHeadScheme: p.lmHeadScheme };
   const w8Form = p.w8Form ?? 'matmulnbits';
+  const chooser = new PrecisionChooser(p.overrides, precision);
   const dropped = new Set((plan.dropped ?? []).map((d) => d.graph));
   const components = family.components(config, layoutOf(plan, p));
   // What each component reads, from its own builder: the progress total (one tick per stored matmul weight) and the tied-table shortcut.
@@ -204,7 +215,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Sh
     for (const c of components) {
       const variants = c.variants.filter((v) => !dropped.has(graphName(c.name, v.name)));
       if (!variants.length) continue;
-      const ctx = await exportContext(out, c, variants, ckpt, schemes, tick, copy, w8Form, links);
+      const ctx = await exportContext(out, c, variants, ckpt, schemes, tick, copy, w8Form, links, chooser);
       contexts.push(ctx);
       const range = c.entry.first !== undefined ? ` (layers ${c.entry.first}-${c.entry.last})` : '';
       ui.log(`${c.name}${range}: ${ctx.graphs.map((g) => g.name).join(', ')}; ${ctx.dataBytes} bytes of weights written${ctx.linked ? `; weights read in place from ${ctx.linked.join(', ')}` : ''}`);
@@ -247,7 +258,8 @@ export const stage: StageModule<ExportParams> = {
   async run(ctx) {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const plan = JSON.parse(readFileSync(join(ctx.inputs.plan, 'plan.json'), 'utf8')) as ShardPlan;
-    const m = await runExport(ctx.params, ref.absDir, plan, ctx.out, ctx);
+    const map = ctx.inputs.precision ? (JSON.parse(readFileSync(join(ctx.inputs.precision, PRECISION_JSON), 'utf8')) as { matrices: PrecisionMap }).matrices : undefined;
+    const m = await runExport(ctx.params, ref.absDir, plan, ctx.out, ctx, map);
     return {
       summary: {
         scheme: m.scheme,

@@ -20,7 +20,7 @@ import { MASKED } from '../families/blocks.js';
 import { parseStateInput } from '../families/state-io.js';
 import type { GateCase } from '../families/kv-decoder.js';
 import { GateTally, layerOf } from './compare.js';
-import { StepChain } from './step-chain.js';
+import { greedySteps, StepChain, type ChainDecisions } from './step-chain.js';
 
 export interface OracleParams {
   family: FamilyId;
@@ -191,6 +191,8 @@ export interface OracleResult {
   logitError: Record<string, number>;
   /** Per export input, the graphs its logitError chained, in order. */
   logitChain: Record<string, string[]>;
+  /** Per export input, whether its chained logits pick HF's greedy tokens (step-chain.ts). */
+  decisions?: Record<string, ChainDecisions>;
 }
 
 /**
@@ -223,7 +225,7 @@ export async function runOracleGate(
     for (const { v, manifest, g } of work) {
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
-      if (!chains.has(v.label)) chains.set(v.label, new StepChain());
+      if (!chains.has(v.label)) chains.set(v.label, new StepChain(greedySteps(trace.meta.prompts)));
       const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed), chains.get(v.label)!);
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
@@ -252,7 +254,8 @@ export async function runOracleGate(
   rows.sort((a, b) => a.variant.localeCompare(b.variant) || a.graph.localeCompare(b.graph) || num(a.layer) - num(b.layer) || a.output.localeCompare(b.output));
   for (const [label, chain] of chains) if (chain.logitError !== undefined) logitError[label] = chain.logitError;
   const logitChain = Object.fromEntries([...chains].map(([label, chain]) => [label, chain.graphs]));
-  return { ok, rows, graphs, slowNodes, logitError, logitChain };
+  const decisions = Object.fromEntries([...chains].flatMap(([label, chain]) => (chain.decisions ? [[label, chain.decisions]] : [])));
+  return { ok, rows, graphs, slowNodes, logitError, logitChain, decisions };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */

@@ -10,6 +10,31 @@ import type { GateCase } from '../families/kv-decoder.js';
 
 const key = (c: Pick<GateCase, 'prompt' | 'step'>) => `${c.prompt}:${c.step}`;
 
+/**
+ * How the chained logits decide HF's greedy tokens: at every traced step whose logits chose a
+ * generated token, whether forge's argmax is HF's, and forge's own margin for HF's token (its logit
+ * minus the largest other; negative where another token wins). With every step agreeing, greedy
+ * decoding of the traced prompts gives HF's tokens: teacher forcing is free running while they agree.
+ */
+export interface ChainDecisions {
+  steps: number;
+  agree: number;
+  minMargin: number;
+  /** Where minMargin is: `prompt P step S`. */
+  at: string;
+}
+
+/** The traced steps whose logits chose a generated token: prompt p's steps from its last prompt token on. */
+export function greedySteps(prompts: Array<{ prompt_tokens: number[]; generated: number[] }>): (prompt: number, step: number) => boolean {
+  return (p, t) => t >= prompts[p].prompt_tokens.length - 1 && t < prompts[p].prompt_tokens.length - 1 + prompts[p].generated.length;
+}
+
+function argmax(x: Float32Array, skip = -1): number {
+  let best = -1;
+  for (let i = 0; i < x.length; i++) if (i !== skip && (best < 0 || x[i] > x[best])) best = i;
+  return best;
+}
+
 export class StepChain {
   /** Hidden rows by the residual they are (`h.<layer>` or `final`), then by `prompt:step`. */
   private readonly rows = new Map<string, Map<string, Float32Array>>();
@@ -18,6 +43,10 @@ export class StepChain {
   private nonFinite = false;
   /** The graphs the chain ran, in order. */
   readonly graphs: string[] = [];
+  private readonly tally: ChainDecisions = { steps: 0, agree: 0, minMargin: Infinity, at: '' };
+
+  /** `greedy`: which traced steps chose a generated token (greedySteps); without it no decisions are kept. */
+  constructor(private readonly greedy?: (prompt: number, step: number) => boolean) {}
 
   /** One-token graphs on the residual stream (decode shards, the lm-head) chain: every traced step has a case in each. */
   static applies(entry: GraphEntry): boolean {
@@ -68,11 +97,23 @@ export class StepChain {
     if (!want) return;
     const got = output('logits');
     this.logitCases++;
+    if (this.greedy?.(c.prompt, c.step)) {
+      const top = argmax(want);
+      const margin = got[top] - got[argmax(got, top)];
+      this.tally.steps++;
+      if (argmax(got) === top) this.tally.agree++;
+      if (!(margin >= this.tally.minMargin)) Object.assign(this.tally, { minMargin: margin, at: `prompt ${c.prompt} step ${c.step}` });
+    }
     for (let i = 0; i < want.length; i++) {
       const d = Math.abs(got[i] - want[i]);
       if (!Number.isFinite(d)) this.nonFinite = true;
       else if (d > this.maxAbs) this.maxAbs = d;
     }
+  }
+
+  /** HF's greedy tokens against the chained logits; undefined without greedy steps. */
+  get decisions(): ChainDecisions | undefined {
+    return this.tally.steps ? { ...this.tally } : undefined;
   }
 
   /** The largest |logit − HF logit| over every chained step; undefined when no logits were chained or one was non-finite. */

@@ -6,7 +6,8 @@
 // not fit are a PlanError naming the limit. The bytes come from the tensors each builder reads
 // (families/tensors.ts), not from a list kept beside it.
 import type { HexagonArch } from '../arch/table.js';
-import type { ArchSettings } from '../recipe/schema.js';
+import { baseScheme, type ArchSettings } from '../recipe/schema.js';
+import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
 import { MADE_DTYPES, type Component, type Family } from '../families/types.js';
 import { sumBytes } from '../quant/bytes.js';
 import { modelTensors } from '../families/tensors.js';
@@ -96,11 +97,18 @@ export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' 
 /** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
 const numel = (shape: number[]) => shape.reduce((a, d) => a * d, 1);
 
-export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number): Promise<ShardPlan> {
+/**
+ * `precision`: the auto stage's map (quant 'auto'); the recipe's overrides apply either way, and one
+ * that matches no matmul weight of the model is refused (a typo would silently pin nothing).
+ */
+export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArch, s: ArchSettings, shardCeilingBytes?: number, precision?: PrecisionMap): Promise<ShardPlan> {
   const n = family.numLayers(config);
   const tensors = await modelTensors(family, config);
-  const layerBytes = tensors.layers.map((t) => sumBytes(t, s.quant));
-  const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant) + sumBytes(tensors.final, s.lmHead.quant);
+  const chooser = new PrecisionChooser(s.overrides, precision);
+  const layerBytes = tensors.layers.map((t) => sumBytes(t, baseScheme(s.quant), chooser));
+  const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant, chooser) + sumBytes(tensors.final, s.lmHead.quant, chooser);
+  const unused = chooser.unused();
+  if (unused.length) throw new PlanError(`overrides ${unused.map((o) => JSON.stringify(o.match)).join(', ')} match no matmul weight of this model (patterns match a whole tensor name, e.g. "model\\.layers\\.3\\..*")`);
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
   const archCeiling = arch.contextCeilingBytes;
   const ceiling = Math.min(archCeiling, shardCeilingBytes ?? Infinity);
@@ -163,7 +171,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     hostTables: [
       ...host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: numel(t.shape) * 2 })),
       // Made tables (expert rows) in the layers' scheme.
-      ...(family.madeTables?.(config, s.quant).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPES[t.dtype].short, bytes: numel(t.shape) * MADE_DTYPES[t.dtype].bytes })),
+      ...(family.madeTables?.(config, baseScheme(s.quant)).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPES[t.dtype].short, bytes: numel(t.shape) * MADE_DTYPES[t.dtype].bytes })),
     ],
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),

@@ -10,6 +10,7 @@ import { getFamily } from '../families/index.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { makePlan } from './shards.js';
 import { checkConfigMatches } from './config-match.js';
+import { PRECISION_JSON, type PrecisionMap } from '../quant/precision.js';
 
 export interface PlanParams {
   family: FamilyId;
@@ -31,7 +32,9 @@ export const stage: StageModule<PlanParams> = {
     const raw = JSON.parse(readFileSync(file, 'utf8')) as Record<string, unknown>;
     if (expectedConfig) checkConfigMatches(raw, expectedConfig, file);
     const family = getFamily(familyId);
-    const plan = await makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes);
+    // quant 'auto': the layers' precisions the precision stage chose (quant/auto.ts).
+    const map = ctx.inputs.precision ? (JSON.parse(readFileSync(join(ctx.inputs.precision, PRECISION_JSON), 'utf8')) as { matrices: PrecisionMap }).matrices : undefined;
+    const plan = await makePlan(family, family.parseConfig(raw, file), getArch(arch), settings, ctx.params.ceilingBytes, map);
     await writeFile(join(ctx.out, 'plan.json'), JSON.stringify(plan, null, 2));
     // What the planner dropped to fit the arch (and why) goes to the run record with the rest.
     return { summary: { shards: plan.shards.length, contexts: plan.contexts, graphs: plan.graphs ?? null, totalContextBytes: plan.totalContextBytes, ...(plan.dropped ? { dropped: plan.dropped } : {}) } };

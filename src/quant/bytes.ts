@@ -4,6 +4,7 @@ import type { QuantScheme } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
 import { w8BlockSize } from './w8.js';
 import { W4_BLOCK, w4Precision } from './w4.js';
+import type { PrecisionChooser } from './precision.js';
 
 const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
@@ -23,6 +24,7 @@ export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
   }
 }
 
-export function sumBytes(ts: TensorSpec[], scheme: QuantScheme): number {
-  return ts.reduce((s, t) => s + storedBytes(t, scheme), 0);
+/** The bytes of `ts` in `scheme`, each matmul weight in the precision `chooser` gives it (overrides, the auto map). */
+export function sumBytes(ts: TensorSpec[], scheme: QuantScheme, chooser?: PrecisionChooser): number {
+  return ts.reduce((s, t) => s + storedBytes(t, chooser && t.role === 'matmul' ? chooser.choose(t.name, t.shape[1], scheme).scheme : scheme), 0);
 }

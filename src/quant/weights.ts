@@ -25,6 +25,7 @@ import type { DType } from '../io/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { quantizeRows, w8BlockSize } from './w8.js';
 import { quantizeW4Rows, W4_BLOCK, w4Precision, type MatrixPrecision } from './w4.js';
+import { PrecisionChooser } from './precision.js';
 import type { Bf16W8 } from './w8-simd.js';
 
 /** The ONNX form of a W8 weight: what the compile toolchain reads as int8 weights (see above). */
@@ -74,6 +75,8 @@ export interface WeightStoreOptions {
   w8Form?: W8Form;
   /** fp32 weights are referenced in the checkpoint's own files through these links, not converted and written. */
   inPlace?: CheckpointLinks;
+  /** Per-matrix precision (recipe overrides, the auto map); default: every matrix in its graph's scheme. */
+  precision?: PrecisionChooser;
 }
 
 export class WeightStore {
@@ -84,12 +87,14 @@ export class WeightStore {
   private readonly f16Copy: F16Copy | undefined;
   private readonly w8Form: W8Form;
   private readonly inPlace: CheckpointLinks | undefined;
+  private readonly chooser: PrecisionChooser;
 
   constructor(private readonly ckpt: Checkpoint, private readonly sink: ExternalDataWriter, o: WeightStoreOptions = {}) {
     this.onTensor = o.onTensor ?? (() => {});
     this.f16Copy = o.f16Copy;
     this.w8Form = o.w8Form ?? 'matmulnbits';
     this.inPlace = o.inPlace;
+    this.chooser = o.precision ?? new PrecisionChooser();
   }
 
   /**
@@ -290,24 +295,20 @@ export class WeightStore {
    * fp32: Gemm(transB=1) on the tensor (after a Cast when it is the checkpoint's bf16/f16 bytes in
    * place). fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
    * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
-   * w4: MatMulNBits(bits=4), or the matrix's fallback (w4Precision).
+   * w4: MatMulNBits(bits=4), or the matrix's fallback (w4Precision). The scheme is the graph's;
+   * the matrix's own comes from the store's PrecisionChooser (overrides, the auto map).
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
-    const s = await this.store(name, shape, scheme);
-    this.noteMatrix(name, shape, scheme);
+    const p = this.chooser.choose(name, inDim, scheme);
+    const s = await this.store(name, shape, p.scheme);
+    if (!this.matrices.has(name)) this.matrices.set(name, { tensor: name, shape: [...shape], ...p });
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
     if (!s.scale) return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
     if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
-  }
-
-  private noteMatrix(name: string, shape: [number, number], scheme: QuantScheme): void {
-    if (this.matrices.has(name)) return;
-    const p: MatrixPrecision = scheme === 'w4' ? w4Precision(shape[1]) : { scheme };
-    this.matrices.set(name, { tensor: name, shape: [...shape], ...p });
   }
 
   /** Each matmul weight the graphs read, in the order first stored, with the precision it got. */

@@ -67,6 +67,34 @@ export function builtRevision(s: PinnedSource): BuiltRevision | undefined {
 export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8', 'w4']);
 export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
 
+/**
+ * The layers' weight precision: a scheme, or 'auto' = every matrix starts at w4 and the `precision`
+ * stage (quant/auto.ts) promotes to w8 (then fp16) the layers the oracle says cannot take it.
+ */
+export const LayerQuantSchema = z.enum(['fp32', 'fp16', 'w8', 'w4', 'auto']);
+export type LayerQuant = z.infer<typeof LayerQuantSchema>;
+
+/** The scheme a layer's matrices start from (and are stored in, unless promoted or overridden). */
+export const baseScheme = (q: LayerQuant): QuantScheme => (q === 'auto' ? 'w4' : q);
+
+/**
+ * A recipe's pin on some matrices' precision: every matmul weight whose tensor name the regular
+ * expression matches whole (first matching override wins) is stored in `quant`, whatever the
+ * scheme, and `auto` never moves it. One that matches no matrix is refused at plan (a typo).
+ */
+export const PrecisionOverrideSchema = z.object({
+  match: z.string().min(1).superRefine((m, ctx) => {
+    try {
+      new RegExp(`^(?:${m})$`);
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
+    }
+  }),
+  quant: QuantSchemeSchema,
+  why: z.string().trim().min(1).optional(),
+}).strict();
+export type PrecisionOverride = z.infer<typeof PrecisionOverrideSchema>;
+
 const layerRange = z
   .tuple([z.number().int().nonnegative(), z.number().int().nonnegative()])
   .refine(([a, b]) => a <= b, 'a layer range is [first, last] with first <= last');
@@ -81,7 +109,9 @@ const LmHeadSchema = z.object({
 export const ArchSettingsPatchSchema = z.object({
   /** 'auto' plans from bytes and the arch ceiling; a list pins layer ranges [first, last] (inclusive). */
   shards: z.union([z.literal('auto'), z.array(layerRange).min(1)]),
-  quant: QuantSchemeSchema,
+  quant: LayerQuantSchema,
+  /** Per-matrix precision pins by tensor-name pattern (PrecisionOverrideSchema), in order. */
+  overrides: z.array(PrecisionOverrideSchema),
   lmHead: LmHeadSchema,
   maxContext: z.number().int().positive(),
   /** Tokens per prefill graph call (AR-N); 0 means decode-over-prompt only. */
@@ -91,6 +121,7 @@ export const ArchSettingsPatchSchema = z.object({
 export const ARCH_SETTING_DEFAULTS = {
   shards: 'auto',
   quant: 'w8',
+  overrides: [],
   lmHead: { placement: 'separate', quant: 'fp16' },
   maxContext: 512,
   prefillLength: 32,
@@ -114,9 +145,20 @@ function removedField(name: string, replacement: string) {
  */
 export const W4_MIN_COSINE = 0.85;
 
-/** The oracle threshold the shipped graphs of a scheme are held to. */
-export function shippedMinCosine(o: { fp32MinCosine: number; w8MinCosine: number; w4MinCosine: number }, scheme: QuantScheme): number {
-  return scheme === 'fp32' ? o.fp32MinCosine : scheme === 'w4' ? o.w4MinCosine : o.w8MinCosine;
+/**
+ * Default autoMinCosine: the teacher-forced cosine each layer alone must keep under `auto` (every
+ * output of its one-layer graph, HF's inputs fed). See README (W4, auto) for the figures it sits on.
+ */
+export const AUTO_MIN_COSINE = 0.97;
+
+/**
+ * The oracle threshold the shipped graphs of a scheme are held to. `auto` graphs mix w4 and w8
+ * layers and are cut into shards (a layer's error reaches the next one in its shard), so they are
+ * held to w4's bound; the precision stage held each layer alone to autoMinCosine, and parity holds
+ * the whole chain.
+ */
+export function shippedMinCosine(o: { fp32MinCosine: number; w8MinCosine: number; w4MinCosine: number }, scheme: LayerQuant): number {
+  return scheme === 'fp32' ? o.fp32MinCosine : scheme === 'w4' || scheme === 'auto' ? o.w4MinCosine : o.w8MinCosine;
 }
 
 export const GateSettingsSchema = z.object({
@@ -126,9 +168,11 @@ export const GateSettingsSchema = z.object({
     w8MinCosine: z.number().min(0).max(1).default(0.999),
     /** The shipped graphs' threshold when the quant is w4 (README: measured on the twins). */
     w4MinCosine: z.number().min(0).max(1).default(W4_MIN_COSINE),
+    /** Under quant 'auto': the cosine every layer alone must keep (quant/auto.ts); its matrices are promoted until it does. */
+    autoMinCosine: z.number().min(0).max(1).default(AUTO_MIN_COSINE),
     /** Fraction of traced steps whose logits' argmax must match HF's. */
     minTop1: z.number().min(0).max(1).default(1),
-  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, w4MinCosine: W4_MIN_COSINE, minTop1: 1 }),
+  }).strict().default({ fp32MinCosine: 0.99999, w8MinCosine: 0.999, w4MinCosine: W4_MIN_COSINE, autoMinCosine: AUTO_MIN_COSINE, minTop1: 1 }),
   parity: z.object({
     tokens: z.number().int().positive().default(64),
     /** Fraction of tokens that must match HF greedy, in every variant (fp32 and the shipped precision); 1 means N/N. */
