@@ -153,7 +153,7 @@ function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: C
   };
 }
 
-function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined): StageNode {
+function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean): StageNode {
   const params: BundleParams = {
     recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens,
     ...(gatesNotRun ? { gatesNotRun } : {}),
@@ -163,7 +163,7 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
     // Every gate is an input: a bundle exists only when all of them passed.
     // The trace for the card's Confidence section (HF's margins along the continuations); the plan
     // for what the planner dropped to stay within the arch's limits.
-    inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])) },
+    inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])), ...(auto ? { precision: 'precision' } : {}) },
     tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], memory: stageMemory.bundle,
   };
 }
@@ -227,17 +227,17 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
   return {
     nodes: [
       fetchNode(recipe, opts.localDigest),
-      nativeNode(),
-      // Under auto the plan needs the precisions, which need the trace; otherwise the plan goes first
-      // (a compile that cannot fit the machine is refused before the trace).
-      ...(auto ? [traceNode(recipe, settings), precisionNode(recipe, arch, settings), planNode(plan, true)] : [planNode(plan, false), traceNode(recipe, settings)]),
+      // Under auto the plan needs the precisions, which need the trace and the runtime; otherwise the
+      // plan goes first (a compile that cannot fit the machine is refused before the trace).
+      ...(auto ? [nativeNode(), traceNode(recipe, settings), precisionNode(recipe, arch, settings), planNode(plan, true)] : [planNode(plan, false), traceNode(recipe, settings)]),
       exportNode('export', recipe, settings, toolchain),
       exportNode('quantize', recipe, settings, toolchain),
       oracleNode(recipe, settings),
       compileNode(arch, toolchain),
+      ...(auto ? [] : [nativeNode()]),
       parityNode(recipe, arch, target),
       ...(emulation ? [emulation] : []),
-      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun),
+      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun, auto),
     ],
     publish: ['bundle'],
     reports: ['plan', ...(auto ? ['precision'] : []), 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],

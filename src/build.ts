@@ -11,6 +11,10 @@ import type { OracleResult } from './gates/oracle.js';
 import type { TraceMeta } from './gates/trace.js';
 import { buildConfidence } from './bundle/confidence.js';
 import type { ShardPlan } from './plan/shards.js';
+import { GRAPHS_JSON, type ExportManifest } from './families/export-stage.js';
+import { exportMatrices, precisionRows, type PrecisionRow } from './bundle/precision-map.js';
+import { PRECISION_JSON } from './quant/precision.js';
+import type { PrecisionResult } from './quant/auto.js';
 import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
@@ -266,7 +270,13 @@ function fillStaging(staging: string, record: RunRecord, result: PipelineResult,
     record, oracleRows: oracle?.rows, plan: readJson<ShardPlan>('plan', 'plan.json'),
     ...(trace?.margins && oracle?.logitError ? { confidence: buildConfidence(trace, oracle, readJson('emulation', 'emulation.json')) } : {}),
     contexts: readJson<{ contexts: Array<{ name: string; bytes: number }> }>('compile', 'compile.json')?.contexts,
+    ...precisionForReport(readJson<ExportManifest>('quantize', GRAPHS_JSON), readJson<PrecisionResult>('precision', PRECISION_JSON)),
   };
   writeFileSync(join(staging, 'build', 'report.md'), reportMarkdown(report));
   writeFileSync(join(staging, 'build', 'report.html'), reportHtml(report));
+}
+
+/** The shipped graphs' per-layer precision map for the report, once the quantize export ran. */
+function precisionForReport(exp: ExportManifest | undefined, auto: PrecisionResult | undefined): { precision?: PrecisionRow[] } {
+  return exp ? { precision: precisionRows(exportMatrices(exp), auto) } : {};
 }

@@ -4,6 +4,7 @@
 import { describe, expect, it } from 'vitest';
 import { modelCard, type CardFacts, type ParityFacts } from '../src/bundle/card.js';
 import { getArch } from '../src/arch/table.js';
+import { precisionRows } from '../src/bundle/precision-map.js';
 
 const timings = { load_ms: 1, prefill_ms: 1, decode_ms_per_token: 1, host_overhead_ms_per_token: 0 };
 const RULE = 'every step teacher-forced on HF\'s greedy token (…); at most 0 ties per variant';
@@ -105,11 +106,20 @@ describe('model card: run command', () => {
 
 describe('model card: precision', () => {
   it('lists every matrix that is not in the W4 scheme with why, and the lm-head\'s own scheme', () => {
-    const card = modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.self_attn.o_proj.weight', scheme: 'w8', why: 'in-features 48 are not a multiple of the W4 block 32' }] } }, {});
+    const why = 'in-features 48 are not a multiple of the W4 block 32';
+    const rows = precisionRows([
+      { tensor: 'model.layers.0.self_attn.q_proj.weight', shape: [48, 64], scheme: 'w4' },
+      { tensor: 'model.layers.0.self_attn.o_proj.weight', shape: [64, 48], scheme: 'w8', why },
+      { tensor: 'model.layers.1.self_attn.q_proj.weight', shape: [48, 64], scheme: 'w4' },
+      { tensor: 'model.embed_tokens.weight', shape: [1000, 64], scheme: 'fp16' },
+    ]);
+    const card = modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.self_attn.o_proj.weight', scheme: 'w8', why }], rows } }, {});
     expect(card).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits); the lm-head fp16 (recipe lmHead.quant); 1 matrix otherwise:');
     expect(card).toContain('- `model.layers.0.self_attn.o_proj.weight`: w8, in-features 48 are not a multiple of the W4 block 32');
-    expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
+    // The per-layer map: layer 0 mixed with why, layer 1 uniform, the lm-head last.
+    expect(card).toContain(`| 0 | w4 ×1, w8 ×1 | ${why} |\n| 1 | w4 ×1 | - |\n| lm-head | fp16 ×1 | - |`);
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [], rows: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
     // A W8 build without fallbacks says nothing new.
-    expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [] } }, {})).not.toContain('**Precision:**');
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [], rows: precisionRows([{ tensor: 'model.layers.0.mlp.up_proj.weight', shape: [2, 2], scheme: 'w8' }]) } }, {})).not.toContain('**Precision:**');
   });
 });

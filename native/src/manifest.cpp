@@ -194,7 +194,8 @@ struct Parser {
     }
     Node quant = g.at("quant");
     quant.object({"weights", "activations"});
-    out.weights = quant.at("weights").one_of({"fp32", "fp16", "w8", "w4"});
+    // 'mixed': the context's matrices differ (its `precision` list says which); the runtime does not care.
+    out.weights = quant.at("weights").one_of({"fp32", "fp16", "w8", "w4", "mixed"});
     quant.at("activations").one_of({"float32"});
 
     const int64_t N = out.tokens, C = m.max_context, H = m.hidden;
@@ -235,7 +236,18 @@ struct Parser {
     std::map<std::pair<std::string, std::string>, std::string> variants;  // (component, role) → path
     for (size_t ci = 0, n = cs.array(1); ci < n; ci++) {
       Node c = cs[ci];
-      c.object({"name", "files", "graphs"});
+      c.object({"name", "files", "graphs"}, {"precision"});
+      // The per-matrix precision map is for people and tools: its shape is checked, nothing reads it.
+      if (c.has("precision")) {
+        Node ps = c.at("precision");
+        for (size_t i = 0, k = ps.array(); i < k; i++) {
+          Node pm = ps[i];
+          pm.object({"tensor", "weights"}, {"why"});
+          pm.at("tensor").str();
+          pm.at("weights").one_of({"fp32", "fp16", "w8", "w4"});
+          if (pm.has("why")) pm.at("why").str();
+        }
+      }
       Context ctx;
       ctx.path = c.path;
       ctx.name = c.at("name").str();

@@ -223,6 +223,9 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"nondeterministic with an unknown field", [](json& j) {
          j["contexts"][0]["files"][0]["nondeterministic"] = {{"why", "x"}, {"describeSha256", std::string(64, 'a')}, {"ranges", 1}};
        }, "contexts[0].files[0].nondeterministic.ranges: unknown field"},
+      {"precision map entry of unknown weights", [](json& j) { j["contexts"][0]["precision"] = json::array({{{"tensor", "model.layers.0.mlp.up_proj.weight"}, {"weights", "w3"}}}); },
+       "contexts[0].precision[0].weights: 'w3' is not one of"},
+      {"precision map entry without its tensor", [](json& j) { j["contexts"][0]["precision"] = json::array({{{"weights", "w8"}}}); }, "contexts[0].precision[0].tensor: missing"},
   };
   expect_each_refused(good, bundle, mutations);
 }
@@ -236,6 +239,16 @@ TEST(Manifest, NondeterministicFileIsAcceptedAndStillChecked) {
   EXPECT_EQ(error_of(doc, bundle), "");
   doc["contexts"][0]["files"][0]["sha256"] = std::string(64, 'a');
   EXPECT_NE(error_of(doc, bundle).find("contexts[0].files[0].sha256: sha256 of"), std::string::npos);
+}
+
+// The per-matrix precision map and a 'mixed' graph (quant auto, overrides) load: the runtime does not care.
+TEST(Manifest, PrecisionMapAndMixedWeightsAreAccepted) {
+  NEED_ENV(bundle, "FORGE_TEST_BUNDLE");
+  json doc = read_json(bundle + "/manifest.json");
+  doc["contexts"][0]["precision"] = json::array({{{"tensor", "model.layers.0.mlp.up_proj.weight"}, {"weights", "w4"}},
+                                                {{"tensor", "model.layers.0.mlp.down_proj.weight"}, {"weights", "w8"}, {"why", "auto: promoted"}}});
+  for (auto& g : doc["contexts"][0]["graphs"]) g["quant"]["weights"] = "mixed";
+  EXPECT_EQ(error_of(doc, bundle), "");
 }
 
 // The hybrid (qwen3_5_generate) bundle: recurrent state, a shard without mask or positions.

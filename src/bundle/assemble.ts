@@ -11,8 +11,9 @@ import { join } from 'node:path';
 import { sha256OfFile, type FileDigest } from '../engine/hash.js';
 import { META } from '../engine/cache.js';
 import type { HexagonArch } from '../arch/table.js';
-import type { Recipe } from '../recipe/schema.js';
+import type { QuantScheme, Recipe } from '../recipe/schema.js';
 import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import type { MatrixEntry } from '../quant/weights.js';
 import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { MASKED } from '../families/blocks.js';
@@ -116,10 +117,11 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
         ...(g.first !== undefined ? { layers: [g.first, g.last!] as [number, number] } : {}),
         inputs: b.inputs,
         outputs: b.outputs,
-        quant: { weights: g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme, activations: 'float32' },
+        quant: { weights: weightsOf(c.matrices, g.kind === 'lm_head' ? exp.lmHeadScheme : exp.scheme), activations: 'float32' },
       });
     }
-    contexts.push({ name: c.name, files, graphs });
+    const precision = (c.matrices ?? []).map((m) => ({ tensor: m.tensor, weights: m.scheme, ...(m.why ? { why: m.why } : {}) }));
+    contexts.push({ name: c.name, files, graphs, ...(precision.length ? { precision } : {}) });
   }
   linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
   // Tables made in the graphs' own scheme (expert rows): from the export whose graphs they feed.
@@ -156,4 +158,10 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   ManifestSchema.parse(manifest); // forge never writes a manifest the runtime would refuse
   writeFileSync(join(out, MANIFEST), JSON.stringify(manifest, null, 2) + '\n');
   return manifest;
+}
+
+/** A graph's quant.weights: its context's one matrix precision, 'mixed' when they differ, the scheme when none is recorded. */
+function weightsOf(matrices: MatrixEntry[] | undefined, scheme: QuantScheme): Manifest['contexts'][number]['graphs'][number]['quant']['weights'] {
+  const kinds = new Set((matrices ?? []).map((m) => m.scheme));
+  return kinds.size > 1 ? 'mixed' : kinds.size === 1 ? [...kinds][0] : scheme;
 }

@@ -12,13 +12,16 @@ import { getArch } from '../arch/table.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
 import { assembleBundle, readCompiled } from './assemble.js';
-import { modelCard, type CardFacts } from './card.js';
+import { modelCard, type CardFacts, type ShippedPrecision } from './card.js';
 import { buildConfidence } from './confidence.js';
 import { readTraceMeta } from '../gates/trace.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { GRAPHS_JSON, matrixFallbacks, type ExportManifest } from '../families/export-stage.js';
+import { exportMatrices, precisionRows } from './precision-map.js';
+import { PRECISION_JSON } from '../quant/precision.js';
+import type { PrecisionResult } from '../quant/auto.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -58,10 +61,22 @@ function emulationFacts(e: any): NonNullable<CardFacts['emulation']> {
   };
 }
 
-/** The shipped graphs' schemes and the matrices a W4 export stored otherwise (graphs.json `matrices`). */
-function shippedPrecision(quantizeDir: string): CardFacts['precision'] {
+/** The shipped graphs' schemes and per-layer map (graphs.json `matrices`; precision.json under auto). */
+export function shippedPrecision(quantizeDir: string, precisionDir?: string): ShippedPrecision {
   const exp = JSON.parse(readFileSync(join(quantizeDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
-  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp) };
+  const auto = precisionDir ? (JSON.parse(readFileSync(join(precisionDir, PRECISION_JSON), 'utf8')) as PrecisionResult) : undefined;
+  const rows = precisionRows(exportMatrices(exp), auto);
+  if (!auto) return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows };
+  const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => auto.layers.reduce((a, l) => a + l[k], 0);
+  const w4 = auto.parity.w4;
+  return {
+    scheme: 'auto', lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows,
+    auto: {
+      minCosine: auto.minCosine, promoted: auto.layers.filter((l) => l.scheme !== 'w4').length, layers: auto.layers.length,
+      bytes: { auto: sum('bytes'), w4: sum('w4Bytes'), w8: sum('w8Bytes') },
+      w4Parity: `${w4.matched}/${w4.total} before the first mismatch, ${w4.mismatches} mismatch${w4.mismatches === 1 ? '' : 'es'}`,
+    },
+  };
 }
 
 export const stage: StageModule<BundleParams> = {
@@ -90,7 +105,7 @@ export const stage: StageModule<BundleParams> = {
       confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
       planDropped: plan.dropped ?? [],
       planKept: { contexts: plan.contexts, graphs: plan.graphs },
-      precision: shippedPrecision(ctx.inputs.quantize),
+      precision: shippedPrecision(ctx.inputs.quantize, ctx.inputs.precision),
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));

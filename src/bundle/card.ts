@@ -8,6 +8,7 @@ import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import type { Manifest } from './manifest.js';
 import { confidenceSection, type Confidence } from './confidence.js';
 import { W4_BLOCK } from '../quant/w4.js';
+import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -37,17 +38,37 @@ export interface CardFacts {
   planDropped?: Array<{ graph: string; why: string }>;
   /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
   planKept?: { contexts: number; graphs?: number };
-  /** The shipped graphs' weight schemes and the matrices stored otherwise, with why (graphs.json). */
-  precision?: { scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string }> };
+  /** The shipped graphs' weight schemes, the per-layer map, and the matrices stored otherwise with why (graphs.json; precision.json under auto). */
+  precision?: ShippedPrecision;
 }
 
-/** The precision line: the scheme, and each matrix that is not in it with why (a W4 fallback). */
-function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
-  if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
+export interface ShippedPrecision {
+  /** The recipe's layer quant ('auto' included) and the lm-head's. */
+  scheme: string;
+  lmHeadScheme: string;
+  fallbacks: Array<{ tensor: string; scheme: string; why: string }>;
+  rows: PrecisionRow[];
+  /** Under auto: the threshold, the layers promoted, the layers' bytes as chosen, all w4 and all w8, host parity all w4. */
+  auto?: { minCosine: number; promoted: number; layers: number; bytes: { auto: number; w4: number; w8: number }; w4Parity: string };
+}
+
+/** The precision lines: the scheme, and, when not every matrix is in it, the per-layer map with why. */
+function precisionLines(p: ShippedPrecision): string[] {
+  if (p.scheme !== 'w4' && p.scheme !== 'auto' && !mixed(p.rows)) return [];
+  const w4 = `int4 blocks of ${W4_BLOCK}, MatMulNBits`;
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
-  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, MatMulNBits)` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
-  for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
-  return [...lines, ''];
+  const lines: string[] = [];
+  if (p.auto) {
+    const a = p.auto;
+    const x = (b: number) => (b / a.bytes.w8).toFixed(3);
+    lines.push(`**Precision:** auto: every layer matrix starts at w4 (${w4}) and a layer is promoted to w8 (or fp16) while it alone keeps a cosine under ${a.minCosine} against Hugging Face (gates.oracle.autoMinCosine) or while host parity fails by the recipe's rule (all w4: ${a.w4Parity}); ${a.promoted} of ${a.layers} layers promoted${head}. Layer weights ${mb(a.bytes.auto)}: ${x(a.bytes.auto)}× their w8 size (all w4: ${x(a.bytes.w4)}×).`, '');
+  } else {
+    lines.push(`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (${w4})` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`);
+    for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
+    lines.push('');
+  }
+  if (p.auto || mixed(p.rows)) lines.push('Precision map (matrices per layer; graphs.json in the build lists each one):', '', ...precisionTable(p.rows), '');
+  return lines;
 }
 
 const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
@@ -128,7 +149,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   // card (and the bundle) is the same for the same inputs. Device timings are the point of a device run.
   lines.push(onDevice ? '| graphs | tokens equal to HF | ties (allowed) | tie margin | start-up ms | prefill ms | ms/token | host overhead ms/token |' : '| graphs | tokens equal to HF | ties (allowed) | tie margin |', onDevice ? '|---|---|---|---|---|---|---|---|' : '|---|---|---|---|');
   for (const [v, r] of Object.entries(f.parity.variants)) {
-    const name = v === 'quantize' ? `shipped (${manifest.contexts[0].graphs[0].quant.weights})` : 'fp32 reference';
+    const name = v === 'quantize' ? `shipped (${f.precision?.scheme ?? manifest.contexts[0].graphs[0].quant.weights})` : 'fp32 reference';
     const held = `${r.total - r.mismatches}/${r.total}`;
     const ties = `${r.ties} (${f.parity.maxTies})`;
     const margin = r.tieMargin === null ? 'none measured' : r.tieMargin.toExponential(2);

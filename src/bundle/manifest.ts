@@ -89,7 +89,8 @@ export const GraphSchema = z.object({
   layers: z.tuple([z.number().int().nonnegative(), z.number().int().nonnegative()]).optional(),
   inputs: z.array(InputSchema).min(1),
   outputs: z.array(OutputSchema).min(1),
-  quant: z.object({ weights: z.enum(['fp32', 'fp16', 'w8', 'w4']), activations: z.literal('float32') }).strict(),
+  /** The graph's matmul weights: one precision, or 'mixed' (its context's `precision` lists each matrix). */
+  quant: z.object({ weights: z.enum(['fp32', 'fp16', 'w8', 'w4', 'mixed']), activations: z.literal('float32') }).strict(),
 }).strict()
   .refine((g) => g.file !== undefined || g.qnn !== undefined, 'a graph needs an ONNX file or a compiled context (qnn)')
   .refine((g) => (g.file === undefined) === (g.sha256 === undefined), "'file' and 'sha256' go together");
@@ -107,6 +108,12 @@ export const ContextSchema = z.object({
   /** Weight files shared by the context's graphs. */
   files: z.array(z.object({ path: relPath, sha256, bytes: z.number().int().nonnegative(), nondeterministic: NondeterministicSchema.optional() }).strict()),
   graphs: z.array(GraphSchema).min(1),
+  /**
+   * Each matmul weight of the context and the precision it is stored in, with why where it is not
+   * its graphs' scheme (a W4 fallback, a recipe override, auto's promotion). For people and tools:
+   * the runtime validates its shape and does not otherwise read it.
+   */
+  precision: z.array(z.object({ tensor: z.string().min(1), weights: z.enum(['fp32', 'fp16', 'w8', 'w4']), why: z.string().min(1).optional() }).strict()).optional(),
 }).strict();
 
 export const ManifestSchema = z.object({

@@ -5,6 +5,7 @@ import type { RunRecord } from '../engine/record.js';
 import type { OracleRow } from '../gates/oracle.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { errorTable, fmtMargin, type Confidence } from './confidence.js';
+import { countsText, type PrecisionRow } from './precision-map.js';
 
 export interface ReportInput {
   record: RunRecord;
@@ -14,6 +15,8 @@ export interface ReportInput {
   contexts?: Array<{ name: string; bytes: number }>;
   /** HF's margins along the traced continuations beside each precision's largest logit error (when the trace and oracle ran). */
   confidence?: Confidence;
+  /** The shipped graphs' matrices per layer and precision, with why (when the quantize export ran). */
+  precision?: PrecisionRow[];
 }
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
@@ -81,6 +84,16 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
       table: {
         head: ['variant', 'graph', 'layer', 'output', 'min cosine', 'max abs err', 'worst at', 'ok'],
         rows: input.oracleRows.map((x) => [x.variant, x.graph, x.layer, `${x.output} (${x.what})`, x.minCosine.toFixed(7), x.maxAbs.toExponential(2), x.worst, x.ok ? 'pass' : 'FAIL']),
+      },
+    });
+  }
+  if (input.precision?.length) {
+    const auto = input.precision.some((r) => r.w4Cosine !== undefined);
+    out.push({
+      title: 'Precision map: the shipped matrices per layer (auto: each layer alone at w4 and as shipped, teacher-forced cosine)',
+      table: {
+        head: ['layer', 'matrices', ...(auto ? ['alone at w4', 'as shipped'] : []), 'why'],
+        rows: input.precision.map((r) => [r.layer === '-' ? 'lm-head' : r.layer, countsText(r.counts), ...(auto ? [r.w4Cosine?.toFixed(5) ?? '-', r.cosine?.toFixed(5) ?? '-'] : []), r.why.join('; ') || '-']),
       },
     });
   }
