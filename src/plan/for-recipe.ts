@@ -36,5 +36,6 @@ export function formatPlan(p: ShardPlan): string {
   for (const t of p.hostTables) lines.push(`  host ${t.name}: ${t.dtype} ${mb(t.bytes)}`);
   lines.push(`  ${p.contexts} contexts${p.graphs !== undefined ? `, ${p.graphs} graphs` : ''}, ${mb(p.totalContextBytes)} in contexts`);
   for (const d of p.dropped ?? []) lines.push(`  dropped ${d.graph}: ${d.why}`);
+  if (p.precisionNote) lines.push(`  note: ${p.precisionNote}`);
   return lines.join('\n');
 }

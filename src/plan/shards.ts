@@ -28,6 +28,8 @@ export interface ShardPlan {
   totalContextBytes: number;
   /** Graphs the bundle sets up in one process, against the arch's maxGraphsPerProcess. */
   graphs?: number;
+  /** quant 'auto' planned without the precision stage's map (forge plan from a recorded config): what the bytes are. */
+  precisionNote?: string;
   /** Optional graphs left out to fit an arch limit, each with why; absent when none was. */
   dropped?: Array<{ graph: string; why: string }>;
 }
@@ -176,6 +178,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),
     graphs: kept.length,
+    ...(s.quant === 'auto' && !precision ? { precisionNote: "quant 'auto' planned with every layer at w4 (the least bytes): a build's precision stage promotes the layers the oracle needs to w8, which may take more bytes and contexts" } : {}),
     ...(dropped.length ? { dropped } : {}),
   };
 }

@@ -1,0 +1,75 @@
+// quant 'auto' end to end: a tiny-qwen3 twin with one layer made W4-hostile on purpose (its
+// function unchanged: test/helpers/w4-hostile.ts) builds green with every gate, and the precision
+// stage promotes that layer, and only it.
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { forge, lastJson } from './helpers/forge-cli.js';
+import { makeW4Hostile } from './helpers/w4-hostile.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { cacheRoot } from '../src/paths.js';
+import type { PrecisionResult } from '../src/quant/auto.js';
+
+const HOSTILE_LAYER = 2;
+/**
+ * Each tiny-qwen3 layer alone at w4 keeps a cosine of at least 0.93 against HF (measured on the
+ * twin: see README, W4 auto); the hostile layer keeps far less. 0.9 sits between.
+ */
+const MIN_COSINE = 0.9;
+
+let work: string;
+let recipes: string;
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), 'forge-auto-'));
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+});
+
+const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+
+describe('quant auto', () => {
+  it('promotes the one layer made W4-hostile, and only it, and the build is green with every gate', async () => {
+    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
+    expect(twin.code, twin.stderr).toBe(0);
+    const hostile = join(work, 'hostile');
+    await makeW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, HOSTILE_LAYER);
+
+    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.id = 'tiny-qwen3-hostile';
+    r.source = { kind: 'local', path: hostile };
+    r.arch.default.quant = 'auto';
+    r.gates.oracle.autoMinCosine = MIN_COSINE;
+    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
+    writeFileSync(join(recipes, r.id, 'recipe.json'), JSON.stringify(r, null, 2));
+
+    const out = join(work, 'out');
+    const built = await forge(['build', r.id, '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(built.stderr).not.toMatch(/\n\s+at /);
+    const rec = lastJson(built.stdout);
+    expect(rec.ok, rec.error).toBe(true);
+    for (const g of ['oracle', 'parity', 'emulation']) expect(rec.gates[g].ok, g).toBe(true);
+
+    const precision = JSON.parse(readFileSync(join(entry(rec, 'precision'), 'precision.json'), 'utf8')) as PrecisionResult;
+    const promoted = precision.layers.filter((l) => l.scheme !== 'w4');
+    expect(promoted.map((l) => [l.layer, l.scheme])).toEqual([[HOSTILE_LAYER, 'w8']]);
+    expect(promoted[0].w4Cosine).toBeLessThan(MIN_COSINE);
+    expect(promoted[0].why).toMatch(new RegExp(`^auto: layer ${HOSTILE_LAYER} alone at w4 keeps cosine 0\\.\\d+ < autoMinCosine ${MIN_COSINE}$`));
+    for (const l of precision.layers) if (l.layer !== HOSTILE_LAYER) expect(l.w4Cosine, `layer ${l.layer}`).toBeGreaterThanOrEqual(MIN_COSINE);
+    expect(precision.parity.chosen.ok).toBe(true);
+    console.log(`[measured] auto on the W4-hostile twin: layers alone at w4 ${precision.layers.map((l) => `${l.layer}:${l.w4Cosine.toFixed(5)}`).join(' ')}; host parity all w4 ${precision.parity.w4.matched}/${precision.parity.w4.total}, chosen ${precision.parity.chosen.matched}/${precision.parity.chosen.total}; ${precision.evaluations} evaluations`);
+
+    // The run record, the manifest and the card carry the map.
+    expect(rec.summaries.precision.promoted).toEqual([expect.objectContaining({ layer: HOSTILE_LAYER, scheme: 'w8' })]);
+    const manifest = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8'));
+    const shard = manifest.contexts.find((c: any) => c.graphs.some((g: any) => g.layers && g.layers[0] <= HOSTILE_LAYER && HOSTILE_LAYER <= g.layers[1]));
+    expect(shard.graphs.map((g: any) => g.quant.weights)).toEqual(shard.graphs.map(() => 'mixed'));
+    const down = shard.precision.find((m: any) => m.tensor === `model.layers.${HOSTILE_LAYER}.mlp.down_proj.weight`);
+    expect(down).toMatchObject({ weights: 'w8', why: expect.stringMatching(/^auto: layer 2 alone/) });
+    expect(shard.precision.filter((m: any) => m.weights === 'w8').every((m: any) => m.tensor.startsWith(`model.layers.${HOSTILE_LAYER}.`))).toBe(true);
+    const card = readFileSync(join(out, 'README.md'), 'utf8');
+    expect(card).toMatch(/\*\*Precision:\*\* auto: every layer matrix starts at w4 .* 1 of 4 layers promoted; the lm-head fp16 \(recipe lmHead.quant\)\. Layer weights .*: 0\.\d+× their w8 size \(all w4: 0\.\d+×\)\./);
+    expect(card).toMatch(new RegExp(`\\| ${HOSTILE_LAYER} \\| w8 ×7 \\| 0\\.\\d+ \\| 0\\.\\d+ \\| auto: layer ${HOSTILE_LAYER} alone at w4`));
+    expect(readFileSync(join(out, 'build', 'report.html'), 'utf8')).toContain('Precision map');
+  });
+});
