@@ -13,10 +13,12 @@ import type { PrecisionResult } from '../src/quant/auto.js';
 
 const HOSTILE_LAYER = 2;
 /**
- * Each tiny-qwen3 layer alone at w4 keeps a cosine of at least 0.93 against HF (measured on the
- * twin: see README, W4 auto); the hostile layer keeps far less. 0.9 sits between.
+ * Alone at w4, the twin's layers keep cosines 0.96109, 0.99138, 0.99058, 0.99093 against HF (the
+ * smallest output of each one-layer graph, residual and K/V, over every traced step); made hostile,
+ * layer 2 keeps 0.92262 (0.99901 at w8): the skip connection carries most of its residual output,
+ * so even a ruined MLP and o_proj move it only so far. 0.95 sits between.
  */
-const MIN_COSINE = 0.9;
+const MIN_COSINE = 0.95;
 
 let work: string;
 let recipes: string;
@@ -71,5 +73,5 @@ describe('quant auto', () => {
     expect(card).toMatch(/\*\*Precision:\*\* auto: every layer matrix starts at w4 .* 1 of 4 layers promoted; the lm-head fp16 \(recipe lmHead.quant\)\. Layer weights .*: 0\.\d+× their w8 size \(all w4: 0\.\d+×\)\./);
     expect(card).toMatch(new RegExp(`\\| ${HOSTILE_LAYER} \\| w8 ×7 \\| 0\\.\\d+ \\| 0\\.\\d+ \\| auto: layer ${HOSTILE_LAYER} alone at w4`));
     expect(readFileSync(join(out, 'build', 'report.html'), 'utf8')).toContain('Precision map');
-  });
+  }, 900_000); // the twin, the native runtime (cold cache: ~150 s each here), the precision stage's evaluations and a full build with the simulator gate
 });

@@ -1,10 +1,13 @@
-// A checkpoint that computes what its source computes but whose one layer W4 cannot take: in layer
-// `layer`'s MLP, every 32nd intermediate channel j gets up_proj row j divided by `scale` and
-// down_proj column j multiplied by it (a power of two: exact in any float format, so HF's outputs do
-// not move). down_proj then holds one outlier per W4 block of every row, and a block's scale is set
-// by its outlier: the 31 other weights of the block round to zero or ±1. W8's per-row scale keeps
-// them (scale/127 instead of scale/7). SmoothQuant's equivalence, used backwards.
-import { cpSync, readdirSync } from 'node:fs';
+// A checkpoint that computes what its source computes but whose one layer W4 cannot take (a Qwen3
+// twin): in layer `layer`'s MLP, every 32nd intermediate channel j gets up_proj row j divided by
+// `scale` and down_proj column j multiplied by it, and in its attention every 32nd value channel the
+// same between v_proj's rows and o_proj's columns (attention is linear in V, so each query head's
+// column of o_proj follows its kv head's channel). The scale is a power of two: exact in any float
+// format, so HF's outputs do not move. down_proj and o_proj then hold one outlier per W4 block of
+// every row, and a block's scale is set by its outlier: the 31 other weights of the block round to
+// zero. W8's per-row scale keeps them (scale/127 instead of scale/7). SmoothQuant's equivalence,
+// used backwards.
+import { cpSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
@@ -17,8 +20,13 @@ export async function makeW4Hostile(src: string, out: string, layer: number, sca
   if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
   const ckpt = await openCheckpoint(src);
   try {
-    const up = `model.layers.${layer}.mlp.up_proj.weight`;
-    const down = `model.layers.${layer}.mlp.down_proj.weight`;
+    const c = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as { num_attention_heads: number; num_key_value_heads: number; head_dim: number };
+    const group = c.num_attention_heads / c.num_key_value_heads;
+    const at = (m: string) => `model.layers.${layer}.${m}.weight`;
+    const [up, down, v, o] = [at('mlp.up_proj'), at('mlp.down_proj'), at('self_attn.v_proj'), at('self_attn.o_proj')];
+    // o_proj's input column of query head h, channel d, is value channel (h / group)·head_dim + d.
+    const vRow = (col: number) => Math.floor(col / c.head_dim / group) * c.head_dim + (col % c.head_dim);
+    const vScaled = new Set(Array.from({ length: Math.ceil((c.num_attention_heads * c.head_dim) / 32) }, (_, i) => vRow(i * 32)));
     const tensors: TensorWithData[] = [];
     for (const name of ckpt.names()) {
       const info = ckpt.info(name);
@@ -26,6 +34,9 @@ export async function makeW4Hostile(src: string, out: string, layer: number, sca
       const [rows, cols] = info.shape;
       if (name === up) for (let j = 0; j < rows; j += 32) for (let c = 0; c < cols; c++) data[j * cols + c] /= scale;
       if (name === down) for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j += 32) data[r * cols + j] *= scale;
+      // Every o_proj column that reads a scaled value channel is scaled back (each 32nd among them).
+      if (name === o) for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j++) if (vScaled.has(vRow(j))) data[r * cols + j] *= scale;
+      if (name === v) for (const j of vScaled) for (let k = 0; k < cols; k++) data[j * cols + k] /= scale;
       const dtype = info.dtype;
       if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
       tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
