@@ -109,6 +109,10 @@ describe('model card: precision', () => {
     expect(card).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits); the lm-head fp16 (recipe lmHead.quant); 1 matrix otherwise:');
     expect(card).toContain('- `model.layers.0.self_attn.o_proj.weight`: w8, in-features 48 are not a multiple of the W4 block 32');
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
+    // Padded in-features are named as such, in a W8 build too.
+    const padded = modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.mlp.down_proj.weight', scheme: 'w8', why: 'in-features 150 zero-padded to 160 (MatMulNBits blocks of 16 or more)', paddedTo: 160 }] } }, {});
+    expect(padded).toContain('**Precision:** layer weights w8; the lm-head fp16 (recipe lmHead.quant); 1 matrix zero-padded:');
+    expect(padded).toContain('- `model.layers.0.mlp.down_proj.weight`: w8, in-features 150 zero-padded to 160');
     // A W8 build without fallbacks says nothing new.
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [] } }, {})).not.toContain('**Precision:**');
   });

@@ -38,14 +38,17 @@ export interface CardFacts {
   /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
   planKept?: { contexts: number; graphs?: number };
   /** The shipped graphs' weight schemes and the matrices stored otherwise, with why (graphs.json). */
-  precision?: { scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string }> };
+  precision?: { scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string; paddedTo?: number }> };
 }
 
-/** The precision line: the scheme, and each matrix that is not in it with why (a W4 fallback). */
+/** The precision line: the scheme, and each matrix stored otherwise with why (another scheme, padded in-features). */
 function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
   if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
-  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, MatMulNBits)` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
+  const count = (n: number, what: string) => (n ? [`${n} ${n === 1 ? 'matrix' : 'matrices'} ${what}`] : []);
+  const padded = p.fallbacks.filter((f) => f.paddedTo).length;
+  const noted = [...count(p.fallbacks.length - padded, 'otherwise'), ...count(padded, 'zero-padded')].join(', ');
+  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, MatMulNBits)` : ''}${head}; ${noted ? `${noted}:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
   for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
   return [...lines, ''];
 }
