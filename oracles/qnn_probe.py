@@ -7,6 +7,12 @@
         type of the weight tensor from the compile log. fp16 weights cost 2 bytes a parameter;
         int8 weights 1.
 
+    python oracles/qnn_probe.py padded --out DIR [--soc-models 69,87] [--n 64] [--k 120,150] [--simulate]
+        A linear [n, k] whose in-features k no MatMulNBits block divides, in the forms that could
+        take it (zero-padded weight with the input padded by Pad or Concat, MatMulNBits on the ragged
+        k, fp16 Gemm), bits 8 and 4: per form and SoC what --forms reports, its ORT CPU error and,
+        with --simulate, its x86 HTP simulator cosine against x @ dequant(W)^T unpadded (quant/pad.ts).
+
 Prints JSON. Exit 1 with one "qnn_probe:" line on stderr on failure.
 """
 import argparse

@@ -4,7 +4,7 @@
 // Zero columns times zero inputs add nothing, so the numbers are the unpadded matrix's.
 //
 // Why this form (oracles/qnn_probe.py padded, onnxruntime-qnn 2.7.0 / QAIRT 2.51, soc_model 69 and
-// 87 alike): MatMulNBits on a K its block does not divide stays on the CPU ("K must be divisible by
+// 87 alike, 43 and 57 for the small linears; arch table [qnn-pad]): MatMulNBits on a K its block does not divide stays on the CPU ("K must be divisible by
 // block_size"), while Pad(constant 0) → MatMulNBits compiles with no node left on the CPU, for bits 8
 // and 4: a 64×120 and 64×150 linear (padded to 128 and 160), and a 2048×2040 one at 4,292,608 bytes
 // (bits 8, padded to 2048; the fp16 Gemm 8,417,280) and 2,433,024 (bits 4), on the x86 HTP simulator
