@@ -73,8 +73,8 @@ export function builtRevision(s: PinnedSource): BuiltRevision | undefined {
 }
 
 /**
- * Weight precision of the matmuls: w8 = int8 per output row; w4 = int4 blocks of 32 (quant/w4.ts:
- * a matrix whose in-features the block does not divide falls back to w8 or fp16 on its own).
+ * Weight precision of the matmuls: w8 = int8 per output row; w4 = int4 blocks of 32 (quant/w4.ts).
+ * A matrix whose in-features MatMulNBits' block does not divide is stored zero-padded (quant/pad.ts).
  */
 export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8', 'w4']);
 export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
