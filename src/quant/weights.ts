@@ -301,6 +301,7 @@ export class WeightStore {
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
     if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const k = s.dims[1] * s.blockSize!; // the in-features as stored: blob [N, K/block, block·bits/8]
+    // x is [1, N, in] (rank 3, as MatMulNBits needs on the HTP): zeros after its last axis only.
     const xs = k === inDim ? x : g.op('Pad', [x, g.constInt64([0, 0, 0, 0, 0, k - inDim], [6], `${name}.pads`)], { mode: 'constant' });
     const y = g.op('MatMulNBits', [xs, w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
