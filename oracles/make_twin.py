@@ -121,6 +121,18 @@ def cfg_qwen3(tok, ids):
     return transformers.Qwen3Config(**d)
 
 
+def cfg_qwen3_odd(tok, ids):
+    # Qwen3 with in-features no MatMulNBits block divides: 3 heads x head_dim 40 = 120 into o_proj,
+    # intermediate 150 into down_proj (quant/pad.ts: zero-padded to 128 and 160 for W4, 128 and 160
+    # for W8). 3 layers; GQA 3q/1kv; tied.
+    d = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=150, num_hidden_layers=3,
+             num_attention_heads=3, num_key_value_heads=1, head_dim=40, rms_norm_eps=1e-6,
+             max_position_embeddings=4096, initializer_range=INIT_STD, tie_word_embeddings=True,
+             rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+             bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
+    return transformers.Qwen3Config(**d)
+
+
 def cfg_qwen3_5(tok, ids):
     # 8 layers, full attention at i=3,7 ((i+1)%4==0), the rest GatedDeltaNet; linear heads
     # 2 k / 4 v (Hv != Hk) with dk 16 != dv 32; conv kernel 4; partial rotary 0.25 of head_dim 32
@@ -202,9 +214,11 @@ def cfg_qwen3_vl(tok, ids):
         vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
 
 
-# family: (tokenizer style, config fn, auto class, seed, generation eos tokens)
+# twin id (a family's id, or a variant of one: src/recipe/schema.ts TWIN_FAMILY):
+# (tokenizer style, config fn, auto class, seed, generation eos tokens)
 FAMILIES = {
     "qwen3": ("qwen", cfg_qwen3, "AutoModelForCausalLM", 3001, ["<|im_end|>", "<|endoftext|>"]),
+    "qwen3_odd": ("qwen", cfg_qwen3_odd, "AutoModelForCausalLM", 3101, ["<|im_end|>", "<|endoftext|>"]),
     "qwen3_5": ("qwen", cfg_qwen3_5, "AutoModelForImageTextToText", 3501, ["<|im_end|>", "<|endoftext|>"]),
     "phimoe": ("phi", cfg_phimoe, "AutoModelForCausalLM", 4001, ["<|end|>", "<|endoftext|>"]),
     "gemma4": ("gemma", cfg_gemma4, "AutoModelForImageTextToText", 4401, ["<eos>", "<end_of_turn>"]),

@@ -15,7 +15,7 @@ import twin_corpus
 THREADS = 2  # fixed whatever the machine: the reduction order, hence the bytes, follows it
 # Full-batch AdamW with a short warmup and a cosine decay; the numbers are what memorises the
 # corpus on every family within the time budget (make_twin prints the final loss).
-STEPS = {"qwen3": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 36}
+STEPS = {"qwen3": 36, "qwen3_odd": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 36}
 LR, WARMUP, WEIGHT_DECAY = 2e-2, 5, 0.01
 # Greedy continuation length measured per prompt: the longest a tiny recipe traces.
 NEW_TOKENS = 64

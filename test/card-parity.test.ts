@@ -119,6 +119,10 @@ describe('model card: precision', () => {
     // The per-layer map: layer 0 mixed with why, layer 1 uniform, the lm-head last.
     expect(card).toContain(`| 0 | w4 ×1, w8 ×1 | ${why} |\n| 1 | w4 ×1 | - |\n| lm-head | fp16 ×1 | - |`);
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [], rows: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
+    // Padded in-features are named as such, in a W8 build too.
+    const padded = modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.mlp.down_proj.weight', scheme: 'w8', why: 'in-features 150 zero-padded to 160 (MatMulNBits blocks of 16 or more)', paddedTo: 160 }], rows: [] } }, {});
+    expect(padded).toContain('**Precision:** layer weights w8; the lm-head fp16 (recipe lmHead.quant); 1 matrix zero-padded:');
+    expect(padded).toContain('- `model.layers.0.mlp.down_proj.weight`: w8, in-features 150 zero-padded to 160');
     // A W8 build without fallbacks says nothing new.
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [], rows: precisionRows([{ tensor: 'model.layers.0.mlp.up_proj.weight', shape: [2, 2], scheme: 'w8' }]) } }, {})).not.toContain('**Precision:**');
   });

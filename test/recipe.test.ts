@@ -22,6 +22,15 @@ describe('recipes', () => {
     }
   });
 
+  it('takes a tiny twin of the recipe\'s family only: a family\'s own, or a variant of it (qwen3_odd)', () => {
+    const r = base();
+    r.source.twin = 'qwen3_odd';
+    expect(parseRecipe(r, 'recipes/x/recipe.json').source).toEqual({ kind: 'tiny', twin: 'qwen3_odd' });
+    expect(() => parseRecipe({ ...r, family: 'phimoe' }, 'recipes/x/recipe.json')).toThrow(/recipes\/x\/recipe.json[\s\S]*source\.twin: the twin qwen3_odd is of family qwen3, not the recipe's phimoe/);
+    expectInvalid((x) => { x.source.twin = 'qwen3_even'; }, 'source.twin');
+    expect(loadRecipe('tiny-qwen3-odd').recipe).toMatchObject({ family: 'qwen3', source: { kind: 'tiny', twin: 'qwen3_odd' } });
+  });
+
   it('pins hub sources to a commit and records the model config for offline planning', () => {
     const { recipe } = loadRecipe('qwen3-4b');
     expect(recipe.source).toMatchObject({ kind: 'hub', repo: 'Qwen/Qwen3-4B', revision: '1cfa9a7208912126459214e8b04321603b3df60c' });

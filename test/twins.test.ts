@@ -3,7 +3,7 @@ import { mkdtempSync, mkdirSync, readFileSync, readdirSync, writeFileSync } from
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { runPython } from '../src/toolchain/python.js';
-import { FAMILY_IDS } from '../src/recipe/schema.js';
+import { TWIN_FAMILY, TWIN_IDS } from '../src/recipe/schema.js';
 import { listRecipeIds, loadRecipe } from '../src/recipe/load.js';
 
 const FACTORY = resolve('oracles/make_twin.py');
@@ -29,13 +29,14 @@ describe('tiny twins', () => {
   const made = new Map<string, { files: Record<string, string> }>();
   const twinJson = (family: string): TwinJson => JSON.parse(readFileSync(join(dir, family, 'twin.json'), 'utf8'));
 
-  it.each(FAMILY_IDS)('makes a %s twin that reloads and generates, with a tokenizer and a twin.json', async (family) => {
+  it.each(TWIN_IDS)('makes a %s twin that reloads and generates, with a tokenizer and a twin.json', async (family) => {
     const out = join(dir, family);
     const r = await make(family, out);
     made.set(family, r);
     expect(r.family).toBe(family);
     expect(Object.keys(r.files)).toEqual(expect.arrayContaining(['config.json', 'model.safetensors', 'tokenizer.json', 'tokenizer_config.json', 'twin.json']));
     const config = JSON.parse(readFileSync(join(out, 'config.json'), 'utf8'));
+    expect(config.model_type).toBe(TWIN_FAMILY[family]); // a variant twin is a checkpoint of its family
     const vocab = config.vocab_size ?? config.text_config?.vocab_size;
     const tok = JSON.parse(readFileSync(join(out, 'tokenizer.json'), 'utf8'));
     expect(Object.keys(tok.model.vocab).length + tok.added_tokens.filter((t: any) => !(t.content in tok.model.vocab)).length).toBe(vocab);
@@ -43,7 +44,7 @@ describe('tiny twins', () => {
     expect(twinJson(family).margins).toEqual(r.margins); // what it prints is what it records
   }, MAKE_TIMEOUT);
 
-  it.each(FAMILY_IDS)('trains the %s twin until its greedy continuations are confident and memorised', (family) => {
+  it.each(TWIN_IDS)('trains the %s twin until its greedy continuations are confident and memorised', (family) => {
     const t = twinJson(family);
     // A random twin's loss is ~ln(vocab) ≈ 7.2; trained, measured 0.03–0.06, and 0.44 for gemma4, whose
     // final-logit softcap (10) flattens the last steps' gradients: at least 10× down on every family.

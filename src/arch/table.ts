@@ -17,6 +17,14 @@
 //             2,428,928 / 2,293,760 / 2,228,224 bytes (0.579 / 0.547 / 0.531 bytes a weight); block
 //             32 on the x86 HTP simulator matches ORT CPU at cosine 0.99999988 (shared/REFERENCE.md).
 //             Compiled, not run on a phone.
+//  [qnn-pad]  oracles/qnn_probe.py padded (same toolchain): MatMulNBits whose K its block_size does
+//             not divide stays on the CPU ("K must be divisible by block_size"); Pad(constant 0) of
+//             the input → MatMulNBits on the zero-padded weight leaves no node on the CPU, bits 8
+//             and 4, for soc_model 43, 57, 69 and 87 on 64×120 and 64×150 linears (padded to 128
+//             and 160), and for 69 and 87 on 2048×2040 (padded to 2048): 4,292,608 bytes at bits 8
+//             (fp16 Gemm 8,417,280), 2,433,024 at bits 4; on the x86 HTP simulator within cosine
+//             0.99999991 of the unpadded x·dequant(W)ᵀ (quant/pad.ts). Compiled and simulated, not
+//             run on a phone.
 
 export type ArchId = 'v73' | 'v75' | 'v79' | 'v81';
 
@@ -67,6 +75,7 @@ const V79_GRAPHS = 64;
 const commonBlocks: KnownBlock[] = [
   // The seeds' "W4 weights do not compile on HTP" held for their older QAIRT, not for the pinned one.
   { id: 'w4-form', what: 'W4 weights compile only as com.microsoft MatMulNBits(bits=4) (blocks 32, 64, 128 measured; forge uses 32); a per-channel DequantizeLinear → Gemm stays on the CPU', source: '[qnn-probe]' },
+  { id: 'matmulnbits-k', what: 'MatMulNBits compiles only with in-features K a multiple of its block_size (else it stays on the CPU): forge zero-pads such a matrix\'s in-features and pads its input (Pad, constant 0), which compiles whole', source: '[qnn-pad]' },
   { id: 'proto-2gb', what: 'ONNX protobuf limit of 2 GB: weights always go to external data', source: 'protobuf' },
 ];
 
@@ -80,7 +89,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V81_GRAPHS, // not measured on v73: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]', '[qnn-pad]'],
   },
   v75: {
     id: 'v75', soc: 'SM8650', marketingName: 'Snapdragon 8 Gen 3',
@@ -91,7 +100,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V81_GRAPHS, // not measured on v75: borrowed from v81 [phimoe], the lower known-good count
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds] (borrowed)', '[qnn-probe]', '[qnn-pad]'],
   },
   v79: {
     id: 'v79', soc: 'SM8750', marketingName: 'Snapdragon 8 Elite',
@@ -102,7 +111,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
     maxGraphsPerProcess: V79_GRAPHS, // [phimoe]: known good 64 (the whole bundle ran); no failure seen
     bf16: false,
     knownBlocks: [...commonBlocks],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]', '[qnn-pad]'],
   },
   v81: {
     id: 'v81', soc: 'SM8850', marketingName: 'Snapdragon 8 Elite Gen 5',
@@ -118,7 +127,7 @@ export const ARCHES: Record<ArchId, HexagonArch> = {
       { id: 'cdsp-heap', what: '64 graphs in 7 contexts (decode + batched prefill) exhaust the unsigned PD\'s cDSP heap during graph setup and reboot the phone; the 4 decode-only contexts load (phi-tiny-moe v81 ships decode-only): maxGraphsPerProcess', source: '[phimoe]' },
       { id: 'ctx-3.6gb', what: 'a ~3.6 GB context fails with MEM_ALLOC (0x3ea)', source: '[seeds]' },
     ],
-    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]'],
+    sources: ['[ort-soc]', '[et-qc]', '[seeds]', '[phimoe]', '[qnn-probe]', '[qnn-pad]'],
   },
 };
 

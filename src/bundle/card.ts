@@ -46,7 +46,7 @@ export interface ShippedPrecision {
   /** The recipe's layer quant ('auto' included) and the lm-head's. */
   scheme: string;
   lmHeadScheme: string;
-  fallbacks: Array<{ tensor: string; scheme: string; why: string }>;
+  fallbacks: Array<{ tensor: string; scheme: string; why: string; paddedTo?: number }>;
   rows: PrecisionRow[];
   /** Under auto: the threshold, the layers promoted, the layers' bytes as chosen, all w4 and all w8, host parity all w4. */
   auto?: { minCosine: number; promoted: number; layers: number; bytes: { auto: number; w4: number; w8: number }; w4Parity: string };
@@ -54,7 +54,7 @@ export interface ShippedPrecision {
 
 /** The precision lines: the scheme, and, when not every matrix is in it, the per-layer map with why. */
 function precisionLines(p: ShippedPrecision): string[] {
-  if (p.scheme !== 'w4' && p.scheme !== 'auto' && !mixed(p.rows)) return [];
+  if (p.scheme !== 'w4' && p.scheme !== 'auto' && !p.fallbacks.length && !mixed(p.rows)) return [];
   const w4 = `int4 blocks of ${W4_BLOCK}, MatMulNBits`;
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
   const lines: string[] = [];
@@ -63,7 +63,10 @@ function precisionLines(p: ShippedPrecision): string[] {
     const x = (b: number) => (b / a.bytes.w8).toFixed(3);
     lines.push(`**Precision:** auto: every layer matrix starts at w4 (${w4}) and a layer is promoted to w8 (or fp16) while it alone keeps a cosine under ${a.minCosine} against Hugging Face (gates.oracle.autoMinCosine) or while host parity fails by the recipe's rule (all w4: ${a.w4Parity}); ${a.promoted} of ${a.layers} layers promoted${head}. Layer weights ${mb(a.bytes.auto)}: ${x(a.bytes.auto)}× their w8 size (all w4: ${x(a.bytes.w4)}×).`, '');
   } else {
-    lines.push(`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (${w4})` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`);
+    const count = (n: number, what: string) => (n ? [`${n} ${n === 1 ? 'matrix' : 'matrices'} ${what}`] : []);
+    const padded = p.fallbacks.filter((f) => f.paddedTo).length;
+    const noted = [...count(p.fallbacks.length - padded, 'otherwise'), ...count(padded, 'zero-padded')].join(', ');
+    lines.push(`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (${w4})` : ''}${head}; ${noted ? `${noted}:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`);
     for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
     lines.push('');
   }

@@ -70,14 +70,14 @@ export interface ContextEntry {
   graphs: GraphEntry[];
   /**
    * The precision each matmul weight of the context got, in the order first stored; `why` where it
-   * is not the graphs' scheme (a W4 matrix the block does not fit: quant/w4.ts w4Precision).
+   * is not the graphs' scheme's own form (in-features zero-padded to the block: quant/pad.ts).
    */
   matrices?: MatrixEntry[];
 }
 
-/** The matrices an export stored in another precision than its scheme (a W4 fallback), with why. */
-export function matrixFallbacks(m: ExportManifest): Array<{ tensor: string; scheme: string; why: string }> {
-  return m.contexts.flatMap((c) => (c.matrices ?? []).flatMap((x) => (x.why ? [{ tensor: x.tensor, scheme: x.scheme, why: x.why }] : [])));
+/** The matrices an export stored otherwise than its scheme's own form (padded in-features …), with why. */
+export function matrixFallbacks(m: ExportManifest): Array<{ tensor: string; scheme: string; why: string; paddedTo?: number }> {
+  return m.contexts.flatMap((c) => (c.matrices ?? []).flatMap((x) => (x.why ? [{ tensor: x.tensor, scheme: x.scheme, why: x.why, ...(x.paddedTo ? { paddedTo: x.paddedTo } : {}) }] : [])));
 }
 
 export interface HostTableEntry {

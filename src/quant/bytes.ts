@@ -2,7 +2,7 @@
 // form a scheme takes on the HTP (see quant/w8.ts) and its size are decided in one place.
 import type { QuantScheme } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
-import { w8BlockSize } from './w8.js';
+import { w8BlockSize, w8Precision } from './w8.js';
 import { W4_BLOCK, w4Precision } from './w4.js';
 import type { PrecisionChooser } from './precision.js';
 
@@ -14,17 +14,24 @@ export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
   switch (scheme) {
     case 'fp32': return n * 4;
     case 'fp16': return n * 2;
-    // int8 codes + one float32 scale per MatMulNBits block (each row's scale, repeated per block)
-    case 'w8': return n + t.shape[0] * (t.shape[1] / w8BlockSize(t.shape[1], t.name)) * 4;
-    // packed nibbles + one float32 scale per block; a matrix W4 cannot block takes its fallback's bytes
+    // int8 codes + one float32 scale per MatMulNBits block (each row's scale, repeated per block),
+    // over the in-features as stored: zero-padded where 16 does not divide them (w8Precision). The
+    // QDQ form (QAIRT) stores one scale a row and no padding: fewer bytes than counted here.
+    case 'w8': {
+      const k = w8Precision(t.shape[1]).paddedTo ?? t.shape[1];
+      const rows = n / t.shape[1];
+      return rows * k + rows * (k / w8BlockSize(k, t.name)) * 4;
+    }
+    // packed nibbles + one float32 scale per block, over the in-features as stored (w4Precision)
     case 'w4': {
-      const p = w4Precision(t.shape[1]);
-      return p.scheme === 'w4' ? n / 2 + (n / W4_BLOCK) * 4 : storedBytes(t, p.scheme);
+      const k = w4Precision(t.shape[1]).paddedTo ?? t.shape[1];
+      const rows = n / t.shape[1];
+      return (rows * k) / 2 + ((rows * k) / W4_BLOCK) * 4;
     }
   }
 }
 
 /** The bytes of `ts` in `scheme`, each matmul weight in the precision `chooser` gives it (overrides, the auto map). */
 export function sumBytes(ts: TensorSpec[], scheme: QuantScheme, chooser?: PrecisionChooser): number {
-  return ts.reduce((s, t) => s + storedBytes(t, chooser && t.role === 'matmul' ? chooser.choose(t.name, t.shape[1], scheme).scheme : scheme), 0);
+  return ts.reduce((s, t) => s + storedBytes(t, chooser && t.role === 'matmul' ? chooser.choose(t.name, scheme).scheme : scheme), 0);
 }

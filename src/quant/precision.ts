@@ -1,9 +1,9 @@
 // Which precision each matmul weight is stored in: the one place that combines the recipe's
 // scheme, its per-matrix overrides (by tensor-name pattern) and the `auto` precision map, so the
-// planner's byte counts and the export's graphs cannot disagree. A W4 choice the block cannot take
-// falls back per matrix (quant/w4.ts w4Precision).
+// planner's byte counts and the export's graphs cannot disagree. How a chosen precision is stored
+// (a padding for in-features no block divides: quant/pad.ts) is the store's business.
 import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
-import { w4Precision, type MatrixPrecision } from './w4.js';
+import type { MatrixPrecision } from './w4.js';
 
 /** The `auto` stage's result: tensor name → its precision and why (quant/auto.ts). */
 export type PrecisionMap = Record<string, MatrixPrecision>;
@@ -24,18 +24,12 @@ export class PrecisionChooser {
     return p?.o;
   }
 
-  /**
-   * A matrix's precision: a recipe override first, then the auto map, then the graph's own scheme;
-   * `k` (its in-features) decides a W4 fallback.
-   */
-  choose(name: string, k: number, scheme: QuantScheme): MatrixPrecision {
+  /** A matrix's precision: a recipe override first, then the auto map, then the graph's own scheme. */
+  choose(name: string, scheme: QuantScheme): MatrixPrecision {
     const o = this.override(name);
-    const picked: MatrixPrecision = o
-      ? { scheme: o.quant, why: `recipe override ${JSON.stringify(o.match)}${o.why ? `: ${o.why}` : ''}` }
-      : this.map[name] ?? { scheme };
-    if (picked.scheme !== 'w4') return picked;
-    const fit = w4Precision(k);
-    return fit.scheme === 'w4' ? picked : { scheme: fit.scheme, why: picked.why ? `${picked.why}; ${fit.why}` : fit.why };
+    if (o) return { scheme: o.quant, why: `recipe override ${JSON.stringify(o.match)}${o.why ? `: ${o.why}` : ''}` };
+    const m = this.map[name];
+    return m ? { scheme: m.scheme, why: m.why! } : { scheme };
   }
 
   /** Override patterns that matched no tensor choose() was asked about (a typo, or another model's names). */

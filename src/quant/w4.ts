@@ -10,6 +10,7 @@
 // 0.99999988, REFERENCE.md), and the block onnxruntime-qnn's issue #288 names with 64.
 
 import { ROUND } from './w8.js'; // + and − 1.5·2^52: round half to even
+import { K_MULTIPLE, padTo } from './pad.js';
 
 /** Weights per block along the in-features. */
 export const W4_BLOCK = 32;
@@ -57,18 +58,21 @@ export function dequantizeW4Rows(packed: Uint8Array, scales: Float32Array, block
   return out;
 }
 
-/** The precision a matrix gets under a scheme, and why it is not the scheme's own (a fallback). */
+/** The precision a matrix gets under a scheme, and why it is not the scheme's own form (a fallback, a padding). */
 export interface MatrixPrecision {
   scheme: 'fp32' | 'fp16' | 'w8' | 'w4';
   why?: string;
+  /** The in-features the weight is stored with, zero-padded (quant/pad.ts); absent when unpadded. */
+  paddedTo?: number;
 }
 
 /**
- * W4 takes a matrix whose in-features are a multiple of the block; any other falls back per matrix,
- * never refusing the model: W8 (MatMulNBits bits=8 needs K a multiple of 16: w8BlockSize), else fp16.
+ * W4 takes every matrix, never refusing the model: one whose in-features are not a multiple of the
+ * block is zero-padded to the next (quant/pad.ts: compiles whole on the HTP), which costs no more
+ * bytes than W8 for any K and keeps the scheme asked for.
  */
 export function w4Precision(k: number): MatrixPrecision {
   if (k % W4_BLOCK === 0) return { scheme: 'w4' };
-  if (k % 16 === 0) return { scheme: 'w8', why: `in-features ${k} are not a multiple of the W4 block ${W4_BLOCK}` };
-  return { scheme: 'fp16', why: `in-features ${k} are a multiple of neither the W4 block ${W4_BLOCK} nor 16 (W8)` };
+  const paddedTo = padTo(k, K_MULTIPLE[4]);
+  return { scheme: 'w4', paddedTo, why: `in-features ${k} zero-padded to ${paddedTo} (the W4 block ${W4_BLOCK})` };
 }

@@ -1,6 +1,8 @@
 // W8: per-output-channel symmetric int8 weights with one float32 scale per row (W8A16 on the HTP:
 // weights int8, activations 16-bit/float). Rows are quantized independently, so a weight streams
 // through in row chunks and is never whole in memory.
+import { K_MULTIPLE, padTo } from './pad.js';
+import type { MatrixPrecision } from './w4.js';
 
 // Adding and subtracting 1.5·2^52 rounds a float64 to the nearest integer, ties to even (the FPU's
 // default rounding) — exactly numpy/torch rounding, at a quarter of Math.round's cost plus a tie fix.
@@ -36,8 +38,19 @@ export function dequantizeRows(q: Int8Array, scales: Float32Array, cols: number)
   return out;
 }
 
+/**
+ * W8 takes every matrix: in its MatMulNBits form one whose in-features are not a multiple of 16 is
+ * zero-padded to the next (quant/pad.ts); the QDQ form (per-row DequantizeLinear → Gemm) has no
+ * block, so no constraint on K.
+ */
+export function w8Precision(k: number, form: 'matmulnbits' | 'qdq' = 'matmulnbits'): MatrixPrecision {
+  if (form === 'qdq' || k % K_MULTIPLE[8] === 0) return { scheme: 'w8' };
+  const paddedTo = padTo(k, K_MULTIPLE[8]);
+  return { scheme: 'w8', paddedTo, why: `in-features ${k} zero-padded to ${paddedTo} (MatMulNBits blocks of 16 or more)` };
+}
+
 /** MatMulNBits splits K into blocks with one scale each; one block size per tensor: the largest power of two ≤ 256 dividing K. */
 export function w8BlockSize(k: number, tensor: string): number {
   for (let b = 256; b >= 16; b /= 2) if (k % b === 0) return b;
-  throw new Error(`tensor ${tensor}: in-features ${k} is not a multiple of 16, which W8 (MatMulNBits) needs`);
+  throw new Error(`tensor ${tensor}: in-features ${k} are not a multiple of 16, which MatMulNBits needs (w8Precision pads them)`);
 }

@@ -1,9 +1,9 @@
 // How checkpoint tensors become graph weights under a quant scheme — the one place that decides the
 // ONNX form of a quantized weight. W4 (quant/w4.ts) is com.microsoft MatMulNBits(bits=4, block 32),
-// onnxruntime-qnn only (the QAIRT path has no W4 form yet: the build refuses that pair); a matrix
-// whose in-features the block does not divide falls back to W8 or fp16 on its own (w4Precision),
-// and the store records each matrix's precision (precisions()). W8 has two forms, one per compile
-// toolchain, with the same codes and scales (so the same numbers on the CPU):
+// onnxruntime-qnn only (the QAIRT path has no W4 form yet: the build refuses that pair). A matrix
+// whose in-features MatMulNBits' block does not divide is stored zero-padded and its input padded
+// in the graph (quant/pad.ts), and the store records each matrix's precision (precisions()). W8 has
+// two forms, one per compile toolchain, with the same codes and scales (so the same numbers on the CPU):
 //  - 'matmulnbits' (onnxruntime-qnn): com.microsoft MatMulNBits(bits=8). The QNN EP compiles it with
 //    int8 weights and float activations; a per-channel DequantizeLinear → Gemm is left on the CPU by
 //    the QNN EP, its weights never reaching the context binary (see the issue notes for the sizes).
@@ -23,9 +23,10 @@ import type { ExternalDataWriter, ExternalRef } from '../onnx/external.js';
 import type { CheckpointLinks } from '../onnx/linked-data.js';
 import type { DType } from '../io/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
-import { quantizeRows, w8BlockSize } from './w8.js';
+import { quantizeRows, w8BlockSize, w8Precision } from './w8.js';
 import { quantizeW4Rows, W4_BLOCK, w4Precision, type MatrixPrecision } from './w4.js';
 import { PrecisionChooser } from './precision.js';
+import { padColumns } from './pad.js';
 import type { Bf16W8 } from './w8-simd.js';
 
 /** The ONNX form of a W8 weight: what the compile toolchain reads as int8 weights (see above). */
@@ -159,19 +160,16 @@ export class WeightStore {
     const cols = dims.reduce((a, b) => a * b, 1) / rows;
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
-    if (scheme === 'w4') {
-      const p = w4Precision(cols);
-      if (p.scheme !== 'w4') {
-        const fallback = await this.store(name, expected, p.scheme);
-        this.stored.set(key, fallback);
-        return fallback;
-      }
-    }
+    // The in-features as stored: zero-padded where MatMulNBits' block does not divide them.
+    const k = (scheme === 'w4' || scheme === 'w8' ? this.precisionOf(scheme, cols).paddedTo : undefined) ?? cols;
+    // Rows [n, cols] as quantized: widened to [n, k] with zero columns when padded.
+    const wide = k !== cols ? new Float32Array(rowsPerChunk * k) : undefined;
+    const asStored = (data: Float32Array, n: number) => (wide ? padColumns(data, cols, k, wide.subarray(0, n * k)) : data);
     let stored: Stored;
     const inPlace = scheme === 'fp32' && this.inPlace ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
     if (inPlace) {
       stored = { dtype: inPlace, dims, ref: await this.checkpointBytes(name, ELEM[inPlace].bytes) };
-    } else if (scheme === 'w8' && bf16) {
+    } else if (scheme === 'w8' && bf16 && !wide) {
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendStream(rows * cols, (write) =>
         this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
@@ -204,16 +202,16 @@ export class WeightStore {
     } else if (scheme === 'w4') {
       // Row chunks as W8's scalar path (bf16 too: readRowsInto widens it), so memory stays one chunk
       // plus the scales (an eighth of the tensor's element count in bytes), appended after the codes.
-      const blocks = cols / W4_BLOCK;
+      const blocks = k / W4_BLOCK;
       const scales = new Float32Array(rows * blocks);
       const f32 = new Float32Array(rowsPerChunk * cols);
-      const packed = new Uint8Array((rowsPerChunk * cols) / 2);
-      const ref = await this.sink.appendChunked((rows * cols) / 2, async (write) => {
+      const packed = new Uint8Array((rowsPerChunk * k) / 2);
+      const ref = await this.sink.appendChunked((rows * k) / 2, async (write) => {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
           const n = Math.min(rowsPerChunk, rows - r0);
           const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
-          quantizeW4Rows(data, cols, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
-          write(packed.subarray(0, (n * cols) / 2));
+          quantizeW4Rows(asStored(data, n), k, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
+          write(packed.subarray(0, (n * k) / 2));
         }
       });
       const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
@@ -222,16 +220,17 @@ export class WeightStore {
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
       const f32 = new Float32Array(rowsPerChunk * cols);
-      const codes = new Uint8Array(rowsPerChunk * cols);
-      const ref = await this.sink.appendChunked(rows * cols, async (write) => {
+      const codes = new Uint8Array(rowsPerChunk * k);
+      // Zero columns leave each row's max, hence its scale, as it was; they get the zero point's code.
+      const ref = await this.sink.appendChunked(rows * k, async (write) => {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
           const n = Math.min(rowsPerChunk, rows - r0);
           const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
-          quantizeRows(data, cols, codes, scales.subarray(r0, r0 + n), this.zeroPoint());
-          write(codes.subarray(0, n * cols));
+          quantizeRows(asStored(data, n), k, codes, scales.subarray(r0, r0 + n), this.zeroPoint());
+          write(codes.subarray(0, n * k));
         }
       });
-      stored = this.w8Scales(name, rows, cols, scales, ref);
+      stored = this.w8Scales(name, rows, k, scales, ref);
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
@@ -280,7 +279,7 @@ export class WeightStore {
   /** Appends a W8 tensor's scales after its codes: one per row (QDQ), or each row's repeated per MatMulNBits block. */
   private w8Scales(name: string, rows: number, cols: number, scales: Float32Array, ref: ExternalRef): Stored {
     if (this.w8Form === 'qdq') return { dtype: 'int8', dims: [rows, cols], ref, scale: { ref: this.sink.append(new Uint8Array(scales.buffer)), dims: [rows] } };
-    // A build's plan stage has already refused an in-features count MatMulNBits cannot block (storedBytes).
+    // `cols` is a multiple of 16 here: padded where the matrix's own was not (store, w8Precision).
     const blockSize = w8BlockSize(cols, name);
     const blocks = cols / blockSize;
     // Every block of a row shares the row's scale: per-output-channel W8 expressed in MatMulNBits' blocks.
@@ -295,20 +294,37 @@ export class WeightStore {
    * fp32: Gemm(transB=1) on the tensor (after a Cast when it is the checkpoint's bf16/f16 bytes in
    * place). fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
    * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
-   * w4: MatMulNBits(bits=4), or the matrix's fallback (w4Precision). The scheme is the graph's;
-   * the matrix's own comes from the store's PrecisionChooser (overrides, the auto map).
+   * w4: MatMulNBits(bits=4). A MatMulNBits weight stored with padded in-features reads x padded
+   * with zeros to them (Pad, constant 0: quant/pad.ts). The scheme is the graph's; the matrix's own
+   * comes from the store's PrecisionChooser (recipe overrides, the auto map).
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
-    const p = this.chooser.choose(name, inDim, scheme);
+    const p = this.chooser.choose(name, scheme);
     const s = await this.store(name, shape, p.scheme);
-    if (!this.matrices.has(name)) this.matrices.set(name, { tensor: name, shape: [...shape], ...p });
+    this.noteMatrix(name, shape, p);
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
     if (!s.scale) return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
     if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
-    const y = g.op('MatMulNBits', [x, w, scale], { K: inDim, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
+    const k = s.dims[1] * s.blockSize!; // the in-features as stored: blob [N, K/block, block·bits/8]
+    // x is [1, N, in] (rank 3, as MatMulNBits needs on the HTP): zeros after its last axis only.
+    const xs = k === inDim ? x : g.op('Pad', [x, g.constInt64([0, 0, 0, 0, 0, k - inDim], [6], `${name}.pads`)], { mode: 'constant' });
+    const y = g.op('MatMulNBits', [xs, w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
+  }
+
+  /** Records a matrix's precision: the chooser's (and why), then its form's (a padding, and why). */
+  private noteMatrix(name: string, shape: [number, number], chosen: MatrixPrecision): void {
+    if (this.matrices.has(name)) return;
+    const form = this.precisionOf(chosen.scheme, shape[1]);
+    const why = [chosen.why, form.why].filter(Boolean).join('; ');
+    this.matrices.set(name, { tensor: name, shape: [...shape], ...form, ...(why ? { why } : {}) });
+  }
+
+  /** A matrix's precision under the scheme, in this store's W8 form (the QDQ form needs no padding). */
+  private precisionOf(scheme: QuantScheme, k: number): MatrixPrecision {
+    return scheme === 'w4' ? w4Precision(k) : scheme === 'w8' ? w8Precision(k, this.w8Form) : { scheme };
   }
 
   /** Each matmul weight the graphs read, in the order first stored, with the precision it got. */

@@ -5,6 +5,18 @@ import { z } from 'zod';
 export const FAMILY_IDS = ['qwen3', 'qwen3_5', 'phimoe', 'gemma4', 'qwen3_vl'] as const;
 export type FamilyId = (typeof FAMILY_IDS)[number];
 
+/**
+ * Tiny twins oracles/make_twin.py makes, each of a family: one per family under the family's id,
+ * and variants of a family's shapes (qwen3_odd: in-features no MatMulNBits block divides, 120 and
+ * 150, which the quant forms pad: quant/pad.ts).
+ */
+export const TWIN_FAMILY = {
+  qwen3: 'qwen3', qwen3_5: 'qwen3_5', phimoe: 'phimoe', gemma4: 'gemma4', qwen3_vl: 'qwen3_vl',
+  qwen3_odd: 'qwen3',
+} as const satisfies Record<string, FamilyId>;
+export type TwinId = keyof typeof TWIN_FAMILY;
+export const TWIN_IDS = Object.keys(TWIN_FAMILY) as [TwinId, ...TwinId[]];
+
 /** A pinned hub revision: the commit sha (a branch or tag moves). `forge build --revision` takes the same. */
 export const RevisionSchema = z
   .string({ error: (iss) => (iss.input === undefined ? 'required: a 40-hex-digit commit sha, or null with "unpinned": "<why>" while it cannot be pinned' : 'a pinned revision is a 40-hex-digit commit sha string') })
@@ -40,7 +52,7 @@ const HubSourceSchema = z.object({
 export const SourceSchema = z.discriminatedUnion('kind', [
   HubSourceSchema,
   z.object({ kind: z.literal('local'), path: z.string().min(1), allowNonFinite }).strict(),
-  z.object({ kind: z.literal('tiny'), twin: z.enum(FAMILY_IDS), allowNonFinite }).strict(),
+  z.object({ kind: z.literal('tiny'), twin: z.enum(TWIN_IDS), allowNonFinite }).strict(),
 ]);
 export type Source = z.infer<typeof SourceSchema>;
 export type HubSource = Extract<Source, { kind: 'hub' }>;
@@ -61,8 +73,8 @@ export function builtRevision(s: PinnedSource): BuiltRevision | undefined {
 }
 
 /**
- * Weight precision of the matmuls: w8 = int8 per output row; w4 = int4 blocks of 32 (quant/w4.ts:
- * a matrix whose in-features the block does not divide falls back to w8 or fp16 on its own).
+ * Weight precision of the matmuls: w8 = int8 per output row; w4 = int4 blocks of 32 (quant/w4.ts).
+ * A matrix whose in-features MatMulNBits' block does not divide is stored zero-padded (quant/pad.ts).
  */
 export const QuantSchemeSchema = z.enum(['fp32', 'fp16', 'w8', 'w4']);
 export type QuantScheme = z.infer<typeof QuantSchemeSchema>;
@@ -230,6 +242,9 @@ export const RecipeSchema = z.object({
   gates: GateSettingsSchema,
   card: CardSchema,
 }).strict().superRefine((r, ctx) => {
+  if (r.source.kind === 'tiny' && TWIN_FAMILY[r.source.twin] !== r.family) {
+    ctx.addIssue({ code: 'custom', path: ['source', 'twin'], message: `the twin ${r.source.twin} is of family ${TWIN_FAMILY[r.source.twin]}, not the recipe's ${r.family}` });
+  }
   if (r.source.kind === 'hub' && r.source.revision === null && r.config === undefined) {
     ctx.addIssue({ code: 'custom', path: ['config'], message: 'an unpinned hub recipe must record the model config: forge plan reads it, and a checkpoint fetched with --revision is checked against it' });
   }

@@ -16,24 +16,23 @@ describe('per-matrix precision (recipe overrides, the auto map)', () => {
       [{ match: 'model\\.layers\\.3\\..*', quant: 'w8', why: 'outliers' }, { match: 'model\\.layers\\.\\d+\\.mlp\\.down_proj\\.weight', quant: 'fp16' }],
       { 'model.layers.5.mlp.up_proj.weight': { scheme: 'w8', why: 'auto: promoted' } },
     );
-    expect(c.choose('model.layers.3.mlp.down_proj.weight', 64, 'w4')).toEqual({ scheme: 'w8', why: 'recipe override "model\\\\.layers\\\\.3\\\\..*": outliers' });
-    expect(c.choose('model.layers.4.mlp.down_proj.weight', 64, 'w4').scheme).toBe('fp16');
-    expect(c.choose('model.layers.5.mlp.up_proj.weight', 64, 'w4')).toEqual({ scheme: 'w8', why: 'auto: promoted' });
-    expect(c.choose('model.layers.5.mlp.gate_proj.weight', 64, 'w4')).toEqual({ scheme: 'w4' });
+    expect(c.choose('model.layers.3.mlp.down_proj.weight', 'w4')).toEqual({ scheme: 'w8', why: 'recipe override "model\\\\.layers\\\\.3\\\\..*": outliers' });
+    expect(c.choose('model.layers.4.mlp.down_proj.weight', 'w4').scheme).toBe('fp16');
+    expect(c.choose('model.layers.5.mlp.up_proj.weight', 'w4')).toEqual({ scheme: 'w8', why: 'auto: promoted' });
+    expect(c.choose('model.layers.5.mlp.gate_proj.weight', 'w4')).toEqual({ scheme: 'w4' });
     // Whole-name match: a prefix of the name is not a match.
-    expect(new PrecisionChooser([{ match: 'model\\.layers\\.3', quant: 'w8' }]).choose('model.layers.3.mlp.up_proj.weight', 64, 'w4')).toEqual({ scheme: 'w4' });
+    expect(new PrecisionChooser([{ match: 'model\\.layers\\.3', quant: 'w8' }]).choose('model.layers.3.mlp.up_proj.weight', 'w4')).toEqual({ scheme: 'w4' });
   });
 
-  it('still falls back per matrix when an override asks for w4 the block cannot take', () => {
+  it('gives a pinned matrix the override\'s precision and why whatever the scheme (its form, e.g. a padding, is the store\'s)', () => {
     const c = new PrecisionChooser([{ match: '.*o_proj.*', quant: 'w4' }]);
-    const p = c.choose('model.layers.0.self_attn.o_proj.weight', 48, 'w8');
-    expect(p.scheme).toBe('w8');
-    expect(p.why).toMatch(/^recipe override ".*o_proj.*"; in-features 48 are not a multiple of the W4 block 32$/);
+    expect(c.choose('model.layers.0.self_attn.o_proj.weight', 'w8')).toEqual({ scheme: 'w4', why: 'recipe override ".*o_proj.*"' });
+    expect(c.choose('model.layers.0.self_attn.q_proj.weight', 'w8')).toEqual({ scheme: 'w8' });
   });
 
   it('names the overrides that matched nothing', () => {
     const c = new PrecisionChooser([{ match: 'model\\.layers\\.0\\..*', quant: 'w8' }, { match: 'model\\.layer\\.0\\..*', quant: 'w8' }]);
-    c.choose('model.layers.0.mlp.up_proj.weight', 64, 'w4');
+    c.choose('model.layers.0.mlp.up_proj.weight', 'w4');
     expect(c.unused().map((o) => o.match)).toEqual(['model\\.layer\\.0\\..*']);
   });
 });

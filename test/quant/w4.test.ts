@@ -1,5 +1,5 @@
 // W4 (quant/w4.ts): the codes, their packing in MatMulNBits' layout, the scales, the per-matrix
-// fallback, the planner's bytes, and that ONNX Runtime reads the blob as we wrote it.
+// padding (test/quant/pad.test.ts holds its numbers), the planner's bytes, and that ONNX Runtime reads the blob as we wrote it.
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
 import { dequantizeW4Rows, quantizeW4Rows, W4_BLOCK, w4Precision } from '../../src/quant/w4.js';
@@ -73,26 +73,27 @@ describe('W4 blocks', () => {
   });
 });
 
-describe('W4 per matrix: the fallback and the planner bytes', () => {
-  it('keeps W4 where the block divides the in-features, else W8 (a multiple of 16), else fp16, saying why', () => {
+describe('W4 per matrix: the padding and the planner bytes', () => {
+  it('keeps W4 for every matrix, zero-padding the in-features the block does not divide to its next multiple, saying so', () => {
     expect(w4Precision(2560)).toEqual({ scheme: 'w4' });
-    expect(w4Precision(48)).toMatchObject({ scheme: 'w8', why: expect.stringMatching(/48 .*not a multiple of the W4 block 32/) });
-    expect(w4Precision(112)).toMatchObject({ scheme: 'w8' });
-    expect(w4Precision(120)).toMatchObject({ scheme: 'fp16' }); // 8 × 15: neither
-    expect(w4Precision(150)).toMatchObject({ scheme: 'fp16', why: expect.stringMatching(/150/) });
+    expect(w4Precision(48)).toEqual({ scheme: 'w4', paddedTo: 64, why: 'in-features 48 zero-padded to 64 (the W4 block 32)' });
+    expect(w4Precision(120)).toMatchObject({ scheme: 'w4', paddedTo: 128 });
+    expect(w4Precision(150)).toMatchObject({ scheme: 'w4', paddedTo: 160, why: expect.stringMatching(/150 zero-padded to 160/) });
+    expect(w4Precision(16)).toMatchObject({ scheme: 'w4', paddedTo: 32 });
   });
 
-  it('counts packed nibbles plus one float32 scale per block, and the fallback its own bytes', () => {
+  it('counts packed nibbles plus one float32 scale per block over the padded in-features, never more than W8', () => {
     const t = (shape: number[]) => ({ name: 'w', shape, role: 'matmul' as const });
     expect(storedBytes(t([2560, 9728]), 'w4')).toBe(2560 * 9728 * 0.5 + (2560 * 9728 / 32) * 4); // 0.625 B a weight
-    expect(storedBytes(t([64, 48]), 'w4')).toBe(storedBytes(t([64, 48]), 'w8'));
-    expect(storedBytes(t([64, 150]), 'w4')).toBe(64 * 150 * 2);
+    expect(storedBytes(t([64, 48]), 'w4')).toBe(64 * 64 * 0.5 + 64 * 2 * 4);
+    expect(storedBytes(t([64, 150]), 'w4')).toBe(64 * 160 * 0.5 + 64 * 5 * 4);
+    for (const k of [16, 17, 33, 48, 120, 150, 2040]) expect(storedBytes(t([64, k]), 'w4'), `K=${k}`).toBeLessThanOrEqual(storedBytes(t([64, k]), 'w8'));
     expect(storedBytes({ name: 'n', shape: [64], role: 'small' }, 'w4')).toBe(64 * 4);
   });
 });
 
 describe('WeightStore in w4', () => {
-  // Three matrices through one store: in-features 64 (W4), 48 (W8 fallback), 40 (fp16 fallback).
+  // Three matrices through one store: in-features 64 (W4), 48 and 40 (W4 padded to 64).
   const MATS: Array<[string, number, number]> = [['a', 80, 64], ['b', 24, 48], ['c', 16, 40]];
 
   async function build(dir: string) {
@@ -109,18 +110,18 @@ describe('WeightStore in w4', () => {
     return { store, g, vals };
   }
 
-  it('writes MatMulNBits(bits=4) blobs [N, K/32, 16] that ONNX Runtime reads as our dequantized weights, and records each fallback', async () => {
+  it('writes MatMulNBits(bits=4) blobs [N, K/32, 16] that ONNX Runtime reads as our dequantized weights, and records each padding', async () => {
     const dir = await tempDir();
     const { store, g, vals } = await build(dir);
     const nodes = g.toModelProto().graph!.node!;
     const nbits = nodes.filter((n) => n.opType === 'MatMulNBits').map((n) => Object.fromEntries(n.attribute!.map((a) => [a.name, Number(a.i)])));
-    expect(nbits).toEqual([{ K: 64, N: 80, bits: 4, block_size: 32 }, { K: 48, N: 24, bits: 8, block_size: 16 }]);
+    expect(nbits).toEqual([{ K: 64, N: 80, bits: 4, block_size: 32 }, { K: 64, N: 24, bits: 4, block_size: 32 }, { K: 64, N: 16, bits: 4, block_size: 32 }]);
     const blob = g.toModelProto().graph!.initializer!.find((t) => t.name === 'a')!;
     expect(blob.dims!.map(Number)).toEqual([80, 2, 16]);
     expect(store.precisions()).toEqual([
       { tensor: 'a', shape: [80, 64], scheme: 'w4' },
-      { tensor: 'b', shape: [24, 48], scheme: 'w8', why: expect.stringMatching(/48/) },
-      { tensor: 'c', shape: [16, 40], scheme: 'fp16', why: expect.stringMatching(/40/) },
+      { tensor: 'b', shape: [24, 48], scheme: 'w4', paddedTo: 64, why: expect.stringMatching(/48 zero-padded to 64/) },
+      { tensor: 'c', shape: [16, 40], scheme: 'w4', paddedTo: 64, why: expect.stringMatching(/40 zero-padded to 64/) },
     ]);
 
     // ORT's CPU MatMulNBits against x · dequant(W)ᵀ computed here from the same codes.
