@@ -109,6 +109,8 @@ describe('model card: precision', () => {
     expect(card).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits); the lm-head fp16 (recipe lmHead.quant); 1 matrix otherwise:');
     expect(card).toContain('- `model.layers.0.self_attn.o_proj.weight`: w8, in-features 48 are not a multiple of the W4 block 32');
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [] } }, {})).toContain('layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; every matrix w4.');
+    // The QAIRT path's form, and that only a stand-in SDK has checked it.
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [], form: 'qdq' } }, {})).toContain('layer weights w4 (int4 blocks of 32, blocked DequantizeLinear for the QAIRT converter, checked against a stand-in SDK only, not a real one), the lm-head too');
     // A W8 build without fallbacks says nothing new.
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [] } }, {})).not.toContain('**Precision:**');
   });

@@ -61,7 +61,7 @@ function emulationFacts(e: any): NonNullable<CardFacts['emulation']> {
 /** The shipped graphs' schemes and the matrices a W4 export stored otherwise (graphs.json `matrices`). */
 function shippedPrecision(quantizeDir: string): CardFacts['precision'] {
   const exp = JSON.parse(readFileSync(join(quantizeDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
-  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp) };
+  return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), ...(exp.w8Form === 'qdq' ? { form: 'qdq' as const } : {}) };
 }
 
 export const stage: StageModule<BundleParams> = {

@@ -38,14 +38,20 @@ export interface CardFacts {
   /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
   planKept?: { contexts: number; graphs?: number };
   /** The shipped graphs' weight schemes and the matrices stored otherwise, with why (graphs.json). */
-  precision?: { scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string }> };
+  precision?: {
+    scheme: string; lmHeadScheme: string; fallbacks: Array<{ tensor: string; scheme: string; why: string }>;
+    /** 'qdq': the QAIRT converter's QDQ forms (quant/weights.ts); absent: MatMulNBits. */
+    form?: 'qdq';
+  };
 }
 
 /** The precision line: the scheme, and each matrix that is not in it with why (a W4 fallback). */
 function precisionLines(p: NonNullable<CardFacts['precision']>): string[] {
   if (p.scheme !== 'w4' && !p.fallbacks.length) return [];
   const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
-  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, MatMulNBits)` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
+  // W4's QDQ form has met only the stand-in SDK, never a real converter (quant/w4-qdq.ts): the card says so.
+  const form = p.form === 'qdq' ? 'blocked DequantizeLinear for the QAIRT converter, checked against a stand-in SDK only, not a real one' : 'MatMulNBits';
+  const lines = [`**Precision:** layer weights ${p.scheme}${p.scheme === 'w4' ? ` (int4 blocks of ${W4_BLOCK}, ${form})` : ''}${head}; ${p.fallbacks.length ? `${p.fallbacks.length} ${p.fallbacks.length === 1 ? 'matrix' : 'matrices'} otherwise:` : `every ${p.lmHeadScheme !== p.scheme ? 'layer ' : ''}matrix ${p.scheme}.`}`];
   for (const f of p.fallbacks) lines.push(`- \`${f.tensor}\`: ${f.scheme}, ${f.why}`);
   return [...lines, ''];
 }
