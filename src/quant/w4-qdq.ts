@@ -2,8 +2,8 @@
 // CPU as MatMulNBits(bits=4)), as an ONNX int4 initializer [N, K] → DequantizeLinear(axis 1,
 // block_size 32, no zero point: symmetric) → Gemm(transB=1). The graph is opset 21, IR 10.
 //
-// Why this form and not an encodings file (--quantization_overrides): qnn-onnx-converter takes a
-// weight's encoding from the DequantizeLinear in front of it, as it does for forge's W8 QDQ, and
+// Why this form and not an encodings file (--quantization_overrides): the converter takes a
+// weight's encoding from the DequantizeLinear in front of it (what forge's W8 QDQ form relies on), and
 // the QAIRT converters read ONNX up to opset 22 with a quantized model's tensors keeping their
 // precision (QAIRT 2.39 docs, "Qairt Converter": "Current ONNX Conversion supports upto ONNX Opset
 // 22"; "The source model can either be float model or quantized model ... retaining the precision
