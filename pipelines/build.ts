@@ -6,7 +6,6 @@ import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
 import { baseScheme, shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
 import type { AutoParams } from '../src/quant/auto.js';
-import { RecipeError } from '../src/recipe/load.js';
 import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
 import type { PlanParams } from '../src/plan/stage.js';
@@ -171,15 +170,18 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
 function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: CompileToolchain): StageNode {
   const scheme = id === 'export' ? 'fp32' : baseScheme(s.quant);
+  const lmHeadScheme = scheme === 'fp32' ? 'fp32' : s.lmHead.quant;
+  const quantized = [scheme, lmHeadScheme].some((q) => q === 'w8' || q === 'w4');
   const params: ExportParams = {
     family: recipe.family,
     scheme,
-    lmHeadScheme: scheme === 'fp32' ? 'fp32' : s.lmHead.quant,
+    lmHeadScheme,
     maxContext: s.maxContext,
     prefillLength: s.prefillLength,
     hostTables: id === 'quantize',
-    // W8 in the form the compile toolchain reads as int8 weights (see quant/weights.ts).
-    ...(scheme === 'w8' && toolchain.kind === 'qairt' ? { w8Form: 'qdq' as const } : {}),
+    // W8 and W4 in the form the compile toolchain reads as quantized weights (see quant/weights.ts):
+    // QDQ for the QAIRT converter (W4's checked against the stand-in SDK only, quant/w4-qdq.ts).
+    ...(toolchain.kind === 'qairt' && quantized ? { w8Form: 'qdq' as const } : {}),
     // The reference graphs read the checkpoint's own bytes: no fp32 copy of the weights on disk.
     ...(id === 'export' ? { inPlace: true } : {}),
     // The recipe's per-matrix pins, and auto's map (the precision stage's output), shape the shipped graphs only.
@@ -199,18 +201,6 @@ export interface PipelineOptions {
   localDigest?: LocalDigest;
 }
 
-/**
- * W4 has one form, MatMulNBits(bits=4), which only onnxruntime-qnn compiles: the QAIRT converter
- * path has no 4-bit encodings in forge yet, so that pair is refused here, naming the recipe field.
- */
-function refuseQairtW4(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, toolchain: CompileToolchain): void {
-  if (toolchain.kind !== 'qairt') return;
-  const own = recipe.arch[arch.id];
-  const field = (key: 'quant' | 'lmHead') => (own?.[key] !== undefined ? `arch.${arch.id}.${key}` : `arch.default.${key}`);
-  const at = settings.quant === 'w4' || settings.quant === 'auto' ? field('quant') : settings.lmHead.quant === 'w4' ? `${field('lmHead')}.quant` : undefined;
-  if (at) throw new RecipeError(`recipe ${recipe.id}: ${at} is '${settings.quant === 'auto' ? 'auto' : 'w4'}' (W4 weights), which the QAIRT toolchain (QAIRT_SDK_ROOT=${process.env.QAIRT_SDK_ROOT ?? '…'}) cannot compile in forge yet (no 4-bit converter encodings): use 'w8' there, or unset QAIRT_SDK_ROOT to compile W4 with onnxruntime-qnn`);
-}
-
 function planNode(params: PlanParams, auto: boolean): StageNode {
   return { id: 'plan', module: src('plan/stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', ...(auto ? { precision: 'precision' } : {}) }, tools: [], memory: stageMemory.plan };
 }
@@ -220,7 +210,6 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
   const auto = settings.quant === 'auto';
   const toolchain = opts.toolchain ?? compileToolchain();
-  refuseQairtW4(recipe, arch, settings, toolchain);
   const emu = emulationNode(recipe, arch, settings, toolchain);
   const emulation = typeof emu === 'string' ? null : emu;
   const gatesNotRun = typeof emu === 'string' ? { emulation: emu } : undefined;

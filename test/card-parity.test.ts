@@ -123,6 +123,8 @@ describe('model card: precision', () => {
     const padded = modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [{ tensor: 'model.layers.0.mlp.down_proj.weight', scheme: 'w8', why: 'in-features 150 zero-padded to 160 (MatMulNBits blocks of 16 or more)', paddedTo: 160 }], rows: [] } }, {});
     expect(padded).toContain('**Precision:** layer weights w8; the lm-head fp16 (recipe lmHead.quant); 1 matrix zero-padded:');
     expect(padded).toContain('- `model.layers.0.mlp.down_proj.weight`: w8, in-features 150 zero-padded to 160');
+    // The QAIRT path's form, and that only a stand-in SDK has checked it.
+    expect(modelCard({ ...facts(clean), precision: { scheme: 'w4', lmHeadScheme: 'w4', fallbacks: [], rows: [], form: 'qdq' } }, {})).toContain('layer weights w4 (int4 blocks of 32, blocked DequantizeLinear for the QAIRT converter, checked against a stand-in SDK only, not a real one), the lm-head too');
     // A W8 build without fallbacks says nothing new.
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [], rows: precisionRows([{ tensor: 'model.layers.0.mlp.up_proj.weight', shape: [2, 2], scheme: 'w8' }]) } }, {})).not.toContain('**Precision:**');
   });

@@ -80,14 +80,14 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     expect(buildPipeline(recipe, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } }).nodes.find((n) => n.id === 'quantize')!.params).not.toHaveProperty('w8Form');
   });
 
-  it('refuses w4 with the QAIRT toolchain in one error naming the recipe field, and gates w4 at w4MinCosine', () => {
+  it('has the quantize stage write w4 in QDQ form for the QAIRT toolchain (an lm-head alone in w4 too), and gates w4 at w4MinCosine', () => {
     const { recipe } = loadRecipe('tiny-qwen3');
     const w4 = { ...recipe, arch: { ...recipe.arch, v81: { quant: 'w4' as const } } };
     const { arch, settings } = archSettings(w4, 'v81');
-    expect(() => buildPipeline(w4, arch, settings, { toolchain: { kind: 'qairt', version: '2.51.0' } })).toThrow(/arch\.v81\.quant is 'w4', which the QAIRT toolchain .* cannot compile/);
-    const head = { ...recipe, arch: { default: { ...recipe.arch.default, lmHead: { placement: 'separate' as const, quant: 'w4' as const } } } };
-    const h = archSettings(head, 'v81');
-    expect(() => buildPipeline(head, h.arch, h.settings, { toolchain: { kind: 'qairt', version: '2.51.0' } })).toThrow(/arch\.default\.lmHead\.quant is 'w4'/);
+    const quantize = (r: typeof recipe, s: typeof settings) => buildPipeline(r, arch, s, { toolchain: { kind: 'qairt', version: '2.51.0' } }).nodes.find((n) => n.id === 'quantize')!.params;
+    expect(quantize(w4, settings)).toMatchObject({ scheme: 'w4', w8Form: 'qdq' });
+    const head = { ...recipe, arch: { default: { ...recipe.arch.default, quant: 'fp16' as const, lmHead: { placement: 'separate' as const, quant: 'w4' as const } } } };
+    expect(quantize(head, archSettings(head, 'v81').settings)).toMatchObject({ scheme: 'fp16', lmHeadScheme: 'w4', w8Form: 'qdq' });
     const nodes = buildPipeline(w4, arch, settings, { toolchain: { kind: 'onnxruntime-qnn' } }).nodes;
     expect(nodes.find((n) => n.id === 'quantize')!.params).toMatchObject({ scheme: 'w4' });
     const o = recipe.gates.oracle;

@@ -88,14 +88,16 @@ void SharedWeights::add_each(Ort::SessionOptions& so, const std::string& onnx_pa
   const std::string dir = dir_of(onnx_path);
   for (const ExternalInitializer& t : read_external_initializers(onnx_path)) {
     const std::string where = onnx_path + ": initializer '" + t.name + "'";
-    const size_t elem = element_bytes(t.onnx_type);
+    // int4 (W4 in the QAIRT path's QDQ form) packs two elements a byte: ⌈count/2⌉ bytes at any offset.
+    const bool packed4 = t.onnx_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_INT4 || t.onnx_type == ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT4;
+    const size_t elem = packed4 ? 1 : element_bytes(t.onnx_type);
     if (elem == 0) throw std::runtime_error(where + " has ONNX data type " + std::to_string(t.onnx_type) + ", which the runtime cannot map in place");
     uint64_t count = 1;
     for (int64_t d : t.dims) {
       if (d < 0 || (d > 0 && count > UINT64_MAX / uint64_t(d))) throw std::runtime_error(where + " has an invalid shape " + dims_text(t.dims));
       count *= uint64_t(d);
     }
-    const uint64_t bytes = count * elem;
+    const uint64_t bytes = packed4 ? (count + 1) / 2 : count * elem;
     if (t.length && *t.length != bytes)
       throw std::runtime_error(where + " declares " + std::to_string(*t.length) + " bytes of external data, its shape " + dims_text(t.dims) + " needs " + std::to_string(bytes));
     if (t.location.empty() || t.location[0] == '/') throw std::runtime_error(where + " has external data location '" + t.location + "', not a path relative to the model");

@@ -66,11 +66,12 @@ export function shippedPrecision(quantizeDir: string, precisionDir?: string): Sh
   const exp = JSON.parse(readFileSync(join(quantizeDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   const auto = precisionDir ? (JSON.parse(readFileSync(join(precisionDir, PRECISION_JSON), 'utf8')) as PrecisionResult) : undefined;
   const rows = precisionRows(exportMatrices(exp), auto);
-  if (!auto) return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows };
+  const form = exp.w8Form === 'qdq' ? { form: 'qdq' as const } : {};
+  if (!auto) return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form };
   const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => auto.layers.reduce((a, l) => a + l[k], 0);
   const w4 = auto.parity.w4;
   return {
-    scheme: 'auto', lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows,
+    scheme: 'auto', lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form,
     auto: {
       minCosine: auto.minCosine, promoted: auto.layers.filter((l) => l.scheme !== 'w4').length, layers: auto.layers.length,
       bytes: { auto: sum('bytes'), w4: sum('w4Bytes'), w8: sum('w8Bytes') },

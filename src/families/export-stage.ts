@@ -17,6 +17,7 @@ import { CheckpointLinks, type LinkedFile } from '../onnx/linked-data.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { F16Copy, WeightStore, type MatrixEntry, type W8Form } from '../quant/weights.js';
+import { W4_QDQ_OPSET } from '../quant/w4-qdq.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from './index.js';
 import { MADE_DTYPES, type Component, type ComponentEntryFields, type ComponentLayout, type Family, type GraphInterface, type GraphVariant, type HostTable, type MadeTable } from './types.js';
@@ -30,7 +31,7 @@ export interface ExportParams {
   prefillLength: number;
   /** The family's host tables (the embedding …) are written by the deployable export only. */
   hostTables: boolean;
-  /** The ONNX form of W8 weights, fixed by the compile toolchain (default 'matmulnbits'). */
+  /** The ONNX form of W8 and W4 weights, fixed by the compile toolchain (default 'matmulnbits'). */
   w8Form?: W8Form;
   /**
    * fp32 weights are the checkpoint's own bytes (bf16/f16/f32 as stored, Cast to float in the graph),
@@ -160,7 +161,8 @@ async function exportContext(
   try {
     for (const v of variants) {
       const name = graphName(c.name, v.name);
-      const g = new GraphBuilder(name);
+      // W4's QDQ form (int4, blocked DequantizeLinear) exists from opset 21 on: those graphs are built there.
+      const g = new GraphBuilder(name, scheme === 'w4' && w8Form === 'qdq' ? { opsets: { '': W4_QDQ_OPSET } } : {});
       const iface = await v.build(g, { store, ...schemes });
       checkIoNames(name, iface);
       built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface } });

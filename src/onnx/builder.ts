@@ -1,4 +1,4 @@
-import { ELEM, defaultElemType, numElements, tensorBytes, type ElemType, type TensorData, type WeightElemType } from './dtype.js';
+import { ELEM, defaultElemType, tensorByteLength, tensorBytes, type ElemType, type TensorData, type WeightElemType } from './dtype.js';
 import type { ExternalDataWriter, ExternalRef } from './external.js';
 import { onnx } from './proto.js';
 
@@ -15,6 +15,15 @@ export const DEFAULT_OPSET = 17;
 export const MS_DOMAIN = 'com.microsoft';
 /** IR 8 is the newest the vendored onnx-proto schema (onnx 1.10) describes; opset 17 needs >= 8. */
 export const IR_VERSION = 8;
+/**
+ * A graph at opset 21 (the QAIRT path's W4: int4 and blocked DequantizeLinear are opset 21) is
+ * stamped IR 10, the IR that has int4. The vendored schema lacks the INT4 enum value, which changes
+ * nothing on the wire (a data type is an int32 field).
+ */
+export const IR_VERSION_OPSET21 = 10;
+
+/** Reduce ops whose `axes` became an input at opset 18 (ReduceSum's did at 13). */
+const REDUCE_AXES_18 = new Set(['ReduceMean', 'ReduceMax', 'ReduceMin', 'ReduceProd', 'ReduceL1', 'ReduceL2', 'ReduceLogSum', 'ReduceLogSumExp', 'ReduceSumSquare']);
 
 /** A number is a static dim; a string a symbolic one (dim_param). */
 export type Dim = number | string;
@@ -123,6 +132,11 @@ export class GraphBuilder {
     return this;
   }
 
+  /** The imported version of a domain's operator set (the default domain's unless named). */
+  opsetVersion(domain = ''): number | undefined {
+    return this.opsets.get(domain);
+  }
+
   input(name: string, dtype: ElemType, shape: readonly Dim[]): string {
     this.claim(name, dtype);
     this.inputs.push(valueInfo(name, { dtype, shape }));
@@ -150,10 +164,10 @@ export class GraphBuilder {
    * data file shared by a shard's prefill and decode graphs).
    */
   externalInitializer(name: string, dtype: WeightElemType, dims: readonly number[], ref: ExternalRef): string {
-    const expected = numElements(dims) * ELEM[dtype].bytes;
+    const expected = tensorByteLength(dtype, dims);
     if (ref.length !== expected) throw new Error(`initializer ${name}: ${ref.length} external bytes for ${dtype}[${dims.join(',')}] (${expected} expected)`);
-    // A bfloat16 weight only feeds a Cast (which names its own output type): no value type to propagate.
-    this.claim(name, dtype === 'bfloat16' ? undefined : dtype);
+    // A bfloat16 weight only feeds a Cast, an int4 one a DequantizeLinear (each names its own output type): no value type to propagate.
+    this.claim(name, dtype === 'bfloat16' || dtype === 'int4' ? undefined : dtype);
     this.inits.push({ name, dtype, dims: [...dims], byteLength: ref.length, external: ref });
     return name;
   }
@@ -187,6 +201,7 @@ export class GraphBuilder {
     for (const i of inputs) if (i !== '' && !this.types.has(i)) throw new Error(`op ${type}: unknown input '${i}'`);
     const count = outputs ?? opts.outputs?.length ?? 1;
     if (opts.outputs && opts.outputs.length !== count) throw new Error(`op ${type}: ${opts.outputs.length} output names for ${count} outputs`);
+    if (!domain) [inputs, attrs] = this.spellForOpset(type, inputs, attrs, count);
     const nodeName = this.uniqueNode(opts.name ?? type);
     const dtypes = this.outTypes(type, inputs, attrs, count, opts.dtype);
     const outs = Array.from({ length: count }, (_, k) => {
@@ -274,7 +289,23 @@ export class GraphBuilder {
     if (this.docString) graph.docString = this.docString;
     // Sorted so the bytes do not depend on the order domains were first used.
     const opsetImport = [...this.opsets].sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)).map(([domain, version]) => ({ domain, version }));
-    return { irVersion: IR_VERSION, producerName: 'forge', opsetImport, graph };
+    const irVersion = (this.opsets.get('') ?? DEFAULT_OPSET) >= 21 ? IR_VERSION_OPSET21 : IR_VERSION;
+    return { irVersion, producerName: 'forge', opsetImport, graph };
+  }
+
+  /**
+   * Graph code writes ops as opset 17 spells them; at opset 18 or later two of those spellings
+   * changed, and are rewritten here so one graph function serves both: a Reduce op's `axes` attribute
+   * becomes an int64 input, and an equal Split (no `split` input) names its `num_outputs`.
+   */
+  private spellForOpset(type: string, inputs: readonly string[], attrs: Attrs, count: number): [readonly string[], Attrs] {
+    if ((this.opsets.get('') ?? DEFAULT_OPSET) < 18) return [inputs, attrs];
+    if (REDUCE_AXES_18.has(type) && attrs.axes !== undefined) {
+      const { axes, ...rest } = attrs;
+      return [[inputs[0], this.constInt64((axes instanceof Attr ? axes.value : axes) as readonly number[])], rest];
+    }
+    if (type === 'Split' && !inputs[1] && attrs.num_outputs === undefined) return [inputs, { ...attrs, num_outputs: count }];
+    return [inputs, attrs];
   }
 
   private claim(name: string, dtype: ElemType | undefined): void {

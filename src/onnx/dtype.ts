@@ -13,8 +13,12 @@ export type ElemType =
   | 'int64'
   | 'bool';
 
-/** A weight may also be bfloat16: a checkpoint's bytes referenced in place, Cast to float in the graph. */
-export type WeightElemType = ElemType | 'bfloat16';
+/**
+ * A weight may also be bfloat16 (a checkpoint's bytes referenced in place, Cast to float in the
+ * graph) or int4 (W4 codes under a blocked DequantizeLinear, the QAIRT converter's form): neither is
+ * a value type anything computes in.
+ */
+export type WeightElemType = ElemType | 'bfloat16' | 'int4';
 
 /** float16 is carried as its raw bits in a Uint16Array; bool as 0/1 bytes in a Uint8Array. */
 export type TensorData =
@@ -47,12 +51,19 @@ export const ELEM: Readonly<Record<WeightElemType, ElemInfo>> = {
   float16: { code: 10, bytes: 2, array: Uint16Array },
   // Only as checkpoint bytes referenced in place (Cast to float in the graph): nothing computes in it.
   bfloat16: { code: 16, bytes: 2, array: Uint16Array },
+  // Packed two a byte, the first element in the low nibble (ONNX IR 10); a tensor of n takes ⌈n/2⌉ bytes.
+  int4: { code: 22, bytes: 0.5, array: Uint8Array },
 };
+
+/** The bytes a tensor of `dims` takes (int4 packs two elements a byte, an odd count rounding up). */
+export function tensorByteLength(dtype: WeightElemType, dims: readonly number[]): number {
+  return Math.ceil(numElements(dims) * ELEM[dtype].bytes);
+}
 
 /** A graph value's element type (bfloat16 is refused: forge computes in none). */
 export function elemTypeFromCode(code: number): ElemType {
   const t = weightElemTypeFromCode(code);
-  if (t === 'bfloat16') throw new Error(`unsupported ONNX tensor data type ${code} (bfloat16) for a value`);
+  if (t === 'bfloat16' || t === 'int4') throw new Error(`unsupported ONNX tensor data type ${code} (${t}) for a value`);
   return t;
 }
 
@@ -90,13 +101,14 @@ export function tensorBytes(data: TensorData, dims: readonly number[], dtype: We
   if (!(data instanceof info.array) || (data instanceof Uint8Array) !== (info.array === Uint8Array)) {
     throw new Error(`${what}: ${dtype} needs a ${info.array.name}, got ${data.constructor.name}`);
   }
-  const n = numElements(dims);
-  if (data.length !== n) throw new Error(`${what}: dims [${dims.join(',')}] need ${n} elements, got ${data.length}`);
+  const n = dtype === 'int4' ? tensorByteLength(dtype, dims) : numElements(dims);
+  if (data.length !== n) throw new Error(`${what}: dims [${dims.join(',')}] need ${n} ${dtype === 'int4' ? 'packed bytes' : 'elements'}, got ${data.length}`);
   return new Uint8Array(data.buffer, data.byteOffset, data.byteLength);
 }
 
 /** Typed view of raw bytes (copies when the bytes are not aligned for the element size). */
 export function typedFromBytes(bytes: Uint8Array, dtype: WeightElemType): TensorData {
+  if (dtype === 'int4') throw new Error('int4 is packed two a byte: no typed view; read its bytes');
   const info = ELEM[dtype];
   if (bytes.byteLength % info.bytes) throw new Error(`${bytes.byteLength} bytes is not a whole number of ${dtype}`);
   const b = bytes.byteOffset % info.bytes ? new Uint8Array(bytes) : bytes; // copy (Buffer.slice would not)

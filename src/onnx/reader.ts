@@ -1,7 +1,7 @@
 import { closeSync, fstatSync, openSync, readFileSync, readSync, renameSync, rmSync, statSync, writeFileSync, writeSync } from 'node:fs';
 import { dirname, isAbsolute, join, normalize, resolve, sep } from 'node:path';
 import type { Dim } from './builder.js';
-import { ELEM, elemTypeFromCode, weightElemTypeFromCode, tensorBytes, typedFromBytes, type ElemType, type WeightElemType, type TensorData } from './dtype.js';
+import { ELEM, elemTypeFromCode, weightElemTypeFromCode, tensorByteLength, tensorBytes, typedFromBytes, type ElemType, type WeightElemType, type TensorData } from './dtype.js';
 import { tempPathFor, type ExternalRef } from './external.js';
 import { onnx, toNumber } from './proto.js';
 
@@ -132,7 +132,7 @@ export class OnnxModel {
   private summary(t: onnx.ITensorProto): TensorSummary {
     const dtype = weightElemTypeFromCode(t.dataType ?? 0);
     const dims = (t.dims ?? []).map(toNumber);
-    const byteLength = dims.reduce((a, b) => a * b, 1) * ELEM[dtype].bytes;
+    const byteLength = tensorByteLength(dtype, dims);
     const s: TensorSummary = { name: t.name ?? '', dtype, dims, byteLength };
     if (t.dataLocation === onnx.TensorProto.DataLocation.EXTERNAL) {
       const kv = Object.fromEntries((t.externalData ?? []).map((e) => [e.key ?? '', e.value ?? '']));
@@ -200,6 +200,7 @@ function inlineBytes(t: onnx.ITensorProto, dtype: WeightElemType): Uint8Array {
   let a: TensorData;
   if (dtype === 'float32') a = Float32Array.from(t.floatData ?? []);
   else if (dtype === 'int64') a = BigInt64Array.from(t.int64Data ?? [], (v) => BigInt(v.toString()));
+  else if (dtype === 'int4') throw new Error(`${t.name}: inline int4 without raw_data (forge writes int4 raw only)`);
   else a = fromInt32(t.int32Data ?? [], dtype); // int32_data carries int8..int32, bool and f16 bits
   return new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
 }

@@ -1,9 +1,11 @@
 // How checkpoint tensors become graph weights under a quant scheme — the one place that decides the
-// ONNX form of a quantized weight. W4 (quant/w4.ts) is com.microsoft MatMulNBits(bits=4, block 32),
-// onnxruntime-qnn only (the QAIRT path has no W4 form yet: the build refuses that pair). A matrix
-// whose in-features MatMulNBits' block does not divide is stored zero-padded and its input padded
-// in the graph (quant/pad.ts), and the store records each matrix's precision (precisions()). W8 has
-// two forms, one per compile toolchain, with the same codes and scales (so the same numbers on the CPU):
+// ONNX form of a quantized weight. W4 (quant/w4.ts: blocks of 32) has two forms, one per compile
+// toolchain, with the same codes and scales: com.microsoft MatMulNBits(bits=4) for onnxruntime-qnn,
+// and in the 'qdq' form an int4 weight → DequantizeLinear(axis 1, block_size 32) → Gemm for the
+// QAIRT converter (quant/w4-qdq.ts: why, and the opset-21 graph it needs). A matrix whose
+// in-features the block does not divide is stored zero-padded and its input padded in the graph
+// (quant/pad.ts), and the store records each matrix's precision (precisions()). W8 has two forms
+// likewise, with the same codes and scales (so the same numbers on the CPU):
 //  - 'matmulnbits' (onnxruntime-qnn): com.microsoft MatMulNBits(bits=8). The QNN EP compiles it with
 //    int8 weights and float activations; a per-channel DequantizeLinear → Gemm is left on the CPU by
 //    the QNN EP, its weights never reaching the context binary (see the issue notes for the sizes).
@@ -27,9 +29,10 @@ import { quantizeRows, w8BlockSize, w8Precision } from './w8.js';
 import { quantizeW4Rows, W4_BLOCK, w4Precision, type MatrixPrecision } from './w4.js';
 import { PrecisionChooser } from './precision.js';
 import { padColumns } from './pad.js';
+import { toOnnxInt4, W4_QDQ_OPSET } from './w4-qdq.js';
 import type { Bf16W8 } from './w8-simd.js';
 
-/** The ONNX form of a W8 weight: what the compile toolchain reads as int8 weights (see above). */
+/** The ONNX form of a W8 (and W4) weight: what the compile toolchain reads as quantized weights (see above). */
 export type W8Form = 'matmulnbits' | 'qdq';
 
 interface Stored {
@@ -37,8 +40,9 @@ interface Stored {
   dims: number[];
   ref: ExternalRef;
   scale?: { ref: ExternalRef; dims: number[] };
+  /** MatMulNBits' block, or the block of a blocked DequantizeLinear (W4 QDQ). */
   blockSize?: number;
-  /** MatMulNBits' bits (W8 in its 'matmulnbits' form, W4); absent for float and QDQ weights. */
+  /** MatMulNBits' bits (W8 and W4 in their 'matmulnbits' forms); absent for float and QDQ weights. */
   bits?: 4 | 8;
 }
 
@@ -206,16 +210,20 @@ export class WeightStore {
       const scales = new Float32Array(rows * blocks);
       const f32 = new Float32Array(rowsPerChunk * cols);
       const packed = new Uint8Array((rowsPerChunk * k) / 2);
+      const qdq = this.w8Form === 'qdq';
       const ref = await this.sink.appendChunked((rows * k) / 2, async (write) => {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
           const n = Math.min(rowsPerChunk, rows - r0);
           const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
           quantizeW4Rows(asStored(data, n), k, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
-          write(packed.subarray(0, (n * k) / 2));
+          const bytes = packed.subarray(0, (n * k) / 2);
+          write(qdq ? toOnnxInt4(bytes) : bytes);
         }
       });
       const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
-      stored = { dtype: 'uint8', dims: [rows, blocks, W4_BLOCK / 2], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize: W4_BLOCK, bits: 4 };
+      stored = qdq
+        ? { dtype: 'int4', dims: [rows, k], ref, scale: { ref: scaleRef, dims: [rows, blocks] }, blockSize: W4_BLOCK }
+        : { dtype: 'uint8', dims: [rows, blocks, W4_BLOCK / 2], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize: W4_BLOCK, bits: 4 };
     } else if (scheme === 'w8') {
       const scales = new Float32Array(rows);
       // One reused input and output buffer per tensor: no garbage per chunk.
@@ -294,9 +302,10 @@ export class WeightStore {
    * fp32: Gemm(transB=1) on the tensor (after a Cast when it is the checkpoint's bf16/f16 bytes in
    * place). fp16: the same after a Cast. w8: MatMulNBits(bits=8) on
    * rank-3 x (the QNN EP refuses rank 2 there), or in the QDQ form Gemm on DequantizeLinear.
-   * w4: MatMulNBits(bits=4). A MatMulNBits weight stored with padded in-features reads x padded
-   * with zeros to them (Pad, constant 0: quant/pad.ts). The scheme is the graph's; the matrix's own
-   * comes from the store's PrecisionChooser (recipe overrides, the auto map).
+   * w4: MatMulNBits(bits=4), or in the QDQ form Gemm on DequantizeLinear(axis 1, block_size 32) of
+   * int4 codes (an opset-21 graph). A weight stored with padded in-features reads x padded with zeros
+   * to them (Pad, constant 0: quant/pad.ts). The scheme is the graph's; the matrix's own comes from
+   * the store's PrecisionChooser (recipe overrides, the auto map).
    */
   async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
     const [out, inDim] = shape;
@@ -306,11 +315,15 @@ export class WeightStore {
     const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
     if (!s.scale) return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
     const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
+    if (!s.bits && s.blockSize) {
+      const opset = g.opsetVersion() ?? 0;
+      if (opset < W4_QDQ_OPSET) throw new Error(`${name}: W4 in QDQ form is an int4 blocked DequantizeLinear, which needs opset ${W4_QDQ_OPSET}; graph ${g.name} imports ${opset}`);
+      const kq = s.dims[1];
+      return gemmLinear(g, padInput(g, x, name, inDim, kq), g.op('DequantizeLinear', [w, scale], { axis: 1, block_size: s.blockSize }), kq, out, n, bias);
+    }
     if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const k = s.dims[1] * s.blockSize!; // the in-features as stored: blob [N, K/block, block·bits/8]
-    // x is [1, N, in] (rank 3, as MatMulNBits needs on the HTP): zeros after its last axis only.
-    const xs = k === inDim ? x : g.op('Pad', [x, g.constInt64([0, 0, 0, 0, 0, k - inDim], [6], `${name}.pads`)], { mode: 'constant' });
-    const y = g.op('MatMulNBits', [xs, w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
+    const y = g.op('MatMulNBits', [padInput(g, x, name, inDim, k), w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
   }
 
@@ -338,4 +351,9 @@ export class WeightStore {
     const data = await this.ckpt.readF32(name);
     return g.initializer(name, transform ? transform(data) : data, shape, 'float32');
   }
+}
+
+/** x [1, N, in] zero-padded on its last axis to `k` in-features (a padded weight's: quant/pad.ts); x itself when k = in. */
+function padInput(g: GraphBuilder, x: string, name: string, inDim: number, k: number): string {
+  return k === inDim ? x : g.op('Pad', [x, g.constInt64([0, 0, 0, 0, 0, k - inDim], [6], `${name}.pads`)], { mode: 'constant' });
 }

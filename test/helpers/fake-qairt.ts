@@ -14,8 +14,8 @@ export interface FakeQairt {
   root: string;
   /** Faults for the next calls (see fake_qairt.py). */
   setFaults(f: Record<string, unknown>): void;
-  /** Every tool call so far. */
-  calls(): Array<{ tool: string; argv: string[]; htp?: any }>;
+  /** Every tool call so far (the converter's with the quantized weights it read, the generator's with the HTP config it applied). */
+  calls(): Array<{ tool: string; argv: string[]; htp?: any; weights?: any[] }>;
 }
 
 export async function makeFakeQairt(opts: { without?: string } = {}): Promise<FakeQairt> {

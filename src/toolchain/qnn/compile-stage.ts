@@ -160,13 +160,13 @@ export const stage: StageModule<CompileParams> = {
     const graphs = exp.contexts.reduce((n, c) => n + c.graphs.length, 0);
     if (graphs > p.arch.maxGraphsPerProcess) throw new Error(`${graphs} graphs, over the ${p.arch.id} limit of ${p.arch.maxGraphsPerProcess} graphs per process (the plan drops optional graphs to fit)`);
     const qairt = qairtFor(p.toolchain);
-    // W4 is MatMulNBits(bits=4), which only onnxruntime-qnn reads (the build refuses QAIRT + w4 first).
-    if (qairt !== null && exp.contexts.some((c) => c.graphs.some((g) => g.scheme === 'w4'))) throw new Error(`${ctx.inputs.quantize}: W4 weights as MatMulNBits(bits=4), which the QAIRT converter path does not read`);
-    // Which contexts hold W8 weights (each graph records its weights' scheme).
-    const w8 = (c: ContextEntry) => c.graphs[0].scheme === 'w8';
-    if (exp.contexts.some(w8)) {
-      if (qairt === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
-      if (qairt !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: W8 weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);
+    // Which contexts hold W8 or W4 weights (each graph records its weights' scheme): their form is
+    // the toolchain's (W4 in QDQ form is checked against the stand-in SDK only: quant/w4-qdq.ts).
+    const quantized = (c: ContextEntry) => c.graphs[0].scheme === 'w8' || c.graphs[0].scheme === 'w4';
+    const held = [...new Set(exp.contexts.filter(quantized).map((c) => c.graphs[0].scheme.toUpperCase()))].join(' and ');
+    if (held) {
+      if (qairt === null && exp.w8Form === 'qdq') throw new Error(`${ctx.inputs.quantize}: ${held} weights in QDQ form, which onnxruntime-qnn leaves on the CPU; they are the QAIRT converter's form`);
+      if (qairt !== null && exp.w8Form !== 'qdq') throw new Error(`${ctx.inputs.quantize}: ${held} weights as MatMulNBits, which the QAIRT converter does not read; the QAIRT toolchain needs the QDQ form`);
     }
     // ORT names a compiled partition after a hash that covers the source model's path, and the name
     // lands in the wrapper: compile from a path fixed by the quantize entry's key (which does not
@@ -179,7 +179,7 @@ export const stage: StageModule<CompileParams> = {
         let r: Awaited<ReturnType<typeof compileOne>>;
         let peak: MemoryPeak | null;
         try {
-          r = await compileOne(c, src, ctx.out, p, w8(c) && exp.w8Form === 'qdq', qairt, ctx.log);
+          r = await compileOne(c, src, ctx.out, p, quantized(c) && exp.w8Form === 'qdq', qairt, ctx.log);
         } finally {
           peak = memory.stop();
         }

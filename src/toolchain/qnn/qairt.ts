@@ -67,8 +67,9 @@ export interface QairtPlanOptions {
   fp16: boolean;
   optLevel?: 0 | 1 | 2 | 3;
   /**
-   * The graphs carry W8 weights in QDQ form (int8 → DequantizeLinear): the converter takes their
-   * encodings from the graph and, with --float_fallback, keeps every tensor without one in float.
+   * The graphs carry W8 or W4 weights in QDQ form (int8 → DequantizeLinear, or int4 → blocked
+   * DequantizeLinear: quant/w4-qdq.ts): the converter takes their encodings from the graph and,
+   * with --float_fallback, keeps every tensor without one in float.
    */
   qdqWeights: boolean;
 }
