@@ -50,7 +50,8 @@ program.command('list')
       return { id, family: recipe.family, modalities: recipe.modalities, source };
     });
     if (o.json) return console.log(JSON.stringify(rows));
-    for (const r of rows) console.log(`${r.id.padEnd(16)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
+    const idWidth = Math.max(16, ...rows.map((r) => r.id.length));
+    for (const r of rows) console.log(`${r.id.padEnd(idWidth)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
   });
 
 const archOption = () => new Option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')})`).makeOptionMandatory();

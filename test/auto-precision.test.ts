@@ -1,6 +1,7 @@
 // quant 'auto' end to end: a tiny-qwen3 twin with one layer made W4-hostile on purpose (its
 // function unchanged: test/helpers/w4-hostile.ts) builds green with every gate, and the precision
-// stage promotes that layer, and only it.
+// stage promotes that layer, and only it; tiny-qwen3.5-auto, which fails parity at w4 everywhere,
+// gets the layers that make it pass.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -74,4 +75,27 @@ describe('quant auto', () => {
     expect(card).toMatch(new RegExp(`\\| ${HOSTILE_LAYER} \\| w8 ×7 \\| 0\\.\\d+ \\| 0\\.\\d+ \\| auto: layer ${HOSTILE_LAYER} alone at w4`));
     expect(readFileSync(join(out, 'build', 'report.html'), 'utf8')).toContain('Precision map');
   }, 900_000); // the twin, the native runtime (cold cache: ~150 s each here), the precision stage's evaluations and a full build with the simulator gate
+
+  it('promotes what tiny-qwen3.5 needs to pass parity, which it fails at w4 everywhere, and plans with the chosen bytes', async () => {
+    const r = await forge(['build', 'tiny-qwen3.5-auto', '--arch', 'v81', '--until', 'plan', '--json', '--out', join(work, 'q35')], { FORGE_RECIPES: recipes });
+    expect(r.code, r.stderr).toBe(0);
+    const rec = lastJson(r.stdout);
+    expect(rec.stages.map((s: { name: string }) => s.name)).toEqual(['fetch', 'native', 'trace', 'precision', 'plan']);
+    const precision = JSON.parse(readFileSync(join(entry(rec, 'precision'), 'precision.json'), 'utf8')) as PrecisionResult;
+    // All w4, greedy in the runtime on its own state, it leaves HF's tokens; the teacher-forced chain on HF's caches does not see it.
+    expect(precision.parity.w4.ok).toBe(false);
+    expect(precision.decisions.w4).toMatchObject({ agree: 256, steps: 256 });
+    expect(precision.parity.chosen).toMatchObject({ ok: true, matched: 256, total: 256, mismatches: 0 });
+    const promoted = precision.layers.filter((l) => l.scheme !== 'w4');
+    expect(promoted.length).toBeGreaterThan(0);
+    expect(promoted.length).toBeLessThan(precision.layers.length);
+    const plan = JSON.parse(readFileSync(join(entry(rec, 'plan'), 'plan.json'), 'utf8'));
+    const bytes = (k: 'bytes' | 'w4Bytes') => precision.layers.reduce((a, l) => a + l[k], 0);
+    expect(bytes('bytes')).toBeGreaterThan(bytes('w4Bytes'));
+    // The plan counts the promoted layers at w8: its shards hold the chosen bytes (plus norms and the like).
+    const planned = plan.shards.reduce((a: number, x: { weightBytes: number }) => a + x.weightBytes, 0);
+    expect(planned).toBeGreaterThanOrEqual(bytes('bytes'));
+    expect(planned - bytes('bytes')).toBeLessThan(bytes('bytes') - bytes('w4Bytes'));
+    console.log(`[measured] tiny-qwen3.5-auto: promoted ${promoted.map((l) => `${l.layer} (${l.w4Cosine.toFixed(5)})`).join(', ')}; host parity all w4 ${precision.parity.w4.matched}/${precision.parity.w4.total} with ${precision.parity.w4.mismatches} mismatches, chosen 256/256; ${precision.evaluations} evaluations`);
+  }, 900_000);
 });
