@@ -11,6 +11,10 @@ import { makeW4Hostile } from './helpers/w4-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { cacheRoot } from '../src/paths.js';
 import type { PrecisionResult } from '../src/quant/auto.js';
+import { getFamily } from '../src/families/index.js';
+import { makePlan } from '../src/plan/shards.js';
+import { getArch } from '../src/arch/table.js';
+import { archSettings, loadRecipe } from '../src/recipe/load.js';
 
 const HOSTILE_LAYER = 2;
 /**
@@ -92,10 +96,14 @@ describe('quant auto', () => {
     const plan = JSON.parse(readFileSync(join(entry(rec, 'plan'), 'plan.json'), 'utf8'));
     const bytes = (k: 'bytes' | 'w4Bytes') => precision.layers.reduce((a, l) => a + l[k], 0);
     expect(bytes('bytes')).toBeGreaterThan(bytes('w4Bytes'));
-    // The plan counts the promoted layers at w8: its shards hold the chosen bytes (plus norms and the like).
-    const planned = plan.shards.reduce((a: number, x: { weightBytes: number }) => a + x.weightBytes, 0);
-    expect(planned).toBeGreaterThanOrEqual(bytes('bytes'));
-    expect(planned - bytes('bytes')).toBeLessThan(bytes('bytes') - bytes('w4Bytes'));
+    // The plan counts the promoted layers at w8: its shards hold exactly the promotions' bytes more than an all-w4 plan's.
+    const planned = (p: { shards: Array<{ weightBytes: number }> }) => p.shards.reduce((a, x) => a + x.weightBytes, 0);
+    const checkpoint = readCheckpointRef(entry(rec, 'fetch')).absDir;
+    const family = getFamily('qwen3_5');
+    const config = family.parseConfig(JSON.parse(readFileSync(join(checkpoint, 'config.json'), 'utf8')), 'config.json');
+    const { recipe } = loadRecipe('tiny-qwen3.5-auto', recipes);
+    const allW4 = await makePlan(family, config, getArch('v81'), { ...archSettings(recipe, 'v81').settings, quant: 'w4' });
+    expect(planned(plan) - planned(allW4)).toBe(bytes('bytes') - bytes('w4Bytes'));
     console.log(`[measured] tiny-qwen3.5-auto: promoted ${promoted.map((l) => `${l.layer} (${l.w4Cosine.toFixed(5)})`).join(', ')}; host parity all w4 ${precision.parity.w4.matched}/${precision.parity.w4.total} with ${precision.parity.w4.mismatches} mismatches, chosen 256/256; ${precision.evaluations} evaluations`);
   }, 900_000);
 });
