@@ -197,20 +197,29 @@ export class WeightStore {
       );
       stored = { dtype: 'float32', dims, ref };
     } else if (scheme === 'w4') {
-      // Row chunks as W8's scalar path (bf16 too: readRowsInto widens it), so memory stays one chunk
-      // plus the scales (an eighth of the tensor's element count in bytes), appended after the codes.
+      // Memory stays one chunk plus the scales (an eighth of the tensor's element count in bytes),
+      // appended after the codes. bf16 streams through the SIMD kernel like W8 (same codes and
+      // scales as quantizeW4Rows); F32/F16 go in row chunks through quantizeW4Rows.
       const blocks = cols / W4_BLOCK;
       const scales = new Float32Array(rows * blocks);
-      const f32 = new Float32Array(rowsPerChunk * cols);
-      const packed = new Uint8Array((rowsPerChunk * cols) / 2);
-      const ref = await this.sink.appendChunked((rows * cols) / 2, async (write) => {
-        for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
-          const n = Math.min(rowsPerChunk, rows - r0);
-          const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
-          quantizeW4Rows(data, cols, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
-          write(packed.subarray(0, (n * cols) / 2));
-        }
-      });
+      const ref = bf16
+        ? await this.sink.appendStream((rows * cols) / 2, (write) =>
+            this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
+              const q = this.work!.quantizeW4(src, cols, out);
+              scales.set(q.scales, r0 * blocks);
+              return q.codes;
+            }),
+          )
+        : await this.sink.appendChunked((rows * cols) / 2, async (write) => {
+            const f32 = new Float32Array(rowsPerChunk * cols);
+            const packed = new Uint8Array((rowsPerChunk * cols) / 2);
+            for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+              const n = Math.min(rowsPerChunk, rows - r0);
+              const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+              quantizeW4Rows(data, cols, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
+              write(packed.subarray(0, (n * cols) / 2));
+            }
+          });
       const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
       stored = { dtype: 'uint8', dims: [rows, blocks, W4_BLOCK / 2], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize: W4_BLOCK, bits: 4 };
     } else if (scheme === 'w8') {
