@@ -85,7 +85,8 @@
   ;; The max is found on the bits as in $max. Each code is quantizeW4Rows' own arithmetic: f64(w) /
   ;; f64(scale), then + (1.5·2^52 + 8), which rounds half to even and adds the code offset in one
   ;; step (8 is even, so ties go the same way), leaving the code in the low bits of the f64. No clamp:
-  ;; |w| ≤ max makes |w / scale| < 7.5. (Multiplying by 1/scale, as $q does, is no faster here.)
+  ;; |w| ≤ max makes |w / scale| < 7.5. (Exact variants multiplying by 1/scale as $q does, with a
+  ;; branch or a snap for the blocks where w / scale can be a tie, measured at most ~13% faster.)
   ;; Codes of 8 elements: shuffles pick the low 32 bits of two f64x2 as four i32, narrowed to i16
   ;; lanes c0..c7; as i32 lanes (c2k | c2k+1 << 16), lane | lane >> 12 has c2k | c2k+1 << 4 in its
   ;; low byte, and a shuffle gathers those 4 bytes.
