@@ -10,15 +10,16 @@
 //   w · fl(1/s) is within 2^-45 of w/s (|w/s| ≤ 127.5). Rows where s has ≤ 8 significant bits
 //   (w can then sit exactly on a half step), is subnormal, or that hold inf/NaN go through
 //   quantizeRows itself, as does everything when WebAssembly SIMD is missing.
-// W4 (quantizeW4Rows' blocks of 32) divides in f64 exactly as quantizeW4Rows does, so only the
-// max on the bits needs the argument above; a chunk holding inf or NaN is redone by quantizeW4Rows
-// itself (its max skips NaN, the bits would not). ~0.6 ns an element against ~5 for the scalar path.
+// W4 (quantizeW4Rows' blocks of 32) divides in f64 exactly as quantizeW4Rows does; only the max on
+// the bits (above) and adding the code offset 8 in the rounding step (w8-simd.wat) need an argument.
+// A chunk holding inf or NaN is redone by quantizeW4Rows itself (its max skips NaN, the bits would
+// not). ~0.6 ns an element against ~5 for the scalar path (test/quant/w4-simd.test.ts: same bits).
 import { readFile } from 'node:fs/promises';
 import { bf16ToF16Array, bf16ToF32Array } from '../io/dtype.js';
 import { quantizeRows } from './w8.js';
 import { quantizeW4Rows, W4_BLOCK } from './w4.js';
 
-// The kernels (max, q, f16) are in w8-simd.wat, compiled here when this module loads: ~0.1 s once
+// The kernels (max, q, w4, f16) are in w8-simd.wat, compiled here when this module loads: ~0.1 s once
 // a process, mostly starting wabt itself. Top-level await keeps the API below synchronous. wabt's
 // validator makes a broken kernel fail loudly, so WebAssembly.validate only says whether this
 // engine has SIMD.
