@@ -1,15 +1,17 @@
-// Export+W8 benchmark on a synthetic full-size checkpoint of a recipe's model (bf16; qwen3-4b by
-// default, ~8 GB, or --recipe qwen3.5-4b): forge's
-// export (the quantize stage of `forge build`, W8 weights, fp16 lm-head, f16 embedding table)
+// Export benchmark on a synthetic full-size checkpoint of a recipe's model (bf16; qwen3-4b by
+// default, ~8 GB, or --recipe qwen3.5-4b): forge's export (the quantize stage of `forge build`:
+// weights in each scheme of --quants, W8 and W4 by default, fp16 lm-head, f16 embedding table)
 // side by side, in one run, with (a) `cp` of the same checkpoint and (b) onnxruntime-genai's model
 // builder at int8 (its bench venv). Each contender runs in its own process under `/usr/bin/time -v`
 // (peak RSS = that process's "Maximum resident set size"); wall time is measured here around it.
-// Prints one JSON object with the figures and the ratios against the same run's baselines.
+// With --repeat N, cp and the forge schemes run in N interleaved rounds (cp, w8, w4, cp, …), so a
+// change in the machine's load hits them alike. Prints one JSON object with the figures and the
+// ratios against the same run's baselines.
 //
-//   node --import tsx bench/export.ts [--recipe qwen3-4b|qwen3.5-4b] [--skip-peer] [--keep] [--repeat N] [--peer-timeout-min M]
-//                                     [--peer-rss-cap-gb G (0: none)] [--out-root DIR] [--checkpoint DIR]
+//   node --import tsx bench/export.ts [--recipe qwen3-4b|qwen3.5-4b] [--quants w8,w4] [--skip-peer] [--keep] [--repeat N]
+//                                     [--peer-timeout-min M] [--peer-rss-cap-gb G (0: none)] [--out-root DIR] [--checkpoint DIR]
 //
-// Done-when bounds (issue): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp.
+// Done-when bounds (issues 9, 15): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp, per scheme.
 import { spawnSync } from 'node:child_process';
 import { existsSync, mkdirSync, rmSync } from 'node:fs';
 import { cpus, totalmem, release } from 'node:os';
@@ -26,7 +28,10 @@ const { values: arg, num } = benchArgs({
   'peer-timeout-min': { type: 'string', default: '45' }, 'peer-rss-cap-gb': { type: 'string', default: '0' },
   'peer-min-avail-gb': { type: 'string', default: '0.75' }, 'out-root': { type: 'string', default: join(forgeHome(), 'bench', 'out') },
   recipe: { type: 'string', default: 'qwen3-4b' }, checkpoint: { type: 'string', default: '' },
+  quants: { type: 'string', default: 'w8,w4' },
 });
+const quants = arg.quants.split(',');
+for (const q of quants) if (!['w8', 'w4', 'fp16', 'fp32'].includes(q)) throw new Error(`--quants: unknown scheme '${q}'`);
 const skipPeer = arg['skip-peer'] === true;
 const keep = arg.keep === true;
 const repeat = num('repeat', positiveInt);
@@ -72,40 +77,50 @@ const clean = (name: string) => rmSync(outDir(name), { recursive: true, force: t
 const srcHashes: string[] = [];
 type Figures = { seconds: number; peakRssBytes: number | null; bytesWritten: number; filesWritten: number; runs?: number[]; userSeconds?: number | null; systemSeconds?: number | null };
 
-async function contender(name: string, cmd: (out: string) => string[], mkOut: boolean): Promise<{ fig: Figures; last: Measured }> {
-  const secs: number[] = [];
-  let last: Measured | null = null;
-  let peak = 0;
-  let written = { bytes: 0, files: 0 };
-  for (let i = 0; i < repeat; i++) {
-    if (name === 'forge') srcHashes.push(srcHash());
-    clean(name);
-    if (mkOut) mkdirSync(outDir(name), { recursive: true });
-    await prepare();
-    log(`${name}: run ${i + 1}/${repeat}`);
-    const m = await measure(cmd(outDir(name)), { logFile: join(outRoot, `${name}.log`) });
-    if (m.status !== 'ok') throw new Error(`${name} failed (${m.status}, exit ${m.exitCode}):\n${m.stderrTail}`);
-    secs.push(m.seconds);
-    peak = Math.max(peak, m.peakRssBytes ?? 0);
-    written = dirBytes(outDir(name));
-    last = m;
-    log(`${name}: ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(written.bytes)} GB written`);
-    if (!keep) clean(name);
-  }
-  return {
-    fig: { seconds: r3(median(secs)), peakRssBytes: peak, bytesWritten: written.bytes, filesWritten: written.files, userSeconds: last!.userSeconds, systemSeconds: last!.systemSeconds, ...(repeat > 1 ? { runs: secs.map(r3) } : {}) },
-    last: last!,
-  };
+interface Contender {
+  name: string;
+  cmd: (out: string) => string[];
+  mkOut: boolean;
+  secs: number[];
+  peak: number;
+  written: { bytes: number; files: number };
+  last: Measured | null;
+}
+const contender = (name: string, cmd: (out: string) => string[], mkOut: boolean): Contender => ({ name, cmd, mkOut, secs: [], peak: 0, written: { bytes: 0, files: 0 }, last: null });
+
+async function runOnce(c: Contender, round: number): Promise<void> {
+  if (c.name.startsWith('forge')) srcHashes.push(srcHash());
+  clean(c.name);
+  if (c.mkOut) mkdirSync(outDir(c.name), { recursive: true });
+  await prepare();
+  log(`${c.name}: run ${round + 1}/${repeat}`);
+  const m = await measure(c.cmd(outDir(c.name)), { logFile: join(outRoot, `${c.name}.log`) });
+  if (m.status !== 'ok') throw new Error(`${c.name} failed (${m.status}, exit ${m.exitCode}):\n${m.stderrTail}`);
+  c.secs.push(m.seconds);
+  c.peak = Math.max(c.peak, m.peakRssBytes ?? 0);
+  c.written = dirBytes(outDir(c.name));
+  c.last = m;
+  log(`${c.name}: ${m.seconds.toFixed(1)} s, peak RSS ${gb(m.peakRssBytes)} GB, ${gb(c.written.bytes)} GB written`);
+  if (!keep) clean(c.name);
 }
 
-// (a) cp of the same bytes, fsynced like forge's commit() fsyncs its data files.
-const cp = await contender('cp', (out) => ['sh', '-c', 'cp -r --reflink=never "$1" "$2" && sync "$2"/*', 'sh', ckpt.dir, out], false);
-notes.push('cp = `cp -r --reflink=never CKPT OUT && sync OUT/*` (ext4: in-kernel copy_file_range; the sync matches forge fsyncing its data files)');
+const figures = (c: Contender): Figures => ({
+  seconds: r3(median(c.secs)), peakRssBytes: c.peak, bytesWritten: c.written.bytes, filesWritten: c.written.files,
+  userSeconds: c.last!.userSeconds, systemSeconds: c.last!.systemSeconds, ...(repeat > 1 ? { runs: c.secs.map(r3) } : {}),
+});
 
-// forge export+W8.
-const forge = await contender('forge', (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out, '--recipe', recipeId], true);
+// (a) cp of the same bytes, fsynced like forge's commit() fsyncs its data files; then forge's
+// export in each scheme, round after round.
+const cpRun = contender('cp', (out) => ['sh', '-c', 'cp -r --reflink=never "$1" "$2" && sync "$2"/*', 'sh', ckpt.dir, out], false);
+notes.push('cp = `cp -r --reflink=never CKPT OUT && sync OUT/*` (ext4: in-kernel copy_file_range; the sync matches forge fsyncing its data files)');
+const forgeRuns = quants.map((q) => contender(`forge-${q}`, (out) => ['node', '--import', 'tsx', join('bench', 'run-export.ts'), ckpt.dir, out, '--recipe', recipeId, '--quant', q], true));
+for (let i = 0; i < repeat; i++) for (const c of [cpRun, ...forgeRuns]) await runOnce(c, i);
 if (new Set(srcHashes).size > 1) notes.push(`src/ changed between forge runs (hashes ${srcHashes.join(', ')}): the runs measured different code`);
-const forgeSelf = JSON.parse(forge.last.stdout.trim().split('\n').pop() ?? '{}') as { maxRssBytes?: number; contexts?: unknown; plan?: unknown };
+const cp = { fig: figures(cpRun) };
+const forgeByQuant = Object.fromEntries(forgeRuns.map((c, i) => {
+  const self = JSON.parse(c.last!.stdout.trim().split('\n').pop() ?? '{}') as { maxRssBytes?: number; contexts?: unknown; plan?: unknown };
+  return [quants[i], { ...figures(c), selfReportedMaxRssBytes: self.maxRssBytes ?? null, plan: self.plan, contexts: self.contexts }];
+}));
 
 // (b) the peer: onnxruntime-genai model builder, int8, CPU.
 let peer: Record<string, unknown>;
@@ -156,15 +171,20 @@ if (skipPeer) {
 
 // ---- report --------------------------------------------------------------------------------
 
-const forgeOverCpTime = forge.fig.seconds / cp.fig.seconds;
-const forgeRss = forge.fig.peakRssBytes ?? Infinity;
+// Per scheme: time over cp, peak RSS, and the bounds. The peer comparison is against W8 (its int8).
+const perQuant = Object.fromEntries(Object.entries(forgeByQuant).map(([q, f]) => {
+  const overCp = f.seconds / cp.fig.seconds;
+  const rss = f.peakRssBytes ?? Infinity;
+  return [q, { forgeOverCpTime: r3(overCp), forgePeakRssGB: gb(f.peakRssBytes), forgeThroughputGBps: r3(ckpt.bytes / 1e9 / f.seconds), rssOk: rss <= RSS_BOUND, timeOk: overCp <= TIME_BOUND, met: rss <= RSS_BOUND && overCp <= TIME_BOUND }];
+}));
+const forgeW8 = forgeByQuant.w8 ?? Object.values(forgeByQuant)[0];
+const forgeRss = forgeW8.peakRssBytes ?? Infinity;
 const peerOk = peer.status === 'ok';
 const peerStopped = ['killed-rss-cap', 'killed-low-memory', 'killed-signal', 'timed-out'].includes(peer.status as string);
 const peerPeakSeen = Math.max((peer.peakRssBytes as number | null) ?? 0, (peer.sampledPeakGroupRssBytes as number | undefined) ?? 0);
-const ratios: Record<string, number | null> = {
-  forgeOverCpTime: r3(forgeOverCpTime),
-  forgePeakRssGB: gb(forge.fig.peakRssBytes),
-  forgeOverPeerTime: peerOk ? r3(forge.fig.seconds / (peer.seconds as number)) : null,
+const ratios: Record<string, unknown> = {
+  ...perQuant,
+  forgeOverPeerTime: peerOk ? r3(forgeW8.seconds / (peer.seconds as number)) : null,
   forgeOverPeerPeakRss: peerOk && peer.peakRssBytes ? r3(forgeRss / (peer.peakRssBytes as number)) : null,
   peerOverCpTime: peerOk ? r3((peer.seconds as number) / cp.fig.seconds) : null,
   peerPeakRssGB: peerOk ? gb(peer.peakRssBytes as number) : null,
@@ -174,28 +194,25 @@ const ratios: Record<string, number | null> = {
     forgeOverPeerPeakRssAtMost: r3(forgeRss / peerPeakSeen),
     peerSecondsAtLeast: peer.seconds as number,
   } : {}),
-  forgeThroughputGBps: r3(ckpt.bytes / 1e9 / forge.fig.seconds),
   cpThroughputGBps: r3(ckpt.bytes / 1e9 / cp.fig.seconds),
 };
 const report = {
-  benchmark: `export+W8, synthetic ${recipeId} (bf16), forge vs cp${skipPeer ? '' : ' vs onnxruntime-genai builder int8'}`,
+  benchmark: `export+${quants.join('/')}, synthetic ${recipeId} (bf16), forge vs cp${skipPeer ? '' : ' vs onnxruntime-genai builder int8'}`,
   checkpoint: { dir: ckpt.dir, bytes: ckpt.bytes, files: ckpt.files, weightFiles: ckpt.weightFiles },
-  forge: { ...forge.fig, code: { ...gitState(), srcHash: srcHashes[srcHashes.length - 1] }, selfReportedMaxRssBytes: forgeSelf.maxRssBytes ?? null, plan: forgeSelf.plan, contexts: forgeSelf.contexts },
+  forge: { ...forgeByQuant, code: { ...gitState(), srcHash: srcHashes[srcHashes.length - 1] } },
   cp: cp.fig,
   peer,
   ratios,
   bounds: {
     peakRssLimitBytes: RSS_BOUND,
     timeLimitOverCp: TIME_BOUND,
-    rssOk: forgeRss <= RSS_BOUND,
-    timeOk: forgeOverCpTime <= TIME_BOUND,
-    met: forgeRss <= RSS_BOUND && forgeOverCpTime <= TIME_BOUND,
+    met: Object.values(perQuant).every((p) => p.met),
   },
   notes: [
     ...notes,
     'peak RSS = /usr/bin/time -v "Maximum resident set size" of each contender process (the largest single process of its tree); seconds = wall time around it, process start-up included',
-    `forge = bench/run-export.ts: runExport() with the ${recipeId} recipe on v81 (W8 weights, fp16 lm-head, f16 embedding table, the recipe\'s prefill + decode graphs), as the quantize stage runs it`,
-    repeat > 1 ? `cp and forge each ran ${repeat} times; seconds is the median` : 'one run per contender',
+    `forge-<scheme> = bench/run-export.ts --quant <scheme>: runExport() with the ${recipeId} recipe on v81 (its weights in that scheme, fp16 lm-head, f16 embedding table, the recipe\'s prefill + decode graphs), as the quantize stage runs it`,
+    repeat > 1 ? `cp and each forge scheme ran ${repeat} times, in interleaved rounds; seconds is the median` : 'one run per contender',
   ],
   machine: {
     cpus: cpus().length, cpuModel: cpus()[0]?.model, memGB: gb(totalmem()), node: process.version, kernel: release(),

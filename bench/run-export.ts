@@ -1,8 +1,8 @@
-// One forge export+W8 of a checkpoint, exactly as `forge build`'s quantize stage runs it for a
-// recipe (default qwen3-4b) on v81, in its own process so the driver can measure its wall time and
-// peak RSS.
+// One forge export of a checkpoint, exactly as `forge build`'s quantize stage runs it for a recipe
+// (default qwen3-4b) on v81, with its weights in the recipe's scheme or --quant's (the lm-head keeps
+// the recipe's), in its own process so the driver can measure its wall time and peak RSS.
 //
-//   node --import tsx bench/run-export.ts CHECKPOINT_DIR OUT_DIR [--recipe ID] [--per-tensor]
+//   node --import tsx bench/run-export.ts CHECKPOINT_DIR OUT_DIR [--recipe ID] [--quant w8|w4|fp16|fp32] [--per-tensor]
 //
 // Prints one JSON line on stdout: seconds, maxRssBytes (process.resourceUsage), contexts, and with
 // --per-tensor the slowest tensors (time between consecutive tensors stored, graph building included).
@@ -14,9 +14,9 @@ import { benchArgs } from './util.js';
 import { getArch } from '../src/arch/table.js';
 import { makePlan } from '../src/plan/shards.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
-import { baseScheme } from '../src/recipe/schema.js';
+import { baseScheme, QuantSchemeSchema } from '../src/recipe/schema.js';
 
-const { values: a, positionals: [ckptDir, out] } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, 'per-tensor': { type: 'boolean' } });
+const { values: a, positionals: [ckptDir, out] } = benchArgs({ recipe: { type: 'string', default: 'qwen3-4b' }, quant: { type: 'string', default: '' }, 'per-tensor': { type: 'boolean' } });
 if (!ckptDir || !out) {
   process.stderr.write('usage: run-export.ts CHECKPOINT_DIR OUT_DIR [--per-tensor]\n');
   process.exit(2);
@@ -26,7 +26,8 @@ const recipeId = a.recipe;
 
 const t0 = performance.now();
 const { recipe } = loadRecipe(recipeId);
-const { settings } = archSettings(recipe, 'v81');
+const { settings: recipeSettings } = archSettings(recipe, 'v81');
+const settings = a.quant ? { ...recipeSettings, quant: QuantSchemeSchema.parse(a.quant) } : recipeSettings;
 const family = getFamily(recipe.family);
 const configFile = join(ckptDir, 'config.json');
 const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
@@ -52,7 +53,7 @@ const result: Record<string, unknown> = {
   seconds,
   maxRssBytes: process.resourceUsage().maxRSS * 1024,
   params,
-  plan: { shards: plan.shards.map((s) => [s.first, s.last]), lmHead: plan.lmHead.placement },
+  plan: { quant: plan.quant, shards: plan.shards.map((s) => [s.first, s.last]), lmHead: plan.lmHead.placement },
   contexts: manifest.contexts.map((c) => ({ name: c.name, dataBytes: c.dataBytes, graphs: c.graphs.length })),
 };
 if (perTensor) {

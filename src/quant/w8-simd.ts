@@ -10,11 +10,16 @@
 //   w · fl(1/s) is within 2^-45 of w/s (|w/s| ≤ 127.5). Rows where s has ≤ 8 significant bits
 //   (w can then sit exactly on a half step), is subnormal, or that hold inf/NaN go through
 //   quantizeRows itself, as does everything when WebAssembly SIMD is missing.
+// W4 (quantizeW4Rows' blocks of 32) divides in f64 exactly as quantizeW4Rows does; only the max on
+// the bits (above) and adding the code offset 8 in the rounding step (w8-simd.wat) need an argument.
+// A chunk holding inf or NaN is redone by quantizeW4Rows itself (its max skips NaN, the bits would
+// not). ~0.6 ns an element against ~5 for the scalar path (test/quant/w4-simd.test.ts: same bits).
 import { readFile } from 'node:fs/promises';
 import { bf16ToF16Array, bf16ToF32Array } from '../io/dtype.js';
 import { quantizeRows } from './w8.js';
+import { quantizeW4Rows, W4_BLOCK } from './w4.js';
 
-// The kernels (max, q, f16) are in w8-simd.wat, compiled here when this module loads: ~0.1 s once
+// The kernels (max, q, w4, f16) are in w8-simd.wat, compiled here when this module loads: ~0.1 s once
 // a process, mostly starting wabt itself. Top-level await keeps the API below synchronous. wabt's
 // validator makes a broken kernel fail loudly, so WebAssembly.validate only says whether this
 // engine has SIMD.
@@ -41,6 +46,7 @@ interface Kernels {
   max(p: number, n: number): number;
   q(p: number, n: number, d: number, inv: number, zp: number): void;
   f16(p: number, n: number, d: number): void;
+  w4(p: number, n: number, d: number, s: number): number;
 }
 
 const F32 = new Float32Array(1);
@@ -103,6 +109,25 @@ export class Bf16W8 {
   }
 
   /**
+   * quantizeW4Rows(bf16 → f32 of `src`, cols, …), same codes and scales: the packed codes go to
+   * `out`'s first src.length / 2 bytes and the float32 scales (one per block of 32) right after them,
+   * both returned as views. `src` and `out` must be views of this object's regions, `out` 4-byte
+   * aligned with room for 5/8 of src.length bytes.
+   */
+  quantizeW4(src: Uint16Array, cols: number, out: Uint8Array): { codes: Uint8Array; scales: Float32Array } {
+    if (src.buffer !== this.buffer || out.buffer !== this.buffer) throw new Error('Bf16W8.quantizeW4: src and out must lie in its regions');
+    const n = src.length;
+    if (cols % W4_BLOCK !== 0 || n % cols !== 0) throw new RangeError(`W4: ${n} elements are not rows of ${cols}, a multiple of the block ${W4_BLOCK}`);
+    if (out.length < n / 2 + n / 8 || out.byteOffset % 4 !== 0) throw new RangeError(`bad W4 output for ${n} elements`);
+    const codes = out.subarray(0, n / 2);
+    const scales = new Float32Array(this.buffer, out.byteOffset + n / 2, n / W4_BLOCK);
+    const k = this.kernels;
+    if (n === 0 || (k && k.w4(src.byteOffset, n, codes.byteOffset, scales.byteOffset) < 0x7f80)) return { codes, scales };
+    quantizeW4Rows(bf16ToF32Array(src), cols, codes, scales);
+    return { codes, scales };
+  }
+
+  /**
    * The largest (bits & 0x7fff) of the 16-bit values in `src` (bf16 or f16 bits): ≥ 0x7f80 (bf16)
    * or ≥ 0x7c00 (f16) exactly when one of them is Inf or NaN. In SIMD when `src` is a view of this
    * object's regions.
@@ -141,4 +166,12 @@ export function quantizeBf16Rows(src: Uint16Array, cols: number, q: Uint8Array |
   const out = new Uint8Array(w.regions[1].buffer, w.regions[1].byteOffset, q.length);
   w.quantize(s, cols, out, scales, zeroPoint);
   new Uint8Array(q.buffer, q.byteOffset, q.length).set(out);
+}
+
+/** quantizeW4Rows of bf16 rows (raw bits) through a one-off Bf16W8: for tests. */
+export function quantizeBf16W4Rows(src: Uint16Array, cols: number, opts: { simd?: boolean } = {}): { codes: Uint8Array; scales: Float32Array } {
+  const w = new Bf16W8([src.byteLength, src.length], opts);
+  new Uint16Array(w.regions[0].buffer, w.regions[0].byteOffset, src.length).set(src);
+  const r = w.quantizeW4(new Uint16Array(w.regions[0].buffer, w.regions[0].byteOffset, src.length), cols, w.regions[1]);
+  return { codes: r.codes.slice(), scales: r.scales.slice() };
 }

@@ -1,5 +1,5 @@
-;; The WebAssembly SIMD kernels of w8-simd.ts: W8 codes and f16 bits straight from bf16 checkpoint
-;; bits. w8-simd.ts compiles this with wabt when it loads, and explains why the codes equal
+;; The WebAssembly SIMD kernels of w8-simd.ts: W8 and W4 codes and f16 bits straight from bf16
+;; checkpoint bits. w8-simd.ts compiles this with wabt when it loads, and explains why the codes equal
 ;; quantizeRows' codes. Every pointer is a byte offset into the imported memory. Loads and stores
 ;; say align=1 because rows start at any multiple of 16 bytes (alignment is only a hint anyway).
 ;; Locals are not initialised in code: wasm zeroes them ($acc, $zero).
@@ -77,6 +77,68 @@
       (local.set $p (i32.add (local.get $p) (i32.const 32)))
       (local.set $d (i32.add (local.get $d) (i32.const 16)))
       (br_if $next (i32.lt_u (local.get $p) (local.get $end)))))
+
+  ;; w4(p, n, d, s) → the largest (bits & 0x7fff) of the n bf16 at p (n a multiple of 32): callers
+  ;; redo the call with quantizeW4Rows when it is ≥ 0x7f80 (inf or NaN somewhere). Per block of 32:
+  ;; its scale fround(max|w| / 7) (1 for an all-zero block) as an f32 at s, and its 32 codes
+  ;; round-half-even(w / scale) + 8, two a byte, low nibble first, as 16 bytes at d.
+  ;; The max is found on the bits as in $max. Each code is quantizeW4Rows' own arithmetic: f64(w) /
+  ;; f64(scale), then + (1.5·2^52 + 8), which rounds half to even and adds the code offset in one
+  ;; step (8 is even, so ties go the same way), leaving the code in the low bits of the f64. No clamp:
+  ;; |w| ≤ max makes |w / scale| < 7.5. (Exact variants multiplying by 1/scale as $q does, with a
+  ;; branch or a snap for the blocks where w / scale can be a tie, measured at most ~13% faster.)
+  ;; Codes of 8 elements: shuffles pick the low 32 bits of two f64x2 as four i32, narrowed to i16
+  ;; lanes c0..c7; as i32 lanes (c2k | c2k+1 << 16), lane | lane >> 12 has c2k | c2k+1 << 4 in its
+  ;; low byte, and a shuffle gathers those 4 bytes.
+  (func $w4 (export "w4") (param $p i32) (param $n i32) (param $d i32) (param $s i32) (result i32)
+    (local $end i32) (local $all i32) (local $m i32) (local $k i32) (local $scale f32)
+    (local $acc v128) (local $mask v128) (local $f v128) (local $round v128) (local $x v128) (local $c v128) (local $zero v128)
+    (local.set $end (i32.add (local.get $p) (i32.shl (local.get $n) (i32.const 1))))
+    (local.set $mask (v128.const i16x8 0x7fff 0x7fff 0x7fff 0x7fff 0x7fff 0x7fff 0x7fff 0x7fff))
+    (local.set $round (v128.const f64x2 0x1.8000000000008p+52 0x1.8000000000008p+52))
+    (loop $block
+      (local.set $acc (i16x8.max_u
+        (i16x8.max_u
+          (v128.and (v128.load align=1 (local.get $p)) (local.get $mask))
+          (v128.and (v128.load offset=16 align=1 (local.get $p)) (local.get $mask)))
+        (i16x8.max_u
+          (v128.and (v128.load offset=32 align=1 (local.get $p)) (local.get $mask))
+          (v128.and (v128.load offset=48 align=1 (local.get $p)) (local.get $mask)))))
+      (local.set $acc (i16x8.max_u (local.get $acc)
+        (i8x16.shuffle 8 9 10 11 12 13 14 15 0 1 2 3 4 5 6 7 (local.get $acc) (local.get $acc))))
+      (local.set $acc (i16x8.max_u (local.get $acc)
+        (i8x16.shuffle 4 5 6 7 0 1 2 3 8 9 10 11 12 13 14 15 (local.get $acc) (local.get $acc))))
+      (local.set $m (i16x8.extract_lane_u 0 (i16x8.max_u (local.get $acc)
+        (i8x16.shuffle 2 3 0 1 4 5 6 7 8 9 10 11 12 13 14 15 (local.get $acc) (local.get $acc)))))
+      (if (i32.gt_u (local.get $m) (local.get $all)) (then (local.set $all (local.get $m))))
+      (local.set $scale (f32.const 1))
+      (if (local.get $m) (then
+        (local.set $scale (f32.demote_f64 (f64.div
+          (f64.promote_f32 (f32.reinterpret_i32 (i32.shl (local.get $m) (i32.const 16))))
+          (f64.const 7))))))
+      (f32.store align=1 (local.get $s) (local.get $scale))
+      (local.set $f (f64x2.splat (f64.promote_f32 (local.get $scale))))
+      ;; The block's 4 vectors of 8 bf16 → 4 bytes each.
+      (local.set $k (i32.const 4))
+      (loop $eight
+        (local.set $x (v128.load align=1 (local.get $p)))
+        (local.set $c
+          (i16x8.narrow_i32x4_s
+            (i8x16.shuffle 0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27
+              (f64x2.add (f64x2.div (f64x2.promote_low_f32x4 (i8x16.shuffle 16 16  0  1 16 16  2  3 16 16 16 16 16 16 16 16 (local.get $x) (local.get $zero))) (local.get $f)) (local.get $round))
+              (f64x2.add (f64x2.div (f64x2.promote_low_f32x4 (i8x16.shuffle 16 16  4  5 16 16  6  7 16 16 16 16 16 16 16 16 (local.get $x) (local.get $zero))) (local.get $f)) (local.get $round)))
+            (i8x16.shuffle 0 1 2 3 8 9 10 11 16 17 18 19 24 25 26 27
+              (f64x2.add (f64x2.div (f64x2.promote_low_f32x4 (i8x16.shuffle 16 16  8  9 16 16 10 11 16 16 16 16 16 16 16 16 (local.get $x) (local.get $zero))) (local.get $f)) (local.get $round))
+              (f64x2.add (f64x2.div (f64x2.promote_low_f32x4 (i8x16.shuffle 16 16 12 13 16 16 14 15 16 16 16 16 16 16 16 16 (local.get $x) (local.get $zero))) (local.get $f)) (local.get $round)))))
+        (local.set $c (v128.or (local.get $c) (i32x4.shr_u (local.get $c) (i32.const 12))))
+        (i32.store align=1 (local.get $d) (i32x4.extract_lane 0
+          (i8x16.shuffle 0 4 8 12 0 0 0 0 0 0 0 0 0 0 0 0 (local.get $c) (local.get $c))))
+        (local.set $p (i32.add (local.get $p) (i32.const 16)))
+        (local.set $d (i32.add (local.get $d) (i32.const 4)))
+        (br_if $eight (local.tee $k (i32.sub (local.get $k) (i32.const 1)))))
+      (local.set $s (i32.add (local.get $s) (i32.const 4)))
+      (br_if $block (i32.lt_u (local.get $p) (local.get $end))))
+    (local.get $all))
 
   ;; f16(p, n, d): the n bf16 at p (n a multiple of 8) → their f16 bit patterns at d, rounded as
   ;; f32BitsToF16Bits rounds them. Works on magnitudes $a and puts the sign back at the end.

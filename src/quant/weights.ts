@@ -204,22 +204,32 @@ export class WeightStore {
       );
       stored = { dtype: 'float32', dims, ref };
     } else if (scheme === 'w4') {
-      // Row chunks as W8's scalar path (bf16 too: readRowsInto widens it), so memory stays one chunk
-      // plus the scales (an eighth of the tensor's element count in bytes), appended after the codes.
+      // Memory stays one chunk plus the scales (an eighth of the tensor's element count in bytes),
+      // appended after the codes. bf16 streams through the SIMD kernel like W8 (same codes and
+      // scales as quantizeW4Rows) unless its in-features are padded; the rest goes in row chunks
+      // through quantizeW4Rows. The QDQ form stores the same nibbles as ONNX int4 (toOnnxInt4).
       const blocks = k / W4_BLOCK;
       const scales = new Float32Array(rows * blocks);
-      const f32 = new Float32Array(rowsPerChunk * cols);
-      const packed = new Uint8Array((rowsPerChunk * k) / 2);
       const qdq = this.w8Form === 'qdq';
-      const ref = await this.sink.appendChunked((rows * k) / 2, async (write) => {
-        for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
-          const n = Math.min(rowsPerChunk, rows - r0);
-          const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
-          quantizeW4Rows(asStored(data, n), k, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
-          const bytes = packed.subarray(0, (n * k) / 2);
-          write(qdq ? toOnnxInt4(bytes) : bytes);
-        }
-      });
+      const ref = bf16 && !wide
+        ? await this.sink.appendStream((rows * k) / 2, (write) =>
+            this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
+              const q = this.work!.quantizeW4(src, cols, out);
+              scales.set(q.scales, r0 * blocks);
+              return qdq ? toOnnxInt4(q.codes) : q.codes;
+            }),
+          )
+        : await this.sink.appendChunked((rows * k) / 2, async (write) => {
+            const f32 = new Float32Array(rowsPerChunk * cols);
+            const packed = new Uint8Array((rowsPerChunk * k) / 2);
+            for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+              const n = Math.min(rowsPerChunk, rows - r0);
+              const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+              quantizeW4Rows(asStored(data, n), k, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
+              const bytes = packed.subarray(0, (n * k) / 2);
+              write(qdq ? toOnnxInt4(bytes) : bytes);
+            }
+          });
       const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
       stored = qdq
         ? { dtype: 'int4', dims: [rows, k], ref, scale: { ref: scaleRef, dims: [rows, blocks] }, blockSize: W4_BLOCK }
