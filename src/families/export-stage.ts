@@ -161,8 +161,9 @@ async function exportContext(
   try {
     for (const v of variants) {
       const name = graphName(c.name, v.name);
-      // W4's QDQ form (int4, blocked DequantizeLinear) exists from opset 21 on: those graphs are built there.
-      const g = new GraphBuilder(name, scheme === 'w4' && w8Form === 'qdq' ? { opsets: { '': W4_QDQ_OPSET } } : {});
+      // W4's QDQ form (int4, blocked DequantizeLinear) exists from opset 21 on: graphs that may hold a
+      // w4 matrix (their scheme, a recipe override, auto's map) are built there.
+      const g = new GraphBuilder(name, w8Form === 'qdq' && (scheme === 'w4' || precision.mayChoose('w4')) ? { opsets: { '': W4_QDQ_OPSET } } : {});
       const iface = await v.build(g, { store, ...schemes });
       checkIoNames(name, iface);
       built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface } });

@@ -32,6 +32,11 @@ export class PrecisionChooser {
     return m ? { scheme: m.scheme, why: m.why! } : { scheme };
   }
 
+  /** Whether an override or the map gives some matrix `scheme` (whatever the graphs' own scheme). */
+  mayChoose(scheme: QuantScheme): boolean {
+    return this.patterns.some((p) => p.o.quant === scheme) || Object.values(this.map).some((m) => m.scheme === scheme);
+  }
+
   /** Override patterns that matched no tensor choose() was asked about (a typo, or another model's names). */
   unused(): PrecisionOverride[] {
     return this.patterns.filter((p) => p.hits === 0).map((p) => p.o);

@@ -20,6 +20,7 @@ import { onnx } from '../../src/onnx/proto.js';
 import { WeightStore, type W8Form } from '../../src/quant/weights.js';
 import { CPU_GATE_SESSION_OPTIONS, writeGateModel } from '../../src/gates/cpu-form.js';
 import { tempDir } from '../io/helpers.js';
+import { W4_QDQ_OPSET } from '../../src/quant/w4-qdq.js';
 
 const ROWS = 40;
 const TOKENS = 3;
@@ -30,12 +31,12 @@ const weights = (cols: number, seed: number) => f32ToBf16Array(Float32Array.from
 const input = (cols: number) => Float32Array.from({ length: TOKENS * cols }, (_, i) => Math.cos(i / 3) * (1 + (i % 4)));
 
 /** One graph of every MATS matrix through one store, x_<name> [1, TOKENS, K] → y_<name>. */
-async function build(dir: string, scheme: 'w8' | 'w4', w8Form: W8Form = 'matmulnbits') {
+async function build(dir: string, scheme: 'w8' | 'w4', w8Form: W8Form = 'matmulnbits', opset?: number) {
   await writeSafetensors(join(dir, 'model.safetensors'), MATS.map(([name, cols], i) => ({ name, dtype: 'BF16' as const, shape: [ROWS, cols], data: weights(cols, i + 1) })));
   const ckpt = await openCheckpoint(dir);
   const sink = new ExternalDataWriter(join(dir, 'm.data'));
   const store = new WeightStore(ckpt, sink, { w8Form });
-  const g = new GraphBuilder('padded');
+  const g = new GraphBuilder('padded', opset ? { opsets: { '': opset } } : {});
   for (const [name, cols] of MATS) g.output(await store.linear(g, g.input(`x_${name}`, 'float32', [1, TOKENS, cols]), name, [ROWS, cols], scheme, TOKENS), `y_${name}`, { shape: [1, TOKENS, ROWS] });
   await sink.commitAsync();
   await ckpt.close();
@@ -176,5 +177,26 @@ describe('the QDQ W8 form (QAIRT) on odd in-features', () => {
     quantizeRows(w, 150, q, s);
     const want = matmul(input(150), dequantizeRows(q, s, 150), 150, 150);
     for (let j = 0; j < want.length; j++) expect(Math.abs(got.y_down_proj[j] - want[j])).toBeLessThan(1e-5);
+  }, 60_000);
+});
+
+describe('the QDQ W4 form (QAIRT) on odd in-features', () => {
+  it('pads like MatMulNBits (the blocked DequantizeLinear needs whole blocks of 32): Pad → Gemm on the padded int4 weight, the unpadded matrix\'s numbers', async () => {
+    const dir = await tempDir();
+    const { store, proto, model } = await build(dir, 'w4', 'qdq', W4_QDQ_OPSET);
+    expect(proto.graph!.node!.filter((n) => n.opType === 'MatMulNBits')).toEqual([]);
+    expect(proto.graph!.node!.filter((n) => n.opType === 'Pad').length).toBe(MATS.length);
+    expect(proto.graph!.initializer!.find((t) => t.name === 'down_proj')!.dims!.map(Number)).toEqual([ROWS, 160]);
+    expect(store.precisions().find((p) => p.tensor === 'down_proj')).toMatchObject({ scheme: 'w4', paddedTo: 160 });
+    const got = await run(model);
+    for (const [i, [name, k]] of MATS.entries()) {
+      const kp = padTo(k, W4_BLOCK);
+      const packed = new Uint8Array((ROWS * kp) / 2);
+      const s = new Float32Array((ROWS * kp) / W4_BLOCK);
+      quantizeW4Rows(padColumns(bf16ToF32Array(weights(k, i + 1)), k, kp, new Float32Array(ROWS * kp)), kp, packed, s);
+      const want = matmul(input(k), dequantizeW4Rows(packed, s), k, kp);
+      const y = got[`y_${name}`];
+      for (let j = 0; j < y.length; j++) expect(Math.abs(y[j] - want[j]), `${name}[${j}]`).toBeLessThan(1e-5);
+    }
   }, 60_000);
 });
