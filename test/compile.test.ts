@@ -31,7 +31,7 @@ describe('compile stage (real QNN context binaries from onnxruntime-qnn)', () =>
     expect(c81.contexts[0].describeSha256).not.toBe(c79.contexts[0].describeSha256);
     expect(r81.summaries.compile).toMatchObject({ qairt: '2.51.0' });
     expect(r81.tools['onnxruntime-qnn']).toBe('2.7.0');
-  });
+  }, 900_000); // run first, it builds the twin and the native runtime from a cold cache (two full builds, ~150 s of native compile alone here)
 
   it('re-plans with smaller shards when a compile runs out of HTP memory, and says so', async () => {
     process.env.FORGE_FAKE_HTP_LIMIT_BYTES = '200000';
