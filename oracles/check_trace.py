@@ -259,6 +259,9 @@ def main():
         layer_extra = {"attn_res": ([H], torch.float32), "moe_in": ([H], torch.float32), "router_logits": ([E], torch.float32),
                        "expert_ids": ([k], torch.int64), "expert_weights": ([k], torch.float32),
                        "expert_out": ([k * H], torch.float32), "moe_out": ([H], torch.float32)}
+    if meta["family"] == "gemma4":
+        P = tc.hidden_size_per_layer_input
+        layer_extra = {"ple_in": ([P], torch.float32), "ple": ([P], torch.float32)}
     check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
