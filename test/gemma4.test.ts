@@ -18,6 +18,7 @@ import { GraphBuilder, writeModel } from '../src/onnx/index.js';
 import { buildPipeline, refuseWithoutHostOp } from '../pipelines/build.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import type { RunRecord } from '../src/engine/record.js';
+import { componentTensors } from '../src/families/tensors.js';
 
 let record: RunRecord;
 let seconds = 0;
@@ -86,6 +87,22 @@ describe('gemma4 export', () => {
     expect(names(head.outputs)).toEqual(['logits']);
   });
 
+  it('puts the softcapped lm-head inside the last shard when planned there (tied: the embedding); a layer reads its weights, the PLE projection, and no K/V weight when shared', async () => {
+    const c = config();
+    const [last] = gemma4.components(c, { shards: [{ first: 3, last: 7, isLast: true }], lmHeadInside: true, prefillLength: 0, maxContext: 8 });
+    const g = new GraphBuilder('last');
+    const store = { linear: async (gb: GraphBuilder, x: string) => gb.op('Identity', [x]), small: async (gb: GraphBuilder, name: string, shape: number[]) => gb.initializer(name.replace(/\W/g, '_'), new Float32Array(shape.reduce((a, b) => a * b, 1)), shape, 'float32') };
+    const iface = await last.variants[0].build(g, { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' });
+    expect(names(iface.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4', 'logits']);
+    const read = (await componentTensors(last)).map((t) => t.name);
+    expect(read).toContain('model.language_model.embed_tokens.weight');
+    expect(read).toContain('model.language_model.per_layer_model_projection.weight');
+    expect(read.filter((n) => /layers\.[567]\.self_attn\.[kv]_(proj|norm)/.test(n))).toEqual([]);
+    const prefill = gemma4.components(c, { shards: [{ first: 0, last: 7, isLast: true }], lmHeadInside: false, prefillLength: 4, maxContext: 8 })[0].variants[0];
+    expect(prefill.n).toBe(4);
+    await expect(prefill.build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' })).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
+  });
+
   it('binds the PLE and embedding rows to the host tables by token, the donor cache as one shared state', () => {
     const c = config();
     const [, s1] = graphs(entry('quantize'));
@@ -97,7 +114,7 @@ describe('gemma4 export', () => {
     expect(b.state.find((s) => s.name === 'kv.2.k')).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 64, 64], shared: true });
     expect(b.state.find((s) => s.name === 'kv.3.k')!).not.toHaveProperty('shared');
     expect(gemma4.hostTables(c).map((t) => [t.name, t.use, t.shape])).toEqual([['embedding', 'embedding', [1024, 64]], ['per_layer_embedding', 'per-layer-embedding', [1024, 128]]]);
-    expect(gemma4.hostOpParams!(c)).toMatchObject({ embed_scale: 8, per_layer_embed_scale: 4, per_layer_dim: 16, sliding_window: 16, final_logit_softcap: 10 });
+    expect(gemma4.hostOpParams!(c)).toEqual({ embed_scale: 8, per_layer_embed_scale: 4, per_layer_dim: 16 });
   });
 });
 

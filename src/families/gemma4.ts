@@ -20,8 +20,9 @@
 // Decode graphs only (N = 1). The caches are full length here, sliding layers masked to their
 // window in the graph (from `position`): ring buffers of the window size come in a later step.
 import { z } from 'zod';
-import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
+import type { GraphEntry } from './export-stage.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
 import { MASKED, cachedAttention, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
 import { decoderComponents } from './decoder.js';
@@ -190,8 +191,9 @@ export const gemma4: Family<Gemma4Config> = {
     { name: TABLES.embedding, use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' },
     { name: TABLES.ple, use: 'per-layer-embedding', tensor: PLE_TABLE, shape: [c.vocab, c.layers * c.ple], dtype: 'float16' },
   ],
-  // The tables are the checkpoint's rows; the host scales them as HF's embeddings do.
-  hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple, sliding_window: c.slidingWindow, ...(c.softcap ? { final_logit_softcap: c.softcap } : {}) }),
+  // The tables are the checkpoint's rows (fp16); the host multiplies the rows it feeds by these, as
+  // HF's scaled embeddings do (the softcap and the sliding window are inside the graphs).
+  hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple }),
   components: (c, layout) => decoderComponents(layout, {
     shard: (g, s, w) => gemma4Shard(g, c, s, w),
     lmHead: (g, w) => gemma4LmHead(g, c, w),
@@ -269,6 +271,7 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
 
   const xn = await norm(x, 'input_layernorm', H);
   const q = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, 1), 'self_attn.q_norm', d), rope);
+  const past = pastOf(g, c, kvFrom, s);
   let kv: { k: string; v: string };
   if (kvFrom === i) {
     const k = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, 1), 'self_attn.k_norm', d), rope);
@@ -280,14 +283,11 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
     s.fresh.set(i, kv);
   } else {
     // The donor's row of this step: computed here, or already written into its cache by the donor's context.
-    const donor = s.fresh.get(kvFrom);
-    const past = pastOf(g, c, kvFrom, s);
-    kv = donor ?? {
+    kv = s.fresh.get(kvFrom) ?? {
       k: g.op('Gather', [past.k, s.position], { axis: 2 }),
       v: g.op('Gather', [past.v, s.position], { axis: 2 }),
     };
   }
-  const past = pastOf(g, c, kvFrom, s);
   const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n: 1, ctx: s.ctx, scale: 1 });
   const o = await lin(mergeHeads(g, attn, heads, d, 1), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, await norm(o, 'post_attention_layernorm', H)]);
@@ -376,7 +376,7 @@ async function gemma4LmHead(g: GraphBuilder, c: Gemma4Config, w: GraphWeights): 
  * The decoder's bindings plus: the embedding row and each layer's PLE rows from the host tables; a
  * donor's cache read by a shard that does not write it is the same state, marked shared.
  */
-function gemma4Bindings(c: Gemma4Config, entry: Parameters<Family<Gemma4Config>['bindings']>[1], maxContext: number) {
+function gemma4Bindings(c: Gemma4Config, entry: GraphEntry, maxContext: number): GraphBindings {
   const extra = new Set([EMBEDS, ...Array.from({ length: c.layers }, (_, i) => pleInput(i))]);
   const plain = kvDecoderBindings({ ...entry, inputs: entry.inputs.filter((t) => !extra.has(t.name)) }, kvLayout(c, maxContext));
   const inputs = entry.inputs.map((t) => {
