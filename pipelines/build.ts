@@ -243,6 +243,6 @@ export function refuseWithoutHostOp(recipe: Recipe, pipeline: Pipeline, until: s
   if (known.has(hostOp)) return;
   const runs = selectNodes(pipeline, until).filter((n) => n.id === 'parity' || n.id === 'emulation').map((n) => n.id);
   if (runs.length) {
-    throw new RecipeError(`recipe ${recipe.id}: family ${recipe.family} needs host-op '${hostOp}', which the native runtime does not have yet (it has ${[...known].join(', ')}): ${runs.join(' and ')} cannot run; build with --until oracle (or compile)`);
+    throw new Error(`recipe ${recipe.id}: family ${recipe.family} needs host-op '${hostOp}', which the native runtime does not have yet (it has ${[...known].join(', ')}): ${runs.join(' and ')} cannot run; build with --until oracle (or compile)`);
   }
 }
