@@ -259,6 +259,9 @@ def main():
         layer_extra = {"attn_res": ([H], torch.float32), "moe_in": ([H], torch.float32), "router_logits": ([E], torch.float32),
                        "expert_ids": ([k], torch.int64), "expert_weights": ([k], torch.float32),
                        "expert_out": ([k * H], torch.float32), "moe_out": ([H], torch.float32)}
+    if meta["family"] == "gemma4":
+        P = tc.hidden_size_per_layer_input
+        layer_extra = {"ple_in": ([P], torch.float32), "ple": ([P], torch.float32)}
     check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
@@ -313,7 +316,23 @@ def main():
                         e_kv.add(t[f"{pre}k.{i}"], layer.keys[0, :, s])
                         e_kv.add(t[f"{pre}v.{i}"], layer.values[0, :, s])
 
+        e_ple_in, e_ple = Err(), Err()
+        if meta["family"] == "gemma4":
+            # PLE by hand (HF's get_per_layer_inputs / project_per_layer_inputs): the token's row of
+            # embed_tokens_per_layer x sqrt(P), and (rms(proj(h.0) / sqrt(H)) + rows) / sqrt(2) per layer.
+            dec, P, H = model.get_decoder(), tc.hidden_size_per_layer_input, meta["hidden"]
+            for s in range(meta["prompts"][0]["steps"]):
+                pre = f"p0/s{s}/"
+                rows = (dec.embed_tokens_per_layer.weight[t[pre + "token"].item()].double() * P ** 0.5).view(L, P)
+                proj = (dec.per_layer_model_projection.weight.double() @ t[pre + "h.0"].double() * H ** -0.5).view(L, P)
+                for i in range(L):
+                    e_ple_in.add(t[f"{pre}ple_in.{i}"], rows[i])
+                    mixed = (rms_by_hand(proj[i], dec.per_layer_projection_norm.weight, tc.rms_norm_eps) + rows[i]) * 2 ** -0.5
+                    e_ple.add(t[f"{pre}ple.{i}"], mixed)
+
     errs = {"h": e_h, "final": e_final, "logits": e_logits}
+    if meta["family"] == "gemma4":
+        errs.update(ple_in_by_hand=e_ple_in, ple_by_hand=e_ple)
     if meta["family"] == "phimoe" and not problems:  # format problems: tensors may be missing
         with torch.no_grad():
             errs.update(check_phimoe(model, meta, t))

@@ -38,6 +38,8 @@ Writes, into a temp dir beside --out renamed at the end:
                      moe_in.{i} [H] (its output), router_logits.{i} [E], expert_ids.{i} int64[2] and expert_weights.{i} [2] (HF's
                      sparsemixer at inference, slot order), expert_out.{i} [2·H] (each selected expert's
                      output, unweighted, slot-major), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
+                     gemma4 ple_in.{i} [P] (layer i's scaled PLE token row), ple.{i} [P] (its mixed
+                     per-layer input); KV-shared layers have no k/v rows (they read their donor's).
 --prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"

@@ -101,7 +101,36 @@ def hooks_phimoe(ctx):
 
 def capture_gemma4(ctx):
     put_kv_rows(ctx)  # sliding + full producer layers; KV-shared layers put nothing
-    # HOOK POINT (gemma4 issue): per-layer PLE inputs (decoder layer arg 1) via a hooks() function.
+
+
+def hooks_gemma4(ctx):
+    """Per-layer embeddings (PLE), per layer i and step: ple_in.{i} [P], layer i's slice of the
+    token's embed_tokens_per_layer row as HF scales it (x sqrt(P)): what the runtime feeds from its
+    host table; ple.{i} [P], the per-layer input layer i is called with (the token rows mixed with
+    the normed projection of the embedding: decoder layer argument 1)."""
+    decoder = ctx.model.get_decoder()
+    table = getattr(decoder, "embed_tokens_per_layer", None)
+    if table is None:
+        raise Unsupported("the gemma4 text model has no embed_tokens_per_layer (hidden_size_per_layer_input unset)")
+    n = len(ctx.layers)
+
+    def put_rows(_mod, _args, out):
+        rows = out.reshape(n, -1)
+        for i in range(n):
+            ctx.put(f"ple_in.{i}", rows[i])
+
+    table.register_forward_hook(put_rows)
+
+    def put_input(i):
+        def hook(_mod, args, kwargs):
+            x = args[1] if len(args) > 1 else kwargs.get("per_layer_input")
+            if x is None:
+                raise Unsupported(f"decoder layer {i} was called without a per-layer input")
+            ctx.put(f"ple.{i}", x)
+        return hook
+
+    for i, layer in enumerate(ctx.layers):
+        layer.register_forward_pre_hook(put_input(i), with_kwargs=True)
 
 
 # Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
@@ -114,6 +143,7 @@ LAYER_CAPTURES = {
     "router_logits": (3, "router logits"), "expert_ids": (4, "selected experts"),
     "expert_weights": (4, "selected experts' weights"),
     "expert_out": (5, "each selected expert's output, unweighted, by slot"), "moe_out": (6, "MoE block output"),
+    "ple_in": (0, "per-layer embedding row (PLE token rows, scaled)"), "ple": (0, "per-layer input (PLE, mixed)"),
 }
 
 # model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state
@@ -125,5 +155,5 @@ FAMILIES = {
     "qwen3_vl": Family(capture_attention, None, None),
     "qwen3_5": Family(capture_qwen3_5, None, None),
     "phimoe": Family(put_kv_rows, hooks_phimoe, None),
-    "gemma4": Family(capture_gemma4, None, "per-layer (PLE) inputs"),
+    "gemma4": Family(capture_gemma4, hooks_gemma4, None),
 }

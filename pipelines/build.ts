@@ -22,6 +22,9 @@ import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { nativeSourceHash } from '../src/toolchain/native.js';
 import { repoRoot } from '../src/paths.js';
 import { stageMemory } from './memory.js';
+import { readFileSync } from 'node:fs';
+import { selectNodes } from '../src/engine/run.js';
+import { getFamily } from '../src/families/index.js';
 
 const src = (p: string) => join(repoRoot(), 'src', p);
 
@@ -232,4 +235,24 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
     reports: ['plan', ...(auto ? ['precision'] : []), 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],
     ...(gatesNotRun ? { gatesNotRun } : {}),
   };
+}
+
+/** The host-ops the native runtime registers (its explicit list, native/src/host_ops.cpp). */
+export function runtimeHostOps(): Set<string> {
+  const src = readFileSync(join(repoRoot(), 'native', 'src', 'host_ops.cpp'), 'utf8');
+  return new Set([...src.matchAll(/^\s*\{"([a-z][a-z0-9_]*)",/gm)].map((m) => m[1]));
+}
+
+/**
+ * A family whose host-op the runtime does not have yet (gemma4 until its host-op lands) can be built
+ * through the oracle gate, not to a stage that runs the runtime (parity, emulation, the bundle):
+ * refused before anything runs, naming the host-op and how far it can go.
+ */
+export function refuseWithoutHostOp(recipe: Recipe, pipeline: Pipeline, until: string | undefined, known = runtimeHostOps()): void {
+  const hostOp = getFamily(recipe.family).hostOp;
+  if (known.has(hostOp)) return;
+  const runs = selectNodes(pipeline, until).filter((n) => n.id === 'parity' || n.id === 'emulation').map((n) => n.id);
+  if (runs.length) {
+    throw new Error(`recipe ${recipe.id}: family ${recipe.family} needs host-op '${hostOp}', which the native runtime does not have yet (it has ${[...known].join(', ')}): ${runs.join(' and ')} cannot run; build with --until oracle (or compile)`);
+  }
 }

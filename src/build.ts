@@ -20,7 +20,7 @@ import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings, pinnedRecipe } from './recipe/load.js';
 import { builtRevision, type PinnedRecipe } from './recipe/schema.js';
-import { buildPipeline, requiredGates } from '../pipelines/build.js';
+import { buildPipeline, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
 import { Scheduler, defaultMemoryBudget } from './engine/scheduler.js';
@@ -119,6 +119,7 @@ async function buildUnderSignals(
   const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
   const asked = req.shardCeilingBytes;
   let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, ...(asked ? { ceilingBytes: asked } : {}) });
+  refuseWithoutHostOp(recipe, pipeline, req.until);
   let result: PipelineResult;
   try {
   result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });

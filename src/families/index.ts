@@ -4,8 +4,9 @@ import type { Family } from './types.js';
 import { qwen3 } from './qwen3.js';
 import { qwen3_5 } from './qwen3_5.js';
 import { phimoe } from './phimoe.js';
+import { gemma4 } from './gemma4.js';
 
-const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5, phimoe };
+const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5, phimoe, gemma4 };
 
 export function getFamily(id: FamilyId): Family<unknown> {
   const f = FAMILIES[id];

@@ -1,0 +1,65 @@
+// Gemma 4's teacher-forced gate cases: what each decode graph is fed at each traced step and what it
+// must give back (the graphs are in gemma4.ts).
+import type { Trace } from '../gates/trace.js';
+import type { GraphEntry } from './export-stage.js';
+import { CacheBuilder, lmHeadCases, type Feed, type GateCase } from './kv-decoder.js';
+import { attentionMask } from './blocks.js';
+import { LM_HEAD_KIND } from './decoder.js';
+import { newKv, pastKv } from './state-io.js';
+import { EMBEDS, kvLayout, pleInput, type Gemma4Config } from './gemma4.js';
+
+/**
+ * At step t a shard gets HF's residual entering its first layer, HF's embedding row (h.0) and each
+ * layer's scaled PLE token rows (ple_in.i), and the K/V caches: its own layers' rows of steps < t,
+ * and for a donor it reads but does not hold (KV-shared layers whose donor is in an earlier shard)
+ * the rows of steps ≤ t, as the runtime has them once the donor's context wrote step t's row. It
+ * must give back h.{last+1} (or final), its layers' new K/V rows, and (probes) each layer's mixed
+ * per-layer input ple.i and residual.
+ */
+export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
+  const H = trace.meta.hidden;
+  const kv = kvLayout(c, maxContext);
+  const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
+  for (let p = 0; p < trace.meta.prompts.length; p++) {
+    const steps = trace.meta.prompts[p].steps;
+    if (entry.kind === LM_HEAD_KIND) {
+      yield* lmHeadCases(trace, p);
+      continue;
+    }
+    if (entry.n !== 1) throw new Error(`${entry.name}: gemma4 graphs take one token per call, this one takes ${entry.n}`);
+    const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
+    const own = layers.filter((i) => c.layer[i].kvFrom === i);
+    const foreign = [...new Set(layers.map((i) => c.layer[i].kvFrom).filter((d) => !layers.includes(d)))];
+    const ownCache = new CacheBuilder(own, kv);
+    const donorCache = new CacheBuilder(foreign, kv);
+    for (let t = 0; t < steps; t++) {
+      if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
+      await ownCache.fillTo(trace, p, t);
+      await donorCache.fillTo(trace, p, t + 1);
+      const feeds: Record<string, Feed> = {
+        hidden_in: f(await trace.get(p, t, `h.${entry.first}`), [1, 1, H]),
+        position: { dtype: 'int32', data: Int32Array.of(t), dims: [1] },
+        attn_mask: f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]),
+        [EMBEDS]: f(await trace.get(p, t, 'h.0'), [1, 1, H]),
+      };
+      const expected: Record<string, Float32Array> = {};
+      for (const i of layers) feeds[pleInput(i)] = f(await trace.get(p, t, `ple_in.${i}`), [1, 1, c.ple]);
+      for (const [cache, ids] of [[ownCache, own], [donorCache, foreign]] as const) {
+        for (const i of ids) {
+          const shape = [1, c.layer[i].kvHeads, maxContext, c.layer[i].headDim];
+          feeds[pastKv('k', i)] = f(cache.k.get(i)!, shape);
+          feeds[pastKv('v', i)] = f(cache.v.get(i)!, shape);
+        }
+      }
+      for (const i of own) {
+        expected[newKv('k', i)] = await trace.get(p, t, `k.${i}`);
+        expected[newKv('v', i)] = await trace.get(p, t, `v.${i}`);
+      }
+      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
+      expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
+      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await trace.get(p, t, 'logits');
+      // The run consumed the feeds before this generator resumes: filling the caches in place is safe.
+      yield { prompt: p, step: t, feeds, expected };
+    }
+  }
+}

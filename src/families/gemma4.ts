@@ -1,0 +1,394 @@
+// Gemma 4 (E2B/E4B text), model_type "gemma4": the text decoder is nested in `text_config`, its
+// weights live under `model.language_model.*` (the vision and audio towers are not read here).
+// What is special (transformers' modeling_gemma4.py is the reference):
+//  - RMSNorm with a plain w (x·rsqrt(mean x²+eps)·w); v_norm has no weight; q_norm/k_norm over head_dim.
+//  - Two layer types with their own head_dim and RoPE: sliding (head_dim, θ 1e4, keys within
+//    `sliding_window` positions) and full (global_head_dim, "proportional" RoPE: the first
+//    head_dim·factor/2 frequencies are 1/θ^(2i/head_dim), the rest 0, over the whole head).
+//  - Attention scaling 1.0 (q_norm/k_norm carry the scale).
+//  - Per-layer embeddings (PLE): layer i gets ple.i = (rms(proj(e)·H^-½)[i] + rows[i])·2^-½, e the
+//    scaled token embedding (h.0), proj per_layer_model_projection, rows the token's
+//    embed_tokens_per_layer row (×√P) sliced per layer; after the MLP, h += rms(W_up(gelu(W_gate h)·ple.i)).
+//    The host looks the rows up (per-layer-embedding table); the projection runs in every shard
+//    (each shard slices its layers' part; the weight is small next to the layers').
+//  - Cross-layer KV sharing: the last num_kv_shared_layers layers read the K/V of the last earlier
+//    layer of their type (the donor) and compute none. A shard holding the donor uses its new rows
+//    directly; a shard without it reads the donor's cache state (kv.<d>.k) AFTER the donor's graph
+//    wrote this step's row, and gathers that row at `position` (the runtime must write state rows
+//    before running the next context — the contract the gemma4 host-op keeps).
+//  - layer_scalar multiplies each layer's output; GELU-tanh MLP; final logit softcap c·tanh(x/c); tied lm-head.
+// Decode graphs only (N = 1). The caches are full length here, sliding layers masked to their
+// window in the graph (from `position`): ring buffers of the window size come in a later step.
+import { z } from 'zod';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
+import type { GraphBuilder } from '../onnx/builder.js';
+import type { GraphEntry } from './export-stage.js';
+import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
+import { MASKED, cachedAttention, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+import { decoderComponents } from './decoder.js';
+import { newKv, pastKv } from './state-io.js';
+import { gemma4Cases } from './gemma4-gates.js';
+
+const LAYER_TYPES = ['sliding_attention', 'full_attention'] as const;
+type LayerType = (typeof LAYER_TYPES)[number];
+
+const Rope = z.object({
+  rope_type: z.enum(['default', 'proportional']),
+  rope_theta: z.number().positive(),
+  partial_rotary_factor: z.number().positive().max(1).optional(),
+  factor: z.literal(1).optional(),
+}).passthrough();
+
+const dim = z.number().int().positive().max(MAX_DIM);
+const TextConfigSchema = z.object({
+  model_type: z.literal('gemma4_text').optional(),
+  hidden_size: dim,
+  intermediate_size: dim,
+  num_hidden_layers: z.number().int().positive().max(MAX_LAYERS),
+  num_attention_heads: dim,
+  num_key_value_heads: dim,
+  num_global_key_value_heads: dim.nullable().optional(),
+  head_dim: dim,
+  global_head_dim: dim.default(512), // HF's default
+  per_layer_config: z.record(z.string(), z.object({ head_dim: dim.optional(), num_key_value_heads: dim.optional() }).passthrough()).optional(),
+  vocab_size: dim,
+  vocab_size_per_layer_input: dim,
+  hidden_size_per_layer_input: dim,
+  layer_types: z.array(z.enum(LAYER_TYPES)),
+  sliding_window: dim,
+  num_kv_shared_layers: z.number().int().nonnegative(),
+  final_logit_softcapping: z.number().positive().nullable(),
+  rms_norm_eps: z.number().positive(),
+  hidden_activation: z.literal('gelu_pytorch_tanh', { message: 'only gelu_pytorch_tanh is supported' }),
+  attention_bias: z.literal(false, { message: 'the graphs are built without attention biases' }).default(false),
+  attention_k_eq_v: z.literal(false, { message: 'K = V attention (26B/31B) is not supported' }).default(false),
+  enable_moe_block: z.literal(false, { message: 'the MoE block (26B-A4B) is not supported' }).default(false),
+  use_double_wide_mlp: z.boolean().default(false),
+  use_bidirectional_attention: z.union([z.null(), z.literal('none')], { message: 'bidirectional attention is not supported' }).optional(),
+  rope_parameters: z.object({ sliding_attention: Rope, full_attention: Rope }),
+  tie_word_embeddings: z.boolean().optional(),
+}).passthrough();
+
+const ConfigSchema = z.object({
+  model_type: z.literal('gemma4'),
+  text_config: TextConfigSchema,
+  tie_word_embeddings: z.boolean().optional(),
+}).passthrough();
+
+export interface Gemma4Layer {
+  type: LayerType;
+  heads: number;
+  kvHeads: number;
+  headDim: number;
+  ffn: number;
+  /** The layer whose K/V this one reads (itself unless KV-shared). */
+  kvFrom: number;
+}
+
+export interface Gemma4Config {
+  hidden: number;
+  layers: number;
+  vocab: number;
+  eps: number;
+  /** Per-layer-embedding width P (the PLE table is [vocab, layers·P]). */
+  ple: number;
+  slidingWindow: number;
+  /** c of the final c·tanh(logits/c); null: none. */
+  softcap: number | null;
+  tied: boolean;
+  layer: Gemma4Layer[];
+  /** Per layer type: the inverse frequencies over head_dim/2 (zeros past the rotated ones: proportional RoPE). */
+  invFreq: Record<LayerType, Float32Array>;
+  /** fp32 √H: HF's fp32 reference scales the embedding by sqrt(H) in the weight dtype (float32 there). */
+  embedScale: number;
+  pleScale: number;
+}
+
+/** HF's inverse frequencies, in float32 like its rope init: default over all of head_dim, proportional over the first factor·d/2. */
+export function invFreq(type: 'default' | 'proportional', theta: number, headDim: number, factor = 1): Float32Array {
+  const half = headDim / 2;
+  const rotated = type === 'proportional' ? Math.floor((factor * headDim) / 2) : half;
+  const out = new Float32Array(half);
+  for (let i = 0; i < rotated; i++) out[i] = 1 / Math.fround(Math.pow(theta, Math.fround((2 * i) / headDim)));
+  return out;
+}
+
+export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
+  const parsed = parseConfigWith(ConfigSchema, raw, file);
+  const t = parsed.text_config;
+  const f = (name: string) => `text_config.${name}`;
+  const L = t.num_hidden_layers;
+  if (t.layer_types.length !== L) throw new ConfigError(file, f('layer_types'), `${t.layer_types.length} entries for ${L} layers`);
+  if (t.num_kv_shared_layers >= L) throw new ConfigError(file, f('num_kv_shared_layers'), `${t.num_kv_shared_layers} leaves no layer computing K/V of ${L}`);
+  if (t.vocab_size_per_layer_input !== t.vocab_size) throw new ConfigError(file, f('vocab_size_per_layer_input'), `${t.vocab_size_per_layer_input} differs from vocab_size ${t.vocab_size} (the host looks both rows up by the same token)`);
+  for (const type of LAYER_TYPES) {
+    const r = t.rope_parameters[type];
+    if ((type === 'sliding_attention') !== (r.rope_type === 'default')) {
+      throw new ConfigError(file, f(`rope_parameters.${type}.rope_type`), `'${r.rope_type}' for ${type} layers is not supported (sliding: default, full: proportional)`);
+    }
+  }
+  const firstShared = L - t.num_kv_shared_layers;
+  const layer = t.layer_types.map((type, i): Gemma4Layer => {
+    const own = t.per_layer_config?.[String(i)];
+    const full = type === 'full_attention';
+    const headDim = own?.head_dim ?? (full ? t.global_head_dim : t.head_dim);
+    const kvHeads = own?.num_key_value_heads ?? t.num_key_value_heads;
+    if (t.num_attention_heads % kvHeads !== 0) throw new ConfigError(file, f(`per_layer_config.${i}.num_key_value_heads`), `${kvHeads} does not divide num_attention_heads ${t.num_attention_heads}`);
+    if (headDim % 2 !== 0) throw new ConfigError(file, f(`per_layer_config.${i}.head_dim`), `${headDim} is odd (RoPE pairs dims)`);
+    checkElements(file, f('head_dim'), [t.num_attention_heads, headDim, t.hidden_size], 'q_proj');
+    let kvFrom = i;
+    if (i >= firstShared) {
+      kvFrom = t.layer_types.lastIndexOf(type, firstShared - 1);
+      if (kvFrom < 0) throw new ConfigError(file, f('num_kv_shared_layers'), `layer ${i} (${type}) shares K/V, but no earlier ${type} layer computes any`);
+    }
+    const ffn = t.intermediate_size * (t.use_double_wide_mlp && i >= firstShared ? 2 : 1);
+    return { type, heads: t.num_attention_heads, kvHeads, headDim, ffn, kvFrom };
+  });
+  for (const l of layer) {
+    const d = layer[l.kvFrom];
+    if (d.headDim !== l.headDim || d.kvHeads !== l.kvHeads) throw new ConfigError(file, f('per_layer_config'), 'a KV-shared layer has another head shape than its donor');
+  }
+  checkElements(file, f('hidden_size_per_layer_input'), [t.vocab_size, L, t.hidden_size_per_layer_input], 'the PLE table');
+  checkElements(file, f('vocab_size'), [t.vocab_size, t.hidden_size], 'the embedding');
+  const headOf = (type: LayerType) => layer.find((l) => l.type === type)?.headDim ?? 2;
+  const rp = t.rope_parameters;
+  return {
+    hidden: t.hidden_size, layers: L, vocab: t.vocab_size, eps: t.rms_norm_eps, ple: t.hidden_size_per_layer_input,
+    slidingWindow: t.sliding_window, softcap: t.final_logit_softcapping, tied: parsed.tie_word_embeddings ?? t.tie_word_embeddings ?? true,
+    layer,
+    invFreq: {
+      sliding_attention: invFreq('default', rp.sliding_attention.rope_theta, headOf('sliding_attention')),
+      full_attention: invFreq('proportional', rp.full_attention.rope_theta, headOf('full_attention'), rp.full_attention.partial_rotary_factor ?? 1),
+    },
+    embedScale: Math.fround(Math.sqrt(t.hidden_size)),
+    pleScale: Math.fround(Math.sqrt(t.hidden_size_per_layer_input)),
+  };
+}
+
+export const PREFIX = 'model.language_model';
+const layerPrefix = (i: number) => `${PREFIX}.layers.${i}`;
+export const EMBEDDING = `${PREFIX}.embed_tokens.weight`;
+export const PLE_TABLE = `${PREFIX}.embed_tokens_per_layer.weight`;
+const lmHeadWeight = (c: Gemma4Config) => (c.tied ? EMBEDDING : 'lm_head.weight');
+
+/** Graph inputs beyond the decoder's: the token's embedding (h.0) and each layer's PLE token rows. */
+export const EMBEDS = 'embeds';
+export const pleInput = (layer: number) => `ple_${layer}`;
+/** Host-table names in the manifest. */
+export const TABLES = { embedding: 'embedding', ple: 'per_layer_embedding' } as const;
+/** The runtime host-op for this family; the native registry has no such host-op yet (step 2 of issue 16). */
+export const HOST_OP = 'gemma4_split_generate';
+
+/** Each layer's KV cache: its own heads and head size; KV-shared layers have none (they read the donor's). */
+export const kvLayout = (c: Gemma4Config, maxContext: number): KvLayout => ({ maxContext, layer: (i) => ({ kvHeads: c.layer[i].kvHeads, headDim: c.layer[i].headDim }) });
+
+export const gemma4: Family<Gemma4Config> = {
+  id: 'gemma4',
+  hostOp: HOST_OP,
+  parseConfig: parseGemma4Config,
+  numLayers: (c) => c.layers,
+  hostTables: (c) => [
+    { name: TABLES.embedding, use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' },
+    { name: TABLES.ple, use: 'per-layer-embedding', tensor: PLE_TABLE, shape: [c.vocab, c.layers * c.ple], dtype: 'float16' },
+  ],
+  // The tables are the checkpoint's rows (fp16); the host multiplies the rows it feeds by these, as
+  // HF's scaled embeddings do (the softcap and the sliding window are inside the graphs).
+  hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple }),
+  components: (c, layout) => decoderComponents(layout, {
+    shard: (g, s, w) => gemma4Shard(g, c, s, w),
+    lmHead: (g, w) => gemma4LmHead(g, c, w),
+  }),
+  gateCases: (c, entry, trace, maxContext) => gemma4Cases(c, entry, trace, maxContext),
+  bindings: (c, entry, maxContext) => gemma4Bindings(c, entry, maxContext),
+};
+
+// ---- graphs -----------------------------------------------------------------------------------
+
+const f32 = 'float32' as const;
+const io = (name: string, shape: number[], dtype: TensorIO['dtype'] = f32): TensorIO => ({ name, dtype, shape });
+
+/** HF's gelu_pytorch_tanh: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (opset 17 has no Gelu). */
+export function geluTanh(g: GraphBuilder, x: string): string {
+  const x3 = g.op('Mul', [g.op('Mul', [x, x]), x]);
+  const inner = g.op('Mul', [g.op('Add', [x, g.op('Mul', [x3, g.constFloat32([0.044715], [])])]), g.constFloat32([Math.sqrt(2 / Math.PI)], [])]);
+  return g.op('Mul', [g.op('Mul', [x, g.constFloat32([0.5], [])]), g.op('Add', [g.op('Tanh', [inner]), g.constFloat32([1], [])])]);
+}
+
+/** c·tanh(x/c): HF's final logit softcap. */
+export function softcap(g: GraphBuilder, x: string, c: number): string {
+  return g.op('Mul', [g.op('Tanh', [g.op('Div', [x, g.constFloat32([c], [])])]), g.constFloat32([c], [])]);
+}
+
+/** cos/sin tables [ctx, d] from inverse frequencies over d/2 (frequencies repeated twice, HF layout); fp32 angles as HF. */
+export function ropeTablesFrom(ctx: number, inv: Float32Array): { cos: Float32Array; sin: Float32Array } {
+  const half = inv.length;
+  const d = 2 * half;
+  const cos = new Float32Array(ctx * d);
+  const sin = new Float32Array(ctx * d);
+  for (let p = 0; p < ctx; p++) {
+    for (let i = 0; i < half; i++) {
+      const a = Math.fround(p * inv[i]);
+      cos[p * d + i] = cos[p * d + i + half] = Math.cos(a);
+      sin[p * d + i] = sin[p * d + i + half] = Math.sin(a);
+    }
+  }
+  return { cos, sin };
+}
+
+interface ShardIO {
+  ctx: number;
+  position: string;
+  rope: Partial<Record<LayerType, { cos: string; sin: string }>>;
+  mask: Record<LayerType, string>;
+  /** The cache inputs declared so far, by layer (a donor's is read by its own and its sharers' attention). */
+  past: Map<number, { k: string; v: string }>;
+  /** New K/V rows computed in this graph, by layer. */
+  fresh: Map<number, { k: string; v: string }>;
+  inputs: TensorIO[];
+  outputs: TensorIO[];
+}
+
+function pastOf(g: GraphBuilder, c: Gemma4Config, d: number, s: ShardIO): { k: string; v: string } {
+  let p = s.past.get(d);
+  if (!p) {
+    const { kvHeads, headDim } = c.layer[d];
+    const shape = [1, kvHeads, s.ctx, headDim];
+    p = { k: g.input(pastKv('k', d), f32, shape), v: g.input(pastKv('v', d), f32, shape) };
+    s.inputs.push(io(p.k, shape), io(p.v, shape));
+    s.past.set(d, p);
+  }
+  return p;
+}
+
+/** One decoder layer on x [1,1,H] with its mixed per-layer input ple [1,1,P]; returns h.{i+1}. */
+async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: string, ple: string, w: GraphWeights, s: ShardIO): Promise<string> {
+  const { hidden: H, eps } = c;
+  const { heads, kvHeads, headDim: d, ffn, type, kvFrom } = c.layer[i];
+  const p = layerPrefix(i);
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1);
+  const norm = (x: string, name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]).then((wt) => rmsNorm(g, x, wt, eps));
+  const rope = s.rope[type]!;
+
+  const xn = await norm(x, 'input_layernorm', H);
+  const q = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, 1), 'self_attn.q_norm', d), rope);
+  const past = pastOf(g, c, kvFrom, s);
+  let kv: { k: string; v: string };
+  if (kvFrom === i) {
+    const k = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, 1), 'self_attn.k_norm', d), rope);
+    // v_norm: RMSNorm without a weight.
+    const v = rmsNorm(g, splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, 1), g.constFloat32([1], []), eps);
+    const row = [1, kvHeads, 1, d];
+    kv = { k: g.output(k, newKv('k', i), { shape: row }), v: g.output(v, newKv('v', i), { shape: row }) };
+    s.outputs.push(io(kv.k, row), io(kv.v, row));
+    s.fresh.set(i, kv);
+  } else {
+    // The donor's row of this step: computed here, or already written into its cache by the donor's context.
+    kv = s.fresh.get(kvFrom) ?? {
+      k: g.op('Gather', [past.k, s.position], { axis: 2 }),
+      v: g.op('Gather', [past.v, s.position], { axis: 2 }),
+    };
+  }
+  const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n: 1, ctx: s.ctx, scale: 1 });
+  const o = await lin(mergeHeads(g, attn, heads, d, 1), 'self_attn.o_proj', [H, heads * d]);
+  const h1 = g.op('Add', [x, await norm(o, 'post_attention_layernorm', H)]);
+  const m = await norm(h1, 'pre_feedforward_layernorm', H);
+  const mlp = await lin(g.op('Mul', [geluTanh(g, await lin(m, 'mlp.gate_proj', [ffn, H])), await lin(m, 'mlp.up_proj', [ffn, H])]), 'mlp.down_proj', [H, ffn]);
+  const h2 = g.op('Add', [h1, await norm(mlp, 'post_feedforward_layernorm', H)]);
+  const gated = g.op('Mul', [geluTanh(g, await lin(h2, 'per_layer_input_gate', [c.ple, H])), ple]);
+  const h3 = g.op('Add', [h2, await norm(await lin(gated, 'per_layer_projection', [H, c.ple]), 'post_per_layer_input_norm', H)]);
+  return g.op('Mul', [h3, await w.store.small(g, `${p}.layer_scalar`, [1])], {}, 1, { outputs: [`h.${i + 1}`] });
+}
+
+/**
+ * The per-layer inputs of layers first..last: rms(proj(e)·H^-½) sliced per layer, plus the token's
+ * rows, times 2^-½ (HF's project_per_layer_inputs). Returns one [1,1,P] value per layer.
+ */
+async function perLayerInputs(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights, embeds: string, rows: string[]): Promise<string[]> {
+  const { hidden: H, layers: L, ple: P } = c;
+  const proj = g.op('Mul', [await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, 1), g.constFloat32([Math.fround(H ** -0.5)], [])]);
+  const normW = await w.store.small(g, `${PREFIX}.per_layer_projection_norm.weight`, [P]);
+  return rows.map((row, k) => {
+    const i = s.first + k;
+    const part = g.op('Slice', [proj, g.constInt64([i * P]), g.constInt64([(i + 1) * P]), g.constInt64([2])]);
+    const mixed = g.op('Mul', [g.op('Add', [rmsNorm(g, part, normW, c.eps), row]), g.constFloat32([Math.fround(2 ** -0.5)], [])]);
+    return g.op('Identity', [mixed], {}, 1, { outputs: [`ple.${i}`] });
+  });
+}
+
+/** A decode shard: hidden_in, position, mask, the embedding row and PLE rows, each layer's cache (donors' for shared layers). */
+export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights): Promise<GraphInterface> {
+  if (s.n !== 1) throw new Error(`gemma4: only decode graphs (1 token per call) are built, not ${s.n}: set prefillLength 0 in the recipe (decode over the prompt)`);
+  const { hidden: H, ple: P } = c;
+  const ctx = s.maxContext;
+  const x0 = g.input('hidden_in', f32, [1, 1, H]);
+  const position = g.input('position', 'int32', [1]);
+  const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
+  const embeds = g.input(EMBEDS, f32, [1, 1, H]);
+  const layers = Array.from({ length: s.last - s.first + 1 }, (_, k) => s.first + k);
+  const rows = layers.map((i) => g.input(pleInput(i), f32, [1, 1, P]));
+  const inputs = [io(x0, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(embeds, [1, 1, H]), ...rows.map((r) => io(r, [1, 1, P]))];
+  const sio: ShardIO = { ctx, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [] };
+  const types = new Set(layers.map((i) => c.layer[i].type));
+  for (const type of types) {
+    const inv = c.invFreq[type];
+    const t = ropeTablesFrom(ctx, inv);
+    const d = inv.length * 2;
+    sio.rope[type] = ropeGather(g, position, { cos: g.initializer(`rope.${type}.cos`, t.cos, [ctx, d]), sin: g.initializer(`rope.${type}.sin`, t.sin, [ctx, d]) }, 1, d);
+  }
+  if (types.has('sliding_attention') && ctx > 0) {
+    // Slot j (= position j in a full-length cache) is also hidden when j <= position - window
+    // (HF: a key is visible while position - j < window); the new token stays visible.
+    const slots = g.initializer('slot_index', Int32Array.from({ length: ctx }, (_, j) => j), [ctx], 'int32');
+    const oldest = g.op('Sub', [position, g.initializer('window_minus_1', Int32Array.of(c.slidingWindow - 1), [1], 'int32')]);
+    const tooOld = g.op('Reshape', [g.op('Less', [slots, oldest]), g.constInt64([1, 1, 1, ctx])]);
+    const [pastPart, newPart] = g.op('Split', [mask, g.constInt64([ctx, 1])], { axis: 3 }, 2);
+    sio.mask.sliding_attention = g.op('Concat', [g.op('Where', [tooOld, g.constFloat32([MASKED], []), pastPart]), newPart], { axis: 3 });
+  }
+  const ple = await perLayerInputs(g, c, s, w, embeds, rows);
+  const probes: Record<string, TensorIO> = {};
+  let x = x0;
+  for (const [k, i] of layers.entries()) {
+    probes[ple[k]] = io(`ple.${i}`, [1, 1, P]);
+    x = await gemma4Layer(g, c, i, x, ple[k], w, sio);
+    if (i < s.last || s.isLast) probes[x] = io(`h.${i + 1}`, [1, 1, H]);
+  }
+  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H]), c.eps);
+  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
+  const outputs = [io(hiddenOut, [1, 1, H]), ...sio.outputs];
+  if (s.isLast && s.lmHeadInside) outputs.push(io(await logits(g, c, hiddenOut, w), [1, 1, c.vocab]));
+  return { inputs: sio.inputs, outputs, probes };
+}
+
+async function logits(g: GraphBuilder, c: Gemma4Config, x: string, w: GraphWeights): Promise<string> {
+  const raw = await w.store.linear(g, x, lmHeadWeight(c), [c.vocab, c.hidden], w.lmHeadScheme, 1);
+  return g.output(c.softcap ? softcap(g, raw, c.softcap) : raw, 'logits', { shape: [1, 1, c.vocab] });
+}
+
+/** Final-normed hidden [1,1,H] → softcapped logits [1,1,V]. */
+async function gemma4LmHead(g: GraphBuilder, c: Gemma4Config, w: GraphWeights): Promise<GraphInterface> {
+  const x = g.input('hidden', f32, [1, 1, c.hidden]);
+  return { inputs: [io(x, [1, 1, c.hidden])], outputs: [io(await logits(g, c, x, w), [1, 1, c.vocab])], probes: {} };
+}
+
+// ---- bindings ---------------------------------------------------------------------------------
+
+/**
+ * The decoder's bindings plus: the embedding row and each layer's PLE rows from the host tables; a
+ * donor's cache read by a shard that does not write it is the same state, marked shared.
+ */
+function gemma4Bindings(c: Gemma4Config, entry: GraphEntry, maxContext: number): GraphBindings {
+  const extra = new Set([EMBEDS, ...Array.from({ length: c.layers }, (_, i) => pleInput(i))]);
+  const plain = kvDecoderBindings({ ...entry, inputs: entry.inputs.filter((t) => !extra.has(t.name)) }, kvLayout(c, maxContext));
+  const inputs = entry.inputs.map((t) => {
+    if (t.name === EMBEDS) return { ...t, bind: 'host-rows' as const, table: TABLES.embedding, index: 'token' as const };
+    const m = /^ple_(\d+)$/.exec(t.name);
+    if (m) return { ...t, bind: 'host-rows' as const, table: TABLES.ple, index: 'token' as const, layer: Number(m[1]) };
+    return plain.inputs.find((b) => b.name === t.name)!;
+  });
+  const donors = new Set(c.layer.filter((l, i) => l.kvFrom !== i).map((l) => l.kvFrom));
+  const state = plain.state.map((st) => {
+    const layer = Number(/^kv\.(\d+)\./.exec(st.name)?.[1]);
+    return donors.has(layer) ? { ...st, shared: true } : st;
+  });
+  return { inputs, outputs: plain.outputs, state };
+}

@@ -1,0 +1,186 @@
+// Gemma 4 text (family gemma4), step 1 of issue 16: the tiny twin built through the oracle gate, the
+// graphs' interfaces (PLE inputs, per-type head sizes, KV sharing as donor caches), the bindings, the
+// subtle pieces by themselves (softcap, GELU-tanh, proportional RoPE, the PLE mixing), and the clean
+// refusal of a build past the oracle while the runtime has no gemma4 host-op.
+import { describe, it, expect, beforeAll, afterAll } from 'vitest';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import * as ort from 'onnxruntime-node';
+import { build } from '../src/build.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { cacheRoot } from '../src/paths.js';
+import type { ExportManifest } from '../src/families/export-stage.js';
+import type { OracleResult } from '../src/gates/oracle.js';
+import { gemma4, geluTanh, invFreq, parseGemma4Config, softcap, type Gemma4Config } from '../src/families/gemma4.js';
+import { GraphBuilder, writeModel } from '../src/onnx/index.js';
+import { buildPipeline, refuseWithoutHostOp } from '../pipelines/build.js';
+import { loadRecipe, archSettings } from '../src/recipe/load.js';
+import type { RunRecord } from '../src/engine/record.js';
+import { componentTensors } from '../src/families/tensors.js';
+
+let record: RunRecord;
+let seconds = 0;
+const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
+const manifest = (dir: string) => JSON.parse(readFileSync(join(dir, 'graphs.json'), 'utf8')) as ExportManifest;
+const graphs = (dir: string) => manifest(dir).contexts.flatMap((c) => c.graphs);
+const names = (ts: Array<{ name: string }>) => ts.map((t) => t.name);
+const rawConfig = () => JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8'));
+const config = (): Gemma4Config => parseGemma4Config(rawConfig(), 'config.json');
+
+beforeAll(async () => {
+  const t0 = performance.now();
+  record = await build({ recipe: 'tiny-gemma4', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-gemma4-')), progress: silentProgress, until: 'oracle' });
+  seconds = (performance.now() - t0) / 1000;
+  expect(record.error).toBeUndefined();
+  expect(record.ok).toBe(true);
+}, 1_800_000); // the trained twin is made first: a minute or two on two cores
+
+describe('gemma4 config', () => {
+  it("reads the twin's text_config: per-type head sizes, KV donors, PLE width, softcap, proportional RoPE", () => {
+    const c = config();
+    expect(c.layer.map((l) => l.type[0])).toEqual(['s', 's', 'f', 's', 's', 'f', 's', 'f']);
+    expect(c.layer.map((l) => l.headDim)).toEqual([32, 32, 64, 32, 32, 64, 32, 64]);
+    // The last 3 layers read the K/V of the last earlier layer of their type: 5 F <- 2, 6 S <- 4, 7 F <- 2.
+    expect(c.layer.map((l) => l.kvFrom)).toEqual([0, 1, 2, 3, 4, 2, 4, 2]);
+    expect(c).toMatchObject({ hidden: 64, ple: 16, slidingWindow: 16, softcap: 10, tied: true, embedScale: 8, pleScale: 4 });
+    // Proportional: head_dim 64 x 0.25 / 2 = 8 rotated frequencies 1/θ^(2i/64), the other 24 zero.
+    const full = c.invFreq.full_attention;
+    expect(full.length).toBe(32);
+    expect(full[1]).toBeCloseTo(1 / Math.pow(1e6, 2 / 64), 6); // float32, as HF
+    expect(Array.from(full.subarray(8)).every((x) => x === 0)).toBe(true);
+    expect(full[7]).toBeGreaterThan(0);
+    expect(c.invFreq.sliding_attention[15]).toBeCloseTo(1 / Math.pow(1e4, 30 / 32), 6);
+    expect(invFreq('proportional', 1e6, 512, 0.25).findIndex((x) => x === 0)).toBe(64); // E4B: rotated dims 0-63 (and 256-319)
+  });
+
+  it('refuses, naming the field, what the graphs do not build', () => {
+    const bad = (edit: (t: any) => void) => { const r = rawConfig(); edit(r.text_config); return () => parseGemma4Config(r, 'c.json'); };
+    expect(bad((t) => { t.enable_moe_block = true; })).toThrow(/text_config\.enable_moe_block/);
+    expect(bad((t) => { t.attention_k_eq_v = true; })).toThrow(/text_config\.attention_k_eq_v/);
+    expect(bad((t) => { t.hidden_activation = 'silu'; })).toThrow(/text_config\.hidden_activation/);
+    expect(bad((t) => { t.layer_types = t.layer_types.slice(1); })).toThrow(/text_config\.layer_types: 7 entries for 8 layers/);
+    expect(bad((t) => { t.num_kv_shared_layers = 8; })).toThrow(/text_config\.num_kv_shared_layers/);
+    expect(bad((t) => { t.rope_parameters.full_attention.rope_type = 'yarn'; })).toThrow(/rope_parameters\.full_attention\.rope_type/);
+  });
+});
+
+describe('gemma4 export', () => {
+  it('writes decode-only shards taking the embedding row and each layer\'s PLE rows; KV-shared layers read their donor\'s cache and write none', () => {
+    const mf = manifest(entry('export'));
+    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['shard1.decode'], ['lm_head']]);
+    const [s0, s1, head] = graphs(entry('export'));
+    expect(names(s0.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_0', 'ple_1', 'ple_2', 'past_k_0', 'past_v_0', 'past_k_1', 'past_v_1', 'past_k_2', 'past_v_2']);
+    expect(names(s0.outputs)).toEqual(['hidden_out', 'new_k_0', 'new_v_0', 'new_k_1', 'new_v_1', 'new_k_2', 'new_v_2']);
+    // Shard 1 (layers 3-7): layer 2's cache is read (donor of 5 and 7, in shard 0); layer 4 is donor of 6 in the same graph.
+    expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_3', 'ple_4', 'ple_5', 'ple_6', 'ple_7',
+      'past_k_3', 'past_v_3', 'past_k_4', 'past_v_4', 'past_k_2', 'past_v_2']);
+    expect(names(s1.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4']);
+    const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs].map((t) => [t.name, t]));
+    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 64, 32] }); // sliding: head_dim 32, full-length cache (ring buffers later)
+    expect(io.past_k_2).toMatchObject({ dtype: 'float32', shape: [1, 2, 64, 64] }); // full: head_dim 64
+    expect(io.new_v_2).toMatchObject({ shape: [1, 2, 1, 64] });
+    expect(io.ple_3).toMatchObject({ dtype: 'float32', shape: [1, 1, 16] });
+    expect(io.embeds).toMatchObject({ shape: [1, 1, 64] });
+    expect(names(head.inputs)).toEqual(['hidden']);
+    expect(names(head.outputs)).toEqual(['logits']);
+  });
+
+  it('puts the softcapped lm-head inside the last shard when planned there (tied: the embedding); a layer reads its weights, the PLE projection, and no K/V weight when shared', async () => {
+    const c = config();
+    const [last] = gemma4.components(c, { shards: [{ first: 3, last: 7, isLast: true }], lmHeadInside: true, prefillLength: 0, maxContext: 8 });
+    const g = new GraphBuilder('last');
+    const store = { linear: async (gb: GraphBuilder, x: string) => gb.op('Identity', [x]), small: async (gb: GraphBuilder, name: string, shape: number[]) => gb.initializer(name.replace(/\W/g, '_'), new Float32Array(shape.reduce((a, b) => a * b, 1)), shape, 'float32') };
+    const iface = await last.variants[0].build(g, { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' });
+    expect(names(iface.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4', 'logits']);
+    const read = (await componentTensors(last)).map((t) => t.name);
+    expect(read).toContain('model.language_model.embed_tokens.weight');
+    expect(read).toContain('model.language_model.per_layer_model_projection.weight');
+    expect(read.filter((n) => /layers\.[567]\.self_attn\.[kv]_(proj|norm)/.test(n))).toEqual([]);
+    const prefill = gemma4.components(c, { shards: [{ first: 0, last: 7, isLast: true }], lmHeadInside: false, prefillLength: 4, maxContext: 8 })[0].variants[0];
+    expect(prefill.n).toBe(4);
+    await expect(prefill.build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' })).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
+  });
+
+  it('binds the PLE and embedding rows to the host tables by token, the donor cache as one shared state', () => {
+    const c = config();
+    const [, s1] = graphs(entry('quantize'));
+    const b = gemma4.bindings(c, s1, 64);
+    const byName = Object.fromEntries(b.inputs.map((x) => [x.name, x]));
+    expect(byName.embeds).toMatchObject({ bind: 'host-rows', table: 'embedding', index: 'token' });
+    expect(byName.ple_5).toMatchObject({ bind: 'host-rows', table: 'per_layer_embedding', index: 'token', layer: 5 });
+    expect(byName.past_k_2).toMatchObject({ bind: 'state', state: 'kv.2.k' });
+    expect(b.state.find((s) => s.name === 'kv.2.k')).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 64, 64], shared: true });
+    expect(b.state.find((s) => s.name === 'kv.3.k')!).not.toHaveProperty('shared');
+    expect(gemma4.hostTables(c).map((t) => [t.name, t.use, t.shape])).toEqual([['embedding', 'embedding', [1024, 64]], ['per_layer_embedding', 'per-layer-embedding', [1024, 128]]]);
+    expect(gemma4.hostOpParams!(c)).toEqual({ embed_scale: 8, per_layer_embed_scale: 4, per_layer_dim: 16 });
+  });
+});
+
+describe('gemma4 oracle gate', () => {
+  const result = () => JSON.parse(readFileSync(join(entry('oracle'), 'oracle.json'), 'utf8')) as OracleResult;
+
+  it("meets HF's fp32 trace in every graph and output (residuals, K/V rows, each layer's mixed PLE input, the softcapped logits), W8 within 0.999", () => {
+    const r = result();
+    expect(r.ok).toBe(true);
+    const rows = (variant: string) => r.rows.filter((x) => x.variant === variant);
+    for (const row of rows('export:fp32')) expect(row.minCosine, `${row.graph} ${row.output}`).toBeGreaterThanOrEqual(0.99999);
+    for (const row of rows('quantize:w8')) expect(row.minCosine, `${row.graph} ${row.output}`).toBeGreaterThanOrEqual(0.999);
+    const outputs = (graph: string) => rows('quantize:w8').filter((x) => x.graph === graph).map((x) => x.output).sort();
+    expect(outputs('shard0.decode')).toEqual(['h.1', 'h.2', 'hidden_out', 'new_k_0', 'new_k_1', 'new_k_2', 'new_v_0', 'new_v_1', 'new_v_2', 'ple.0', 'ple.1', 'ple.2']);
+    expect(outputs('shard1.decode')).toEqual(['h.4', 'h.5', 'h.6', 'h.7', 'h.8', 'hidden_out', 'new_k_3', 'new_k_4', 'new_v_3', 'new_v_4', 'ple.3', 'ple.4', 'ple.5', 'ple.6', 'ple.7']);
+    expect(outputs('lm_head')).toEqual(['logits']);
+    for (const v of ['export:fp32', 'quantize:w8']) {
+      for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(r.graphs[`${v}/${g}`].ok, `${v}/${g}`).toBe(true);
+      expect(r.graphs[`${v}/lm_head`].top1).toMatch(/^(\d+)\/\1$/);
+    }
+    // The traces run past the twin's sliding window (16): the masked window is exercised.
+    const trace = JSON.parse(readFileSync(join(entry('trace'), 'trace.json'), 'utf8'));
+    expect(Math.max(...trace.prompts.map((p: { steps: number }) => p.steps))).toBeGreaterThan(2 * 16);
+    console.log(`tiny-gemma4 --until oracle: ${seconds.toFixed(1)} s; ` + Object.entries(r.graphs).map(([k, g]) => `${k} ${g.minCosine.toFixed(7)}`).join(', '));
+  });
+});
+
+describe('gemma4 pieces', () => {
+  const dir = mkdtempSync(join(tmpdir(), 'forge-gemma4-ops-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  const run = async (build: (g: GraphBuilder, x: string) => string, x: Float32Array): Promise<Float32Array> => {
+    const g = new GraphBuilder('piece');
+    const input = g.input('x', 'float32', [x.length]);
+    g.output(build(g, input), 'y', { shape: [x.length] });
+    const p = join(dir, `piece-${Math.random().toString(36).slice(2)}.onnx`);
+    writeModel(g, p);
+    const sess = await ort.InferenceSession.create(p);
+    const r = await sess.run({ x: new ort.Tensor('float32', x, [x.length]) });
+    await sess.release();
+    return r.y.data as Float32Array;
+  };
+  const xs = Float32Array.of(-80, -12, -1.5, -0.1, 0, 0.3, 2, 9.5, 40, 1000);
+
+  it('softcap is c·tanh(x/c): near-identity for small logits, bounded by c', async () => {
+    const y = await run((g, x) => softcap(g, x, 30), xs);
+    xs.forEach((x, i) => expect(y[i]).toBeCloseTo(30 * Math.tanh(x / 30), 4));
+    expect(y[9]).toBeCloseTo(30, 4);
+    expect(Math.abs(y[3] - -0.1)).toBeLessThan(1e-4);
+  });
+
+  it("GELU-tanh is HF's gelu_pytorch_tanh", async () => {
+    const y = await run((g, x) => geluTanh(g, x), xs.subarray(1, 9));
+    xs.subarray(1, 9).forEach((x, i) => expect(y[i]).toBeCloseTo(0.5 * x * (1 + Math.tanh(Math.sqrt(2 / Math.PI) * (x + 0.044715 * x ** 3))), 4));
+  });
+});
+
+describe('gemma4 past the oracle', () => {
+  it('is refused before anything runs, naming the missing host-op, for any stage that runs the runtime; --until oracle or compile is allowed', () => {
+    const { recipe } = loadRecipe('tiny-gemma4');
+    const { arch, settings } = archSettings(recipe, 'v81');
+    const p = buildPipeline(recipe, arch, settings);
+    for (const until of [undefined, 'parity', 'bundle']) {
+      expect(() => refuseWithoutHostOp(recipe, p, until)).toThrow(/family gemma4 needs host-op 'gemma4_split_generate', which the native runtime does not have yet .*build with --until oracle/);
+    }
+    for (const until of ['oracle', 'compile', 'quantize']) expect(() => refuseWithoutHostOp(recipe, p, until)).not.toThrow();
+    // Once the runtime registers it, nothing is refused.
+    expect(() => refuseWithoutHostOp(recipe, p, undefined, new Set(['gemma4_split_generate']))).not.toThrow();
+  });
+});
