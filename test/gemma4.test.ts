@@ -78,8 +78,8 @@ describe('gemma4 export', () => {
       'past_k_3', 'past_v_3', 'past_k_4', 'past_v_4', 'past_k_2', 'past_v_2']);
     expect(names(s1.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs].map((t) => [t.name, t]));
-    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 64, 32] }); // sliding: head_dim 32, full-length cache (ring buffers later)
-    expect(io.past_k_2).toMatchObject({ dtype: 'float32', shape: [1, 2, 64, 64] }); // full: head_dim 64
+    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 32] }); // sliding: head_dim 32, full-length cache (ring buffers later)
+    expect(io.past_k_2).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 64] }); // full: head_dim 64
     expect(io.new_v_2).toMatchObject({ shape: [1, 2, 1, 64] });
     expect(io.ple_3).toMatchObject({ dtype: 'float32', shape: [1, 1, 16] });
     expect(io.embeds).toMatchObject({ shape: [1, 1, 64] });

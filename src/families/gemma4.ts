@@ -186,6 +186,9 @@ export const gemma4: Family<Gemma4Config> = {
   id: 'gemma4',
   hostOp: HOST_OP,
   parseConfig: parseGemma4Config,
+  // The sliding layers' mask is built in the graph from slot indices over the whole cache, which the
+  // oracle's cache window would cut: the gate runs the graphs whole until ring buffers replace it.
+  gateWindow: false,
   numLayers: (c) => c.layers,
   hostTables: (c) => [
     { name: TABLES.embedding, use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' },

@@ -71,6 +71,11 @@ export interface Family<C> {
   numLayers(config: C): number;
   /** Tables the runtime keeps on the host (the token embedding …), in the order the manifest lists them. */
   hostTables(config: C): HostTable[];
+  /**
+   * false: the oracle gate runs this family's one-token graphs on the whole KV cache, not cut to the
+   * window the masks open (gates/cpu-form.ts), because a graph indexes the cache's slots itself.
+   */
+  gateWindow?: false;
   /** The units the runtime executes for a cut of the layers into contexts, in model order. */
   components(config: C, layout: ComponentLayout): Component[];
   /**

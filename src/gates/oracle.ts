@@ -226,7 +226,7 @@ export async function runOracleGate(
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
       if (!chains.has(v.label)) chains.set(v.label, new StepChain(greedySteps(trace.meta.prompts)));
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed), chains.get(v.label)!);
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed && family.gateWindow !== false), chains.get(v.label)!);
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       let graphMin = Infinity;
