@@ -21,7 +21,7 @@ import type { ShardPlan } from '../plan/shards.js';
 import { GRAPHS_JSON, matrixFallbacks, type ExportManifest } from '../families/export-stage.js';
 import { exportMatrices, precisionRows } from './precision-map.js';
 import { PRECISION_JSON } from '../quant/precision.js';
-import type { PrecisionResult } from '../quant/auto.js';
+import { parityText, type PrecisionResult } from '../quant/auto.js';
 
 export interface BundleParams {
   recipe: { id: string; family: FamilyId; source: Recipe['source']; card: Recipe['card'] };
@@ -68,14 +68,12 @@ export function shippedPrecision(quantizeDir: string, precisionDir?: string): Sh
   const rows = precisionRows(exportMatrices(exp), auto);
   const form = exp.w8Form === 'qdq' ? { form: 'qdq' as const } : {};
   if (!auto) return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form };
-  const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => auto.layers.reduce((a, l) => a + l[k], 0);
-  const w4 = auto.parity.w4;
   return {
     scheme: 'auto', lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form,
     auto: {
       minCosine: auto.minCosine, promoted: auto.layers.filter((l) => l.scheme !== 'w4').length, layers: auto.layers.length,
-      bytes: { auto: sum('bytes'), w4: sum('w4Bytes'), w8: sum('w8Bytes') },
-      w4Parity: `${w4.matched}/${w4.total} before the first mismatch, ${w4.mismatches} mismatch${w4.mismatches === 1 ? '' : 'es'}`,
+      bytes: auto.layerBytes,
+      w4Parity: parityText(auto.parity.w4),
     },
   };
 }

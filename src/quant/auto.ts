@@ -70,6 +70,8 @@ export interface PrecisionResult {
   scheme: 'auto';
   minCosine: number;
   layers: LayerChoice[];
+  /** The layers' matmul bytes summed: as chosen, all w4 and all w8 (the card's ratios, the run record's). */
+  layerBytes: { auto: number; w4: number; w8: number };
   /** The promoted layers' unpinned matrices, with why (the plan and the quantize export apply it). */
   matrices: PrecisionMap;
   /** Host parity (tokens equal to HF's before the first mismatch, of all; mismatches, ties), all w4 and as chosen. */
@@ -96,7 +98,7 @@ interface Evaluation {
 }
 
 const passes = (e: Evaluation) => e.parity.ok;
-const parityText = (f: ParityFigures) => `${f.matched}/${f.total} before the first mismatch, ${f.mismatches} mismatch${f.mismatches === 1 ? '' : 'es'} (${f.ties} tie${f.ties === 1 ? '' : 's'})`;
+export const parityText = (f: ParityFigures) => `${f.matched}/${f.total} before the first mismatch, ${f.mismatches} mismatch${f.mismatches === 1 ? '' : 'es'} (${f.ties} tie${f.ties === 1 ? '' : 's'})`;
 const fmt = (c: number) => c.toFixed(5);
 
 /** A plan with one layer per graph, the lm-head alone: every layer is teacher-forced on its own. */
@@ -216,8 +218,9 @@ export async function choosePrecision(p: AutoParams, checkpointDir: string, trac
     const layers: LayerChoice[] = rungs.rung.map((scheme, l) => ({
       layer: l, scheme, w4Cosine: first.cosine[l], cosine: e.cosine[l], bytes: rungs.bytes(l), w4Bytes: rungs.bytes(l, 'w4'), w8Bytes: rungs.bytes(l, 'w8'), ...(rungs.why[l] ? { why: rungs.why[l] } : {}),
     }));
+    const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => layers.reduce((a, l) => a + l[k], 0);
     return {
-      scheme: 'auto', minCosine: p.minCosine, layers, matrices: rungs.map(), parity: { w4: first.parity, chosen: e.parity },
+      scheme: 'auto', minCosine: p.minCosine, layers, layerBytes: { auto: sum('bytes'), w4: sum('w4Bytes'), w8: sum('w8Bytes') }, matrices: rungs.map(), parity: { w4: first.parity, chosen: e.parity },
       decisions: { ...(first.decisions ? { w4: first.decisions } : {}), ...(e.decisions ? { chosen: e.decisions } : {}) }, evaluations,
     };
   } finally {
@@ -236,11 +239,10 @@ export const stage: StageModule<AutoParams> = {
       const r = await choosePrecision(ctx.params, ref.absDir, ctx.inputs.trace, native.qhxGenerate, work, (m) => ctx.log(m), ctx.progress);
       await writeFile(join(ctx.out, PRECISION_JSON), JSON.stringify(r, null, 2));
       const promoted = r.layers.filter((l) => l.scheme !== 'w4');
-      const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => r.layers.reduce((a, l) => a + l[k], 0);
       return {
         summary: {
           promoted: promoted.map((l) => ({ layer: l.layer, scheme: l.scheme, w4Cosine: l.w4Cosine, why: l.why ?? '' })),
-          layerBytes: { auto: sum('bytes'), w4: sum('w4Bytes'), w8: sum('w8Bytes') },
+          layerBytes: r.layerBytes,
           parity: r.parity as any,
           decisions: r.decisions as any,
           evaluations: r.evaluations,
