@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <stdexcept>
+#include <utility>
 
 #include "step_buffers.h"
 
@@ -21,22 +22,42 @@ struct Step {
   std::vector<StateRows> rows;
 };
 
+/** A host-rows input's buffer: the token's row of a table (a layer's slice of it), times a scale. */
+struct RowsFeed {
+  int table;
+  int64_t offset, width;  // columns [offset, offset + width) of the table's rows
+  float scale;
+  std::vector<float> buf;
+};
+
 struct DecoderGenerate::Pass {
   int n = 1;
   std::vector<float> residual[2];
-  std::vector<int32_t> positions;
-  std::unique_ptr<StepMask> mask;
+  // By window: 0 the absolute positions and the mask over the whole cache; w the ring slots
+  // (position mod w) and the mask over a ring of w slots.
+  std::map<int, std::vector<int32_t>> positions;
+  std::map<int, std::unique_ptr<StepMask>> masks;
+  std::map<std::pair<int, int>, RowsFeed> rows;  // by (table, layer or -1), shared by the graphs that read it
   std::vector<Step> steps;
   std::vector<float> lm_in, logits;
   std::unique_ptr<GraphBinding> lm_head;  // null when the last shard gives the logits
   int final_residual() const { return int(steps.size() % 2); }  // the residual buffer the last shard writes
 };
 
-DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor) : GreedyGenerator(manifest), exec_(executor) {
+DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor, DecoderOptions options)
+    : GreedyGenerator(manifest), exec_(executor), opts_(std::move(options)) {
   // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head, one f16
   // embedding table) was checked when the manifest was loaded, before any graph: load_manifest runs
   // the host-op's validator (decoder_manifest.cpp), the one gate a bundle passes.
   embedding_ = map_host_table(m_.resolve(m_.tables("embedding").at(0)->file), uint64_t(m_.vocab) * m_.hidden * 2, "the embedding table");
+  tables_.resize(m_.host_tables.size());
+  for (const Context& c : m_.contexts)
+    for (const Graph& g : c.graphs)
+      for (const GraphInput& i : g.inputs)
+        if (i.bind == InputBind::host_rows && !tables_[size_t(i.table)]) {
+          const HostTable& t = m_.host_tables[size_t(i.table)];
+          tables_[size_t(i.table)] = map_host_table(m_.resolve(t.file), uint64_t(t.elements()) * 2, "host table '" + t.name + "'");
+        }
 
   for (const StateSpec& s : m_.state) {
     caches_.emplace_back(s.elements(), 0.0f);
@@ -62,8 +83,8 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
   pass->n = n;
   pass->residual[0].assign(size_t(n) * H, 0.0f);
   pass->residual[1].assign(size_t(n) * H, 0.0f);
-  pass->positions.assign(size_t(n), 0);
-  pass->mask = std::make_unique<StepMask>(int(C), n, m_.mask_masked);
+  pass->positions[0].assign(size_t(n), 0);
+  pass->masks[0] = std::make_unique<StepMask>(int(C), n, m_.mask_masked);
   int shard = 0;
   for (size_t ci = 0; ci < m_.contexts.size(); ci++) {
     const Context& c = m_.contexts[ci];
@@ -99,9 +120,31 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
       for (const GraphInput& i : g->inputs) {
         switch (i.bind) {
           case InputBind::residual: b->bind_input(i.name, in, i.shape); break;
-          case InputBind::positions: b->bind_input(i.name, pass->positions.data(), i.shape); break;
-          case InputBind::mask: b->bind_input(i.name, pass->mask->data(), i.shape); break;
+          case InputBind::positions: {
+            auto& p = pass->positions[i.window.value_or(0)];
+            p.resize(size_t(n));
+            b->bind_input(i.name, p.data(), i.shape);
+            break;
+          }
+          case InputBind::mask: {
+            auto& mask = pass->masks[i.window.value_or(0)];
+            if (!mask) mask = std::make_unique<StepMask>(*i.window, n, m_.mask_masked, true);
+            b->bind_input(i.name, mask->data(), i.shape);
+            break;
+          }
           case InputBind::state: b->bind_input(i.name, buffer(i.state, f), i.shape); break;
+          case InputBind::host_rows: {
+            const HostTable& t = m_.host_tables[size_t(i.table)];
+            const int64_t width = i.shape.back();
+            auto [it, fresh] = pass->rows.try_emplace({i.table, i.layer.value_or(-1)});
+            RowsFeed& r = it->second;
+            if (fresh) {
+              auto scale = opts_.row_scale.find(t.use);
+              r = RowsFeed{i.table, i.layer ? int64_t(*i.layer) * width : 0, width, scale == opts_.row_scale.end() ? 1.0f : scale->second, std::vector<float>(size_t(n) * size_t(width), 0.0f)};
+            }
+            b->bind_input(i.name, r.buf.data(), i.shape);
+            break;
+          }
           default: throw std::logic_error(i.path + ": not a binding of the decoder host-ops (their validator refuses it)");
         }
       }
@@ -127,8 +170,15 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   float* x = p.residual[0].data();
   embed_rows(embedding_->as<uint16_t>(), ids, valid, H, x);
   std::fill(x + size_t(valid) * H, x + size_t(p.n) * H, 0.0f);  // padding rows of a short chunk
-  for (int r = 0; r < p.n; r++) p.positions[r] = std::min(start + r, C - 1);
-  p.mask->fill(start, valid);
+  if (opts_.embed_scale != 1.0f)
+    for (size_t e = 0; e < size_t(valid) * size_t(H); e++) x[e] *= opts_.embed_scale;
+  for (auto& [window, pos] : p.positions)
+    for (int r = 0; r < p.n; r++) pos[size_t(r)] = window ? (start + r) % window : std::min(start + r, C - 1);
+  for (auto& [window, mask] : p.masks) mask->fill(start, valid);
+  for (auto& [key, r] : p.rows) {
+    const HostTable& t = m_.host_tables[size_t(r.table)];
+    gather_rows(tables_[size_t(r.table)]->as<uint16_t>(), t.shape.back(), r.offset, r.width, ids, valid, r.scale, r.buf.data());
+  }
 
   for (Step& s : p.steps) {
     GraphBinding& b = s.binding[1] && flip_ ? *s.binding[1] : *s.binding[0];
@@ -136,7 +186,10 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
     b.run();
     *run_ms += ms_since(t0);
     // Only the real rows enter the caches, at the call's positions.
-    for (const StateRows& r : s.rows) r.write(caches_[size_t(r.state)].data(), C, p.n, start, valid);
+    for (const StateRows& r : s.rows) {
+      const std::optional<int>& ring = m_.state[size_t(r.state)].window;
+      r.write(caches_[size_t(r.state)].data(), ring ? *ring : C, p.n, start, valid, ring.has_value());
+    }
   }
   // Every recurrent state was just written to its other buffer: the next call reads that one. (A
   // bundle without recurrent state has no second bindings, so the flip changes nothing there.)
@@ -160,7 +213,7 @@ void DecoderGenerate::reset() {
   for (size_t s = 0; s < m_.state.size(); s++)
     if (m_.state[s].kind == StateKind::recurrent) std::fill(caches_[s].begin(), caches_[s].end(), 0.0f);
   flip_ = 0;
-  decode_->mask->reset();
+  decode_->masks.at(0)->reset();
 }
 
 int DecoderGenerate::prefill_tokens() const { return prefill_ ? prefill_->n : 0; }
@@ -170,5 +223,15 @@ int DecoderGenerate::step(const int* ids, int start, int valid, bool want_token,
 }
 
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec) { return std::make_unique<DecoderGenerate>(m, exec); }
+
+// Gemma 4: the tables hold the checkpoint's rows; HF scales the token embedding by √hidden and the
+// per-layer rows by √P (hostOpParams, checked by the validator), which the host applies as it feeds them.
+std::unique_ptr<Generator> make_gemma4_split_generate(const Manifest& m, Executor& exec) {
+  DecoderOptions o;
+  o.embed_scale = float(m.host_op_numbers.at("embed_scale"));
+  o.row_scale["embedding"] = o.embed_scale;
+  o.row_scale["per-layer-embedding"] = float(m.host_op_numbers.at("per_layer_embed_scale"));
+  return std::make_unique<DecoderGenerate>(m, exec, std::move(o));
+}
 
 }  // namespace forge

@@ -6,6 +6,9 @@
 //   qwen3_5_generate   hybrids (Qwen3.5): KV caches for the full-attention layers plus recurrent
 //                      state (conv FIFO, delta-rule state) that each call replaces whole; decode
 //                      over the prompt (a prefill would need the chunked delta rule), lm-head separate.
+//   gemma4_split_generate  Gemma 4 (gemma4_generate.cpp): parts in sequence, per-layer-embedding
+//                      rows gathered per token from a host table, K/V of a donor layer shared across
+//                      parts, ring caches of the sliding window, decode over the prompt.
 // One token: embedding lookup (f16 host table → f32 rows) → shards in manifest order, threading the
 // residual, each updating only its own layers' state → lm-head (or the last shard's logits) on the
 // last real row → argmax. New K/V rows come back as state-rows outputs and only the real rows are
@@ -21,6 +24,7 @@
 // table) is all either accepts.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -33,14 +37,24 @@
 
 namespace forge {
 
-/** The two host-ops DecoderGenerate serves, each with the rules of what it runs (decoder_manifest.cpp). */
+/** The host-ops DecoderGenerate serves, each with the rules of what it runs (decoder_manifest.cpp). */
 void validate_decoder_generate(const Manifest& m);
 void validate_qwen3_5_generate(const Manifest& m);
+void validate_gemma4_split_generate(const Manifest& m);
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
+std::unique_ptr<Generator> make_gemma4_split_generate(const Manifest& m, Executor& exec);
+
+/** What a host-op adds to the plain decoder's token step. */
+struct DecoderOptions {
+  /** The embedding rows entering the first shard are multiplied by this (Gemma: √hidden). */
+  float embed_scale = 1;
+  /** host-rows inputs from a table of this use are multiplied by the scale (Gemma's PLE rows: √P). */
+  std::map<std::string, float> row_scale;
+};
 
 class DecoderGenerate : public GreedyGenerator {
  public:
-  DecoderGenerate(const Manifest& manifest, Executor& executor);
+  DecoderGenerate(const Manifest& manifest, Executor& executor, DecoderOptions options = {});
   ~DecoderGenerate() override;
 
  protected:
@@ -55,7 +69,9 @@ class DecoderGenerate : public GreedyGenerator {
   int run(Pass& pass, const int* ids, int start, int valid, bool want_token, double* run_ms);
 
   Executor& exec_;
+  DecoderOptions opts_;
   std::unique_ptr<MappedFile> embedding_;
+  std::vector<std::unique_ptr<MappedFile>> tables_;  // by manifest host-table index: those host-rows inputs read
   std::vector<std::vector<float>> caches_;
   std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
   int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_

@@ -9,6 +9,7 @@
 // the f16 embedding. Anything else a manifest may express (host-rows, routing, encoders, ring or
 // shared caches, other roles) it would not execute, so it is refused here, not ignored.
 #include <algorithm>
+#include <cmath>
 #include <set>
 
 #include "decoder_generate.h"
@@ -20,6 +21,7 @@ struct DecoderRules {
   bool recurrent;           // carries recurrent state (conv FIFO, delta-rule state)
   const char* no_prefill;   // why a prefill graph is refused; nullptr: prefill graphs are run
   bool separate_lm_head;    // the logits come from an lm_head context, never from the last shard
+  bool gemma4 = false;      // token host-rows (embedding, per-layer embedding), ring caches, K/V shared across contexts
 };
 
 bool gives_logits(const Graph& g) {
@@ -33,16 +35,36 @@ std::set<int> states_read(const Graph& g) {
   return s;
 }
 
+/** A positive finite number in hostOpParams, or the refusal naming it. */
+double param(const Manifest& m, const std::string& key) {
+  auto it = m.host_op_numbers.find(key);
+  if (it == m.host_op_numbers.end() || !(it->second > 0) || !std::isfinite(it->second))
+    m.fail("hostOpParams." + key, m.host_op + " needs a positive number here");
+  return it->second;
+}
+
+/** Gemma's per-layer embeddings: f16 [vocab, layers · per_layer_dim], one slice of per_layer_dim per layer. */
+void per_layer_table(const Manifest& m, const HostTable& t) {
+  if (m.tables("per-layer-embedding").size() != 1) m.fail(t.path + ".use", m.host_op + " reads one per-layer-embedding table");
+  if (t.dtype != "float16") m.fail(t.path + ".dtype", "'" + t.dtype + "' must be float16");
+  const std::vector<int64_t> want{m.vocab, int64_t(m.layers) * int64_t(param(m, "per_layer_dim"))};
+  if (t.shape != want) m.fail(t.path + ".shape", shape_str(t.shape) + " must be [model.vocab, model.layers · hostOpParams.per_layer_dim] = " + shape_str(want));
+}
+
 void state_and_tables(const Manifest& m, const DecoderRules& r) {
   const std::string& op = m.host_op;
   for (const StateSpec& s : m.state) {
     if (s.kind == StateKind::recurrent && !r.recurrent)
       m.fail(s.path + ".kind", "recurrent state needs hostOp qwen3_5_generate; " + op + " carries kv-cache state only");
-    if (s.window) m.fail(s.path + ".window", op + " has no ring caches: a kv-cache holds a slot for every position up to limits.maxContext");
-    if (s.shared) m.fail(s.path + ".shared", op + " keeps each state in the one context that carries it");
+    if (s.window && !r.gemma4) m.fail(s.path + ".window", op + " has no ring caches: a kv-cache holds a slot for every position up to limits.maxContext");
+    if (s.shared && !r.gemma4) m.fail(s.path + ".shared", op + " keeps each state in the one context that carries it");
   }
   const HostTable* embedding = nullptr;
   for (const HostTable& t : m.host_tables) {
+    if (r.gemma4 && t.use == "per-layer-embedding") {
+      per_layer_table(m, t);
+      continue;
+    }
     if (t.use != "embedding") m.fail(t.path + ".use", op + " reads no '" + t.use + "' table (its one host table is the embedding)");
     if (embedding) m.fail(t.path + ".use", "a second embedding table ('" + embedding->name + "' is the first); " + op + " reads one");
     embedding = &t;
@@ -53,14 +75,57 @@ void state_and_tables(const Manifest& m, const DecoderRules& r) {
   if (!embedding) m.fail("hostTables", op + " needs an 'embedding' table");
 }
 
+/** A token host-rows input of gemma4: the scaled embedding row [1, N, H] or a layer's per-layer rows [1, N, P]. */
+void token_rows(const Manifest& m, const GraphInput& in) {
+  const HostTable& t = m.host_tables[size_t(in.table)];
+  if (in.index != RowIndex::token || in.slot) m.fail(in.path + ".index", m.host_op + " gathers rows by token only");
+  if (in.dtype != "float32") m.fail(in.path + ".dtype", "'" + in.dtype + "' must be float32 (the host widens the f16 rows)");
+  const int64_t N = in.shape.size() == 3 ? in.shape[1] : -1;
+  std::vector<int64_t> want;
+  if (t.use == "embedding") {
+    if (in.layer) m.fail(in.path + ".layer", "the embedding rows have no layer slice");
+    want = {1, N, m.hidden};
+  } else if (t.use == "per-layer-embedding") {
+    if (!in.layer) m.fail(in.path + ".layer", "per-layer-embedding rows need the layer whose slice they are");
+    want = {1, N, int64_t(param(m, "per_layer_dim"))};
+  } else {
+    m.fail(in.path + ".table", m.host_op + " gathers no rows of a '" + t.use + "' table");
+  }
+  if (in.shape != want) m.fail(in.path + ".shape", shape_str(in.shape) + " must be " + shape_str(want));
+}
+
+/**
+ * Ring caches: a graph reading a ring of w slots binds the mask over w slots; a windowed mask or
+ * positions input serves a ring of that width the graph reads.
+ */
+void rings(const Manifest& m, const Graph& g) {
+  std::set<int> read, masked;
+  for (const GraphInput& in : g.inputs)
+    if (in.bind == InputBind::state && m.state[size_t(in.state)].window) read.insert(*m.state[size_t(in.state)].window);
+  for (const GraphInput& in : g.inputs) {
+    if (!in.window) continue;
+    if (!read.count(*in.window)) m.fail(in.path + ".window", "the graph reads no ring cache of " + std::to_string(*in.window) + " slots");
+    if (in.bind == InputBind::mask) masked.insert(*in.window);
+  }
+  for (int w : read)
+    if (!masked.count(w)) m.fail(g.path + ".inputs", "reads a ring cache of " + std::to_string(w) + " slots but binds no mask with window " + std::to_string(w));
+}
+
 void graph(const Manifest& m, const Graph& g, const DecoderRules& r) {
   const std::string& op = m.host_op;
   if (g.role != role::prefill && g.role != role::decode && g.role != role::lm_head)
     m.fail(g.path + ".role", op + " runs no '" + g.role + "' graph (its roles: prefill, decode, lm_head)");
   if (g.role == role::prefill && r.no_prefill) m.fail(g.path + ".role", op + " " + r.no_prefill);
-  for (const GraphInput& in : g.inputs)
+  for (const GraphInput& in : g.inputs) {
+    if (in.bind == InputBind::host_rows && r.gemma4) {
+      token_rows(m, in);
+      continue;
+    }
     if (in.bind != InputBind::residual && in.bind != InputBind::positions && in.bind != InputBind::mask && in.bind != InputBind::state)
       m.fail(in.path + ".bind", op + " does not bind " + bind_name(in.bind) + " inputs");
+    if (in.window && !r.gemma4) m.fail(in.path + ".window", op + " has no ring caches");
+  }
+  if (r.gemma4) rings(m, g);
   for (const GraphOutput& o : g.outputs)
     if (o.bind == OutputBind::router_logits || o.bind == OutputBind::encoder_output || o.bind == OutputBind::hand_off) m.fail(o.path + ".bind", op + " does not bind " + bind_name(o.bind) + " outputs");
 
@@ -129,12 +194,21 @@ void contexts(const Manifest& m, const DecoderRules& r) {
 void validate_decoder(const Manifest& m, const DecoderRules& r) {
   state_and_tables(m, r);
   contexts(m, r);
+  if (r.gemma4) {
+    param(m, "embed_scale");
+    param(m, "per_layer_embed_scale");
+  }
 }
 
 }  // namespace
 
 // Dense decoders (Qwen3): KV caches only; batched prefill when every shard has a prefill graph.
 void validate_decoder_generate(const Manifest& m) { validate_decoder(m, {false, nullptr, false}); }
+
+// Gemma 4: decoded over the prompt (its graphs take one token), rows and scales from the host, ring and shared caches.
+void validate_gemma4_split_generate(const Manifest& m) {
+  validate_decoder(m, {false, "decodes over the prompt (its graphs take one token per call)", false, true});
+}
 
 // Hybrids (Qwen3.5): recurrent state besides the KV caches, decoded over the prompt, a separate lm-head.
 void validate_qwen3_5_generate(const Manifest& m) {

@@ -13,6 +13,8 @@ namespace {
 const HostOpSpec kHostOps[] = {
     {"decoder_generate", validate_decoder_generate, make_decoder_generate},
     {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate},
+    // Gemma 4: the same step with host rows (PLE), ring and shared caches, scales from hostOpParams.
+    {"gemma4_split_generate", validate_gemma4_split_generate, make_gemma4_split_generate},
     // PhiMoE: its own step (attention+router, host top-2, shared experts graph) in the same loop.
     {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate},
 };

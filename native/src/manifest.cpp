@@ -76,8 +76,14 @@ struct Parser {
     else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind"}, {"layer"});
     else if (bind == "hand-off") in.object({"name", "dtype", "shape", "bind", "handoff"});
     else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"});
+    else if (bind == "positions" || bind == "mask") in.object({"name", "dtype", "shape", "bind"}, {"window"});
     else in.object({"name", "dtype", "shape", "bind"});
     static_cast<TensorSpec&>(gi) = tensor(in);
+    // A window: the positions as ring slots (position mod window), the mask over a ring of window slots.
+    if (in.has("window")) {
+      gi.window = in.at("window").int32(1);
+      if (*gi.window > C) in.at("window").fail(std::to_string(*gi.window) + " is wider than limits.maxContext " + std::to_string(C));
+    }
     if (bind == "residual") {
       gi.bind = InputBind::residual;
       expect_tensor(in, gi, "float32", {1, N, H}, "[1, tokens, model.hidden]");
@@ -86,7 +92,8 @@ struct Parser {
       expect_tensor(in, gi, "int32", {N}, "[tokens]");
     } else if (bind == "mask") {
       gi.bind = InputBind::mask;
-      expect_tensor(in, gi, "float32", {1, 1, N, C + N}, "[1, 1, tokens, maxContext + tokens], layout past-then-new");
+      if (gi.window) expect_tensor(in, gi, "float32", {1, 1, N, *gi.window + N}, "[1, 1, tokens, window + tokens], layout past-then-new");
+      else expect_tensor(in, gi, "float32", {1, 1, N, C + N}, "[1, 1, tokens, maxContext + tokens], layout past-then-new");
     } else if (bind == "state") {
       gi.bind = InputBind::state;
       gi.state = state_ref(in.at("state"));
@@ -201,13 +208,13 @@ struct Parser {
     const int64_t N = out.tokens, C = m.max_context, H = m.hidden;
     Node ins = g.at("inputs");
     std::set<int> read_state;
-    std::map<InputBind, int> seen;
+    std::map<std::pair<InputBind, int>, int> seen;  // (bind, window): one mask over the cache and one per ring width
     for (size_t i = 0, n = ins.array(1); i < n; i++) {
       GraphInput gi = input(ins[i], N, C, H);
       if (gi.bind == InputBind::state) {
         if (!read_state.insert(gi.state).second) ins[i].at("state").fail("'" + m.state[gi.state].name + "' is bound twice");
       } else if (gi.bind == InputBind::residual || gi.bind == InputBind::positions || gi.bind == InputBind::mask) {
-        if (seen[gi.bind]++) ins[i].at("bind").fail(std::string("'") + bind_name(gi.bind) + "' is bound twice");
+        if (seen[{gi.bind, gi.window.value_or(0)}]++) ins[i].at("bind").fail(std::string("'") + bind_name(gi.bind) + "' is bound twice" + (gi.window ? " with window " + std::to_string(*gi.window) : ""));
       }
       out.inputs.push_back(gi);
     }

@@ -47,6 +47,7 @@ struct GraphInput : TensorSpec {
   RowIndex index = RowIndex::token;  // host_rows: what picks the rows
   std::optional<int> layer;    // host_rows, routing_weights (optional: absent = the layer whose router ran last)
   std::optional<int> slot;     // host_rows: which of the selected experts
+  std::optional<int> window;   // positions: ring slots (position mod window); mask: over a ring of window slots
   std::string component;       // encoder_output: the encoder component
   std::string handoff;         // hand_off: what an earlier graph of the same step handed over
   std::string path;            // e.g. contexts[0].graphs[1].inputs[3], for a validator's complaint

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <stdexcept>
 
 #include "half.h"
 
@@ -14,11 +15,32 @@ void embed_rows(const uint16_t* table, const int* ids, int n, int H, float* out)
   }
 }
 
-StepMask::StepMask(int max_context, int n, float masked)
-    : C_(max_context), n_(n), masked_(masked), mask_(size_t(n) * size_t(max_context + n), masked) {}
+void gather_rows(const uint16_t* table, int64_t cols, int64_t offset, int64_t width, const int* ids, int valid, float scale, float* out) {
+  for (int r = 0; r < valid; r++) {
+    const uint16_t* row = table + size_t(ids[r]) * size_t(cols) + size_t(offset);
+    for (int64_t c = 0; c < width; c++) out[size_t(r) * size_t(width) + size_t(c)] = half_to_float(row[c]) * scale;
+  }
+}
+
+StepMask::StepMask(int slots, int n, float masked, bool ring)
+    : C_(slots), n_(n), masked_(masked), ring_(ring), mask_(size_t(n) * size_t(slots + n), masked) {
+  if (ring && n != 1) throw std::logic_error("a ring mask serves one token per call");
+}
 
 void StepMask::fill(int start, int valid) {
   const int W = C_ + n_;
+  if (ring_) {
+    // Slots < start hold positions 0..start-1 until the ring is full; then slot start mod C holds
+    // start - C, one position too old, and every other slot a position inside the window.
+    std::fill(mask_.begin(), mask_.begin() + C_, masked_);
+    if (start < C_) std::fill(mask_.begin(), mask_.begin() + start, 0.0f);
+    else {
+      std::fill(mask_.begin(), mask_.begin() + C_, 0.0f);
+      mask_[size_t(start % C_)] = masked_;
+    }
+    mask_[size_t(C_)] = valid > 0 ? 0.0f : masked_;
+    return;
+  }
   if (n_ == 1 && visible_ >= 0 && start >= visible_) {
     // Decode: the row only gains visible slots as the position advances.
     std::fill(mask_.begin() + visible_, mask_.begin() + start, 0.0f);
@@ -39,10 +61,12 @@ StateRows::StateRows(const GraphOutput& o) : state(o.state), outer(1), inner(1),
   for (size_t d = size_t(o.axis) + 1; d < o.shape.size(); d++) inner *= size_t(o.shape[d]);
 }
 
-void StateRows::write(float* cache, int max_context, int n, int start, int valid) const {
+void StateRows::write(float* cache, int slots, int n, int start, int valid, bool ring) const {
   for (size_t o = 0; o < outer; o++)
-    for (int k = 0; k < valid; k++)
-      std::memcpy(cache + (o * size_t(max_context) + size_t(start + k)) * inner, buf.data() + (o * size_t(n) + size_t(k)) * inner, inner * sizeof(float));
+    for (int k = 0; k < valid; k++) {
+      const size_t slot = ring ? size_t((start + k) % slots) : size_t(start + k);
+      std::memcpy(cache + (o * size_t(slots) + slot) * inner, buf.data() + (o * size_t(n) + size_t(k)) * inner, inner * sizeof(float));
+    }
 }
 
 }  // namespace forge

@@ -13,10 +13,18 @@ namespace forge {
 /** Rows ids[0..n) of an f16 table [vocab, H] (the embedding), widened to float32 into out [n, H]. */
 void embed_rows(const uint16_t* table, const int* ids, int n, int H, float* out);
 
-/** The mask [n, C + n] of n new tokens at positions start.. (valid of them real), kept across calls. */
+/** Columns [offset, offset + width) of rows ids[0..valid) of an f16 table with `cols` columns, times `scale`, into out [valid, width]. */
+void gather_rows(const uint16_t* table, int64_t cols, int64_t offset, int64_t width, const int* ids, int valid, float scale, float* out);
+
+/**
+ * The mask [n, C + n] of n new tokens at positions start.. (valid of them real), kept across calls.
+ * A ring mask (one token per call) covers a ring cache of C = window slots, where position q lives in
+ * slot q mod C: a slot is visible while its position is within the window (start - q < C), so once
+ * the ring is full every slot shows but the one the new token's row will overwrite.
+ */
 class StepMask {
  public:
-  StepMask(int max_context, int n, float masked);
+  StepMask(int slots, int n, float masked, bool ring = false);
   /** Fills it for this call: cache slot j < start visible; new token k visible to row r when k <= r and k is real. */
   void fill(int start, int valid);
   /** Forgets what the decode row shows (a new sequence). */
@@ -26,6 +34,7 @@ class StepMask {
  private:
   int C_, n_;
   float masked_;
+  bool ring_;
   std::vector<float> mask_;
   int visible_ = -1;  // one token: leading cache slots the row shows now (it only grows as the position advances)
 };
@@ -36,8 +45,11 @@ struct StateRows {
   size_t outer, inner;  // elements before / after the rows axis
   std::vector<float> buf;
   explicit StateRows(const GraphOutput& o);
-  /** Writes the `valid` real rows (of n) into `cache` ([outer, C, inner]) at positions start... */
-  void write(float* cache, int max_context, int n, int start, int valid) const;
+  /**
+   * Writes the `valid` real rows (of n) into `cache` ([outer, slots, inner]) at positions start..; a
+   * ring cache (`ring`: slots = its window) at slots (start + k) mod slots.
+   */
+  void write(float* cache, int slots, int n, int start, int valid, bool ring = false) const;
 };
 
 }  // namespace forge

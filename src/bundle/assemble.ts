@@ -123,7 +123,15 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     const precision = (c.matrices ?? []).map((m) => ({ tensor: m.tensor, weights: m.scheme, ...(m.why ? { why: m.why } : {}) }));
     contexts.push({ name: c.name, files, graphs, ...(precision.length ? { precision } : {}) });
   }
-  linkOrCopy(join(input.embeddingDir, emb.embedding.file), join(out, emb.embedding.file));
+  // The family's host tables as the deployable export wrote them (the embedding first; Gemma's per-layer embeddings …).
+  const uses = new Map(family.hostTables(config).map((t) => [t.name, t.use]));
+  const hostTables: Manifest['hostTables'] = [];
+  for (const t of emb.hostTables ?? []) {
+    linkOrCopy(join(input.embeddingDir, t.file), join(out, t.file));
+    const use = uses.get(t.name);
+    if (!use) throw new Error(`${input.embeddingDir}: host table '${t.name}' is not one of family ${input.recipe.family}'s`);
+    hostTables.push({ name: t.name, use, file: t.file, sha256: await placedSha(t.file, input.embeddingDir), dtype: t.dtype, shape: t.shape });
+  }
   // Tables made in the graphs' own scheme (expert rows): from the export whose graphs they feed.
   const made: Manifest['hostTables'] = [];
   for (const t of exp.madeTables ?? []) {
@@ -143,7 +151,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     model: { family: input.recipe.family, layers: family.numLayers(config), hidden, vocab },
     contexts,
     state: [...state.values()],
-    hostTables: [{ name: 'embedding', use: 'embedding', file: emb.embedding.file, sha256: await placedSha(emb.embedding.file, input.embeddingDir), dtype: 'float16', shape: [vocab, hidden] }, ...made],
+    hostTables: [...hostTables, ...made],
     mask: { masked: MASKED, layout: 'past-then-new' },
     tokenizer: {
       file: 'tokenizer.json',

@@ -35,8 +35,11 @@ const index = z.number().int().nonnegative();
 /** Where a graph input comes from, as the host-op sees it. */
 const InputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('residual') }).strict(), // the running hidden state [1, N, H]
-  z.object({ ...tensor, bind: z.literal('positions') }).strict(), // int32 [N]: absolute positions of the N tokens
-  z.object({ ...tensor, bind: z.literal('mask') }).strict(), // additive [1, 1, N, C+N]: see `mask` below
+  // int32 [N]: absolute positions of the N tokens; with `window`, their ring slots (position mod window).
+  z.object({ ...tensor, bind: z.literal('positions'), window: z.number().int().positive().optional() }).strict(),
+  // additive [1, 1, N, C+N]: see `mask` below; with `window`, over a ring cache of that many slots
+  // ([1, 1, N, window+N]: a slot shows while its position is within the window).
+  z.object({ ...tensor, bind: z.literal('mask'), window: z.number().int().positive().optional() }).strict(),
   z.object({ ...tensor, bind: z.literal('state'), state: z.string().min(1) }).strict(), // a state buffer, bound in place
   // Rows of a host table gathered per call: by token id (per-layer embeddings) or by the selected
   // expert (its int8 rows / scales); `layer` picks the layer's slice, `slot` which of the top-k experts.

@@ -3,10 +3,26 @@
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './export-stage.js';
 import { CacheBuilder, lmHeadCases, type Feed, type GateCase } from './kv-decoder.js';
-import { attentionMask } from './blocks.js';
+import { MASKED, attentionMask } from './blocks.js';
 import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { EMBEDS, kvLayout, pleInput, type Gemma4Config } from './gemma4.js';
+import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringOf, type Gemma4Config } from './gemma4.js';
+
+/**
+ * The runtime's mask over a ring of `slots` slots for the token at `position` (native StepMask, ring):
+ * slots of earlier positions show while inside the window; once the ring is full, all but the slot
+ * about to be overwritten (it holds position - slots). The new token's own column shows.
+ */
+export function ringMask(slots: number, position: number): Float32Array {
+  const m = new Float32Array(slots + 1).fill(MASKED);
+  if (position < slots) m.fill(0, 0, position);
+  else {
+    m.fill(0, 0, slots);
+    m[position % slots] = MASKED;
+  }
+  m[slots] = 0;
+  return m;
+}
 
 /**
  * At step t a shard gets HF's residual entering its first layer, HF's embedding row (h.0) and each
@@ -44,9 +60,12 @@ export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Tr
       };
       const expected: Record<string, Float32Array> = {};
       for (const i of layers) feeds[pleInput(i)] = f(await trace.get(p, t, `ple_in.${i}`), [1, 1, c.ple]);
+      const ring = ringOf(c, maxContext);
+      if (ring && entry.inputs.some((t) => t.name === RING_MASK)) feeds[RING_MASK] = f(ringMask(ring, t), [1, 1, 1, ring + 1]);
+      if (ring && entry.inputs.some((t) => t.name === RING_SLOT)) feeds[RING_SLOT] = { dtype: 'int32', data: Int32Array.of(t % ring), dims: [1] };
       for (const [cache, ids] of [[ownCache, own], [donorCache, foreign]] as const) {
         for (const i of ids) {
-          const shape = [1, c.layer[i].kvHeads, maxContext, c.layer[i].headDim];
+          const shape = [1, c.layer[i].kvHeads, kv.layer(i).ring ?? maxContext, c.layer[i].headDim];
           feeds[pastKv('k', i)] = f(cache.k.get(i)!, shape);
           feeds[pastKv('v', i)] = f(cache.v.get(i)!, shape);
         }

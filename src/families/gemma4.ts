@@ -14,17 +14,20 @@
 //  - Cross-layer KV sharing: the last num_kv_shared_layers layers read the K/V of the last earlier
 //    layer of their type (the donor) and compute none. A shard holding the donor uses its new rows
 //    directly; a shard without it reads the donor's cache state (kv.<d>.k) AFTER the donor's graph
-//    wrote this step's row, and gathers that row at `position` (the runtime must write state rows
+//    wrote this step's row, and reads that row at its slot (a one-hot MatMul) (the runtime must write state rows
 //    before running the next context — the contract the gemma4 host-op keeps).
 //  - layer_scalar multiplies each layer's output; GELU-tanh MLP; final logit softcap c·tanh(x/c); tied lm-head.
-// Decode graphs only (N = 1). The caches are full length here, sliding layers masked to their
-// window in the graph (from `position`): ring buffers of the window size come in a later step.
+//  - Sliding layers' caches are rings of `sliding_window` slots (position q in slot q mod W) when the
+//    window is shorter than maxContext, with their own mask (attn_mask_sliding, the runtime's ring
+//    mask) and, where a shard reads a sliding donor's cache, the ring slot of the call (ring_slot);
+//    full layers keep maxContext slots.
+// Decode graphs only (N = 1): the runtime decodes over the prompt.
 import { z } from 'zod';
 import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { GraphEntry } from './export-stage.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
-import { MASKED, cachedAttention, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+import { cachedAttention, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { gemma4Cases } from './gemma4-gates.js';
@@ -174,20 +177,33 @@ const lmHeadWeight = (c: Gemma4Config) => (c.tied ? EMBEDDING : 'lm_head.weight'
 /** Graph inputs beyond the decoder's: the token's embedding (h.0) and each layer's PLE token rows. */
 export const EMBEDS = 'embeds';
 export const pleInput = (layer: number) => `ple_${layer}`;
+/** Ring-cache inputs: the sliding layers' mask over the ring, and the call's slot (position mod window). */
+export const RING_MASK = 'attn_mask_sliding';
+export const RING_SLOT = 'ring_slot';
+/** The ring width of a sliding layer's cache, or null where the cache keeps every position (the window reaches past maxContext). */
+export const ringOf = (c: Gemma4Config, maxContext: number): number | null => (c.slidingWindow < maxContext ? c.slidingWindow : null);
+
 /** Host-table names in the manifest. */
 export const TABLES = { embedding: 'embedding', ple: 'per_layer_embedding' } as const;
 /** The runtime host-op for this family; the native registry has no such host-op yet (step 2 of issue 16). */
 export const HOST_OP = 'gemma4_split_generate';
 
-/** Each layer's KV cache: its own heads and head size; KV-shared layers have none (they read the donor's). */
-export const kvLayout = (c: Gemma4Config, maxContext: number): KvLayout => ({ maxContext, layer: (i) => ({ kvHeads: c.layer[i].kvHeads, headDim: c.layer[i].headDim }) });
+/** Each layer's KV cache: its own heads and head size, a ring for sliding layers; KV-shared layers have none (they read the donor's). */
+export const kvLayout = (c: Gemma4Config, maxContext: number): KvLayout => ({
+  maxContext,
+  layer: (i) => {
+    const ring = c.layer[i].type === 'sliding_attention' ? ringOf(c, maxContext) : null;
+    return { kvHeads: c.layer[i].kvHeads, headDim: c.layer[i].headDim, ...(ring ? { ring } : {}) };
+  },
+});
 
 export const gemma4: Family<Gemma4Config> = {
   id: 'gemma4',
   hostOp: HOST_OP,
   parseConfig: parseGemma4Config,
-  // The sliding layers' mask is built in the graph from slot indices over the whole cache, which the
-  // oracle's cache window would cut: the gate runs the graphs whole until ring buffers replace it.
+  // A KV-shared layer in a shard without its donor gathers the donor's row of this step from the
+  // cache (a slot its mask does not open), which the oracle's cache window would cut: the gate runs
+  // the graphs on the whole cache.
   gateWindow: false,
   numLayers: (c) => c.layers,
   hostTables: (c) => [
@@ -241,6 +257,16 @@ export function ropeTablesFrom(ctx: number, inv: Float32Array): { cos: Float32Ar
 interface ShardIO {
   ctx: number;
   position: string;
+  /** The call's ring slot (position mod window), declared when a shard reads a sliding donor's ring. */
+  slot: () => string;
+  /** Cache slots per layer type (a ring for sliding layers when the window is shorter than ctx). */
+  slots: Record<LayerType, number>;
+  /**
+   * One-hot [1,1,1,slots] of this call's slot in a layer type's cache: a MatMul with it reads the row
+   * the donor's context wrote. Not a Gather on the slot axis: on the HTP simulator that returned
+   * another head's numbers for some positions (tiny-gemma4, position 39: cosine 0.73).
+   */
+  pick: (type: LayerType) => string;
   rope: Partial<Record<LayerType, { cos: string; sin: string }>>;
   mask: Record<LayerType, string>;
   /** The cache inputs declared so far, by layer (a donor's is read by its own and its sharers' attention). */
@@ -254,8 +280,8 @@ interface ShardIO {
 function pastOf(g: GraphBuilder, c: Gemma4Config, d: number, s: ShardIO): { k: string; v: string } {
   let p = s.past.get(d);
   if (!p) {
-    const { kvHeads, headDim } = c.layer[d];
-    const shape = [1, kvHeads, s.ctx, headDim];
+    const { kvHeads, headDim, type } = c.layer[d];
+    const shape = [1, kvHeads, s.slots[type], headDim];
     p = { k: g.input(pastKv('k', d), f32, shape), v: g.input(pastKv('v', d), f32, shape) };
     s.inputs.push(io(p.k, shape), io(p.v, shape));
     s.past.set(d, p);
@@ -286,12 +312,14 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
     s.fresh.set(i, kv);
   } else {
     // The donor's row of this step: computed here, or already written into its cache by the donor's context.
-    kv = s.fresh.get(kvFrom) ?? {
-      k: g.op('Gather', [past.k, s.position], { axis: 2 }),
-      v: g.op('Gather', [past.v, s.position], { axis: 2 }),
-    };
+    const fresh = s.fresh.get(kvFrom);
+    if (fresh) kv = fresh;
+    else {
+      const pick = s.pick(type);
+      kv = { k: g.op('MatMul', [pick, past.k]), v: g.op('MatMul', [pick, past.v]) };
+    }
   }
-  const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n: 1, ctx: s.ctx, scale: 1 });
+  const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n: 1, ctx: s.slots[type], scale: 1 });
   const o = await lin(mergeHeads(g, attn, heads, d, 1), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, await norm(o, 'post_attention_layernorm', H)]);
   const m = await norm(h1, 'pre_feedforward_layernorm', H);
@@ -330,7 +358,29 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
   const layers = Array.from({ length: s.last - s.first + 1 }, (_, k) => s.first + k);
   const rows = layers.map((i) => g.input(pleInput(i), f32, [1, 1, P]));
   const inputs = [io(x0, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(embeds, [1, 1, H]), ...rows.map((r) => io(r, [1, 1, P]))];
-  const sio: ShardIO = { ctx, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [] };
+  const ring = ringOf(c, ctx);
+  let slot: string | undefined;
+  const picks: Partial<Record<LayerType, string>> = {};
+  const sio: ShardIO = {
+    ctx, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [],
+    slots: { full_attention: ctx, sliding_attention: ring ?? ctx },
+    slot: () => {
+      if (!slot) {
+        slot = g.input(RING_SLOT, 'int32', [1]);
+        inputs.push(io(slot, [1], 'int32'));
+      }
+      return slot;
+    },
+    pick: (type) => {
+      if (!picks[type]) {
+        const n = sio.slots[type];
+        const index = g.initializer(`slot_index.${n}`, Int32Array.from({ length: n }, (_, j) => j), [n], 'int32');
+        const hot = g.op('Cast', [g.op('Equal', [index, n < ctx ? sio.slot() : position])], { to: 1 });
+        picks[type] = g.op('Reshape', [hot, g.constInt64([1, 1, 1, n])]);
+      }
+      return picks[type]!;
+    },
+  };
   const types = new Set(layers.map((i) => c.layer[i].type));
   for (const type of types) {
     const inv = c.invFreq[type];
@@ -338,14 +388,10 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
     const d = inv.length * 2;
     sio.rope[type] = ropeGather(g, position, { cos: g.initializer(`rope.${type}.cos`, t.cos, [ctx, d]), sin: g.initializer(`rope.${type}.sin`, t.sin, [ctx, d]) }, 1, d);
   }
-  if (types.has('sliding_attention') && ctx > 0) {
-    // Slot j (= position j in a full-length cache) is also hidden when j <= position - window
-    // (HF: a key is visible while position - j < window); the new token stays visible.
-    const slots = g.initializer('slot_index', Int32Array.from({ length: ctx }, (_, j) => j), [ctx], 'int32');
-    const oldest = g.op('Sub', [position, g.initializer('window_minus_1', Int32Array.of(c.slidingWindow - 1), [1], 'int32')]);
-    const tooOld = g.op('Reshape', [g.op('Less', [slots, oldest]), g.constInt64([1, 1, 1, ctx])]);
-    const [pastPart, newPart] = g.op('Split', [mask, g.constInt64([ctx, 1])], { axis: 3 }, 2);
-    sio.mask.sliding_attention = g.op('Concat', [g.op('Where', [tooOld, g.constFloat32([MASKED], []), pastPart]), newPart], { axis: 3 });
+  // Without a ring every cached position is inside the window (ctx ≤ window): the full mask serves.
+  if (ring && layers.some((i) => c.layer[c.layer[i].kvFrom].type === 'sliding_attention')) {
+    sio.mask.sliding_attention = g.input(RING_MASK, f32, [1, 1, 1, ring + 1]);
+    inputs.push(io(sio.mask.sliding_attention, [1, 1, 1, ring + 1]));
   }
   const ple = await perLayerInputs(g, c, s, w, embeds, rows);
   const probes: Record<string, TensorIO> = {};
@@ -380,10 +426,13 @@ async function gemma4LmHead(g: GraphBuilder, c: Gemma4Config, w: GraphWeights): 
  * donor's cache read by a shard that does not write it is the same state, marked shared.
  */
 function gemma4Bindings(c: Gemma4Config, entry: GraphEntry, maxContext: number): GraphBindings {
-  const extra = new Set([EMBEDS, ...Array.from({ length: c.layers }, (_, i) => pleInput(i))]);
+  const ring = ringOf(c, maxContext);
+  const extra = new Set([EMBEDS, RING_MASK, RING_SLOT, ...Array.from({ length: c.layers }, (_, i) => pleInput(i))]);
   const plain = kvDecoderBindings({ ...entry, inputs: entry.inputs.filter((t) => !extra.has(t.name)) }, kvLayout(c, maxContext));
   const inputs = entry.inputs.map((t) => {
     if (t.name === EMBEDS) return { ...t, bind: 'host-rows' as const, table: TABLES.embedding, index: 'token' as const };
+    if (t.name === RING_MASK) return { ...t, bind: 'mask' as const, window: ring! };
+    if (t.name === RING_SLOT) return { ...t, bind: 'positions' as const, window: ring! };
     const m = /^ple_(\d+)$/.exec(t.name);
     if (m) return { ...t, bind: 'host-rows' as const, table: TABLES.ple, index: 'token' as const, layer: Number(m[1]) };
     return plain.inputs.find((b) => b.name === t.name)!;

@@ -33,6 +33,8 @@ export interface GateCase {
 export interface KvHeads {
   kvHeads: number;
   headDim: number;
+  /** A ring cache of this many slots (position q in slot q mod slots); absent: one slot per position up to maxContext. */
+  ring?: number;
 }
 
 export interface KvLayout {
@@ -65,29 +67,33 @@ export async function stackKv(trace: Trace, p: number, steps: number[], n: numbe
   return out;
 }
 
-/** The KV cache as HF had it before step `upTo`: slot t holds step t's row, the rest zeros. */
+/**
+ * The KV cache as HF had it before step `upTo`: slot t holds step t's row, the rest zeros; a ring
+ * cache holds the last `ring` steps' rows, step t at slot t mod ring (as the runtime writes it).
+ */
 export class CacheBuilder {
   readonly k = new Map<number, Float32Array>();
   readonly v = new Map<number, Float32Array>();
   filled = 0;
   constructor(private readonly layers: number[], private readonly kv: KvLayout) {
     for (const i of layers) {
-      const { kvHeads, headDim } = kv.layer(i);
-      this.k.set(i, new Float32Array(kvHeads * kv.maxContext * headDim));
-      this.v.set(i, new Float32Array(kvHeads * kv.maxContext * headDim));
+      const { kvHeads, headDim, ring } = kv.layer(i);
+      this.k.set(i, new Float32Array(kvHeads * (ring ?? kv.maxContext) * headDim));
+      this.v.set(i, new Float32Array(kvHeads * (ring ?? kv.maxContext) * headDim));
     }
   }
 
   async fillTo(trace: Trace, p: number, upTo: number): Promise<void> {
-    const C = this.kv.maxContext;
     for (; this.filled < upTo; this.filled++) {
       const t = this.filled;
       for (const i of this.layers) {
-        const { kvHeads: H, headDim: d } = this.kv.layer(i);
+        const { kvHeads: H, headDim: d, ring } = this.kv.layer(i);
+        const C = ring ?? this.kv.maxContext;
+        const slot = ring ? t % ring : t;
         for (const [what, cache] of [['k', this.k], ['v', this.v]] as const) {
           const row = await trace.get(p, t, `${what}.${i}`);
           const buf = cache.get(i)!;
-          for (let h = 0; h < H; h++) buf.set(row.subarray(h * d, (h + 1) * d), (h * C + t) * d);
+          for (let h = 0; h < H; h++) buf.set(row.subarray(h * d, (h + 1) * d), (h * C + slot) * d);
         }
       }
     }
@@ -165,14 +171,14 @@ function paddingMasks(expected: Record<string, Float32Array>, layers: number[], 
  */
 export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: string, layer: number) => number[]): GraphBindings {
   const state: GraphBindings['state'] = [];
-  const cacheShape = (i: number) => [1, kv.layer(i).kvHeads, kv.maxContext, kv.layer(i).headDim];
+  const cacheShape = (i: number) => [1, kv.layer(i).kvHeads, kv.layer(i).ring ?? kv.maxContext, kv.layer(i).headDim];
   const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
     const io = parseStateInput(t.name);
     if (io && (!io.recurrent || recurrentShape)) {
       const name = stateName(io);
       state.push(io.recurrent
         ? { name, kind: 'recurrent', dtype: 'float32', shape: recurrentShape!(io.kind, io.layer) }
-        : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape(io.layer), positionAxis: 2 });
+        : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape(io.layer), positionAxis: 2, ...(kv.layer(io.layer).ring ? { window: kv.layer(io.layer).ring } : {}) });
       return { ...t, bind: 'state', state: name };
     }
     if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };

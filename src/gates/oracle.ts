@@ -79,7 +79,10 @@ const MASK_INPUT = 'attn_mask';
  * whole. `windowed` false: the whole cache (tests compare the two).
  */
 export function gateForm(entry: GraphEntry, copies: number, windowed = true): GateForm {
-  const cache = entry.inputs.map((t) => t.name).filter((n) => parseStateInput(n)?.recurrent === false);
+  // Copies share the caches that keep every position (maxContext slots, the mask's past part): a
+  // ring cache's later rows overwrite earlier ones, so each copy gets its own.
+  const mask = entry.inputs.find((t) => t.name === MASK_INPUT);
+  const cache = entry.inputs.filter((t) => parseStateInput(t.name)?.recurrent === false && (!mask || t.shape[2] === mask.shape[3] - entry.n)).map((t) => t.name);
   const oneToken = entry.n === 1;
   const form: GateForm = { copies: oneToken ? copies : 1, shared: new Set(oneToken && copies > 1 ? cache : []) };
   if (windowed && oneToken && cache.length && entry.inputs.some((t) => t.name === MASK_INPUT)) form.window = { cache, mask: MASK_INPUT };
