@@ -1,7 +1,8 @@
-// Gemma 4 text (family gemma4), step 1 of issue 16: the tiny twin built through the oracle gate, the
-// graphs' interfaces (PLE inputs, per-type head sizes, KV sharing as donor caches), the bindings, the
-// subtle pieces by themselves (softcap, GELU-tanh, proportional RoPE, the PLE mixing), and the clean
-// refusal of a build past the oracle while the runtime has no gemma4 host-op.
+// Gemma 4 text (family gemma4, issue 16): the tiny twin built with every gate (oracle, host parity
+// through gemma4_split_generate, the simulator), the graphs' interfaces (PLE inputs, per-type head
+// sizes, ring caches of the sliding window, KV sharing as donor caches), the bindings, the subtle
+// pieces by themselves (softcap, GELU-tanh, proportional RoPE, the PLE mixing, the ring mask), and
+// the clean refusal of a build past the oracle for a family whose host-op the runtime lacks.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -14,6 +15,11 @@ import { cacheRoot } from '../src/paths.js';
 import type { ExportManifest } from '../src/families/export-stage.js';
 import type { OracleResult } from '../src/gates/oracle.js';
 import { gemma4, geluTanh, invFreq, parseGemma4Config, softcap, type Gemma4Config } from '../src/families/gemma4.js';
+import { ringMask } from '../src/families/gemma4-gates.js';
+import { MASKED } from '../src/families/blocks.js';
+import { runtimeHostOps } from '../pipelines/build.js';
+import { readModel } from '../src/onnx/reader.js';
+import type { Manifest } from '../src/bundle/manifest.js';
 import { GraphBuilder, writeModel } from '../src/onnx/index.js';
 import { buildPipeline, refuseWithoutHostOp } from '../pipelines/build.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
@@ -21,6 +27,7 @@ import type { RunRecord } from '../src/engine/record.js';
 import { componentTensors } from '../src/families/tensors.js';
 
 let record: RunRecord;
+let out = '';
 let seconds = 0;
 const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);
 const manifest = (dir: string) => JSON.parse(readFileSync(join(dir, 'graphs.json'), 'utf8')) as ExportManifest;
@@ -31,11 +38,12 @@ const config = (): Gemma4Config => parseGemma4Config(rawConfig(), 'config.json')
 
 beforeAll(async () => {
   const t0 = performance.now();
-  record = await build({ recipe: 'tiny-gemma4', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-gemma4-')), progress: silentProgress, until: 'oracle' });
+  out = mkdtempSync(join(tmpdir(), 'forge-gemma4-'));
+  record = await build({ recipe: 'tiny-gemma4', arch: 'v81', out, progress: silentProgress });
   seconds = (performance.now() - t0) / 1000;
   expect(record.error).toBeUndefined();
   expect(record.ok).toBe(true);
-}, 1_800_000); // the trained twin is made first: a minute or two on two cores
+}, 1_800_000); // the trained twin is made first (a minute or two on two cores); the simulator gate ~80 s
 
 describe('gemma4 config', () => {
   it("reads the twin's text_config: per-type head sizes, KV donors, PLE width, softcap, proportional RoPE", () => {
@@ -71,14 +79,15 @@ describe('gemma4 export', () => {
     const mf = manifest(entry('export'));
     expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['shard1.decode'], ['lm_head']]);
     const [s0, s1, head] = graphs(entry('export'));
-    expect(names(s0.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_0', 'ple_1', 'ple_2', 'past_k_0', 'past_v_0', 'past_k_1', 'past_v_1', 'past_k_2', 'past_v_2']);
+    expect(names(s0.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_0', 'ple_1', 'ple_2', 'attn_mask_sliding', 'past_k_0', 'past_v_0', 'past_k_1', 'past_v_1', 'past_k_2', 'past_v_2']);
     expect(names(s0.outputs)).toEqual(['hidden_out', 'new_k_0', 'new_v_0', 'new_k_1', 'new_v_1', 'new_k_2', 'new_v_2']);
     // Shard 1 (layers 3-7): layer 2's cache is read (donor of 5 and 7, in shard 0); layer 4 is donor of 6 in the same graph.
-    expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_3', 'ple_4', 'ple_5', 'ple_6', 'ple_7',
+    expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_3', 'ple_4', 'ple_5', 'ple_6', 'ple_7', 'attn_mask_sliding',
       'past_k_3', 'past_v_3', 'past_k_4', 'past_v_4', 'past_k_2', 'past_v_2']);
     expect(names(s1.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs].map((t) => [t.name, t]));
-    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 32] }); // sliding: head_dim 32, full-length cache (ring buffers later)
+    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 16, 32] }); // sliding: head_dim 32, a ring of the 16-token window
+    expect(io.attn_mask_sliding).toMatchObject({ dtype: 'float32', shape: [1, 1, 1, 17] });
     expect(io.past_k_2).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 64] }); // full: head_dim 64
     expect(io.new_v_2).toMatchObject({ shape: [1, 2, 1, 64] });
     expect(io.ple_3).toMatchObject({ dtype: 'float32', shape: [1, 1, 16] });
@@ -103,18 +112,34 @@ describe('gemma4 export', () => {
     await expect(prefill.build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' })).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
   });
 
-  it('binds the PLE and embedding rows to the host tables by token, the donor cache as one shared state', () => {
+  it('binds the PLE and embedding rows to the host tables by token, sliding caches as rings of the window, the donor cache as one shared state', () => {
     const c = config();
-    const [, s1] = graphs(entry('quantize'));
+    const [s0, s1] = graphs(entry('quantize'));
     const b = gemma4.bindings(c, s1, 64);
     const byName = Object.fromEntries(b.inputs.map((x) => [x.name, x]));
     expect(byName.embeds).toMatchObject({ bind: 'host-rows', table: 'embedding', index: 'token' });
     expect(byName.ple_5).toMatchObject({ bind: 'host-rows', table: 'per_layer_embedding', index: 'token', layer: 5 });
     expect(byName.past_k_2).toMatchObject({ bind: 'state', state: 'kv.2.k' });
+    // Full layer 2 (read by 5 and 7 in the other shard): every position; sliding layer 3: a ring of 16.
     expect(b.state.find((s) => s.name === 'kv.2.k')).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 64, 64], shared: true });
-    expect(b.state.find((s) => s.name === 'kv.3.k')!).not.toHaveProperty('shared');
+    expect(b.state.find((s) => s.name === 'kv.2.k')!).not.toHaveProperty('window');
+    expect(b.state.find((s) => s.name === 'kv.3.k')).toEqual({ name: 'kv.3.k', kind: 'kv-cache', dtype: 'float32', shape: [1, 2, 16, 32], positionAxis: 2, window: 16 });
+    expect(byName.attn_mask_sliding).toMatchObject({ bind: 'mask', window: 16, shape: [1, 1, 1, 17] });
+    expect(byName.attn_mask).toMatchObject({ bind: 'mask', shape: [1, 1, 1, 257] });
+    expect(byName.attn_mask).not.toHaveProperty('window');
+    // The window reaches past a short maxContext: no ring, no sliding mask.
+    const short = gemma4.bindings(c, s0, 16);
+    expect(short.state.every((s) => !('window' in s))).toBe(true);
     expect(gemma4.hostTables(c).map((t) => [t.name, t.use, t.shape])).toEqual([['embedding', 'embedding', [1024, 64]], ['per_layer_embedding', 'per-layer-embedding', [1024, 128]]]);
     expect(gemma4.hostOpParams!(c)).toEqual({ embed_scale: 8, per_layer_embed_scale: 4, per_layer_dim: 16 });
+  });
+
+  it("reads a donor's row in another shard with a one-hot MatMul at the slot, never a Gather on a cache", () => {
+    const m = readModel(join(entry('quantize'), 'shard1.decode.onnx'));
+    const caches = new Set(m.inputs().map((t) => t.name).filter((n) => /^past_[kv]_/.test(n)));
+    expect(caches.has('past_k_2')).toBe(true);
+    expect(m.nodes().filter((n) => n.opType === 'Gather' && n.inputs.some((i) => caches.has(i)))).toEqual([]);
+    expect(m.nodes().filter((n) => n.opType === 'MatMul' && n.inputs[1] === 'past_k_2').length).toBe(2); // layers 5 and 7
   });
 });
 
@@ -138,7 +163,7 @@ describe('gemma4 oracle gate', () => {
     // The traces run past the twin's sliding window (16): the masked window is exercised.
     const trace = JSON.parse(readFileSync(join(entry('trace'), 'trace.json'), 'utf8'));
     expect(Math.max(...trace.prompts.map((p: { steps: number }) => p.steps))).toBeGreaterThan(2 * 16);
-    console.log(`tiny-gemma4 --until oracle: ${seconds.toFixed(1)} s; ` + Object.entries(r.graphs).map(([k, g]) => `${k} ${g.minCosine.toFixed(7)}`).join(', '));
+    console.log(`tiny-gemma4 build: ${seconds.toFixed(1)} s; ` + Object.entries(r.graphs).map(([k, g]) => `${k} ${g.minCosine.toFixed(7)}`).join(', '));
   });
 });
 
@@ -171,16 +196,53 @@ describe('gemma4 pieces', () => {
   });
 });
 
-describe('gemma4 past the oracle', () => {
+describe('gemma4 on the runtime', () => {
+  const gates = () => record.gates as Record<string, any>;
+
+  it('keeps greedy parity with HF on the host in fp32 and W8, every step, past the sliding window', () => {
+    const parity = gates().parity;
+    expect(parity.ok).toBe(true);
+    for (const v of ['export', 'quantize']) expect(parity.variants[v]).toMatchObject({ ok: true, mismatches: 0, ties: 0, matched: parity.variants[v].total });
+    // 4 prompts × 40 tokens, each continuation alone longer than the 16-slot ring: it wraps while generating.
+    expect(parity.variants.quantize.total).toBe(4 * 40);
+    const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
+    expect(m.hostOp).toBe('gemma4_split_generate');
+    expect(m.state.filter((s) => s.kind === 'kv-cache' && s.window === 16).map((s) => s.name)).toEqual(['kv.0.k', 'kv.0.v', 'kv.1.k', 'kv.1.v', 'kv.3.k', 'kv.3.v', 'kv.4.k', 'kv.4.v']);
+    expect(m.hostTables.map((t) => t.use)).toEqual(['embedding', 'per-layer-embedding']);
+  });
+
+  it("passes the simulator gate: the compiled graphs within W8's cosine of HF, parity on the simulator", () => {
+    const e = gates().emulation;
+    expect(e.ok).toBe(true);
+    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(e.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
+    expect(e.parity).toMatchObject({ ok: true, matched: 160, total: 160 });
+  });
+
+  it("masks a ring slot exactly when HF's sliding rule hides the position it holds", () => {
+    const W = 4;
+    for (let p = 0; p < 11; p++) {
+      const m = ringMask(W, p);
+      for (let slot = 0; slot < W; slot++) {
+        const q = p - 1 - ((((p - 1 - slot) % W) + W) % W); // the position the slot holds before this step's row
+        expect(m[slot], `position ${p} slot ${slot}`).toBe(q >= 0 && p - q < W ? 0 : MASKED);
+      }
+      expect(m[W]).toBe(0);
+    }
+  });
+});
+
+describe('a family whose host-op the runtime lacks', () => {
   it('is refused before anything runs, naming the missing host-op, for any stage that runs the runtime; --until oracle or compile is allowed', () => {
     const { recipe } = loadRecipe('tiny-gemma4');
     const { arch, settings } = archSettings(recipe, 'v81');
     const p = buildPipeline(recipe, arch, settings);
+    const without = new Set(['decoder_generate', 'qwen3_5_generate', 'phimoe_generate']);
     for (const until of [undefined, 'parity', 'bundle']) {
-      expect(() => refuseWithoutHostOp(recipe, p, until)).toThrow(/family gemma4 needs host-op 'gemma4_split_generate', which the native runtime does not have yet .*build with --until oracle/);
+      expect(() => refuseWithoutHostOp(recipe, p, until, without)).toThrow(/family gemma4 needs host-op 'gemma4_split_generate', which the native runtime does not have yet .*build with --until oracle/);
     }
-    for (const until of ['oracle', 'compile', 'quantize']) expect(() => refuseWithoutHostOp(recipe, p, until)).not.toThrow();
-    // Once the runtime registers it, nothing is refused.
-    expect(() => refuseWithoutHostOp(recipe, p, undefined, new Set(['gemma4_split_generate']))).not.toThrow();
+    for (const until of ['oracle', 'compile', 'quantize']) expect(() => refuseWithoutHostOp(recipe, p, until, without)).not.toThrow();
+    // The runtime registers it (native/src/host_ops.cpp): nothing is refused.
+    expect(runtimeHostOps().has('gemma4_split_generate')).toBe(true);
+    expect(() => refuseWithoutHostOp(recipe, p, undefined)).not.toThrow();
   });
 });

@@ -1,9 +1,9 @@
 // Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, with
 // --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op), with --phimoe an fp32 and a
-// W8 bundle of tiny-phimoe (phimoe_generate):
-//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--all: every one]
+// W8 bundle of tiny-phimoe (phimoe_generate), with --gemma4 of tiny-gemma4 (gemma4_split_generate):
+//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--gemma4] [--all: every one]
 // Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
-// [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir]} as JSON.
+// [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir][, "gemma4": dir, "gemma4W8": dir, "gemma4Trace": dir]} as JSON.
 // fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
 // form a recipe whose quant is fp32 compiles); the reference export reads the bf16 checkpoint in place.
 import { join } from 'node:path';
@@ -49,4 +49,7 @@ const hybrid = wants('--hybrid')
 const phimoe = wants('--phimoe')
   ? { phimoe: join(out, 'phimoe'), phimoeW8: join(out, 'phimoe-w8'), phimoeTrace: (await bundles('tiny-phimoe', 'oracle', { phimoe: 'export', 'phimoe-w8': 'quantize' })).trace }
   : {};
-console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe }));
+const gemma4 = wants('--gemma4')
+  ? { gemma4: join(out, 'gemma4'), gemma4W8: join(out, 'gemma4-w8'), gemma4Trace: (await bundles('tiny-gemma4', 'oracle', { gemma4: 'export', 'gemma4-w8': 'quantize' })).trace }
+  : {};
+console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe, ...gemma4 }));

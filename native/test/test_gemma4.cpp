@@ -1,0 +1,158 @@
+// gemma4_split_generate on the Gemma-4 twin's bundles (test/helpers/make-bundle.ts --gemma4): every
+// token HF's in fp32 and W8 while prompts and continuations run past the sliding window (the ring
+// caches wrap); the ring mask and ring writes by themselves; and the validator refusing, naming the
+// field, what the host-op would not run.
+#include <fstream>
+#include <algorithm>
+#include <cctype>
+#include <functional>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "bundle_env.h"
+#include "manifest.h"
+#include "step_buffers.h"
+
+using nlohmann::json;
+using forge_test::load;
+
+namespace {
+
+constexpr float kMasked = -65504.0f;
+
+std::string error_of(const json& doc, const std::string& root) {
+  try {
+    forge::parse_manifest(doc, "manifest.json", root);
+  } catch (const forge::ManifestError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+/** The ring width of the bundle's sliding caches (every windowed state has the same). */
+int ring_of(const forge::Manifest& m) {
+  int w = 0;
+  for (const forge::StateSpec& s : m.state)
+    if (s.window) w = *s.window;
+  return w;
+}
+
+void expect_parity_past_the_window(const char* label, const std::string& bundle, const std::string& trace) {
+  auto l = load(bundle);
+  ASSERT_EQ(l->manifest.host_op, "gemma4_split_generate");
+  const int ring = ring_of(l->manifest);
+  ASSERT_GT(ring, 0) << "the bundle has no ring cache";
+  ASSERT_LT(ring, l->manifest.max_context);
+  auto prompts = forge_test::load_trace(trace);
+  size_t longest = 0;
+  for (const auto& tp : prompts) {
+    auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+    EXPECT_EQ(r.generated, tp.generated) << label << " '" << tp.text << "'";
+    longest = std::max(longest, tp.prompt_tokens.size() + tp.generated.size());
+    // A continuation alone longer than the window: the ring wraps while generating, not only in the prompt.
+    EXPECT_GT(tp.generated.size(), size_t(ring)) << tp.text;
+  }
+  EXPECT_GT(longest, size_t(4 * ring)) << "no prompt wraps the ring several times";
+}
+
+}  // namespace
+
+TEST(Gemma4, Fp32GreedyParityWithHFPastTheSlidingWindow) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  expect_parity_past_the_window("gemma4 fp32", bundle, trace);
+}
+
+TEST(Gemma4, W8GreedyParityWithHFPastTheSlidingWindow) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE_W8");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  expect_parity_past_the_window("gemma4 w8", bundle, trace);
+}
+
+// HF's sliding rule: a key at q is seen from position p while p - q < window. In a ring of window
+// slots, position q lives in slot q mod window; the new token's own column always shows.
+TEST(RingMask, ShowsExactlyThePositionsInsideTheWindow) {
+  const int W = 4;
+  forge::StepMask mask(W, 1, kMasked, true);
+  for (int p = 0; p < 11; p++) {
+    mask.fill(p, 1);
+    for (int slot = 0; slot < W; slot++) {
+      // The position the slot holds before this token's row is written: the latest q < p with q mod W == slot.
+      int q = p - 1 - ((p - 1 - slot) % W + W) % W;
+      bool visible = q >= 0 && p - q < W;
+      EXPECT_EQ(mask.data()[slot], visible ? 0.0f : kMasked) << "position " << p << " slot " << slot;
+    }
+    EXPECT_EQ(mask.data()[W], 0.0f);
+  }
+}
+
+TEST(RingMask, RowsGoToTheirSlotModuloTheWindow) {
+  forge::GraphOutput o;
+  o.shape = {1, 2, 1, 3};  // two heads, one row of three
+  o.axis = 2;
+  o.state = 0;
+  forge::StateRows rows(o);
+  std::vector<float> cache(2 * 4 * 3, 0.0f);
+  for (int p = 0; p < 6; p++) {
+    for (size_t e = 0; e < rows.buf.size(); e++) rows.buf[e] = float(100 * p + int(e));
+    rows.write(cache.data(), 4, 1, p, 1, true);
+  }
+  // Positions 4 and 5 overwrote slots 0 and 1; slots 2 and 3 still hold positions 2 and 3.
+  const int expect_pos[4] = {4, 5, 2, 3};
+  for (int h = 0; h < 2; h++)
+    for (int s = 0; s < 4; s++) EXPECT_EQ(cache[size_t((h * 4 + s) * 3)], float(100 * expect_pos[s] + h * 3)) << "head " << h << " slot " << s;
+}
+
+TEST(Gemma4Manifest, ItsHostOpRulesHold) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  const json good = read_json(bundle + "/manifest.json");
+  ASSERT_EQ(error_of(good, bundle), "");
+  // Find a graph reading a ring cache and its windowed mask, and a per-layer-rows input.
+  std::string mask_at, rows_at;
+  for (size_t c = 0; c < good["contexts"].size(); c++)
+    for (size_t g = 0; g < good["contexts"][c]["graphs"].size(); g++)
+      for (size_t i = 0; i < good["contexts"][c]["graphs"][g]["inputs"].size(); i++) {
+        const json& in = good["contexts"][c]["graphs"][g]["inputs"][i];
+        const std::string at = "/contexts/" + std::to_string(c) + "/graphs/" + std::to_string(g) + "/inputs/" + std::to_string(i);
+        if (in["bind"] == "mask" && in.contains("window") && mask_at.empty()) mask_at = at;
+        if (in["bind"] == "host-rows" && in.contains("layer") && rows_at.empty()) rows_at = at;
+      }
+  ASSERT_FALSE(mask_at.empty());
+  ASSERT_FALSE(rows_at.empty());
+  auto path = [](std::string p) {  // "/contexts/0/graphs/0/inputs/3" → "contexts[0].graphs[0].inputs[3]"
+    std::string out;
+    for (size_t i = 1; i < p.size();) {
+      size_t j = p.find('/', i);
+      std::string part = p.substr(i, j == std::string::npos ? std::string::npos : j - i);
+      out += std::isdigit(static_cast<unsigned char>(part[0])) ? "[" + part + "]" : (out.empty() ? "" : ".") + part;
+      i = j == std::string::npos ? p.size() : j + 1;
+    }
+    return out;
+  };
+  struct Mutation {
+    const char* what;
+    std::function<void(json&)> apply;
+    std::string expect;
+  };
+  const std::vector<Mutation> mutations = {
+      {"no embed scale", [](json& j) { j["hostOpParams"].erase("embed_scale"); }, "hostOpParams.embed_scale: gemma4_split_generate needs a positive number here"},
+      {"zero PLE scale", [](json& j) { j["hostOpParams"]["per_layer_embed_scale"] = 0; }, "hostOpParams.per_layer_embed_scale: gemma4_split_generate needs a positive number here"},
+      {"ring read without its mask", [&](json& j) { j[json::json_pointer(mask_at)].erase("window"); }, path(mask_at)},
+      {"per-layer rows without a layer", [&](json& j) { j[json::json_pointer(rows_at)].erase("layer"); }, path(rows_at) + ".layer: per-layer-embedding rows need the layer whose slice they are"},
+      {"the bundle under decoder_generate", [](json& j) { j["hostOp"] = "decoder_generate"; }, "decoder_generate has no ring caches"},
+      {"a prefill graph", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "prefill"; j["contexts"][0]["graphs"][0]["tokens"] = 2; }, ""},
+  };
+  for (const Mutation& mu : mutations) {
+    json doc = good;
+    mu.apply(doc);
+    std::string err = error_of(doc, bundle);
+    EXPECT_NE(err, "") << mu.what << ": accepted";
+    EXPECT_NE(err.find(mu.expect), std::string::npos) << mu.what << ": expected '" << mu.expect << "', got '" << err << "'";
+  }
+}
