@@ -19,6 +19,7 @@ import { buildPipeline, refuseWithoutHostOp } from '../pipelines/build.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import type { RunRecord } from '../src/engine/record.js';
 import { componentTensors } from '../src/families/tensors.js';
+import { checkFinite } from '../src/io/finite.js';
 
 let record: RunRecord;
 let seconds = 0;
@@ -115,6 +116,19 @@ describe('gemma4 export', () => {
     expect(b.state.find((s) => s.name === 'kv.3.k')!).not.toHaveProperty('shared');
     expect(gemma4.hostTables(c).map((t) => [t.name, t.use, t.shape])).toEqual([['embedding', 'embedding', [1024, 64]], ['per_layer_embedding', 'per-layer-embedding', [1024, 128]]]);
     expect(gemma4.hostOpParams!(c)).toEqual({ embed_scale: 8, per_layer_embed_scale: 4, per_layer_dim: 16 });
+  });
+});
+
+describe('gemma4 fetch', () => {
+  it("checks every tensor the graphs and host tables read for NaN/Inf; the audio tower's ±inf clip bounds, which nothing reads, are counted as not checked", async () => {
+    const finite = (record.summaries.fetch as any).finite;
+    expect(finite).toMatchObject({ checked: true, tensors: (record.summaries.fetch as any).tensors });
+    expect(finite.notRead.tensors).toBeGreaterThan(0);
+    expect(Object.keys(finite.notRead.under)).toContain('model.audio_tower.*');
+    expect(Object.keys(finite.notRead.under).some((k) => k.startsWith('model.language_model'))).toBe(false);
+    // What the recipe no longer needs source.allowNonFinite for: a scan of every tensor refuses the twin.
+    const file = join(readCheckpointRef(entry('fetch')).absDir, 'model.safetensors');
+    await expect(checkFinite([file])).rejects.toThrow(/tensor "model\.audio_tower\.[^"]*": [+-]Inf at flat index/);
   });
 });
 
