@@ -25,6 +25,7 @@ import { buildPipeline, refuseWithoutHostOp } from '../pipelines/build.js';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import type { RunRecord } from '../src/engine/record.js';
 import { componentTensors } from '../src/families/tensors.js';
+import { checkFinite } from '../src/io/finite.js';
 
 let record: RunRecord;
 let out = '';
@@ -140,6 +141,19 @@ describe('gemma4 export', () => {
     expect(caches.has('past_k_2')).toBe(true);
     expect(m.nodes().filter((n) => n.opType === 'Gather' && n.inputs.some((i) => caches.has(i)))).toEqual([]);
     expect(m.nodes().filter((n) => n.opType === 'MatMul' && n.inputs[1] === 'past_k_2').length).toBe(2); // layers 5 and 7
+  });
+});
+
+describe('gemma4 fetch', () => {
+  it("checks every tensor the graphs and host tables read for NaN/Inf; the audio tower's ±inf clip bounds, which nothing reads, are counted as not checked", async () => {
+    const finite = (record.summaries.fetch as any).finite;
+    expect(finite).toMatchObject({ checked: true, tensors: (record.summaries.fetch as any).tensors });
+    expect(finite.notRead.tensors).toBeGreaterThan(0);
+    expect(Object.keys(finite.notRead.under)).toContain('model.audio_tower.*');
+    expect(Object.keys(finite.notRead.under).some((k) => k.startsWith('model.language_model'))).toBe(false);
+    // What the recipe no longer needs source.allowNonFinite for: a scan of every tensor refuses the twin.
+    const file = join(readCheckpointRef(entry('fetch')).absDir, 'model.safetensors');
+    await expect(checkFinite([file])).rejects.toThrow(/tensor "model\.audio_tower\.[^"]*": [+-]Inf at flat index/);
   });
 });
 

@@ -11,6 +11,7 @@ import { silentProgress } from '../src/engine/progress.js';
 import { runPython } from '../src/toolchain/python.js';
 import { openSafetensors } from '../src/io/safetensors.js';
 import { f32ToBf16Bits } from '../src/io/dtype.js';
+import { writeSafetensors } from '../src/io/safetensors-writer.js';
 import { forge } from './helpers/forge-cli.js';
 import { cacheRoot } from '../src/paths.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
@@ -21,6 +22,7 @@ const INF_TENSOR = 'model.layers.2.mlp.down_proj.weight';
 const NAN_TENSOR = 'model.layers.1.self_attn.v_proj.weight';
 let work: string;
 let poisoned: string;
+let twin: string;
 
 /** Overwrite element `index` of a BF16 tensor in place. */
 async function poison(file: string, tensor: string, index: number, value: number) {
@@ -35,7 +37,7 @@ async function poison(file: string, tensor: string, index: number, value: number
 
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'forge-nonfinite-'));
-  const twin = join(work, 'twin');
+  twin = join(work, 'twin');
   await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', 'qwen3', '--out', twin]);
   poisoned = join(work, 'poisoned');
   cpSync(twin, poisoned, { recursive: true });
@@ -44,10 +46,10 @@ beforeAll(async () => {
 }, 300_000);
 afterAll(() => rmSync(work, { recursive: true, force: true }));
 
-async function buildPoisoned(id: string, allowNonFinite?: { reason: string }) {
+async function buildPoisoned(id: string, allowNonFinite?: { reason: string }, path = poisoned, until?: string) {
   const r = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
   r.id = id;
-  r.source = { kind: 'local', path: poisoned, ...(allowNonFinite ? { allowNonFinite } : {}) };
+  r.source = { kind: 'local', path, ...(allowNonFinite ? { allowNonFinite } : {}) };
   const recipes = join(work, 'recipes');
   mkdirSync(join(recipes, id), { recursive: true });
   writeFileSync(join(recipes, id, 'recipe.json'), JSON.stringify(r));
@@ -55,7 +57,7 @@ async function buildPoisoned(id: string, allowNonFinite?: { reason: string }) {
   process.env.FORGE_RECIPES = recipes;
   try {
     const out = join(work, 'out', id);
-    return { record: await build({ recipe: id, arch: 'v81', out, progress: silentProgress }), out };
+    return { record: await build({ recipe: id, arch: 'v81', out, progress: silentProgress, ...(until ? { until } : {}) }), out };
   } finally {
     // Assigning undefined would store the string "undefined".
     if (prev === undefined) delete process.env.FORGE_RECIPES;
@@ -99,6 +101,35 @@ describe('a checkpoint with an Inf and a NaN weight', () => {
     const pub = await forge(['publish', out, '--repo', 'forge-test/nonfinite', '--dry-run']);
     expect(pub.code).not.toBe(0);
     expect(pub.stderr).toMatch(/refusing to publish [^]*gate oracle is missing from build\/run.json/);
+  }, 600_000);
+});
+
+describe('an Inf in a tensor no graph reads', () => {
+  it('builds through the oracle gate, the fetch summary counting that tensor as not checked; the same Inf in a read tensor is refused', async () => {
+    // The clean twin with one more f32 tensor (a clip bound, +Inf) that no qwen3 graph or host table reads.
+    const extra = 'model.audio_tower.clip.input_max';
+    const withUnread = join(work, 'unread');
+    cpSync(twin, withUnread, { recursive: true });
+    const file = join(withUnread, 'model.safetensors');
+    const st = await openSafetensors(file);
+    const tensors = [];
+    for (const name of st.tensors.keys()) {
+      const t = st.info(name);
+      tensors.push({ name, dtype: t.dtype, shape: t.shape, data: new Uint8Array(await st.read(name)) });
+    }
+    await st.close();
+    await writeSafetensors(file, [{ name: extra, dtype: 'F32', shape: [1], data: Float32Array.from([Infinity]) }, ...tensors]);
+    const { record } = await buildPoisoned('nonfinite-unread', undefined, withUnread, 'oracle');
+    expect(record.error).toBeUndefined();
+    expect(record.gates?.oracle?.ok).toBe(true);
+    const fetch = record.summaries.fetch as any;
+    expect(fetch.finite).toMatchObject({ checked: true, tensors: fetch.tensors, notRead: { tensors: 1, bytes: 4, under: { [extra]: 1 } } });
+    const key = record.stages.find((s) => s.name === 'fetch')!.key;
+    expect(readFileSync(join(cacheRoot(), 'fetch', 'logs', `${key}.log`), 'utf8')).toContain(`not checked: 1 floating tensors nothing reads (0.00 MB): ${extra}`);
+    // The NaN and Inf of the poisoned copy sit in tensors the graphs read: still refused at fetch.
+    const refused = await buildPoisoned('nonfinite-read', undefined, poisoned, 'fetch');
+    expect(refused.record.stages.find((s) => s.name === 'fetch')!.status).toBe('failed');
+    expect(refused.record.error).toContain(`tensor "${NAN_TENSOR}": NaN at flat index 3 of 4096 (BF16)`);
   }, 600_000);
 });
 

@@ -10,7 +10,11 @@ import { getFamily } from './index.js';
 import type { Family, TensorSpec } from './types.js';
 import { allTensors, modelTensors } from './tensors.js';
 
-export async function validateCheckpoint(familyId: FamilyId, dir: string): Promise<{ tensors: number }> {
+/**
+ * `tensors`: how many distinct tensors the graphs and host tables read; `reads`: their names (what
+ * fetch's NaN/Inf check covers).
+ */
+export async function validateCheckpoint(familyId: FamilyId, dir: string): Promise<{ tensors: number; reads: string[] }> {
   const family = getFamily(familyId) as Family<unknown>;
   const configFile = join(dir, 'config.json');
   if (!existsSync(configFile)) throw new Error(`${configFile}: missing (every checkpoint needs its config.json)`);
@@ -29,5 +33,6 @@ export async function validateCheckpoint(familyId: FamilyId, dir: string): Promi
   } finally {
     await ckpt.close();
   }
-  return { tensors: new Set(specs.map((t) => t.name)).size };
+  const reads = [...new Set(specs.map((t) => t.name))];
+  return { tensors: reads.length, reads };
 }

@@ -42,7 +42,7 @@ const sizes = (dir: string) => Object.fromEntries(listFilesBelow(dir).map((f) =>
 
 export const stage: StageModule<FetchParams> = {
   name: 'fetch',
-  version: '1',
+  version: '2', // 2: the NaN/Inf check covers the tensors forge reads, and the summary counts those it left out
   async run(ctx) {
     const { source } = ctx.params;
     let ref: CheckpointRef;
@@ -70,7 +70,8 @@ export const stage: StageModule<FetchParams> = {
     // What the bundle stage will read of them (special token ids), refused now rather than after the compile.
     readSpecialTokens(checkpointDir);
     ctx.log(`tokenizer ok: ${tokenizer.files.join(', ')} (${tokenizer.vocab} tokens)`);
-    const finite = await checkFiniteStage(source, checkpointDir, ctx.log);
+    // The NaN/Inf check covers what validateCheckpoint found the graphs and host tables read.
+    const finite = await checkFiniteStage(source, checkpointDir, ctx.log, { reads: checked.reads });
     await writeFile(join(ctx.out, CHECKPOINT_REF), JSON.stringify(ref, null, 2));
     const twin = source.kind === 'tiny' ? twinMargins(checkpointDir) : null;
     return { summary: { tensors: checked.tensors, files: Object.keys(ref.files).length, bytes: Object.values(ref.files).reduce((a, b) => a + b, 0), finite, twinMargins: twin } };

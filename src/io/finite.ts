@@ -155,21 +155,23 @@ export class FiniteScanner {
 }
 
 /**
- * Read every floating tensor of the given .safetensors files; throws a CheckpointError naming the
- * file, the tensor, the first bad flat index and what is there. Returns what was scanned.
+ * Read every floating tensor of the given .safetensors files (only those `only` names, when given);
+ * throws a CheckpointError naming the file, the tensor, the first bad flat index and what is there.
+ * Returns what was scanned.
  */
-export async function checkFinite(files: readonly string[], scanner = new FiniteScanner()): Promise<FiniteScan> {
+export async function checkFinite(files: readonly string[], scanner = new FiniteScanner(), only?: ReadonlySet<string>): Promise<FiniteScan> {
   let tensors = 0, bytes = 0;
+  const wanted = (t: TensorInfo) => FLOAT_DTYPES.has(t.dtype) && (only === undefined || only.has(t.name));
   for (const path of files) {
     const file = await openSafetensors(path);
     try {
-      const chunks = fileChunks(file, { withHeader: false, floatOnly: true });
+      const chunks = fileChunks(file, { withHeader: false, floatOnly: true }).filter((c) => only === undefined || only.has(c.tensor!.name));
       await scanner.readChunks(chunks, (c, target) => file.readRangeInto(c.tensor!.name, c.start, target), (c, data) => {
         const bad = scanner.test(c, data);
         if (bad) throw nonFiniteError(path, bad);
         bytes += c.length;
       });
-      tensors += [...file.tensors.values()].filter((t) => FLOAT_DTYPES.has(t.dtype)).length;
+      tensors += [...file.tensors.values()].filter(wanted).length;
     } finally {
       await file.close();
     }

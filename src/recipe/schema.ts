@@ -23,8 +23,10 @@ export const RevisionSchema = z
   .regex(/^[0-9a-f]{40}$/, 'a pinned revision is a 40-hex-digit commit sha (not a branch or tag)');
 
 /**
- * fetch refuses a checkpoint with a NaN or ±Inf weight; this turns that check off, and must say why
- * (the run record and the card repeat it). The gates still refuse non-finite outputs.
+ * fetch refuses a checkpoint with a NaN or ±Inf in a tensor forge reads (tensors nothing reads are
+ * not checked, and need no leave); this turns that check off, for weights that are read and are
+ * non-finite by design, and must say why (the run record and the card repeat it). The gates still
+ * refuse non-finite outputs.
  */
 const allowNonFinite = z.object({ reason: z.string().trim().min(1, 'say why non-finite weights are allowed') }).strict().optional();
 

@@ -159,3 +159,60 @@ describe("fetch's NaN/Inf check on a local checkpoint", () => {
     expect(r).toEqual({ checked: false, reason: 'test' });
   });
 });
+
+/**
+ * One file: an f32 clip bound nothing reads (+Inf, first in file order), a bf16 weight forge reads
+ * (element `badAt` -Inf if given) and an f32 norm forge reads.
+ */
+async function withUnread(opts: { badAt?: number } = {}) {
+  const w = new Uint16Array(16).fill(f32ToBf16Bits(0.5));
+  if (opts.badAt !== undefined) w[opts.badAt] = f32ToBf16Bits(-Infinity);
+  await writeSafetensors(join(dir, 'model.safetensors'), [
+    { name: 'model.audio_tower.clip.input_max', dtype: 'F32', shape: [1], data: Float32Array.from([Infinity]) },
+    { name: 'model.layers.0.mlp.down_proj.weight', dtype: 'BF16', shape: [4, 4], data: w },
+    { name: 'model.norm.weight', dtype: 'F32', shape: [4], data: Float32Array.from([1, 1, 1, 1]) },
+  ]);
+}
+const READS = ['model.layers.0.mlp.down_proj.weight', 'model.norm.weight'];
+
+describe("fetch's NaN/Inf check over the tensors forge reads", () => {
+  it('passes an Inf in a tensor nothing reads, counting it as not checked, from the digest or from its own scan', async () => {
+    await withUnread();
+    const notRead = { tensors: 1, bytes: 4, under: { 'model.audio_tower.clip.input_max': 1 } };
+    const lines: string[] = [];
+    // Nothing recorded (fresh files): fetch's own scan, of the read tensors only.
+    const r = await checkFiniteStage(source(), dir, (m) => lines.push(m), { reads: READS });
+    expect(r).toMatchObject({ checked: true, tensors: 2, bytes: 32 + 16, filesFromDigest: 0, notRead });
+    expect(lines.join('\n')).toContain('not checked: 1 floating tensors nothing reads (0.00 MB): model.audio_tower.clip.input_max');
+    // The digest stopped at the unread Inf: the file is scanned again for what is read, and passes.
+    await localCheckpointDigest(dir, { racyMs: 0 });
+    expect(recordedFinite(dir).get('model.safetensors')).toMatchObject({ tensor: 'model.audio_tower.clip.input_max', value: '+Inf' });
+    const scan = vi.fn(checkFinite);
+    const again = await checkFiniteStage(source(), dir, quiet, { reads: READS, scan });
+    expect(again).toMatchObject({ checked: true, tensors: 2, bytes: 48, filesFromDigest: 0, notRead });
+    expect(scan.mock.calls.map((c) => c[0])).toEqual([[join(dir, 'model.safetensors')]]);
+  });
+
+  it('refuses an Inf in a tensor the graphs read, naming file and tensor, even behind an unread Inf the digest stopped at', async () => {
+    await withUnread({ badAt: 9 });
+    const bad = /model\.safetensors: tensor "model\.layers\.0\.mlp\.down_proj\.weight": -Inf at flat index 9 of 16 \(BF16\)/;
+    await expect(checkFiniteStage(source(), dir, quiet, { reads: READS })).rejects.toThrow(bad);
+    await localCheckpointDigest(dir, { racyMs: 0 });
+    await expect(checkFiniteStage(source(), dir, quiet, { reads: READS })).rejects.toThrow(bad);
+  });
+
+  it('refuses a NaN the digest recorded in a tensor forge reads without reading the file again', async () => {
+    await shard('model.safetensors', { nanAt: 3 });
+    await localCheckpointDigest(dir, { racyMs: 0 });
+    const scan = vi.fn(checkFinite);
+    await expect(checkFiniteStage(source(), dir, quiet, { reads: ['model.embed_tokens.weight'], scan })).rejects.toThrow(/tensor "model\.embed_tokens\.weight": NaN at flat index 3 of 64/);
+    expect(scan).not.toHaveBeenCalled();
+  });
+
+  it('fails safe: with no list of what forge reads (absent or empty) every floating tensor is scanned', async () => {
+    await withUnread();
+    for (const reads of [undefined, []]) {
+      await expect(checkFiniteStage(source(), dir, quiet, { reads })).rejects.toThrow(/tensor "model\.audio_tower\.clip\.input_max": \+Inf at flat index 0 of 1 \(F32\)/);
+    }
+  });
+});
