@@ -232,6 +232,13 @@ describe('gemma4 on the runtime', () => {
     expect(e.parity).toMatchObject({ ok: true, matched: 160, total: 160 });
   });
 
+  it('prints the plan in the card: each context with its layers, planned bytes, ring caches and the caches it reads from another context', () => {
+    const card = readFileSync(join(out, 'README.md'), 'utf8');
+    expect(card).toMatch(/\| shard0 \| 0–2 \| [\d.]+ kB \| 6 kv-cache \(4 rings of 16 slots\) \|/);
+    expect(card).toMatch(/\| shard1 \| 3–7 \| [\d.]+ kB \| 4 kv-cache \(4 rings of 16 slots\); reads kv\.2\.k, kv\.2\.v \(written by shard0\) \|/);
+    expect(card).toMatch(/Host tables: embedding 131\.1 kB \(f16\), per_layer_embedding 262\.1 kB \(f16\)\./);
+  });
+
   it("masks a ring slot exactly when HF's sliding rule hides the position it holds", () => {
     const W = 4;
     for (let p = 0; p < 11; p++) {

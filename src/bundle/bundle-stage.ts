@@ -104,6 +104,7 @@ export const stage: StageModule<BundleParams> = {
       confidence: buildConfidence(readTraceMeta(ctx.inputs.trace), oracle, emulation),
       planDropped: plan.dropped ?? [],
       planKept: { contexts: plan.contexts, graphs: plan.graphs },
+      plan,
       precision: shippedPrecision(ctx.inputs.quantize, ctx.inputs.precision),
     };
     const files = await listFiles(ctx.out);

@@ -9,6 +9,8 @@ import type { Manifest } from './manifest.js';
 import { confidenceSection, type Confidence } from './confidence.js';
 import { W4_BLOCK } from '../quant/w4.js';
 import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
+import { planLines } from './plan-table.js';
+import type { ShardPlan } from '../plan/shards.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -38,6 +40,8 @@ export interface CardFacts {
   planDropped?: Array<{ graph: string; why: string }>;
   /** What the plan keeps: contexts and graphs (plan.json), against the arch's limits. */
   planKept?: { contexts: number; graphs?: number };
+  /** plan.json: the card prints each context's layers, planned bytes and state (plan-table.ts). */
+  plan?: ShardPlan;
   /** The shipped graphs' weight schemes, the per-layer map, and the matrices stored otherwise with why (graphs.json; precision.json under auto). */
   precision?: ShippedPrecision;
 }
@@ -129,6 +133,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   if (f.planKept?.graphs !== undefined) {
     lines.push(`**Planner:** ${f.planKept.graphs} graphs in ${f.planKept.contexts} contexts, within ${arch.id}'s limits of ${arch.maxGraphsPerProcess} graphs per process and ${arch.maxContexts} contexts (arch table)${byWhy.size ? '' : '; nothing left out'}.`, '');
   }
+  if (f.plan) lines.push(...planLines(f.plan, manifest));
   if (f.precision) lines.push(...precisionLines(f.precision));
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
