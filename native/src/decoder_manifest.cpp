@@ -1,13 +1,15 @@
-// The manifest rules of the decoder host-ops (decoder_generate, qwen3_5_generate): what the one
-// decode loop in decoder_generate.cpp runs, and nothing else. load_manifest calls them after the
+// The manifest rules of the decoder host-ops (decoder_generate, qwen3_5_generate,
+// gemma4_split_generate): what the one decoder step in decoder_generate.cpp runs, and nothing else. load_manifest calls them after the
 // generic rules; each refusal names the field path.
 //
 // The loop runs a decoder cut into shard contexts in manifest order, each a decode graph (1 token)
 // and optionally a prefill graph (N tokens) over the same layers and state, threading the residual;
 // then the logits, from an lm_head context or the last shard. It binds residual, positions, mask and
 // state inputs and residual, logits, state-rows and state-replace outputs; it reads one host table,
-// the f16 embedding. Anything else a manifest may express (host-rows, routing, encoders, ring or
-// shared caches, other roles) it would not execute, so it is refused here, not ignored.
+// the f16 embedding. gemma4_split_generate adds token host-rows (the embedding row and per-layer
+// rows of the per-layer-embedding table, scaled by hostOpParams), ring caches with their windowed
+// mask and positions, and caches shared across contexts. Anything else a manifest may express
+// (routing, encoders, other roles) it would not execute, so it is refused here, not ignored.
 #include <algorithm>
 #include <cmath>
 #include <set>
