@@ -1,5 +1,6 @@
 // Synthetic full-size checkpoint of a recipe's model for benchmarks (qwen3-4b: Qwen3-4B, ~8 GB;
-// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB), or of a bench-only shape no recipe has
+// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB; gemma-4-e4b: Gemma 4 E4B's language model
+// with its per-layer-embedding table, ~15 GB), or of a bench-only shape no recipe has
 // (qwen3-8b: Qwen3-8B, ~16.4 GB): the real tensor names and shapes (from the
 // family module and the recipe's recorded config), dtype (bf16) and HF sharded layout
 // (model-0000k-of-0000n.safetensors of at most 4 GB each plus model.safetensors.index.json),
@@ -7,7 +8,7 @@
 // embedding and other tensors ~ N(0, 0.02), norm weights ~ 1 + N(0, 0.05). Cached under
 // $FORGE_HOME/bench/<recipe>-synthetic with a completion marker, so later runs reuse it.
 //
-//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|qwen3-8b] [--layers N] [--out DIR] [--force]
+//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|gemma-4-e4b|qwen3-8b] [--layers N] [--out DIR] [--force]
 //
 // --layers N keeps the model's shapes but only its first N decoder layers (num_hidden_layers = N):
 // a real-width checkpoint small enough to measure per-layer costs beside a running real-size job
@@ -56,6 +57,17 @@ const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Rec
   // Text only: the real checkpoint also carries the vision tower, which the export does not read
   // (leaving it out makes cp's job smaller, so the ratio stricter).
   'qwen3.5-4b': { config: { architectures: ['Qwen3_5ForConditionalGeneration'], torch_dtype: 'bfloat16' } },
+  // Text only, like qwen3.5-4b: google/gemma-4-E4B also carries a vision tower (~150M parameters) and
+  // an audio tower (~300M) that forge does not read. Their configs are null here, so transformers
+  // builds no tower (Gemma4Config makes both optional) and the trace loads the text model alone.
+  // Everything else is the language model at full size: embed_tokens [262144, 2560], the PLE table
+  // embed_tokens_per_layer [262144, 42·256], per_layer_model_projection [42·256, 2560], its norm,
+  // and per layer the PLE gate/projection/norm and layer_scalar (the tensors gemma4.ts reads, which
+  // are the text model's whole state dict: KV-shared layers have no k/v weights in transformers 5.23).
+  'gemma-4-e4b': {
+    config: { architectures: ['Gemma4ForConditionalGeneration'], audio_config: null, vision_config: null, dtype: 'bfloat16' },
+    generation: { bos_token_id: 2, eos_token_id: 1, pad_token_id: 0 },
+  },
 };
 export const BENCH_RECIPES = Object.keys(EXTRAS);
 
