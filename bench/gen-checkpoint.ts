@@ -199,10 +199,11 @@ async function writeShard(path: string, tensors: Gen[]): Promise<void> {
       let state = seedOf(t.name);
       const elements = t.bytes / 2;
       for (let done = 0; done < elements; done += CHUNK_ELEMENTS) {
-        const n = Math.min(CHUNK_ELEMENTS, elements - done); // every shape here has an even element count
-        const view = buf.subarray(0, n / 2);
+        const n = Math.min(CHUNK_ELEMENTS, elements - done);
+        // Pairs of bf16 per 32-bit draw; an odd count (Gemma 4's layer_scalar [1]) drops the last half.
+        const view = buf.subarray(0, Math.ceil(n / 2));
         state = fill(view, t.table, state);
-        await w.write(t.name, view);
+        await w.write(t.name, new Uint16Array(view.buffer, view.byteOffset, n));
       }
     }
     await w.close();
