@@ -42,7 +42,7 @@ const CHUNK_ELEMENTS = 4 << 20; // 8 MB of bf16 per write
  * Recipes a synthetic checkpoint can be made for: what their HF config.json holds beyond the
  * recipe's recorded fields, and their generation_config.json when one matters.
  */
-const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Record<string, unknown> }> = {
+const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Record<string, unknown>; floats?: string[] }> = {
   'qwen3-4b': {
     config: {
       architectures: ['Qwen3ForCausalLM'], attention_dropout: 0.0, bos_token_id: 151643, eos_token_id: 151645,
@@ -67,6 +67,9 @@ const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Rec
   'gemma-4-e4b': {
     config: { architectures: ['Gemma4ForConditionalGeneration'], audio_config: null, vision_config: null, dtype: 'bfloat16' },
     generation: { bos_token_id: 2, eos_token_id: 1, pad_token_id: 0 },
+    // Float fields whose values are whole numbers: transformers' Gemma4TextConfig is a strict
+    // dataclass that refuses an int there (HF's own config.json says 30.0; JSON.stringify says 30).
+    floats: ['final_logit_softcapping', 'rope_theta'],
   },
 };
 export const BENCH_RECIPES = Object.keys(EXTRAS);
@@ -258,6 +261,12 @@ function withLayers(config: Record<string, unknown>, layers: number, recipeId: s
   for (const [k, v] of Object.entries(text)) if (Array.isArray(v) && v.length === full) text[k] = v.slice(0, layers);
 }
 
+/** `json` with the whole-number values of `keys` written as Python writes floats (30 → 30.0). */
+function withFloats(json: string, keys: string[]): string {
+  if (!keys.length) return json;
+  return json.replace(new RegExp(`("(?:${keys.join('|')})": )(-?\\d+)(?=[,\\n}])`, 'g'), '$1$2.0');
+}
+
 /** The cached synthetic checkpoint, generated first when missing or incomplete. */
 export async function ensureCheckpoint(dir: string, opts: { recipe?: string; layers?: number; force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
   const recipeId = opts.recipe ?? 'qwen3-4b';
@@ -288,7 +297,7 @@ export async function ensureCheckpoint(dir: string, opts: { recipe?: string; lay
   }
   const sortedMap = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
   writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: total }, weight_map: sortedMap }, null, 2) + '\n');
-  writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2) + '\n');
+  writeFileSync(join(dir, 'config.json'), withFloats(JSON.stringify(config, null, 2), EXTRAS[recipeId]?.floats ?? []) + '\n');
   const generation = (SHAPES[recipeId] ?? EXTRAS[recipeId]).generation;
   if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
   await copyTwinTokenizer(dir, log);
