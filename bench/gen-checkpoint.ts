@@ -1,5 +1,6 @@
 // Synthetic full-size checkpoint of a recipe's model for benchmarks (qwen3-4b: Qwen3-4B, ~8 GB;
-// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB), or of a bench-only shape no recipe has
+// qwen3.5-4b: Qwen3.5-4B's language model, ~8.4 GB; gemma-4-e4b: Gemma 4 E4B's language model
+// with its per-layer-embedding table, ~15 GB), or of a bench-only shape no recipe has
 // (qwen3-8b: Qwen3-8B, ~16.4 GB): the real tensor names and shapes (from the
 // family module and the recipe's recorded config), dtype (bf16) and HF sharded layout
 // (model-0000k-of-0000n.safetensors of at most 4 GB each plus model.safetensors.index.json),
@@ -7,7 +8,7 @@
 // embedding and other tensors ~ N(0, 0.02), norm weights ~ 1 + N(0, 0.05). Cached under
 // $FORGE_HOME/bench/<recipe>-synthetic with a completion marker, so later runs reuse it.
 //
-//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|qwen3-8b] [--layers N] [--out DIR] [--force]
+//   node --import tsx bench/gen-checkpoint.ts [--recipe qwen3-4b|qwen3.5-4b|gemma-4-e4b|qwen3-8b] [--layers N] [--out DIR] [--force]
 //
 // --layers N keeps the model's shapes but only its first N decoder layers (num_hidden_layers = N):
 // a real-width checkpoint small enough to measure per-layer costs beside a running real-size job
@@ -41,7 +42,7 @@ const CHUNK_ELEMENTS = 4 << 20; // 8 MB of bf16 per write
  * Recipes a synthetic checkpoint can be made for: what their HF config.json holds beyond the
  * recipe's recorded fields, and their generation_config.json when one matters.
  */
-const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Record<string, unknown> }> = {
+const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Record<string, unknown>; floats?: string[] }> = {
   'qwen3-4b': {
     config: {
       architectures: ['Qwen3ForCausalLM'], attention_dropout: 0.0, bos_token_id: 151643, eos_token_id: 151645,
@@ -56,6 +57,20 @@ const EXTRAS: Record<string, { config: Record<string, unknown>; generation?: Rec
   // Text only: the real checkpoint also carries the vision tower, which the export does not read
   // (leaving it out makes cp's job smaller, so the ratio stricter).
   'qwen3.5-4b': { config: { architectures: ['Qwen3_5ForConditionalGeneration'], torch_dtype: 'bfloat16' } },
+  // Text only, like qwen3.5-4b: google/gemma-4-E4B also carries a vision tower (~150M parameters) and
+  // an audio tower (~300M) that forge does not read. Their configs are null here, so transformers
+  // builds no tower (Gemma4Config makes both optional) and the trace loads the text model alone.
+  // Everything else is the language model at full size: embed_tokens [262144, 2560], the PLE table
+  // embed_tokens_per_layer [262144, 42·256], per_layer_model_projection [42·256, 2560], its norm,
+  // and per layer the PLE gate/projection/norm and layer_scalar (the tensors gemma4.ts reads, which
+  // are the text model's whole state dict: KV-shared layers have no k/v weights in transformers 5.23).
+  'gemma-4-e4b': {
+    config: { architectures: ['Gemma4ForConditionalGeneration'], audio_config: null, vision_config: null, dtype: 'bfloat16' },
+    generation: { bos_token_id: 2, eos_token_id: 1, pad_token_id: 0 },
+    // Float fields whose values are whole numbers: transformers' Gemma4TextConfig is a strict
+    // dataclass that refuses an int there (HF's own config.json says 30.0; JSON.stringify says 30).
+    floats: ['final_logit_softcapping', 'rope_theta'],
+  },
 };
 export const BENCH_RECIPES = Object.keys(EXTRAS);
 
@@ -187,10 +202,11 @@ async function writeShard(path: string, tensors: Gen[]): Promise<void> {
       let state = seedOf(t.name);
       const elements = t.bytes / 2;
       for (let done = 0; done < elements; done += CHUNK_ELEMENTS) {
-        const n = Math.min(CHUNK_ELEMENTS, elements - done); // every shape here has an even element count
-        const view = buf.subarray(0, n / 2);
+        const n = Math.min(CHUNK_ELEMENTS, elements - done);
+        // Pairs of bf16 per 32-bit draw; an odd count (Gemma 4's layer_scalar [1]) drops the last half.
+        const view = buf.subarray(0, Math.ceil(n / 2));
         state = fill(view, t.table, state);
-        await w.write(t.name, view);
+        await w.write(t.name, new Uint16Array(view.buffer, view.byteOffset, n));
       }
     }
     await w.close();
@@ -245,6 +261,12 @@ function withLayers(config: Record<string, unknown>, layers: number, recipeId: s
   for (const [k, v] of Object.entries(text)) if (Array.isArray(v) && v.length === full) text[k] = v.slice(0, layers);
 }
 
+/** `json` with the whole-number values of `keys` written as Python writes floats (30 → 30.0). */
+function withFloats(json: string, keys: string[]): string {
+  if (!keys.length) return json;
+  return json.replace(new RegExp(`("(?:${keys.join('|')})": )(-?\\d+)(?=[,\\n}])`, 'g'), '$1$2.0');
+}
+
 /** The cached synthetic checkpoint, generated first when missing or incomplete. */
 export async function ensureCheckpoint(dir: string, opts: { recipe?: string; layers?: number; force?: boolean; log?: (m: string) => void } = {}): Promise<CheckpointInfo> {
   const recipeId = opts.recipe ?? 'qwen3-4b';
@@ -275,7 +297,7 @@ export async function ensureCheckpoint(dir: string, opts: { recipe?: string; lay
   }
   const sortedMap = Object.fromEntries(Object.entries(weightMap).sort(([a], [b]) => (a < b ? -1 : a > b ? 1 : 0)));
   writeFileSync(join(dir, 'model.safetensors.index.json'), JSON.stringify({ metadata: { total_size: total }, weight_map: sortedMap }, null, 2) + '\n');
-  writeFileSync(join(dir, 'config.json'), JSON.stringify(config, null, 2) + '\n');
+  writeFileSync(join(dir, 'config.json'), withFloats(JSON.stringify(config, null, 2), EXTRAS[recipeId]?.floats ?? []) + '\n');
   const generation = (SHAPES[recipeId] ?? EXTRAS[recipeId]).generation;
   if (generation) writeFileSync(join(dir, 'generation_config.json'), JSON.stringify(generation, null, 2) + '\n');
   await copyTwinTokenizer(dir, log);

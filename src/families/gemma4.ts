@@ -333,14 +333,20 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
 /**
  * The per-layer inputs of layers first..last: rms(proj(e)·H^-½) sliced per layer, plus the token's
  * rows, times 2^-½ (HF's project_per_layer_inputs). Returns one [1,1,P] value per layer.
+ * The projection [L·P, H] is read for this shard's layers only (rows first·P..(last+1)·P): each
+ * output row depends on its weight row alone (W8/W4 scales are per row, or per block within a row),
+ * so the slice of the weight gives the same values as slicing the product, and a shard stores
+ * (last−first+1)·P rows instead of all L·P (at E4B ~1.1 GB less over the model's shards, W8).
  */
 async function perLayerInputs(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights, embeds: string, rows: string[]): Promise<string[]> {
   const { hidden: H, layers: L, ple: P } = c;
-  const proj = g.op('Mul', [await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, 1), g.constFloat32([Math.fround(H ** -0.5)], [])]);
+  const mine = [s.first * P, (s.last + 1) * P] as const;
+  const weight = await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, 1, undefined, mine);
+  const proj = g.op('Mul', [weight, g.constFloat32([Math.fround(H ** -0.5)], [])]);
   const normW = await w.store.small(g, `${PREFIX}.per_layer_projection_norm.weight`, [P]);
   return rows.map((row, k) => {
     const i = s.first + k;
-    const part = g.op('Slice', [proj, g.constInt64([i * P]), g.constInt64([(i + 1) * P]), g.constInt64([2])]);
+    const part = g.op('Slice', [proj, g.constInt64([k * P]), g.constInt64([(k + 1) * P]), g.constInt64([2])]);
     const mixed = g.op('Mul', [g.op('Add', [rmsNorm(g, part, normW, c.eps), row]), g.constFloat32([Math.fround(2 ** -0.5)], [])]);
     return g.op('Identity', [mixed], {}, 1, { outputs: [`ple.${i}`] });
   });

@@ -4,7 +4,7 @@
 // so a builder that reads a new tensor cannot leave a hand-written list behind.
 import { GraphBuilder } from '../onnx/builder.js';
 import type { QuantScheme } from '../recipe/schema.js';
-import type { WeightStore } from '../quant/weights.js';
+import type { RowRange, WeightStore } from '../quant/weights.js';
 import type { Component, ComponentLayout, Family, TensorSpec } from './types.js';
 
 /** Stands in for a WeightStore during a dry build: records (name, shape, role), reads nothing. */
@@ -18,9 +18,18 @@ class RecordingStore {
     if (!seen || role === 'matmul') this.tensors.set(name, { name, shape: [...shape], role });
   }
 
-  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme): Promise<string> {
+  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, _n?: number, _bias?: string, rows?: RowRange): Promise<string> {
+    const seen = this.tensors.get(name);
     this.record(name, shape, 'matmul');
-    this.tensors.get(name)!.scheme = scheme;
+    const t = this.tensors.get(name)!;
+    t.scheme = scheme;
+    // Rows read by this component: the union of its reads (every row once a read takes them all;
+    // the store keeps each range it is given apart, and no builder reads two ranges of one tensor).
+    const had = seen?.role === 'matmul' ? (seen.rows ?? [0, shape[0]]) : undefined;
+    const now: [number, number] = rows ? [rows[0], rows[1]] : [0, shape[0]];
+    const union: [number, number] = had ? [Math.min(had[0], now[0]), Math.max(had[1], now[1])] : now;
+    if (union[0] === 0 && union[1] === shape[0]) delete t.rows;
+    else t.rows = union;
     return g.op('Identity', [x]);
   }
 
@@ -96,5 +105,6 @@ export async function modelTensors<C>(family: Family<C>, config: C): Promise<Mod
 export function allTensors(m: ModelTensors): TensorSpec[] {
   const out = new Map<string, TensorSpec>();
   for (const t of [...m.host, ...m.layers.flat(), ...m.final, ...m.lmHead]) if (!out.has(t.name)) out.set(t.name, t);
-  return [...out.values()];
+  // The checkpoint's tensors, whole: a row range is what one component reads, not what the checkpoint holds.
+  return [...out.values()].map(({ rows: _rows, ...t }) => t);
 }

@@ -22,6 +22,11 @@ export interface TensorSpec {
   role: TensorRole;
   /** A matmul weight read by a dry build (families/tensors.ts): the scheme the graph stores it in. */
   scheme?: QuantScheme;
+  /**
+   * The rows [first, end) a component reads when not the whole tensor (a matmul weight of which it
+   * uses only some outputs); `shape` stays the checkpoint's. Absent: every row.
+   */
+  rows?: [number, number];
 }
 
 export class ConfigError extends Error {

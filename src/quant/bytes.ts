@@ -9,7 +9,8 @@ import type { PrecisionChooser } from './precision.js';
 const numel = (shape: number[]) => shape.reduce((a, b) => a * b, 1);
 
 export function storedBytes(t: TensorSpec, scheme: QuantScheme): number {
-  const n = numel(t.shape);
+  // A row range [first, end) of a matrix is stored alone: its rows only.
+  const n = t.rows ? (t.rows[1] - t.rows[0]) * (numel(t.shape) / t.shape[0]) : numel(t.shape);
   if (t.role !== 'matmul') return n * 4; // norms, biases, conv taps: float32, tiny
   switch (scheme) {
     case 'fp32': return n * 4;

@@ -32,6 +32,9 @@ import { padColumns } from './pad.js';
 import { toOnnxInt4, W4_QDQ_OPSET } from './w4-qdq.js';
 import type { Bf16W8 } from './w8-simd.js';
 
+/** Rows [first, end) of a matrix [out, in]: what a graph reads when it uses only those outputs. */
+export type RowRange = readonly [number, number];
+
 /** The ONNX form of a W8 (and W4) weight: what the compile toolchain reads as quantized weights (see above). */
 export type W8Form = 'matmulnbits' | 'qdq';
 
@@ -118,11 +121,11 @@ export class WeightStore {
   }
 
   /**
-   * Streams a bf16 tensor's rows through `convert` (input region → bytes in an output region) to
+   * Streams a bf16 tensor's rows [first, first + rows) through `convert` (input region → bytes in an output region) to
    * `writes`: the reads of the next chunks and the writes of the previous one overlap converting
    * this one.
    */
-  private async streamBf16(name: string, rows: number, cols: number, writes: Write[], convert: (src: Uint16Array, out: Uint8Array, r0: number) => Uint8Array): Promise<void> {
+  private async streamBf16(name: string, first: number, rows: number, cols: number, writes: Write[], convert: (src: Uint16Array, out: Uint8Array, r0: number) => Uint8Array): Promise<void> {
     const regions = (await this.workspace(cols * 2)).regions;
     const ins = regions.slice(0, READS_AHEAD + 1);
     const outs = regions.slice(READS_AHEAD + 1);
@@ -131,7 +134,7 @@ export class WeightStore {
     // Chunk i lands in ins[i % ins.length]: issued once chunk i − ins.length is converted.
     const read = (i: number) => {
       const r0 = i * rowsPerChunk;
-      return this.ckpt.readRowsRawInto(name, r0, ins[i % ins.length].subarray(0, Math.min(rowsPerChunk, rows - r0) * cols * 2));
+      return this.ckpt.readRowsRawInto(name, first + r0, ins[i % ins.length].subarray(0, Math.min(rowsPerChunk, rows - r0) * cols * 2));
     };
     const reading: Array<Promise<Uint8Array>> = [];
     for (let i = 0; i < Math.min(READS_AHEAD, chunks); i++) reading.push(read(i));
@@ -155,13 +158,20 @@ export class WeightStore {
     return [...this.ckpt.expectShape(name, expected).shape];
   }
 
-  private async store(name: string, expected: number[], scheme: QuantScheme | 'f32-small'): Promise<Stored> {
-    const key = `${name}@${scheme}`;
+  private async store(name: string, expected: number[], scheme: QuantScheme | 'f32-small', range?: RowRange): Promise<Stored> {
+    const key = `${name}${range ? `[${range[0]}:${range[1]}]` : ''}@${scheme}`;
     const hit = this.stored.get(key);
     if (hit) return hit;
-    const dims = this.shapeOf(name, expected);
-    const rows = dims.length > 1 ? dims[0] : 1;
-    const cols = dims.reduce((a, b) => a * b, 1) / rows;
+    const whole = this.shapeOf(name, expected);
+    const all = whole.length > 1 ? whole[0] : 1;
+    const cols = whole.reduce((a, b) => a * b, 1) / all;
+    // A row range stores rows [first, end) only, as if they were the whole tensor.
+    const [first, end] = range ?? [0, all];
+    if (range && !(Number.isInteger(first) && Number.isInteger(end) && first >= 0 && first < end && end <= all && whole.length === 2)) {
+      throw new Error(`${name}: rows [${first}, ${end}) are not a row range of [${whole}]`);
+    }
+    const rows = end - first;
+    const dims = range ? [rows, cols] : whole;
     const rowsPerChunk = Math.max(1, Math.floor(CHUNK_BYTES / (cols * 4)));
     const bf16 = this.ckpt.info(name).dtype === 'BF16';
     // The in-features as stored: zero-padded where MatMulNBits' block does not divide them.
@@ -170,13 +180,14 @@ export class WeightStore {
     const wide = k !== cols ? new Float32Array(rowsPerChunk * k) : undefined;
     const asStored = (data: Float32Array, n: number) => (wide ? padColumns(data, cols, k, wide.subarray(0, n * k)) : data);
     let stored: Stored;
-    const inPlace = scheme === 'fp32' && this.inPlace ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
+    // In place means the whole tensor's bytes in its file: a row range is converted like any other weight.
+    const inPlace = scheme === 'fp32' && this.inPlace && !range ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
     if (inPlace) {
       stored = { dtype: inPlace, dims, ref: await this.checkpointBytes(name, ELEM[inPlace].bytes) };
     } else if (scheme === 'w8' && bf16 && !wide) {
       const scales = new Float32Array(rows);
       const ref = await this.sink.appendStream(rows * cols, (write) =>
-        this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
+        this.streamBf16(name, first, rows, cols, [write], (src, out, r0) => {
           const codes = out.subarray(0, src.length);
           this.work!.quantize(src, cols, codes, scales.subarray(r0, r0 + src.length / cols), this.zeroPoint());
           return codes;
@@ -184,9 +195,9 @@ export class WeightStore {
       );
       stored = this.w8Scales(name, rows, cols, scales, ref);
     } else if (scheme === 'fp16' && bf16) {
-      const copy = this.f16Copy && !this.f16Copy.written && this.f16Copy.tensor === name ? this.f16Copy : undefined;
+      const copy = this.f16Copy && !this.f16Copy.written && this.f16Copy.tensor === name && !range ? this.f16Copy : undefined;
       const toF16 = (write: Write[]) =>
-        this.streamBf16(name, rows, cols, write, (src, out) => {
+        this.streamBf16(name, first, rows, cols, write, (src, out) => {
           this.work!.toF16(src, new Uint16Array(out.buffer, out.byteOffset, src.length));
           return out.subarray(0, src.byteLength);
         });
@@ -197,7 +208,7 @@ export class WeightStore {
     } else if (scheme === 'fp32' && bf16) {
       // The reference export: bf16 widens to f32 exactly, so this is a shift, streamed like the rest.
       const ref = await this.sink.appendStream(rows * cols * 4, (write) =>
-        this.streamBf16(name, rows, cols, [write], (src, out) => {
+        this.streamBf16(name, first, rows, cols, [write], (src, out) => {
           bf16ToF32Array(src, new Float32Array(out.buffer, out.byteOffset, src.length));
           return out.subarray(0, src.length * 4);
         }),
@@ -213,7 +224,7 @@ export class WeightStore {
       const qdq = this.w8Form === 'qdq';
       const ref = bf16 && !wide
         ? await this.sink.appendStream((rows * k) / 2, (write) =>
-            this.streamBf16(name, rows, cols, [write], (src, out, r0) => {
+            this.streamBf16(name, first, rows, cols, [write], (src, out, r0) => {
               const q = this.work!.quantizeW4(src, cols, out);
               scales.set(q.scales, r0 * blocks);
               return qdq ? toOnnxInt4(q.codes) : q.codes;
@@ -224,7 +235,7 @@ export class WeightStore {
             const packed = new Uint8Array((rowsPerChunk * k) / 2);
             for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
               const n = Math.min(rowsPerChunk, rows - r0);
-              const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+              const data = await this.ckpt.readRowsInto(name, first + r0, f32.subarray(0, n * cols));
               quantizeW4Rows(asStored(data, n), k, packed, scales.subarray(r0 * blocks, (r0 + n) * blocks));
               const bytes = packed.subarray(0, (n * k) / 2);
               write(qdq ? toOnnxInt4(bytes) : bytes);
@@ -243,7 +254,7 @@ export class WeightStore {
       const ref = await this.sink.appendChunked(rows * k, async (write) => {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
           const n = Math.min(rowsPerChunk, rows - r0);
-          const data = await this.ckpt.readRowsInto(name, r0, f32.subarray(0, n * cols));
+          const data = await this.ckpt.readRowsInto(name, first + r0, f32.subarray(0, n * cols));
           quantizeRows(asStored(data, n), k, codes, scales.subarray(r0, r0 + n), this.zeroPoint());
           write(codes.subarray(0, n * k));
         }
@@ -253,8 +264,9 @@ export class WeightStore {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
       const ref = await this.sink.appendChunked(rows * cols * bytesPer, async (write) => {
-        for await (const chunk of this.ckpt.iterRows(name, { rowsPerChunk })) {
-          const out = half ? f32ToF16Array(chunk.data) : chunk.data;
+        for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
+          const data = await this.ckpt.readRows(name, first + r0, Math.min(rowsPerChunk, rows - r0));
+          const out = half ? f32ToF16Array(data) : data;
           write(new Uint8Array(out.buffer, out.byteOffset, out.byteLength));
         }
       });
@@ -315,25 +327,30 @@ export class WeightStore {
    * w4: MatMulNBits(bits=4), or in the QDQ form Gemm on DequantizeLinear(axis 1, block_size 32) of
    * int4 codes (an opset-21 graph). A weight stored with padded in-features reads x padded with zeros
    * to them (Pad, constant 0: quant/pad.ts). The scheme is the graph's; the matrix's own comes from
-   * the store's PrecisionChooser (recipe overrides, the auto map).
+   * the store's PrecisionChooser (recipe overrides, the auto map). `rows` [first, end): only those
+   * rows of the weight (out = end − first), read and stored alone: a graph that uses a slice of a
+   * matrix's outputs stores just that slice (Gemma 4's per-layer projection, per shard).
    */
-  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string): Promise<string> {
-    const [out, inDim] = shape;
+  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string, rows?: RowRange): Promise<string> {
+    const inDim = shape[1];
+    const out = rows ? rows[1] - rows[0] : shape[0];
     const p = this.chooser.choose(name, scheme);
-    const s = await this.store(name, shape, p.scheme);
-    this.noteMatrix(name, shape, p);
-    const w = g.externalInitializer(name, s.dtype, s.dims, s.ref);
+    const s = await this.store(name, shape, p.scheme, rows);
+    this.noteMatrix(name, rows ? [out, inDim] : shape, p);
+    // A row range is its own initializer (one graph could read two ranges of one tensor).
+    const init = rows ? `${name}.rows_${rows[0]}_${rows[1]}` : name;
+    const w = g.externalInitializer(init, s.dtype, s.dims, s.ref);
     if (!s.scale) return gemmLinear(g, x, s.dtype === 'float32' ? w : g.op('Cast', [w], { to: 1 }), inDim, out, n, bias);
-    const scale = g.externalInitializer(`${name}.scale`, 'float32', s.scale.dims, s.scale.ref);
+    const scale = g.externalInitializer(`${init}.scale`, 'float32', s.scale.dims, s.scale.ref);
     if (!s.bits && s.blockSize) {
       const opset = g.opsetVersion() ?? 0;
       if (opset < W4_QDQ_OPSET) throw new Error(`${name}: W4 in QDQ form is an int4 blocked DequantizeLinear, which needs opset ${W4_QDQ_OPSET}; graph ${g.name} imports ${opset}`);
       const kq = s.dims[1];
-      return gemmLinear(g, padInput(g, x, name, inDim, kq), g.op('DequantizeLinear', [w, scale], { axis: 1, block_size: s.blockSize }), kq, out, n, bias);
+      return gemmLinear(g, padInput(g, x, init, inDim, kq), g.op('DequantizeLinear', [w, scale], { axis: 1, block_size: s.blockSize }), kq, out, n, bias);
     }
     if (!s.bits) return gemmLinear(g, x, g.op('DequantizeLinear', [w, scale], { axis: 0 }), inDim, out, n, bias);
     const k = s.dims[1] * s.blockSize!; // the in-features as stored: blob [N, K/block, block·bits/8]
-    const y = g.op('MatMulNBits', [padInput(g, x, name, inDim, k), w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
+    const y = g.op('MatMulNBits', [padInput(g, x, init, inDim, k), w, scale], { K: k, N: out, bits: s.bits, block_size: s.blockSize! }, 1, { domain: MS_DOMAIN });
     return bias ? g.op('Add', [y, bias]) : y;
   }
 

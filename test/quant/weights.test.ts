@@ -107,3 +107,51 @@ describe('the two W8 forms', () => {
     expect(worst).toBeLessThan(1e-5);
   }, 60_000);
 });
+
+describe('a row range of a weight', () => {
+  // rows [first, end) of one [96, 128] weight stored alone (Gemma 4's per-shard slice of the PLE
+  // projection) give the full linear's outputs first..end-1: per scheme, from bf16 and f32 bytes
+  // (the SIMD stream and the row-chunk paths), on ORT's CPU EP.
+  const [rows, cols, first, end] = [96, 128, 32, 80];
+  async function run(dir: string, dtype: 'BF16' | 'F32', scheme: 'w8' | 'w4' | 'fp16' | 'fp32', range?: readonly [number, number]) {
+    const bits = values(rows, cols, 11);
+    await writeSafetensors(join(dir, 'model.safetensors'), [{ name: 'w', dtype, shape: [rows, cols], data: dtype === 'BF16' ? bits : bf16ToF32Array(bits) }]);
+    const ckpt = await openCheckpoint(dir);
+    const sink = new ExternalDataWriter(join(dir, 'm.data'));
+    const store = new WeightStore(ckpt, sink);
+    const g = new GraphBuilder('t');
+    const out = range ? range[1] - range[0] : rows;
+    g.output(await store.linear(g, g.input('x', 'float32', [1, 1, cols]), 'w', [rows, cols], scheme, 1, undefined, range), 'y', { shape: [1, 1, out] });
+    await sink.commitAsync();
+    await ckpt.close();
+    writeModel(g, join(dir, 'm.onnx'), { externalThreshold: Infinity });
+    const ort = await import('onnxruntime-node');
+    const sess = await ort.InferenceSession.create(join(dir, 'm.onnx'));
+    const x = Float32Array.from({ length: cols }, (_, k) => Math.sin(k / 5));
+    const y = (await sess.run({ x: new ort.Tensor('float32', x, [1, 1, cols]) })).y.data as Float32Array;
+    await sess.release();
+    return { y, bytes: readFileSync(join(dir, 'm.data')).length };
+  }
+
+  for (const dtype of ['BF16', 'F32'] as const) {
+    for (const scheme of ['w8', 'w4', 'fp16', 'fp32'] as const) {
+      it(`${scheme} from ${dtype}: the outputs of those rows, from the bytes of those rows only`, async () => {
+        const whole = await run(await tempDir(), dtype, scheme);
+        const part = await run(await tempDir(), dtype, scheme, [first, end]);
+        expect(part.y.length).toBe(end - first);
+        for (let r = first; r < end; r++) expect(part.y[r - first]).toBeCloseTo(whole.y[r], 5);
+        expect(part.bytes).toBeLessThan(whole.bytes * ((end - first) / rows) + 4096);
+      }, 60_000);
+    }
+  }
+
+  it('refuses a range outside the tensor', async () => {
+    const dir = await tempDir();
+    await writeSafetensors(join(dir, 'model.safetensors'), [{ name: 'w', dtype: 'BF16', shape: [rows, cols], data: values(rows, cols, 3) }]);
+    const ckpt = await openCheckpoint(dir);
+    const store = new WeightStore(ckpt, new ExternalDataWriter(join(dir, 'm.data')));
+    const g = new GraphBuilder('t');
+    await expect(store.linear(g, g.input('x', 'float32', [1, 1, cols]), 'w', [rows, cols], 'w8', 1, undefined, [80, 100])).rejects.toThrow(/rows \[80, 100\) are not a row range of \[96,128\]/);
+    await ckpt.close();
+  });
+});
