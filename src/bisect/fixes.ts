@@ -45,9 +45,10 @@ export const shortName = (name: string, layer: number) => name.replace(new RegEx
 /**
  * The candidates for `layer`: each movable matmul weight alone, then the whole layer. A matrix's
  * precision now is what the shipped export gave it (the recipe's overrides, then auto's map, then
- * the scheme); one already at fp16 or fp32 has no rung up and is left out.
+ * the scheme); one already at fp16 or fp32 has no rung up and is left out. `without`: what the gate
+ * saw before, for the lines' `why` (written as gated, so --apply's recipe rebuilds from the cache).
  */
-export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap): { single: Candidate[]; whole?: Candidate } {
+export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): { single: Candidate[]; whole?: Candidate } {
   const chooser = new PrecisionChooser(overrides, map);
   const moves = tensors.filter((t) => t.role === 'matmul').flatMap((t) => {
     const from = chooser.choose(t.name, scheme).scheme;
@@ -61,7 +62,7 @@ export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantSc
     return {
       label, layer,
       tensors: ms.map((m) => ({ name: m.t.name, from: m.from, to: m.to })),
-      overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate` })),
+      overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate${without ? ` (${without} without it)` : ''}` })),
       addedBytes: ms.reduce((a, m) => a + storedBytes(m.t, m.to) - storedBytes(m.t, m.from), 0),
     };
   };

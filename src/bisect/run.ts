@@ -85,6 +85,8 @@ async function oracleBuild(recipe: string, arch: string, overrides: PrecisionOve
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
     const record = await build({ recipe, arch, until: 'oracle', out, verbose, ...(overrides ? { overrides } : {}), ...(quiet ? { progress: silentProgress } : {}) });
+    // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
+    if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
     const dir = (s: string) => stageDir(cacheRoot(), record.stages, s);
     const oracleDir = dir('oracle');
     const dirs = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision') };
@@ -184,7 +186,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   };
   for (const [i, s] of suspects.entries()) {
     result.suspects.push({ layer: s.layer, why: why(s, i) });
-    const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision);
+    const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, `${miss.graph} ${miss.output} ${seen}`);
     if (!single.length) {
       log(`layer ${s.layer}: every matrix already at fp16 or above: nothing to promote`);
       continue;
