@@ -118,6 +118,7 @@ program.command('bisect <recipe>')
   .action(async (id: string, o: { arch: string; target: string; apply?: boolean; out?: string; json?: boolean }) => {
     const r = await bisect({ recipe: id, arch: o.arch, target: o.target, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
     console.log(summaryText(r));
+    if (o.apply && !r.applied) console.log(`--apply: nothing written to the recipe: ${r.verdict === 'no-fault' ? 'there is no fault to fix' : 'no fix restored the gate'}`);
     if (o.json) console.log(JSON.stringify(r));
     // A fault found is not an error of bisect's: exit 0 whether or not it found one (the verdict says).
   });

@@ -21,7 +21,7 @@ import type { Family } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
 import { PRECISION_JSON } from '../quant/precision.js';
 import type { PrecisionResult } from '../quant/auto.js';
-import { layerFigures, locateMiss, SHIPPED_VARIANT, FP32_VARIANT, type LayerFigures, type Miss } from './locate.js';
+import { layerFigures, locateMiss, type LayerFigures, type Miss } from './locate.js';
 import { scanSteps, type StepScan } from './steps.js';
 import { layersAlone, type AloneFigure } from './alone.js';
 import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial } from './fixes.js';
@@ -214,4 +214,3 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   return finish();
 }
 
-export { SHIPPED_VARIANT, FP32_VARIANT };
