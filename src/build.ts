@@ -19,7 +19,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings, pinnedRecipe } from './recipe/load.js';
-import { builtRevision, type PinnedRecipe } from './recipe/schema.js';
+import { builtRevision, type PinnedRecipe, type PrecisionOverride } from './recipe/schema.js';
 import { buildPipeline, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
@@ -58,6 +58,12 @@ export interface BuildRequest {
   target?: TargetSpec;
   /** Bundle files of this many bytes or more are linked from the cache into the output, not copied (default LINK_AT_LEAST). */
   linkAtLeastBytes?: number;
+  /**
+   * Per-matrix precision pins tried on top of the recipe's (forge bisect's candidate fixes), placed
+   * before its own overrides so they win (the first match does): the recipe file stays as it is,
+   * and the stages downstream of the overrides re-run under their own cache keys.
+   */
+  overrides?: PrecisionOverride[];
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -81,6 +87,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   // The revision to fetch, before anything else: an unpinned recipe without --revision stops here.
   const recipe = pinnedRecipe(loaded, req.revision);
   const forArch = archSettings(recipe, req.arch);
+  if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   const { arch } = forArch;
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);

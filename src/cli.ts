@@ -8,6 +8,8 @@ import { clean } from './clean.js';
 import { runTests } from './selftest.js';
 import { publishBundle } from './hub/publish.js';
 import { compareBundles } from './bundle/compare.js';
+import { bisect, TARGETS } from './bisect/run.js';
+import { summaryText } from './bisect/report.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
@@ -105,6 +107,21 @@ function summaryLine(r: RunRecord): string {
   }
   return `${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}\n${where}`;
 }
+
+program.command('bisect <recipe>')
+  .description('where the shipped graphs first leave the HF reference (layer, step, link) and which precision override brings them back; report under out/<recipe>/<arch>/bisect/')
+  .addOption(archOption())
+  .addOption(new Option('--target <where>', 'where the chain is run (only host so far)').choices([...TARGETS]).default('host'))
+  .option('--apply', "write the chosen fix into the recipe file as override lines")
+  .option('--out <dir>', 'report directory (default out/<recipe>/<arch>/bisect)')
+  .option('--json', 'print bisect.json as the last line of stdout')
+  .action(async (id: string, o: { arch: string; target: string; apply?: boolean; out?: string; json?: boolean }) => {
+    const r = await bisect({ recipe: id, arch: o.arch, target: o.target, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
+    console.log(summaryText(r));
+    if (o.apply && !r.applied) console.log(`--apply: nothing written to the recipe: ${r.verdict === 'no-fault' ? 'there is no fault to fix' : 'no fix restored the gate'}`);
+    if (o.json) console.log(JSON.stringify(r));
+    // A fault found is not an error of bisect's: exit 0 whether or not it found one (the verdict says).
+  });
 
 program.command('publish <bundle-dir>')
   .description('upload a built bundle to the Hugging Face hub: one commit, only the files that changed; refuses a bundle whose gates did not all pass')

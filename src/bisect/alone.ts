@@ -1,0 +1,65 @@
+// forge bisect: each layer's own loss at the shipped precision. The oracle gate feeds HF's inputs
+// at the start of each graph, so a probe deep in a shard carries every earlier layer's error too:
+// on the W4-hostile tiny-qwen3 twin the gate is first left at layer 3's K row (0.8406 < 0.85) while
+// the layer that does the damage is 2 (its residual drops from 0.953 to 0.882). As the `auto`
+// stage does (quant/auto.ts), every layer is exported as a graph of its own and gated alone, fed HF's
+// inputs: its cosine is what that layer alone loses, which is what a precision change can win back.
+import { mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { join } from 'node:path';
+import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import { getFamily } from '../families/index.js';
+import type { Family } from '../families/types.js';
+import { GRAPHS_JSON, runExport, type ExportManifest, type ExportPlan } from '../families/export-stage.js';
+import { runOracleGate } from '../gates/oracle.js';
+import type { PrecisionMap } from '../quant/precision.js';
+
+export interface AloneParams {
+  family: FamilyId;
+  scheme: QuantScheme;
+  lmHeadScheme: QuantScheme;
+  maxContext: number;
+  overrides: PrecisionOverride[];
+  /** quant 'auto': the precision stage's map, which the shipped graphs were exported with. */
+  precision?: PrecisionMap;
+  minTop1: number;
+}
+
+/** Per layer, the smallest cosine of its one-layer graph (every output, every traced decode step), and a non-finite value if any. */
+export interface AloneFigure {
+  layer: number;
+  cosine: number;
+  nonFinite?: string;
+}
+
+/** One layer per graph, the lm-head alone (quant/auto.ts's plan). */
+const perLayerPlan = (n: number): ExportPlan => ({ shards: Array.from({ length: n }, (_, i) => ({ first: i, last: i })), lmHead: { placement: 'separate' } });
+
+/**
+ * Exports every layer alone in the shipped precision (decode graphs only: prefillLength 0, as
+ * auto does) under `work`, gates each against the trace and removes the files.
+ */
+export async function layersAlone(p: AloneParams, checkpointDir: string, traceDir: string, work: string): Promise<AloneFigure[]> {
+  const family = getFamily(p.family) as Family<unknown>;
+  const configFile = join(checkpointDir, 'config.json');
+  const n = family.numLayers(family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile));
+  const dir = join(work, 'alone');
+  mkdirSync(dir, { recursive: true });
+  try {
+    await runExport({ family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, prefillLength: 0, hostTables: false, overrides: p.overrides },
+      checkpointDir, perLayerPlan(n), dir, { log: () => {}, progress: () => {} }, p.precision);
+    const graphs = (JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest).contexts.flatMap((c) => c.graphs);
+    // The threshold does not matter here (the figures are compared with each other); 0 keeps the gate quiet.
+    const r = await runOracleGate(p.family, checkpointDir, traceDir, [{ label: 'alone', dir, minCosine: 0 }], p.minTop1, join(work, 'scratch'));
+    const figures: AloneFigure[] = Array.from({ length: n }, (_, layer) => ({ layer, cosine: Infinity }));
+    for (const g of graphs) {
+      if (g.first === undefined || g.first !== g.last) continue; // the lm-head
+      const f = figures[g.first];
+      f.cosine = Math.min(f.cosine, r.graphs[`alone:${p.scheme}/${g.name}`].minCosine);
+      const nf = r.rows.find((x) => x.graph === g.name && x.nonFinite)?.nonFinite;
+      if (nf && !f.nonFinite) f.nonFinite = nf;
+    }
+    return figures;
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}

@@ -1,0 +1,91 @@
+// forge bisect: the fix search. For the layer found, each matmul weight is tried alone at the next
+// precision up (w4 → w8, w8 → fp16) as a recipe override, rebuilt through the oracle gate with the
+// normal cached stages (only the stages the overrides reach re-run) and re-gated; when no single
+// matrix restores the gate, the whole layer one step up. The fixes that restore it are ranked by the
+// bytes they add (quant/bytes.ts, the plan's own count).
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import type { TensorSpec } from '../families/types.js';
+import { storedBytes } from '../quant/bytes.js';
+import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
+import type { OracleResult } from '../gates/oracle.js';
+import { firstFailedRow, shippedFloor, SHIPPED_VARIANT } from './locate.js';
+
+/** The precision a matrix is tried at next: one rung up the ladder the `auto` stage climbs. */
+export const NEXT: Partial<Record<QuantScheme, QuantScheme>> = { w4: 'w8', w8: 'fp16' };
+
+export interface Candidate {
+  /** `layer 2 mlp.down_proj`, or `layer 2 (7 matrices)` for the whole layer. */
+  label: string;
+  layer: number;
+  tensors: Array<{ name: string; from: QuantScheme; to: QuantScheme }>;
+  /** The override lines that make it (per rung: one pattern, the tensor names escaped and alternated). */
+  overrides: PrecisionOverride[];
+  /** Weight bytes it adds to the shipped graphs (storedBytes at the new precision less at the old). */
+  addedBytes: number;
+}
+
+export interface Trial extends Candidate {
+  /** The oracle gate with the override: passed or not. */
+  ok: boolean;
+  /** The shipped graphs' smallest cosine over every output (−1: a non-finite value). */
+  minCosine?: number;
+  /** Where the gate was still left, when it was. */
+  stillFails?: string;
+  /** The build's error when it failed before the gate gave a verdict. */
+  error?: string;
+  seconds: number;
+}
+
+const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+/** A name inside a layer, without its `model.layers.N.` prefix and `.weight`: `mlp.down_proj`. */
+export const shortName = (name: string, layer: number) => name.replace(new RegExp(`^.*?layers\\.${layer}\\.`), '').replace(/\.weight$/, '');
+
+/**
+ * The candidates for `layer`: each movable matmul weight alone, then the whole layer. A matrix's
+ * precision now is what the shipped export gave it (the recipe's overrides, then auto's map, then
+ * the scheme); one already at fp16 or fp32 has no rung up and is left out. `without`: what the gate
+ * saw before, for the lines' `why` (written as gated, so --apply's recipe rebuilds from the cache).
+ */
+export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): { single: Candidate[]; whole?: Candidate } {
+  const chooser = new PrecisionChooser(overrides, map);
+  const moves = tensors.filter((t) => t.role === 'matmul').flatMap((t) => {
+    const from = chooser.choose(t.name, scheme).scheme;
+    const to = NEXT[from];
+    return to ? [{ t, from, to }] : [];
+  });
+  const make = (label: string, ms: typeof moves): Candidate => {
+    // One quant per override line: matrices bound for different rungs (a whole layer whose matrices
+    // stand on different ones) get a line per rung, each matrix one step up from where it is.
+    const rungs = ms.map((m) => m.to).filter((x, i, a) => a.indexOf(x) === i);
+    return {
+      label, layer,
+      tensors: ms.map((m) => ({ name: m.t.name, from: m.from, to: m.to })),
+      overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate${without ? ` (${without} without it)` : ''}` })),
+      addedBytes: ms.reduce((a, m) => a + storedBytes(m.t, m.to) - storedBytes(m.t, m.from), 0),
+    };
+  };
+  const single = moves.map((m) => make(`layer ${layer} ${shortName(m.t.name, layer)} ${m.from}→${m.to}`, [m]));
+  return { single, ...(moves.length > 1 ? { whole: make(`layer ${layer} whole (${moves.length} matrices)`, moves) } : {}) };
+}
+
+/** What one trial build's oracle result says about a candidate. */
+export function judge(c: Candidate, result: OracleResult, seconds: number): Trial {
+  const miss = firstFailedRow(result.rows, SHIPPED_VARIANT) ?? firstFailedRow(result.rows, 'export');
+  const still = miss ? `${miss.variant} ${miss.graph} layer ${miss.layer} ${miss.output} ${miss.minCosine.toFixed(5)}` : 'a graph failed on logits top-1';
+  return { ...c, ok: result.ok, minCosine: shippedFloor(result.rows), seconds, ...(result.ok ? {} : { stillFails: still }) };
+}
+
+/** The restoring trials, cheapest first (added bytes, then the higher cosine, then the label). */
+export function rank(trials: Trial[]): Trial[] {
+  return trials.filter((t) => t.ok).sort((a, b) => a.addedBytes - b.addedBytes || (b.minCosine ?? -1) - (a.minCosine ?? -1) || a.label.localeCompare(b.label));
+}
+
+/** A cached stage's output directory, from a run record's stage list. */
+export function stageDir(cache: string, stages: Array<{ name: string; key?: string }>, name: string): string | undefined {
+  const key = stages.find((s) => s.name === name)?.key;
+  return key ? join(cache, name, key) : undefined;
+}
+
+export const readJson = <T>(file: string): T => JSON.parse(readFileSync(file, 'utf8')) as T;

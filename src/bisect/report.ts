@@ -1,0 +1,115 @@
+// forge bisect's report: bisect.json, a terminal summary and bisect.html (static, no scripts, no
+// external assets: the build report's style, src/bundle/report.ts) under out/<recipe>/<arch>/bisect/.
+// Everything shown comes from the BisectResult of that run.
+import { mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
+import { dirname, join } from 'node:path';
+import type { BisectResult } from './run.js';
+import type { StepCosine } from './steps.js';
+
+export const BISECT_JSON = 'bisect.json';
+export const BISECT_HTML = 'bisect.html';
+
+const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
+const cos = (c: number | undefined) => (c === undefined ? '-' : c === Infinity ? '-' : c.toFixed(5));
+
+/** The override lines of the chosen fix, as they go into a recipe's `overrides`. */
+export const overrideLines = (r: BisectResult) => (r.chosen ? r.chosen.overrides.map((o) => JSON.stringify(o)) : []);
+
+export function summaryText(r: BisectResult): string {
+  const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`];
+  const f = r.fault;
+  if (f) {
+    lines.push(`  first miss:  ${f.variant} ${f.graph} ${f.layer !== null ? `layer ${f.layer} ` : ''}${f.output} (${f.what}) ${f.nonFinite ?? (f.top1 ? `top-1 ${f.top1}` : `cosine ${cos(f.cosine)} < ${f.threshold}`)}`);
+    lines.push(`  link:        ${f.link}`);
+    if (r.layer !== undefined) lines.push(`  layer:       ${r.layer}${r.layer !== f.layer ? ` (where the damage is done; layer ${f.layer} is where the gate is first left)` : ''}`);
+    const s = r.steps?.first;
+    if (s) lines.push(`  first step:  prompt ${s.prompt} step ${s.step} (${s.output} ${cos(s.cosine)}); ${r.steps!.failing} of ${r.steps!.cases.length} traced steps under ${r.steps!.threshold}`);
+  }
+  if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
+  for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
+  if (r.trials.length) {
+    lines.push('  fixes tried (rebuilt through the oracle gate):');
+    for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} +${String(t.addedBytes).padStart(8)} B  shipped min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
+  }
+  if (r.fixes.length) lines.push(`  ranked by added bytes: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (+${t.addedBytes} B)`).join('; ')}`);
+  if (r.chosen) lines.push(`  recipe override: ${overrideLines(r).join(', ')}${r.applied ? ` (written into ${r.applied.file})` : ' (--apply writes it into the recipe)'}`);
+  lines.push(`  ${r.seconds.toFixed(1)} s; the oracle build: ${r.build.stages.map((s) => `${s.name} ${s.status}`).join(', ')}`);
+  return lines.join('\n');
+}
+
+interface Table { head: string[]; rows: string[][] }
+
+function table({ head, rows }: Table): string {
+  return `<table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join('')}</tr></thead><tbody>\n${rows.map((row) => `<tr>${row.map((c) => `<td${c === '✗' ? ' class="fail"' : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n')}\n</tbody></table>`;
+}
+
+/** Each traced case's cosine (x: case in trace order), the threshold as a line: where the shipped graph leaves it. */
+function stepPlot(cases: StepCosine[], threshold: number, first?: StepCosine): string {
+  if (!cases.length) return '';
+  const W = 640, H = 220, L = 52, B = 28, T = 10;
+  const finite = cases.map((c) => Math.max(c.cosine, 0));
+  const lo = Math.min(threshold, ...finite) - 0.01, hi = 1;
+  const x = (i: number) => L + ((W - L - 10) * i) / Math.max(1, cases.length - 1);
+  const y = (v: number) => T + (H - T - B) * (1 - (v - lo) / (hi - lo));
+  const dots = cases.map((c, i) => `<circle cx="${x(i).toFixed(1)}" cy="${y(Math.max(c.cosine, 0)).toFixed(1)}" r="2" fill="${c.cosine < threshold ? '#d62728' : '#1f77b4'}"><title>prompt ${c.prompt} step ${c.step}: ${esc(c.output)} ${c.cosine.toFixed(5)}</title></circle>`);
+  const fi = first ? cases.indexOf(first) : -1;
+  const mark = fi >= 0 ? `<line x1="${x(fi)}" x2="${x(fi)}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="3 3"/><text x="${x(fi) + 4}" y="${T + 12}" font-size="11" fill="#d62728">first: prompt ${first!.prompt} step ${first!.step}</text>` : '';
+  const ticks = [lo, (lo + hi) / 2, hi].map((v) => `<text x="${L - 6}" y="${y(v) + 4}" font-size="10" text-anchor="end">${v.toFixed(3)}</text><line x1="${L}" x2="${W - 10}" y1="${y(v)}" y2="${y(v)}" stroke="#eee"/>`);
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" role="img" aria-label="cosine per traced step">${ticks.join('')}`
+    + `<line x1="${L}" x2="${W - 10}" y1="${y(threshold)}" y2="${y(threshold)}" stroke="#b00"/><text x="${W - 12}" y="${y(threshold) - 3}" font-size="10" text-anchor="end" fill="#b00">threshold ${threshold}</text>`
+    + `${dots.join('')}${mark}<text x="${(W + L) / 2}" y="${H - 4}" font-size="11" text-anchor="middle">traced case (prompt, then step)</text></svg>`;
+}
+
+export function bisectHtml(r: BisectResult): string {
+  const parts: string[] = [];
+  const f = r.fault;
+  if (f) {
+    parts.push('<h2>First miss</h2>', table({
+      head: ['link', 'variant', 'graph', 'layer', 'output', 'cosine', 'threshold', 'worst at', 'first step under'],
+      rows: [[f.link, f.variant, f.graph, f.layer === null ? '-' : String(f.layer), `${f.output} (${f.what})`, f.nonFinite ?? (f.top1 ? `top-1 ${f.top1}` : cos(f.cosine)), String(f.threshold), f.worst,
+        r.steps?.first ? `prompt ${r.steps.first.prompt} step ${r.steps.first.step} (${r.steps.first.output} ${cos(r.steps.first.cosine)})` : '-']],
+    }));
+  }
+  if (r.steps) parts.push(`<h2>Per traced step: ${esc(r.steps.graph)}, ${esc(r.steps.outputs.join(', '))}</h2>`, `<p>${r.steps.failing} of ${r.steps.cases.length} steps under ${r.steps.threshold}.</p>`, stepPlot(r.steps.cases, r.steps.threshold, r.steps.first));
+  const alone = new Map((r.alone ?? []).map((a) => [a.layer, a]));
+  parts.push('<h2>Per layer along the chain</h2>', `<p>Smallest cosine over each layer's outputs (residual, K/V rows), teacher-forced per graph: fp32 export (threshold ${r.thresholds.fp32}) and shipped ${esc(r.thresholds.quant)} (threshold ${r.thresholds.shipped})${r.alone ? '; and the layer exported and gated alone at the shipped precision, fed HF\'s inputs' : ''}.</p>`, table({
+    head: ['layer', 'fp32', 'shipped', 'shipped worst output', ...(r.alone ? ['shipped, layer alone'] : []), ''],
+    rows: r.layers.map((l) => {
+      const bad = (l.fp32 ?? 1) < r.thresholds.fp32 || (l.shipped ?? 1) < r.thresholds.shipped;
+      const a = alone.get(l.layer);
+      return [String(l.layer), l.fp32 === undefined ? '-' : l.fp32.toFixed(7), cos(l.shipped), l.shippedWorst ?? '-', ...(r.alone ? [a ? (a.nonFinite ? 'non-finite' : cos(a.cosine)) : '-'] : []), bad ? '✗' : '✓'];
+    }),
+  }));
+  if (r.suspects?.length) parts.push('<h2>Suspects</h2>', `<ul>${r.suspects.map((s) => `<li>layer ${s.layer}: ${esc(s.why)}</li>`).join('')}</ul>`);
+  if (r.trials.length) {
+    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the oracle gate with the recipe\'s cached stages and the override below; ranked among those that restore the gate by the weight bytes they add.</p>', table({
+      head: ['rank', 'fix', 'override', 'added bytes', 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
+      rows: r.trials.map((t) => [t.ok ? String(r.fixes.indexOf(t) + 1) : '-', t.label, t.overrides.map((o) => `${o.match} → ${o.quant}`).join('; '), String(t.addedBytes), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
+    }));
+  }
+  if (r.chosen) parts.push('<h2>Recipe override</h2>', `<pre>${esc(overrideLines(r).join(',\n'))}</pre>`, `<p>${r.applied ? `Written into ${esc(r.applied.file)}.` : 'Not written: <code>forge bisect --apply</code> puts it into the recipe.'}</p>`);
+  parts.push('<h2>Oracle build</h2>', table({ head: ['stage', 'status', 'seconds'], rows: r.build.stages.map((s) => [s.name, s.status, s.seconds.toFixed(1)]) }));
+  const good = r.verdict === 'no-fault' || r.verdict === 'fixed';
+  return `<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>forge bisect: ${esc(r.recipe)} ${esc(r.arch)}</title>
+<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}td.fail{color:#b00;font-weight:bold}.ok{color:#070}.bad{color:#b00}pre{background:#f6f6f6;padding:.5em;white-space:pre-wrap;word-break:break-all}</style>
+</head><body>
+<h1>forge bisect: ${esc(r.recipe)} for ${esc(r.arch)} (target ${esc(r.target)})</h1>
+<p id="verdict" class="${good ? 'ok' : 'bad'}">${esc(r.message)} — ${r.seconds.toFixed(1)} s</p>
+${parts.join('\n')}
+</body></html>
+`;
+}
+
+/** Replaces `dir` whole (written beside, then renamed): bisect.json, bisect.html, summary.txt. */
+export function writeBisectOutput(dir: string, r: BisectResult): void {
+  mkdirSync(dirname(dir), { recursive: true });
+  const staging = `${dir}.staging-${process.pid}`;
+  rmSync(staging, { recursive: true, force: true });
+  mkdirSync(staging);
+  writeFileSync(join(staging, BISECT_JSON), JSON.stringify(r, null, 2) + '\n');
+  writeFileSync(join(staging, BISECT_HTML), bisectHtml(r));
+  writeFileSync(join(staging, 'summary.txt'), summaryText(r) + '\n');
+  rmSync(dir, { recursive: true, force: true });
+  renameSync(staging, dir);
+}

@@ -1,0 +1,216 @@
+// `forge bisect <recipe> --arch <arch>`: where the shipped numbers leave the HF reference, which link
+// of the chain moved them, and which precision change brings them back (issue 17, step 1: the host
+// target, quantization faults). It builds the recipe through the oracle gate with the normal cached
+// stages, reads the gate's result (a failed gate still leaves its oracle.json in the cache: the
+// gate stays as strict as for `forge build`), names the first layer and step that leave tolerance,
+// weighs each layer alone to find the one doing the damage, and rebuilds with candidate overrides.
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { performance } from 'node:perf_hooks';
+import { build, defaultOut } from '../build.js';
+import { archSettings, loadRecipe } from '../recipe/load.js';
+import { baseScheme, shippedMinCosine, type PrecisionOverride } from '../recipe/schema.js';
+import { cacheRoot } from '../paths.js';
+import { silentProgress } from '../engine/progress.js';
+import type { RunRecord } from '../engine/record.js';
+import type { OracleResult } from '../gates/oracle.js';
+import { readCheckpointRef } from '../hub/checkpoint-ref.js';
+import { getFamily } from '../families/index.js';
+import type { Family } from '../families/types.js';
+import { modelTensors } from '../families/tensors.js';
+import { PRECISION_JSON } from '../quant/precision.js';
+import type { PrecisionResult } from '../quant/auto.js';
+import { layerFigures, locateMiss, type LayerFigures, type Miss } from './locate.js';
+import { scanSteps, type StepScan } from './steps.js';
+import { layersAlone, type AloneFigure } from './alone.js';
+import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial } from './fixes.js';
+import { applyOverrides } from './apply.js';
+import { writeBisectOutput } from './report.js';
+
+export const TARGETS = ['host', 'emulation', 'adb'] as const;
+
+export interface BisectRequest {
+  recipe: string;
+  arch: string;
+  target?: string;
+  /** Write the chosen fix into the recipe file as override lines. */
+  apply?: boolean;
+  /** Default out/<recipe>/<arch>/bisect. */
+  out?: string;
+  verbose?: boolean;
+  /** Progress lines (stderr by the CLI). */
+  log?: (m: string) => void;
+  /** How many layers (worst alone first) the fix search tries before giving up (default 2). */
+  maxLayers?: number;
+}
+
+export interface BisectResult {
+  recipe: string;
+  arch: string;
+  target: 'host';
+  recipeFile: string;
+  verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
+  message: string;
+  thresholds: { fp32: number; shipped: number; quant: string };
+  /** The oracle build bisect read: its status and stages (cached or ran). */
+  build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number }> };
+  fault?: Miss;
+  /** The faulty graph re-run case by case: the first traced step under tolerance. */
+  steps?: StepScan;
+  /** Per layer, each variant's smallest cosine in the oracle gate (teacher-forced per graph). */
+  layers: LayerFigures[];
+  /** Per layer, the shipped precision's cosine with the layer gated alone. */
+  alone?: AloneFigure[];
+  /** The layers the fix search tried, worst alone first, and why. */
+  suspects?: Array<{ layer: number; why: string }>;
+  /**
+   * The layer bisect names: the one whose fix restores the gate (else the worst alone). It can come
+   * before `fault.layer`: a graph's later probes carry every earlier layer's error.
+   */
+  layer?: number;
+  trials: Trial[];
+  /** The trials that restore the gate, cheapest first. */
+  fixes: Trial[];
+  chosen?: Trial;
+  applied?: { file: string; overrides: PrecisionOverride[] };
+  seconds: number;
+}
+
+const fmt = (c: number) => c.toFixed(5);
+
+/** Builds through the oracle (cached stages) into a throwaway output dir and returns the record with the gate's result. */
+async function oracleBuild(recipe: string, arch: string, overrides: PrecisionOverride[] | undefined, verbose: boolean | undefined, quiet: boolean): Promise<{ record: RunRecord; oracle?: OracleResult; dirs: Record<string, string | undefined> }> {
+  // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
+  const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
+  try {
+    const record = await build({ recipe, arch, until: 'oracle', out, verbose, ...(overrides ? { overrides } : {}), ...(quiet ? { progress: silentProgress } : {}) });
+    // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
+    if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
+    const dir = (s: string) => stageDir(cacheRoot(), record.stages, s);
+    const oracleDir = dir('oracle');
+    const dirs = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision') };
+    const status = record.stages.find((s) => s.name === 'oracle')?.status;
+    if (!oracleDir || (status !== 'ran' && status !== 'cached')) return { record, dirs };
+    return { record, oracle: readJson<OracleResult>(join(oracleDir, 'oracle.json')), dirs };
+  } finally {
+    rmSync(out, { recursive: true, force: true });
+  }
+}
+
+export async function bisect(req: BisectRequest): Promise<BisectResult> {
+  const t0 = performance.now();
+  const log = req.log ?? (() => {});
+  const target = req.target ?? 'host';
+  if (target !== 'host') throw new Error(`forge bisect --target ${target}: not yet; only --target host (the fp32 and shipped ONNX graphs on this machine's CPU) is implemented (issue 17, step 1)`);
+  const { recipe, file } = loadRecipe(req.recipe);
+  const { arch, settings } = archSettings(recipe, req.arch, file);
+  const o = recipe.gates.oracle;
+  const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
+  const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
+
+  log(`building ${recipe.id} for ${arch.id} through the oracle gate (cached stages)`);
+  const base = await oracleBuild(recipe.id, arch.id, undefined, req.verbose, false);
+  const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })) };
+  if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
+  const layers = layerFigures(base.oracle.rows);
+  const result: BisectResult = {
+    recipe: recipe.id, arch: arch.id, target: 'host', recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
+  };
+  const finish = () => {
+    result.seconds = (performance.now() - t0) / 1000;
+    writeBisectOutput(outDir, result);
+    return result;
+  };
+  const miss = locateMiss(base.oracle, thresholds);
+  if (!miss) {
+    result.message = `no fault: every graph within tolerance (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
+    return finish();
+  }
+  result.fault = miss;
+  const where = `${miss.variant} ${miss.graph}${miss.layer !== null ? ` layer ${miss.layer}` : ''} ${miss.output} (${miss.what})`;
+  const seen = miss.nonFinite ? `a non-finite value (${miss.nonFinite})` : miss.top1 ? `top-1 ${miss.top1}` : `cosine ${fmt(miss.cosine)} < ${miss.threshold}`;
+
+  const ckpt = readCheckpointRef(base.dirs.fetch!).absDir;
+  const exportDir = miss.link === 'export' ? base.dirs.export! : base.dirs.quantize!;
+  // The outputs of the missed layer in the missed graph: the first step where any of them leaves tolerance.
+  const variantRows = base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === miss.graph && (miss.layer === null ? r.output === miss.output : r.layer === String(miss.layer)));
+  log(`first miss: ${where}, ${seen}; scanning its traced steps`);
+  const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-steps-'));
+  try {
+    result.steps = await scanSteps(recipe.family, ckpt, base.dirs.trace!, exportDir, miss.graph, variantRows.map((r) => r.output), miss.threshold, scratch);
+  } finally {
+    rmSync(scratch, { recursive: true, force: true });
+  }
+  const at = result.steps.first ? `, first at prompt ${result.steps.first.prompt} step ${result.steps.first.step} (${result.steps.first.output} ${fmt(result.steps.first.cosine)}; ${result.steps.failing} of ${result.steps.cases.length} steps under)` : '';
+
+  if (miss.link === 'export') {
+    result.verdict = 'export';
+    result.message = `link export: the fp32 graphs already leave HF at ${where}, ${seen}${at}: the graph builder disagrees with HF; no precision change can fix that`;
+    return finish();
+  }
+  if (miss.layer === null) {
+    result.verdict = 'unfixed';
+    result.message = `link quantization at ${where}, ${seen}${at}: not localised to a layer (the lm-head and other layerless outputs are not searched in this step)`;
+    return finish();
+  }
+
+  // Which layer does the damage: each one alone at the shipped precision, the worst first.
+  const family = getFamily(recipe.family) as Family<unknown>;
+  const configFile = join(ckpt, 'config.json');
+  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+  const scheme = baseScheme(settings.quant);
+  log(`weighing every layer alone at ${settings.quant}`);
+  const work = mkdtempSync(join(tmpdir(), 'forge-bisect-alone-'));
+  try {
+    result.alone = await layersAlone({ family: recipe.family, scheme, lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}), minTop1: o.minTop1 }, ckpt, base.dirs.trace!, work);
+  } finally {
+    rmSync(work, { recursive: true, force: true });
+  }
+  const badness = (f: AloneFigure) => (f.nonFinite ? -2 : f.cosine);
+  const suspects = result.alone.filter((f) => f.layer <= miss.layer!).sort((a, b) => badness(a) - badness(b) || a.layer - b.layer).slice(0, req.maxLayers ?? 2);
+  // The layers the search gets to, in that order (it stops at the first whose fixes restore the gate).
+  const why = (f: AloneFigure, i: number) => `${i === 0 ? 'the lowest' : `number ${i + 1} by`} cosine alone among layers 0..${miss.layer} at ${settings.quant}: ${f.nonFinite ? `non-finite (${f.nonFinite})` : fmt(f.cosine)}`;
+  result.suspects = [];
+
+  const tensors = (await modelTensors(family, config)).layers;
+  const tryOne = async (c: Candidate): Promise<Trial> => {
+    const t = performance.now();
+    const r = await oracleBuild(recipe.id, arch.id, c.overrides, req.verbose, true);
+    const seconds = (performance.now() - t) / 1000;
+    const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
+    log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
+    result.trials.push(trial);
+    return trial;
+  };
+  for (const [i, s] of suspects.entries()) {
+    result.suspects.push({ layer: s.layer, why: why(s, i) });
+    const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, `${miss.graph} ${miss.output} ${seen}`);
+    if (!single.length) {
+      log(`layer ${s.layer}: every matrix already at fp16 or above: nothing to promote`);
+      continue;
+    }
+    log(`layer ${s.layer} (alone ${fmt(s.cosine)}): each matrix one precision up`);
+    let restored = false;
+    for (const c of single) restored = (await tryOne(c)).ok || restored;
+    if (!restored && whole) restored = (await tryOne(whole)).ok;
+    if (restored) break;
+  }
+  result.fixes = rank(result.trials);
+  result.chosen = result.fixes[0];
+  result.layer = result.chosen?.layer ?? suspects[0]?.layer;
+  const alone = result.alone.find((a) => a.layer === result.layer);
+  const damage = result.layer === undefined || !alone ? '' : `; layer ${result.layer} (alone at ${settings.quant} ${fmt(alone.cosine)}) is where ${result.chosen ? 'a fix restores it' : 'the search looked'}${result.layer < miss.layer ? `, its error carried by the later layers to layer ${miss.layer}` : ''}`;
+  const link = `link quantization: the shipped ${settings.quant} graphs leave tolerance first at ${where}, ${seen}${at}, while fp32 holds (≥ ${thresholds.fp32})${damage}`;
+  if (!result.chosen) {
+    result.verdict = 'unfixed';
+    result.message = `${link}; no candidate restores the gate (tried ${result.trials.length}: ${result.trials.map((t) => t.label).join(', ')})`;
+    return finish();
+  }
+  result.verdict = 'fixed';
+  result.message = `${link}; ${result.fixes.length} of ${result.trials.length} candidates restore the gate, the cheapest: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)`;
+  if (req.apply) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
+  return finish();
+}
+

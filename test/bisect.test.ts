@@ -1,0 +1,174 @@
+// forge bisect (issue 17, step 1: host target, quantization faults) on twins: a planted fault — the
+// tiny-qwen3 twin with layer 2 made W4-hostile (test/helpers/w4-hostile.ts: its function unchanged,
+// one outlier per W4 block of o_proj and down_proj) built at w4 — is found, named (layer, link) and
+// fixed by a single matrix at w8, which --apply writes into the recipe and a plain build then passes;
+// a healthy twin is reported as such from the cache. Plus the pure parts: the first miss in model
+// order and the candidate overrides with their bytes.
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { pathToFileURL } from 'node:url';
+import { forge, lastJson } from './helpers/forge-cli.js';
+import { makeW4Hostile } from './helpers/w4-hostile.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { cacheRoot } from '../src/paths.js';
+import { dumpDom } from '../src/toolchain/chromium.js';
+import { firstFailedRow, locateMiss } from '../src/bisect/locate.js';
+import { candidates, shortName } from '../src/bisect/fixes.js';
+import { applyOverrides } from '../src/bisect/apply.js';
+import { PrecisionChooser } from '../src/quant/precision.js';
+import { storedBytes } from '../src/quant/bytes.js';
+import type { BisectResult } from '../src/bisect/run.js';
+import type { OracleResult, OracleRow } from '../src/gates/oracle.js';
+import type { TensorSpec } from '../src/families/types.js';
+
+const HOSTILE_LAYER = 2;
+
+let work: string;
+let recipes: string;
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+});
+
+const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
+
+describe('forge bisect', () => {
+  it('finds the W4-hostile layer of a w4 twin, names the link, and the single-matrix W8 fix it applies makes the build pass', async () => {
+    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
+    expect(twin.code, twin.stderr).toBe(0);
+    const hostile = join(work, 'hostile');
+    await makeW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, HOSTILE_LAYER);
+    // The twin at plain w4, the recipe's own w4 threshold (gates.oracle.w4MinCosine, default 0.85).
+    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.id = 'tiny-qwen3-hostile-w4';
+    r.source = { kind: 'local', path: hostile };
+    r.arch.default.quant = 'w4';
+    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
+    const recipeFile = join(recipes, r.id, 'recipe.json');
+    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+
+    const out = join(work, 'bisect-hostile');
+    const run = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr).not.toMatch(/\n\s+at /);
+    const b = lastBisect(run.stdout);
+    expect(b.verdict).toBe('fixed');
+    // fp32 holds, the shipped w4 graphs do not: the quantization link.
+    expect(b.fault).toMatchObject({ link: 'quantization', variant: 'quantize:w4' });
+    expect(b.fault!.cosine).toBeLessThan(b.thresholds.shipped);
+    expect(b.layers.every((l) => l.fp32! >= b.thresholds.fp32)).toBe(true);
+    // The first traced step under tolerance is one the gate saw (its worst case is at or after it).
+    expect(b.steps!.first!.cosine).toBeLessThan(b.thresholds.shipped);
+    expect(b.steps!.failing).toBeGreaterThan(0);
+    // The layer that does the damage: the hostile one, whatever later layer first crosses the threshold.
+    expect(b.layer).toBe(HOSTILE_LAYER);
+    expect(b.fault!.layer).toBeGreaterThanOrEqual(HOSTILE_LAYER);
+    const worstAlone = [...b.alone!].sort((x, y) => x.cosine - y.cosine)[0];
+    expect(worstAlone.layer).toBe(HOSTILE_LAYER);
+    // The fix: one of the two matrices the helper made hostile, at w8, alone; every restoring fix is one the gate passed, cheapest first.
+    const chosen = b.chosen!;
+    expect(chosen.tensors).toHaveLength(1);
+    expect(['self_attn.o_proj', 'mlp.down_proj']).toContain(shortName(chosen.tensors[0].name, HOSTILE_LAYER));
+    expect(chosen.tensors[0]).toMatchObject({ from: 'w4', to: 'w8' });
+    expect(chosen.ok).toBe(true);
+    expect(chosen.addedBytes).toBeGreaterThan(0);
+    expect(b.fixes.map((f) => f.addedBytes)).toEqual([...b.fixes.map((f) => f.addedBytes)].sort((x, y) => x - y));
+    for (const t of b.trials) expect(t.tensors.every((x) => x.name.startsWith(`model.layers.${HOSTILE_LAYER}.`))).toBe(true);
+    console.log(`[measured] bisect on the W4-hostile twin: first miss ${b.fault!.graph} layer ${b.fault!.layer} ${b.fault!.output} ${b.fault!.cosine.toFixed(5)} < ${b.thresholds.shipped}, first at prompt ${b.steps!.first!.prompt} step ${b.steps!.first!.step} (${b.steps!.failing}/${b.steps!.cases.length} steps under); layers alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+
+    // --apply wrote the chosen override into the recipe, first in the list; the plain build now passes the gate.
+    expect(b.applied!.file).toBe(recipeFile);
+    const applied = JSON.parse(readFileSync(recipeFile, 'utf8'));
+    expect(applied.arch.default.overrides[0]).toEqual(chosen.overrides[0]);
+    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    const rec = lastJson(rebuilt.stdout);
+    expect(rec.gates.oracle.ok, rebuilt.stderr).toBe(true);
+    // The line written is the one gated: the rebuild finds the trial's quantize export and gate in the cache.
+    expect(rec.stages.find((s: { name: string }) => s.name === 'oracle').status).toBe('cached');
+    // Bisect again: the fixed recipe passes, nothing left to find.
+    const again = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--out', join(work, 'bisect-again')], { FORGE_RECIPES: recipes });
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stdout).toMatch(/no fault: every graph within tolerance/);
+
+    // The report files, and the HTML as Chromium renders it.
+    for (const f of ['bisect.json', 'bisect.html', 'summary.txt']) expect(existsSync(join(out, f)), f).toBe(true);
+    const dom = await dumpDom(pathToFileURL(join(out, 'bisect.html')).href, join(work, 'chromium-profile'));
+    expect(dom).toContain('link quantization');
+    expect(dom).toMatch(/<svg[^>]*aria-label="cosine per traced step"/);
+    expect(dom).toContain(chosen.label);
+  }, 900_000); // the twin (cold cache ~50 s), its w4 build through the oracle, 7 single-matrix trial builds (~10–15 s each here), the rebuild
+
+  it('says "no fault" on a healthy twin, from the cache', async () => {
+    const args = ['bisect', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', join(work, 'bisect-healthy')];
+    const first = await forge(args, { FORGE_RECIPES: recipes }); // may build the twin through the oracle
+    expect(first.code, first.stderr).toBe(0);
+    const t = performance.now();
+    const run = await forge(args, { FORGE_RECIPES: recipes });
+    const seconds = (performance.now() - t) / 1000;
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastBisect(run.stdout);
+    expect(b.verdict).toBe('no-fault');
+    expect(b.message).toMatch(/^no fault: every graph within tolerance/);
+    expect(b.build.stages.every((s) => s.status === 'cached')).toBe(true);
+    expect(b.trials).toEqual([]);
+    const file = JSON.parse(readFileSync(join(work, 'bisect-healthy', 'bisect.json'), 'utf8')) as BisectResult;
+    expect(file.verdict).toBe('no-fault');
+    console.log(`[measured] bisect on healthy tiny-qwen3 (w8), everything cached: ${seconds.toFixed(1)} s for the command, ${b.seconds.toFixed(1)} s inside it`);
+  }, 600_000);
+
+  it('refuses the targets it does not have yet', async () => {
+    const r = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'emulation'], { FORGE_RECIPES: recipes });
+    expect(r.code).toBe(1);
+    expect(r.stderr).toMatch(/--target emulation: not yet; only --target host/);
+  });
+});
+
+describe('bisect, the pure parts', () => {
+  const row = (variant: string, layer: string, output: string, minCosine: number, ok: boolean): OracleRow => ({ variant, graph: 'shard0.decode', layer, output, what: '', minCosine, maxAbs: 0, worst: 'w', ok });
+
+  it('takes the first failed row in model order, fp32 before the shipped graphs', () => {
+    const rows = [row('quantize:w4', '-', 'logits', 0.5, false), row('quantize:w4', '3', 'new_k_3', 0.8, false), row('quantize:w4', '10', 'h.11', 0.7, false), row('export:fp32', '5', 'h.6', 0.99, true)];
+    expect(firstFailedRow(rows, 'quantize')!.layer).toBe('3');
+    const result = { ok: false, rows, graphs: {}, logitError: {}, logitChain: {} } as OracleResult;
+    expect(locateMiss(result, { fp32: 0.99999, shipped: 0.85 })).toMatchObject({ link: 'quantization', layer: 3, output: 'new_k_3' });
+    const fp32Bad = { ...result, rows: [...rows, row('export:fp32', '7', 'h.8', 0.9, false)] };
+    expect(locateMiss(fp32Bad, { fp32: 0.99999, shipped: 0.85 })).toMatchObject({ link: 'export', layer: 7 });
+    expect(locateMiss({ ...result, ok: true }, { fp32: 0.99999, shipped: 0.85 })).toBeUndefined();
+  });
+
+  it('makes one candidate per matrix one rung up, with the bytes it adds, as override lines that match it alone', () => {
+    const t = (n: string): TensorSpec => ({ name: `model.layers.4.${n}.weight`, shape: [64, 64], role: 'matmul' });
+    const ts: TensorSpec[] = [t('self_attn.q_proj'), t('mlp.down_proj'), { name: 'model.layers.4.input_layernorm.weight', shape: [64], role: 'small' }];
+    // down_proj already pinned at w8 by the recipe: its next rung is fp16.
+    const pins = [{ match: 'model\\.layers\\.4\\.mlp\\.down_proj\\.weight', quant: 'w8' as const }];
+    const { single, whole } = candidates(4, ts, 'w4', pins);
+    expect(single.map((c) => c.label)).toEqual(['layer 4 self_attn.q_proj w4→w8', 'layer 4 mlp.down_proj w8→fp16']);
+    expect(single[0].addedBytes).toBe(storedBytes(ts[0], 'w8') - storedBytes(ts[0], 'w4'));
+    expect(single[1].addedBytes).toBe(storedBytes(ts[1], 'fp16') - storedBytes(ts[1], 'w8'));
+    // Put first, each line pins its matrices and nothing else.
+    const chooser = new PrecisionChooser([...whole!.overrides, ...pins]);
+    expect(chooser.choose(ts[0].name, 'w4').scheme).toBe('w8');
+    expect(chooser.choose(ts[1].name, 'w4').scheme).toBe('fp16');
+    expect(chooser.choose('model.layers.14.self_attn.q_proj.weight', 'w4').scheme).toBe('w4');
+    expect(whole!.addedBytes).toBe(single[0].addedBytes + single[1].addedBytes);
+  });
+
+  it('--apply puts the lines first in the list the arch reads, and refuses them a second time naming the file', () => {
+    const file = join(mkdtempSync(join(tmpdir(), 'forge-apply-')), 'recipe.json');
+    const r = JSON.parse(readFileSync(join('recipes', 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.arch.default.overrides = [{ match: 'lm_head\\.weight', quant: 'w8' }];
+    r.arch.v79 = { overrides: [] };
+    writeFileSync(file, JSON.stringify(r));
+    const line = { match: 'model\\.layers\\.2\\.mlp\\.down_proj\\.weight', quant: 'w8' as const, why: 'test' };
+    applyOverrides(file, 'v81', [line]);
+    expect(JSON.parse(readFileSync(file, 'utf8')).arch.default.overrides).toEqual([line, r.arch.default.overrides[0]]);
+    // v79 has its own list, which replaces the default's for that arch: the line goes there.
+    applyOverrides(file, 'v79', [line]);
+    expect(JSON.parse(readFileSync(file, 'utf8')).arch.v79.overrides).toEqual([line]);
+    expect(() => applyOverrides(file, 'v81', [line])).toThrow(new RegExp(`${file.replace(/[.*+?^${}()|[\]\\]/g, '\\$&')}: arch.default.overrides already has`));
+  });
+});
