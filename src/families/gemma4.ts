@@ -366,7 +366,7 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
   const inputs = [io(x0, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(embeds, [1, 1, H]), ...rows.map((r) => io(r, [1, 1, P]))];
   const ring = ringOf(c, ctx);
   let slot: string | undefined;
-  const picks: Partial<Record<LayerType, string>> = {};
+  const picks = new Map<number, string>();
   const sio: ShardIO = {
     ctx, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [],
     slots: { full_attention: ctx, sliding_attention: ring ?? ctx },
@@ -377,14 +377,17 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
       }
       return slot;
     },
+    // By slot count: a ring's one-hot is at the ring slot, a full cache's at the position (the two
+    // layer types share one when there is no ring).
     pick: (type) => {
-      if (!picks[type]) {
-        const n = sio.slots[type];
+      const n = sio.slots[type];
+      let hot = picks.get(n);
+      if (!hot) {
         const index = g.initializer(`slot_index.${n}`, Int32Array.from({ length: n }, (_, j) => j), [n], 'int32');
-        const hot = g.op('Cast', [g.op('Equal', [index, n < ctx ? sio.slot() : position])], { to: 1 });
-        picks[type] = g.op('Reshape', [hot, g.constInt64([1, 1, 1, n])]);
+        hot = g.op('Reshape', [g.op('Cast', [g.op('Equal', [index, n < ctx ? sio.slot() : position])], { to: 1 }), g.constInt64([1, 1, 1, n])]);
+        picks.set(n, hot);
       }
-      return picks[type]!;
+      return hot;
     },
   };
   const types = new Set(layers.map((i) => c.layer[i].type));
