@@ -5,7 +5,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { z } from 'zod';
 import { ARCH_IDS } from '../arch/table.js';
-import { fieldPath, listRecipeIds, recipesDir, RecipeError } from '../recipe/load.js';
+import { listRecipeIds, recipesDir, RecipeError } from '../recipe/load.js';
 import { repoRoot } from '../paths.js';
 
 /**
@@ -40,6 +40,18 @@ export const MatrixSchema = z.object({
 }).strict();
 export type Matrix = z.infer<typeof MatrixSchema>;
 export type MatrixBuild = Matrix['builds'][number];
+
+/**
+ * `builds[2].arch`: a field path as recipe errors write it. A copy of recipe/load.ts's private
+ * helper rather than an export from it: every stage imports load.ts, so any edit there changes
+ * every stage's code hash and costs a full rebuild of every cached build.
+ */
+export function fieldPath(path: readonly PropertyKey[]): string {
+  if (!path.length) return '(root)';
+  return path
+    .map((k, n) => (typeof k === 'number' ? `[${k}]` : `${n ? '.' : ''}${/^[\w-]+$/.test(String(k)) ? String(k) : JSON.stringify(String(k))}`))
+    .join('');
+}
 
 /** `tiny-qwen3/v81`: how a build is named in nightly.json and the report. */
 export const buildId = (b: MatrixBuild) => `${b.recipe}/${b.arch}`;

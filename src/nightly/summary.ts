@@ -2,13 +2,12 @@
 // tokens, bytes, times) that the next nightly compares one by one, plus stages and tool versions.
 // nightly.json is read back by the next nightly (--compare, the trend plots), so its shape is a zod
 // schema too: a hand-edited or truncated previous file is refused naming the file and field.
-import { existsSync, lstatSync, readFileSync, readdirSync } from 'node:fs';
-import { join } from 'node:path';
+import { readFileSync } from 'node:fs';
 import { z } from 'zod';
 import type { RunRecord } from '../engine/record.js';
-import { loadRecipe, fieldPath, RecipeError } from '../recipe/load.js';
+import { loadRecipe, RecipeError } from '../recipe/load.js';
 import { shippedMinCosine, type LayerQuant } from '../recipe/schema.js';
-import { ThresholdsSchema } from './matrix.js';
+import { fieldPath, ThresholdsSchema } from './matrix.js';
 
 export const FigureSchema = z.object({
   /** cosine: higher is better, 1 at most; matched: tokens or steps out of `total`; bytes; seconds and ms: timings. */
@@ -74,22 +73,6 @@ function fraction(v: unknown): { value: number; total: number } | undefined {
   return m ? { value: Number(m[1]), total: Number(m[2]) } : undefined;
 }
 
-/** Bytes of every file of a bundle but its build/ (the record and reports change every run). */
-export function bundleBytes(dir: string): number {
-  let total = 0;
-  const walk = (d: string, top: boolean) => {
-    for (const name of readdirSync(d)) {
-      if (top && name === 'build') continue;
-      const p = join(d, name);
-      const st = lstatSync(p);
-      if (st.isDirectory()) walk(p, false);
-      else total += st.size;
-    }
-  };
-  if (existsSync(dir)) walk(dir, true);
-  return total;
-}
-
 /**
  * The oracle threshold each variant was held to, from the recipe as it is now (the record keeps
  * each graph's verdict, not its bound). Undefined when the recipe no longer loads: the figure is
@@ -110,7 +93,7 @@ function oracleThreshold(recipeId: string, label: string, scheme: string): numbe
  * cosine`, the scheme in `note`) so a recipe moved from w8 to w4 is compared with its own past,
  * which is exactly the change a nightly has to show.
  */
-export function figuresOf(record: RunRecord, bundle: string | null): Record<string, Figure> {
+export function figuresOf(record: RunRecord): Record<string, Figure> {
   const f: Record<string, Figure> = {};
   const oracle = record.gates.oracle;
   if (oracle && isObj(oracle.graphs)) {
@@ -158,7 +141,9 @@ export function figuresOf(record: RunRecord, bundle: string | null): Record<stri
       if (isObj(c) && typeof c.name === 'string' && num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
     }
   }
-  if (bundle) f['bundle bytes'] = { kind: 'bytes', value: bundleBytes(bundle) };
+  // The bundle stage's own count (every shipped file but the card and SHA256SUMS), cached with it.
+  const made = record.summaries.bundle;
+  if (record.bundle && isObj(made) && num(made.bytes) !== undefined) f['bundle bytes'] = { kind: 'bytes', value: made.bytes as number };
   f['build seconds'] = { kind: 'seconds', value: record.seconds };
   return f;
 }
@@ -174,7 +159,7 @@ export function summarize(record: RunRecord, runRecord: string | null): BuildSum
     seconds: record.seconds,
     bundle: record.bundle,
     runRecord,
-    figures: figuresOf(record, record.bundle),
+    figures: figuresOf(record),
     stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })),
     tools: record.tools,
   };

@@ -24,8 +24,8 @@ export function listRecipeIds(dir = recipesDir()): string[] {
     .sort();
 }
 
-/** `a.b[0]."odd key"`: how a field path reads in a message (the nightly matrix's errors read the same). */
-export function fieldPath(path: readonly PropertyKey[]): string {
+/** `a.b[0]."odd key"`: how a field path reads in a message. */
+function fieldPath(path: readonly PropertyKey[]): string {
   if (!path.length) return '(root)';
   return path
     .map((k, n) => (typeof k === 'number' ? `[${k}]` : `${n ? '.' : ''}${/^[\w-]+$/.test(String(k)) ? String(k) : JSON.stringify(String(k))}`))
