@@ -69,7 +69,7 @@ describe('forge nightly', () => {
     const rows = figures.match(/<tr>[\s\S]*?<\/tr>/g)!.slice(1);
     expect(rows.length).toBeGreaterThan(3 * 5);
     for (const r of rows) expect(r.match(/<circle/g), r.slice(0, 200)).toHaveLength(2);
-  }, 1_500_000); // three cold twin builds (native runtime, compiles, the simulator gate) on a shared 2-core machine, then a cached pass
+  }, 2_400_000); // three cold twin builds (native runtime, compiles, the simulator gate) on a shared 2-core machine, then a cached pass
 
   it('a planted regression (a recipe copy moved to w4) exits non-zero and names the build, the figure, before and after', async () => {
     expect(first, 'needs the first test').toBeDefined();

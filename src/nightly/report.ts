@@ -1,7 +1,7 @@
 // The nightly's reports: report.md (short enough for a CI job to post as a summary) and a
 // self-contained report.html (no scripts, no external assets, like the build report) with one small
 // inline SVG trend plot per figure over every nightly.json stored in the out dir's history.
-import type { Comparison, Change } from './compare.js';
+import { formatFigure, type Comparison, type Change } from './compare.js';
 import type { Nightly } from './summary.js';
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
@@ -16,7 +16,7 @@ function buildsTable(n: Nightly): Table {
     rows: n.builds.map((b) => [
       b.id, b.ok ? 'ok' : `FAILED: ${b.status}${b.error ? ` — ${b.error}` : ''}`,
       `${b.stages.filter((s) => s.status === 'cached').length}/${b.stages.length}`, b.seconds.toFixed(1),
-      b.figures['bundle bytes'] ? String(b.figures['bundle bytes'].value) : '—', b.runRecord ?? '—',
+      formatFigure(b.figures['bundle bytes']), b.runRecord ?? '—',
     ]),
     flagged: n.builds.map((b) => !b.ok),
   };
@@ -75,6 +75,8 @@ export function nightlyMarkdown(n: Nightly, before: Nightly | null, cmp: Compari
   return parts.join('\n');
 }
 
+const fmtAxis = (v: number) => (Number.isInteger(v) ? String(v) : v.toPrecision(7));
+
 /**
  * A small plot of one figure over the stored nightlies (oldest left, this run the last point, in
  * red when it regressed). Cosines are plotted as nines; a dashed line marks a cosine's threshold.
@@ -96,8 +98,13 @@ export function trendPlot(label: string, points: Array<{ at: string; value: numb
     return `<circle cx="${x(i).toFixed(1)}" cy="${y(v).toFixed(1)}" r="${last ? 3 : 2}" fill="${last && opts.flagged ? '#b00' : '#1f77b4'}"><title>${esc(`${points[i].at}: ${points[i].value}`)}</title></circle>`;
   });
   const thLine = th !== undefined ? `<line x1="${L}" x2="${W - R}" y1="${y(th).toFixed(1)}" y2="${y(th).toFixed(1)}" stroke="#b00" stroke-dasharray="3 2"/>` : '';
+  // The range in the figure's own units (not nines), so a flat-looking line still says what it spans.
+  const raw = points.map((p) => p.value);
+  const [top, bottom] = [Math.max(...raw), Math.min(...raw)];
+  const range = `<text x="${L + 2}" y="${T + 3}" font-size="9" fill="#666">${esc(fmtAxis(top))}</text>`
+    + (bottom !== top ? `<text x="${L + 2}" y="${H - 1}" font-size="9" fill="#666">${esc(fmtAxis(bottom))}</text>` : '');
   return `<svg xmlns="http://www.w3.org/2000/svg" class="trend" width="${W}" height="${H}" role="img" aria-label="${esc(`trend: ${label}`)}">`
-    + `<rect x="0" y="0" width="${W}" height="${H}" fill="#fafafa"/>${thLine}${line}${dots.join('')}</svg>`;
+    + `<rect x="0" y="0" width="${W}" height="${H}" fill="#fafafa"/>${thLine}${line}${dots.join('')}${range}</svg>`;
 }
 
 function htmlTable(t: Table, id: string, extra?: string[]): string {

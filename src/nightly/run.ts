@@ -106,7 +106,10 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
 
   const historyDir = join(out, 'history');
   mkdirSync(historyDir, { recursive: true });
-  const history = [...readHistory(historyDir, log), result];
+  const stored = readHistory(historyDir, log);
+  // A --compare baseline from elsewhere is a point of the trend too (before → after on one plot).
+  if (before && !stored.some((h) => h.startedAt === before.startedAt)) stored.push(before);
+  const history = [...stored.sort((a, b) => a.startedAt.localeCompare(b.startedAt)), result];
   const text = JSON.stringify(result, null, 2) + '\n';
   writeAtomic(join(historyDir, `${startedAt.replace(/:/g, '-')}.json`), text);
   writeAtomic(join(out, 'report.md'), nightlyMarkdown(result, before, comparison));
