@@ -144,9 +144,10 @@ program.command('nightly')
   .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean }) => {
     const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
     if (r.interrupted) process.exit(130);
+    // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
+    for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
     if (o.json) console.log(JSON.stringify(r.nightly));
     else {
-      for (const c of r.comparison.regressions) console.log(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
       console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
     }
     if (r.comparison.regressions.length) process.exitCode = 1;

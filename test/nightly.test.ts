@@ -98,7 +98,7 @@ describe('forge nightly', () => {
     expect(md).toContain(row);
     expect(md).toContain('w8 → w4');
     expect(md).toContain('Not in this matrix any more (not compared): tiny-qwen3/v79, tiny-qwen3.5/v81.');
-    expect(run.stdout).toContain(`REGRESSION tiny-qwen3/v81 ${COSINE}: ${formatFigure(before)} → ${formatFigure(after.figures[COSINE])}`);
+    expect(run.stderr).toContain(`REGRESSION tiny-qwen3/v81 ${COSINE}: ${formatFigure(before)} → ${formatFigure(after.figures[COSINE])}`);
 
     const html = await dom(join(work, 'nightly-w4', 'report.html'), 'chromium-b');
     expect(/<p id="result" class="bad">([^<]*)<\/p>/.exec(html)?.[1]).toMatch(/^REGRESSION: \d+ regressed figures?$/);
