@@ -39,7 +39,8 @@ describe('forge nightly', () => {
       // The figures a nightly tracks, read from each build's own run record.
       const record = JSON.parse(readFileSync(b.runRecord!, 'utf8'));
       expect(b.figures[COSINE].value).toBe(record.gates.oracle.graphs[`quantize:w8/shard0.decode`].minCosine);
-      expect(b.figures[COSINE]).toMatchObject({ kind: 'cosine', threshold: 0.999, note: 'w8' });
+      const recipe = JSON.parse(readFileSync(join('recipes', b.recipe, 'recipe.json'), 'utf8'));
+      expect(b.figures[COSINE]).toMatchObject({ kind: 'cosine', threshold: recipe.gates.oracle.w8MinCosine, note: 'w8' });
       expect(b.figures['parity quantize matched']).toMatchObject({ value: record.gates.parity.variants.quantize.total, total: record.gates.parity.variants.quantize.total });
       for (const c of record.summaries.compile.contexts) expect(b.figures[`context ${c.name} bytes`].value).toBe(c.bytes);
       expect(b.figures['bundle bytes'].value).toBe(record.summaries.bundle.bytes);
