@@ -10,6 +10,8 @@ import { publishBundle } from './hub/publish.js';
 import { compareBundles } from './bundle/compare.js';
 import { bisect, TARGETS } from './bisect/run.js';
 import { summaryText } from './bisect/report.js';
+import { nightly } from './nightly/run.js';
+import { NOT_YET } from './nightly/report.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
@@ -147,6 +149,25 @@ program.command('compare <bundle-a> <bundle-b>')
         (r.nondeterministic.length ? `; compared by size and description only (declared nondeterministic): ${r.nondeterministic.join(', ')}` : ''));
     }
     if (!r.same) process.exitCode = 1;
+  });
+
+program.command('nightly')
+  .description('build every recipe × arch of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build')
+  .option('--matrix <file>', 'matrix file (default nightly/twins.json)')
+  .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
+  .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
+  .option('--json', 'print nightly.json as the last line of stdout')
+  .addHelpText('after', `\n${NOT_YET}`)
+  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean }) => {
+    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
+    if (r.interrupted) process.exit(130);
+    // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
+    for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
+    if (o.json) console.log(JSON.stringify(r.nightly));
+    else {
+      console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
+    }
+    if (r.comparison.regressions.length) process.exitCode = 1;
   });
 
 program.command('doctor')

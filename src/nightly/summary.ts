@@ -1,0 +1,171 @@
+// One build's run record, reduced to what a nightly tracks: named figures (gate cosines, matched
+// tokens, bytes, times) that the next nightly compares one by one, plus stages and tool versions.
+// nightly.json is read back by the next nightly (--compare, the trend plots), so its shape is a zod
+// schema too: a hand-edited or truncated previous file is refused naming the file and field.
+import { readFileSync } from 'node:fs';
+import { z } from 'zod';
+import type { RunRecord } from '../engine/record.js';
+import { loadRecipe, RecipeError } from '../recipe/load.js';
+import { shippedMinCosine, type LayerQuant } from '../recipe/schema.js';
+import { fieldPath, ThresholdsSchema } from './matrix.js';
+
+export const FigureSchema = z.object({
+  /** cosine: higher is better, 1 at most; matched: tokens or steps out of `total`; bytes; seconds and ms: timings. */
+  kind: z.enum(['cosine', 'matched', 'bytes', 'seconds', 'ms']),
+  value: z.number(),
+  total: z.number().optional(),
+  /** The gate's own bound for this figure (a cosine's recipe threshold), when it has one. */
+  threshold: z.number().optional(),
+  /** What the figure was measured on, e.g. the precision of the graphs ('w8'). */
+  note: z.string().optional(),
+}).strict();
+export type Figure = z.infer<typeof FigureSchema>;
+
+export const BuildSummarySchema = z.object({
+  id: z.string(),
+  recipe: z.string(),
+  arch: z.string(),
+  ok: z.boolean(),
+  status: z.string(),
+  error: z.string().optional(),
+  seconds: z.number(),
+  bundle: z.string().nullable(),
+  runRecord: z.string().nullable(),
+  figures: z.record(z.string(), FigureSchema),
+  stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number() }).strict()),
+  tools: z.record(z.string(), z.string()),
+}).strict();
+export type BuildSummary = z.infer<typeof BuildSummarySchema>;
+
+export const NightlySchema = z.object({
+  format: z.literal('forge-nightly/1'),
+  name: z.string().optional(),
+  startedAt: z.string(),
+  seconds: z.number(),
+  matrix: z.string(),
+  thresholds: ThresholdsSchema,
+  builds: z.array(BuildSummarySchema),
+  /** The nightly.json this one was compared with (null: the first in its out dir). */
+  comparedWith: z.string().nullable(),
+  regressions: z.number().int(),
+}).strict();
+export type Nightly = z.infer<typeof NightlySchema>;
+
+export function readNightly(file: string): Nightly {
+  let raw: unknown;
+  try {
+    raw = JSON.parse(readFileSync(file, 'utf8'));
+  } catch (e) {
+    throw new RecipeError(`cannot read nightly result ${file}: ${(e as Error).message}`);
+  }
+  const parsed = NightlySchema.safeParse(raw);
+  if (!parsed.success) throw new RecipeError(`invalid nightly result ${file}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
+  return parsed.data;
+}
+
+type Obj = Record<string, unknown>;
+const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
+const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined);
+
+/** "270/270" → matched of total. */
+function fraction(v: unknown): { value: number; total: number } | undefined {
+  const m = typeof v === 'string' ? /^(\d+)\/(\d+)$/.exec(v) : null;
+  return m ? { value: Number(m[1]), total: Number(m[2]) } : undefined;
+}
+
+/**
+ * The oracle threshold each variant was held to, from the recipe as it is now (the record keeps
+ * each graph's verdict, not its bound). Undefined when the recipe no longer loads: the figure is
+ * then compared on its fall alone.
+ */
+function oracleThreshold(recipeId: string, label: string, scheme: string): number | undefined {
+  try {
+    const o = loadRecipe(recipeId).recipe.gates.oracle;
+    if (label === 'export' || scheme === 'fp32') return o.fp32MinCosine;
+    return ['w8', 'w4', 'auto'].includes(scheme) ? shippedMinCosine(o, scheme as LayerQuant) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The figures of one record. Names leave the precision out (`oracle quantize/shard0.decode min
+ * cosine`, the scheme in `note`) so a recipe moved from w8 to w4 is compared with its own past,
+ * which is exactly the change a nightly has to show.
+ */
+export function figuresOf(record: RunRecord): Record<string, Figure> {
+  const f: Record<string, Figure> = {};
+  const oracle = record.gates.oracle;
+  if (oracle && isObj(oracle.graphs)) {
+    for (const [key, g] of Object.entries(oracle.graphs)) {
+      if (!isObj(g)) continue;
+      const [variant, graph] = [key.slice(0, key.indexOf('/')), key.slice(key.indexOf('/') + 1)];
+      const [label, scheme = ''] = variant.split(':');
+      const cos = num(g.minCosine);
+      const threshold = oracleThreshold(record.recipe, label, scheme);
+      if (cos !== undefined) f[`oracle ${label}/${graph} min cosine`] = { kind: 'cosine', value: cos, ...(threshold !== undefined ? { threshold } : {}), note: scheme };
+      const top1 = fraction(g.top1);
+      if (top1) f[`oracle ${label}/${graph} top-1`] = { kind: 'matched', ...top1, note: scheme };
+    }
+  }
+  const parity = record.gates.parity;
+  if (parity && isObj(parity.variants)) {
+    for (const [variant, v] of Object.entries(parity.variants)) {
+      if (!isObj(v)) continue;
+      const [matched, total] = [num(v.matched), num(v.total)];
+      if (matched !== undefined && total !== undefined) f[`parity ${variant} matched`] = { kind: 'matched', value: matched, total, note: String(parity.target ?? '') };
+      const ms = isObj(v.timings) ? num(v.timings.decode_ms_per_token) : undefined;
+      if (ms !== undefined) f[`parity ${variant} decode ms/token`] = { kind: 'ms', value: ms, note: 'host runtime' };
+    }
+  }
+  const emu = record.gates.emulation;
+  if (emu && emu.ran !== false && isObj(emu.graphs)) {
+    const threshold = isObj(emu.thresholds) ? num(emu.thresholds.minCosine) : undefined;
+    for (const [graph, g] of Object.entries(emu.graphs)) {
+      if (!isObj(g)) continue;
+      const cos = num(g.minCosine);
+      if (cos !== undefined) f[`simulator ${graph} min cosine`] = { kind: 'cosine', value: cos, ...(threshold !== undefined ? { threshold } : {}) };
+      const top1 = fraction(g.top1);
+      if (top1) f[`simulator ${graph} top-1`] = { kind: 'matched', ...top1 };
+    }
+    if (isObj(emu.parity)) {
+      const [matched, total] = [num(emu.parity.matched), num(emu.parity.total)];
+      if (matched !== undefined && total !== undefined) f['simulator parity matched'] = { kind: 'matched', value: matched, total };
+    }
+    const ms = num(emu.msPerToken);
+    if (ms !== undefined) f['simulator ms/token'] = { kind: 'ms', value: ms, note: 'x86 HTP simulator' };
+  }
+  const compile = record.summaries.compile;
+  if (isObj(compile) && Array.isArray(compile.contexts)) {
+    for (const c of compile.contexts) {
+      if (isObj(c) && typeof c.name === 'string' && num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
+    }
+  }
+  // The bundle stage's own count (every shipped file but the card and SHA256SUMS), cached with it.
+  const made = record.summaries.bundle;
+  if (record.bundle && isObj(made) && num(made.bytes) !== undefined) f['bundle bytes'] = { kind: 'bytes', value: made.bytes as number };
+  f['build seconds'] = { kind: 'seconds', value: record.seconds };
+  return f;
+}
+
+export function summarize(record: RunRecord, runRecord: string | null): BuildSummary {
+  return {
+    id: `${record.recipe}/${record.arch}`,
+    recipe: record.recipe,
+    arch: record.arch,
+    ok: record.ok && record.status === 'ok',
+    status: record.status,
+    ...(record.error ? { error: record.error } : {}),
+    seconds: record.seconds,
+    bundle: record.bundle,
+    runRecord,
+    figures: figuresOf(record),
+    stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })),
+    tools: record.tools,
+  };
+}
+
+/** A build that never produced a run record (its recipe failed to load, build() threw). */
+export function failedSummary(recipe: string, arch: string, error: string, seconds: number): BuildSummary {
+  return { id: `${recipe}/${arch}`, recipe, arch, ok: false, status: 'failed', error, seconds, bundle: null, runRecord: null, figures: {}, stages: [], tools: {} };
+}
