@@ -49,15 +49,18 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor, D
   // What each host-op accepts (recurrent state, prefill graphs, a separate lm-head, one f16
   // embedding table) was checked when the manifest was loaded, before any graph: load_manifest runs
   // the host-op's validator (decoder_manifest.cpp), the one gate a bundle passes.
-  embedding_ = map_host_table(m_.resolve(m_.tables("embedding").at(0)->file), uint64_t(m_.vocab) * m_.hidden * 2, "the embedding table");
+  // Each table mapped once: the embedding (the first shard's residual) and whatever host-rows inputs read.
   tables_.resize(m_.host_tables.size());
+  auto map_table = [&](size_t i) {
+    const HostTable& t = m_.host_tables[i];
+    if (!tables_[i]) tables_[i] = map_host_table(m_.resolve(t.file), uint64_t(t.elements()) * 2, "host table '" + t.name + "'");
+    return tables_[i].get();
+  };
+  embedding_ = map_table(size_t(m_.tables("embedding").at(0) - m_.host_tables.data()));
   for (const Context& c : m_.contexts)
     for (const Graph& g : c.graphs)
       for (const GraphInput& i : g.inputs)
-        if (i.bind == InputBind::host_rows && !tables_[size_t(i.table)]) {
-          const HostTable& t = m_.host_tables[size_t(i.table)];
-          tables_[size_t(i.table)] = map_host_table(m_.resolve(t.file), uint64_t(t.elements()) * 2, "host table '" + t.name + "'");
-        }
+        if (i.bind == InputBind::host_rows) map_table(size_t(i.table));
 
   for (const StateSpec& s : m_.state) {
     caches_.emplace_back(s.elements(), 0.0f);

@@ -70,8 +70,8 @@ class DecoderGenerate : public GreedyGenerator {
 
   Executor& exec_;
   DecoderOptions opts_;
-  std::unique_ptr<MappedFile> embedding_;
-  std::vector<std::unique_ptr<MappedFile>> tables_;  // by manifest host-table index: those host-rows inputs read
+  std::vector<std::unique_ptr<MappedFile>> tables_;  // by manifest host-table index: the embedding and those host-rows inputs read
+  const MappedFile* embedding_ = nullptr;            // one of tables_
   std::vector<std::vector<float>> caches_;
   std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
   int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_
