@@ -9,7 +9,7 @@ import type { Manifest } from './manifest.js';
 import { confidenceSection, type Confidence } from './confidence.js';
 import { W4_BLOCK } from '../quant/w4.js';
 import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
-import { planLines } from './plan-table.js';
+import { bytes as mb, planLines } from './plan-table.js';
 import type { ShardPlan } from '../plan/shards.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
@@ -82,7 +82,6 @@ function precisionLines(p: ShippedPrecision): string[] {
   return lines;
 }
 
-const mb = (b: number) => (b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
 
 function role(file: string, f: CardFacts): string {
   if (file === 'manifest.json') return 'manifest: the runtime contract (graphs, bindings, state, limits)';
