@@ -23,6 +23,7 @@ import { builtRevision, type PinnedRecipe, type PrecisionOverride } from './reci
 import { buildPipeline, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
+import { RemoteCache } from './engine/remote-cache.js';
 import { Scheduler, defaultMemoryBudget } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
 import { MEMORY_FAILURE } from './toolchain/qnn/compile-stage.js';
@@ -56,6 +57,11 @@ export interface BuildRequest {
   verbose?: boolean;
   /** Where the parity gate runs the bundle (default: this machine). */
   target?: TargetSpec;
+  /**
+   * The shared stage cache (`--cache s3://bucket/prefix`), or one already opened (nightly opens it once
+   * for all its builds). Absent: FORGE_REMOTE_CACHE when set, else none.
+   */
+  remoteCache?: string | RemoteCache;
   /** Bundle files of this many bytes or more are linked from the cache into the output, not copied (default LINK_AT_LEAST). */
   linkAtLeastBytes?: number;
   /**
@@ -113,6 +119,8 @@ async function buildUnderSignals(
   out: string, progress: Progress, signal: AbortSignal, t0: number,
 ): Promise<RunRecord> {
   const tools = toolVersions();
+  // A wrong bucket or credentials is one error before anything runs, not a warning per stage.
+  const remote = req.remoteCache instanceof RemoteCache ? req.remoteCache : await RemoteCache.fromOption(req.remoteCache);
   // Every build traces with the Python oracle: set its environment up here, where the user sees it,
   // rather than silently inside the first stage that needs it.
   await ensureVenv();
@@ -129,7 +137,7 @@ async function buildUnderSignals(
   refuseWithoutHostOp(recipe, pipeline, req.until);
   let result: PipelineResult;
   try {
-  result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
+  result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal, remote });
   while (result.failure?.stage === 'compile' && result.failure.message.includes(MEMORY_FAILURE) && replans.length < 2) {
     const ceilingBytes = smallerCeiling(result, Math.min(arch.contextCeilingBytes, asked ?? Infinity));
     if (!ceilingBytes) break;
@@ -137,7 +145,7 @@ async function buildUnderSignals(
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
     pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest });
-    result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal });
+    result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal, remote });
   }
   } finally {
     progress.close();
@@ -165,6 +173,7 @@ async function buildUnderSignals(
     ...(req.until ? { until: req.until } : {}),
     ...(error ? { error } : {}),
     ...(hubRevision ? { hubRevision } : {}),
+    ...(remote ? { remoteCache: remote.url } : {}),
     stages: result.stages,
     ...(asked ? { shardCeilingBytes: asked } : {}),
     ...(replans.length ? { replans } : {}),

@@ -16,6 +16,7 @@ import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
 import type { RunRecord } from './engine/record.js';
+import { REMOTE_CACHE_ENV } from './engine/remote-cache.js';
 
 let verbose = process.argv.includes('--verbose');
 
@@ -58,6 +59,8 @@ program.command('list')
     for (const r of rows) console.log(`${r.id.padEnd(idWidth)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
   });
 
+// The shared stage cache; the environment variable lets a worker's child builds inherit it.
+const cacheOption = () => new Option('--cache <s3-url>', `shared stage cache in S3-compatible storage, s3://bucket/prefix, read and written beside the local one (default: $${REMOTE_CACHE_ENV}); credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3`);
 const archOption = () => new Option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')})`).makeOptionMandatory();
 
 program.command('plan <recipe>')
@@ -77,6 +80,7 @@ program.command('build <recipe>')
   .option('--revision <sha>', "hub commit (40 hex digits) to fetch for a recipe whose source.revision is null (not pinned); on a pinned recipe only its own sha is accepted")
   .option('--until <stage>', 'stop after this stage')
   .option('--force <stage...>', 're-run these stages even when cached')
+  .addOption(cacheOption())
   .option('--jobs <n>', 'stages run at once (default: CPU count)', positiveInt('--jobs'))
   .option('--memory-budget <GB>', 'sum of predicted stage peaks allowed at once; a stage predicted over it is refused (default: RAM less 10%, at least 2 GB)', gbToBytes('--memory-budget'))
   .option('--shard-ceiling <GB>', "cut layer shards under this ceiling instead of the arch's (more, smaller contexts: a compile that fits a smaller machine; not the device-optimal plan)", gbToBytes('--shard-ceiling'))
@@ -84,16 +88,19 @@ program.command('build <recipe>')
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; cache?: string; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
     let target: TargetSpec = { kind: 'host' };
     if (o.target === 'adb') {
       if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, remoteCache: o.cache, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
     if (o.json) console.log(JSON.stringify(record));
     else {
-      for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(9)} ${s.seconds.toFixed(1)} s`);
+      for (const s of record.stages) {
+        const status = s.source === 'remote' ? 'cached (remote)' : s.status;
+        console.log(`${s.name.padEnd(12)} ${status.padEnd(9)} ${s.seconds.toFixed(1)} s${s.remote ? `  remote: ${s.remote}` : ''}`);
+      }
       console.log(summaryLine(record));
     }
     if (record.status === 'interrupted') process.exit(130);
@@ -157,9 +164,10 @@ program.command('nightly')
   .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
   .option('--json', 'print nightly.json as the last line of stdout')
+  .addOption(cacheOption())
   .addHelpText('after', `\n${NOT_YET}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean }) => {
-    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
+  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean; cache?: string }) => {
+    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose, remoteCache: o.cache });
     if (r.interrupted) process.exit(130);
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);

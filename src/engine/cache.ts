@@ -148,9 +148,16 @@ export class StageCache {
   /** Hashes the finished temp dir, writes meta.json into it and renames it into place. */
   async commit(tmp: string, meta: Omit<EntryMeta, 'contentHash' | 'files'>): Promise<EntryMeta> {
     const { contentHash, files } = await hashTree(tmp, new Set([META]));
-    const full: EntryMeta = { ...meta, contentHash, files };
+    return this.adopt(tmp, { ...meta, contentHash, files });
+  }
+
+  /**
+   * Writes meta.json into a complete temp dir whose digests the caller has already established
+   * (commit hashed it; the remote cache verified a download against them) and renames it into place.
+   */
+  async adopt(tmp: string, full: EntryMeta): Promise<EntryMeta> {
     await writeFile(join(tmp, META), JSON.stringify(full, null, 2));
-    const final = this.entryDir(meta.stage, meta.key);
+    const final = this.entryDir(full.stage, full.key);
     if (existsSync(final)) {
       // Forced rerun: move the old entry aside first; rename over a non-empty dir is not allowed.
       const trash = `${tmp}.old`;

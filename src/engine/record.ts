@@ -20,6 +20,8 @@ export interface RunRecord {
   error?: string;
   /** Hub sources: the revision fetched, and whether the recipe pinned it or `--revision` gave it. */
   hubRevision?: BuiltRevision;
+  /** The shared stage cache this build read and wrote (s3://bucket/prefix), when it used one. */
+  remoteCache?: string;
   stages: StageRecord[];
   /** The smaller shard ceiling the user asked for (--shard-ceiling): the plan is not the device-optimal one. */
   shardCeilingBytes?: number;

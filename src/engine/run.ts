@@ -2,7 +2,7 @@
 // content hashes of its inputs; a hit is reused, a miss runs in a child process under the scheduler.
 import { fork } from 'node:child_process';
 import { createWriteStream } from 'node:fs';
-import { mkdir } from 'node:fs/promises';
+import { mkdir, rm } from 'node:fs/promises';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { performance } from 'node:perf_hooks';
@@ -15,6 +15,8 @@ import { watchTreeMemory, type MemoryPeak } from './memory.js';
 import { checkPrediction } from './predict.js';
 import type { ChildMessage, ChildRequest } from './child.js';
 import type { Progress } from './progress.js';
+import { mb, type RemoteCache } from './remote-cache.js';
+import { s3Reason } from './s3.js';
 import { repoRoot } from '../paths.js';
 
 /**
@@ -38,6 +40,10 @@ export interface StageRecord {
   overPrediction?: string;
   key?: string;
   error?: string;
+  /** A cached stage's entry came from the shared (remote) cache: downloaded and verified by this build. */
+  source?: 'remote';
+  /** What the shared cache did for this stage: `uploaded …`, `upload failed: …`, `not used: …` (a bad remote entry). */
+  remote?: string;
 }
 
 export interface PipelineResult {
@@ -59,6 +65,8 @@ export interface RunOptions {
   force?: string[];
   /** Aborting it stops the run: running stages are terminated, waiting ones never start. */
   signal?: AbortSignal;
+  /** The shared cache: read on a local miss, written after a stage ran (or when it lacks a local entry). */
+  remote?: RemoteCache;
 }
 
 export function cacheKey(parts: { stage: string; version: string; code: string; params: unknown; inputs: Record<string, string>; tools: Record<string, string> }): string {
@@ -234,9 +242,56 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     const upstream = await Promise.all(Object.entries(node.inputs).map(async ([name, id]) => [name, await done.get(id)!] as const));
     if (upstream.some(([, m]) => blocked(m))) return null; // skipped with its failed input
     const key = keyOf(node, Object.fromEntries(upstream.map(([name, m]) => [name, m!.contentHash])));
-    if (!force.has(node.id) && (await opts.cache.lookup(node.id, key))) return p;
+    if (!force.has(node.id) && ((await opts.cache.lookup(node.id, key)) || (await remoteHas(node.id, key)))) return p;
     refuse(node, why);
     return null;
+  };
+  const remote = opts.remote;
+  const remoteHas = (stage: string, key: string) => (remote ? remote.has(stage, key).catch(() => false) : Promise.resolve(false));
+  // Keys whose remote entry was found unusable: the entry this build makes replaces it.
+  const remoteBad = new Map<string, string>();
+  const uploads: Promise<void>[] = [];
+  /** Writes an entry back to the shared cache in the background; the run waits for it at the end. */
+  const writeBack = (node: StageNode, dir: string, meta: EntryMeta) => {
+    if (!remote || stopAll.signal.aborted) return;
+    const note = (text: string) => {
+      const r = records.get(node.id);
+      if (r) r.remote = r.remote ? `${r.remote}; ${text}` : text;
+    };
+    uploads.push(remote.upload(dir, meta, { replace: remoteBad.has(meta.key) }).then(
+      (u) => {
+        if (u.outcome === 'present') return;
+        note(u.outcome === 'uploaded' ? `uploaded ${u.files} file${u.files === 1 ? '' : 's'}, ${mb(u.bytes)}` : `uploaded, but another writer's entry for this key won`);
+        opts.progress.log(node.id, `${records.get(node.id)?.remote} to ${remote.url}`);
+      },
+      (e: Error) => {
+        // The shared cache is a convenience: the build goes on with its local entry, and says so.
+        note(`upload failed: ${s3Reason(e)}`);
+        opts.progress.warn(node.id, `upload to the shared cache ${remote.url} failed (the build goes on): ${s3Reason(e)}`);
+      },
+    ));
+  };
+  /**
+   * On a local miss: the entry from the shared cache, downloaded and verified under the local entry's
+   * lock, or null (absent, or unusable: then the stage runs and its entry replaces the remote one).
+   */
+  const fetchRemote = async (node: StageNode, key: string): Promise<{ meta: EntryMeta; bytes: number | null } | null> => {
+    if (!remote) return null;
+    return opts.cache.withLock(node.id, key, async () => {
+      const local = await opts.cache.lookup(node.id, key); // another local build made it meanwhile
+      if (local) return { meta: local, bytes: null };
+      if (stopAll.signal.aborted) return null;
+      const tmp = await opts.cache.makeTemp(node.id, key);
+      const got = await remote.fetchInto(opts.cache, node.id, key, tmp)
+        .catch((e: Error) => ({ meta: null, why: 'unusable' as const, message: e.message }));
+      if (got.meta) return { meta: got.meta, bytes: got.bytes };
+      await rm(tmp, { recursive: true, force: true });
+      if (got.why === 'unusable') {
+        remoteBad.set(key, got.message);
+        opts.progress.warn(node.id, `the shared cache's entry is not used, the stage runs instead: ${got.message}`);
+      }
+      return null;
+    });
   };
   const keyOf = (node: StageNode, inputHashes: Record<string, string>) => {
     const mod = modules.get(node.id)!;
@@ -271,7 +326,21 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: hit });
       opts.progress.end(node.id, 'cached', seconds());
       failedGate(hit);
+      writeBack(node, opts.cache.entryDir(node.id, key), hit);
       return hit;
+    }
+    const fetched = force.has(node.id) ? null : await fetchRemote(node, key);
+    if (fetched) {
+      const fromRemote = fetched.bytes !== null;
+      records.set(node.id, {
+        name: node.id, status: 'cached', seconds: seconds(), ...NOT_MEASURED, predicted: prediction, key,
+        ...(fromRemote ? { source: 'remote' as const, remote: `downloaded ${mb(fetched.bytes!)}` } : {}),
+      });
+      entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: fetched.meta });
+      if (fromRemote) opts.progress.log(node.id, `downloaded ${mb(fetched.bytes!)} from ${remote!.url}`);
+      opts.progress.end(node.id, fromRemote ? 'cached (remote)' : 'cached', seconds());
+      failedGate(fetched.meta);
+      return fetched.meta;
     }
     try {
       const meta = await opts.scheduler.run(workingSet(prediction), async () => {
@@ -307,13 +376,15 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       });
       const status = meta.ran ? 'ran' : 'cached';
       const m = meta.meta;
+      const badRemote = remoteBad.has(key) ? { remote: `not used: ${remoteBad.get(key)}` } : {};
       const measured = meta.ran
         ? { peakRssBytes: m.peakRssBytes, peakPrivateBytes: m.peakPrivateBytes ?? null, peakMappedBytes: m.peakMappedBytes ?? null, ...(m.overPrediction ? { overPrediction: m.overPrediction } : {}) }
         : NOT_MEASURED;
-      records.set(node.id, { name: node.id, status, seconds: seconds(), ...measured, predicted: prediction, key });
+      records.set(node.id, { name: node.id, status, seconds: seconds(), ...measured, predicted: prediction, key, ...badRemote });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
       opts.progress.end(node.id, status, seconds());
       failedGate(meta.meta);
+      if (meta.ran) writeBack(node, opts.cache.entryDir(node.id, key), meta.meta);
       return meta.meta;
     } catch (e) {
       if (e instanceof StageCancelled) return cancelled(node, seconds(), key);
@@ -338,6 +409,8 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     done.set(node.id, runNode(node));
   }
   await Promise.all(done.values());
+  // Uploads never fail the run (each records its own outcome), so waiting for them is all that is left.
+  await Promise.all(uploads);
   opts.signal?.removeEventListener('abort', onInterrupt);
   const stages = nodes.map((n) => records.get(n.id)!);
   const first = nodes.find((n) => failures.has(n.id));

@@ -8,6 +8,7 @@ import { existsSync, mkdirSync, readdirSync, renameSync, writeFileSync } from 'n
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { build } from '../build.js';
+import { RemoteCache } from '../engine/remote-cache.js';
 import { buildId, loadMatrix } from './matrix.js';
 import { compareNightlies, type Comparison } from './compare.js';
 import { failedSummary, readNightly, summarize, type BuildSummary, type Nightly } from './summary.js';
@@ -22,6 +23,8 @@ export interface NightlyRequest {
   compare?: string;
   verbose?: boolean;
   log?: (line: string) => void;
+  /** The shared stage cache for every build (`--cache`; absent: FORGE_REMOTE_CACHE, else none). */
+  remoteCache?: string;
 }
 
 export interface NightlyOutcome {
@@ -65,6 +68,8 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
   const baselineFile = req.compare ? resolve(req.compare) : existsSync(own) ? own : null;
   const before = baselineFile ? readNightly(baselineFile) : null;
   const startedAt = new Date().toISOString();
+  // Opened (and its bucket checked) once: a wrong bucket fails the nightly, not each build in turn.
+  const remoteCache = await RemoteCache.fromOption(req.remoteCache);
 
   const builds: BuildSummary[] = [];
   for (const [n, b] of matrix.builds.entries()) {
@@ -73,7 +78,7 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
     const bt = performance.now();
     let summary: BuildSummary;
     try {
-      const record = await build({ recipe: b.recipe, arch: b.arch, out: join(out, 'builds', b.recipe, b.arch), verbose: req.verbose });
+      const record = await build({ recipe: b.recipe, arch: b.arch, out: join(out, 'builds', b.recipe, b.arch), verbose: req.verbose, ...(remoteCache ? { remoteCache } : {}) });
       if (record.status === 'interrupted') {
         log(`${id}: ${record.error}; the rest of the matrix is not built and no nightly.json is written`);
         const partial = { format: 'forge-nightly/1' as const, startedAt, seconds: (performance.now() - t0) / 1000, matrix: file, thresholds: matrix.thresholds, builds, comparedWith: baselineFile, regressions: 0 };
