@@ -180,6 +180,9 @@ describe('shared stage cache (S3, read-through / write-back)', () => {
       // replace: both get past the "already there?" check, so both really write the same key at once.
       const outcomes = await Promise.all([machine1.upload(one.dir, one.meta, { replace: true }), machine2.upload(two.dir, two.meta, { replace: true })]);
       expect(outcomes.map((o) => o.outcome)).toContain('uploaded');
+      // A writer that saw the other's meta.json win removed its own files (named by nothing now).
+      const writers = new Set((await machine1.entryKeys('compile', key)).filter((k) => !k.endsWith('/meta.json')).map((k) => k.split('/')[3]));
+      expect(writers.size).toBe(outcomes.filter((o) => o.outcome === 'uploaded').length);
 
       const reader = new StageCache(join(dir, `reader-${round}`));
       const got = await reader.withLock('compile', key, async () => machine1.fetchInto(reader, 'compile', key, await reader.makeTemp('compile', key)));
@@ -190,6 +193,26 @@ describe('shared stage cache (S3, read-through / write-back)', () => {
         expect(readFileSync(join(reader.entryDir('compile', key), f), 'utf8')).toBe(readFileSync(join(winner.dir, f), 'utf8'));
       }
     }
+  });
+
+  it('moves a large entry in multipart parts and streams it back verified', async () => {
+    const cache = new StageCache(join(dir, 'machine-1'));
+    const key = 'big'.padEnd(64, '0');
+    const tmp = await cache.makeTemp('export', key);
+    // 40 MiB: three 16 MiB parts, the multipart path a real model's GB weights take.
+    const big = Buffer.alloc(40 * MB);
+    for (let i = 0; i < big.length; i += 4096) big.writeUInt32LE(i, i);
+    writeFileSync(join(tmp, 'weights.bin'), big);
+    const meta = await cache.commit(tmp, { stage: 'export', module: 'export', version: '1', key, seconds: 1, peakRssBytes: 0, outcome: {} });
+    const remote = await RemoteCache.open(url);
+    const up = await remote.upload(cache.entryDir('export', key), meta);
+    expect(up).toEqual({ outcome: 'uploaded', files: 1, bytes: 40 * MB });
+    expect(await remote.upload(cache.entryDir('export', key), meta)).toEqual({ outcome: 'present', files: 0, bytes: 0 });
+
+    const reader = new StageCache(join(dir, 'machine-2'));
+    const got = await reader.withLock('export', key, async () => remote.fetchInto(reader, 'export', key, await reader.makeTemp('export', key)));
+    expect(got).toMatchObject({ bytes: 40 * MB, meta: { contentHash: meta.contentHash } });
+    expect(readFileSync(join(reader.entryDir('export', key), 'weights.bin')).equals(big)).toBe(true);
   });
 
   it('a shared cache that fails mid-build warns and records it; the build still succeeds locally', async () => {

@@ -9,7 +9,7 @@ import { pipeline } from 'node:stream/promises';
 import type { Readable } from 'node:stream';
 import {
   S3Client, HeadBucketCommand, HeadObjectCommand, GetObjectCommand, PutObjectCommand,
-  DeleteObjectsCommand, ListObjectsV2Command, type S3ServiceException,
+  DeleteObjectCommand, ListObjectsV2Command, type S3ServiceException,
 } from '@aws-sdk/client-s3';
 import { Upload } from '@aws-sdk/lib-storage';
 
@@ -145,8 +145,10 @@ export async function listKeys(client: S3Client, bucket: string, prefix: string)
   return keys;
 }
 
+/**
+ * One DeleteObject per key: the batch DeleteObjects needs a body checksum header that some servers
+ * refuse (s3proxy 2.6 answers 501 to the SDK's CRC32), and an entry has tens of files, not thousands.
+ */
 export async function deleteKeys(client: S3Client, bucket: string, keys: string[]): Promise<void> {
-  for (let i = 0; i < keys.length; i += 1000) {
-    await client.send(new DeleteObjectsCommand({ Bucket: bucket, Delete: { Objects: keys.slice(i, i + 1000).map((Key) => ({ Key })), Quiet: true } }));
-  }
+  for (const Key of keys) await client.send(new DeleteObjectCommand({ Bucket: bucket, Key }));
 }

@@ -69,6 +69,7 @@ export async function startS3Server(): Promise<S3Server> {
   const fd = openSync(log, 'w');
   const proc: ChildProcess = spawn('java', ['-jar', jar, '--properties', join(dir, 's3proxy.properties')], { stdio: ['ignore', fd, fd] });
   const region = 'us-east-1';
+  process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true'; // Node 20 notice, noise here
   const client = new S3Client({
     endpoint, region, forcePathStyle: true, credentials: { accessKeyId, secretAccessKey },
     requestChecksumCalculation: 'WHEN_REQUIRED', responseChecksumValidation: 'WHEN_REQUIRED',
