@@ -85,7 +85,7 @@ export class RemoteCache {
    * entry's lock), verifies it, and only then moves it into the local cache. Anything short of a
    * complete, matching entry leaves the local cache as it was.
    */
-  async fetchInto(cache: StageCache, stage: string, key: string, tmp: string): Promise<FetchResult> {
+  async fetchInto(cache: StageCache, stage: string, key: string, tmp: string, signal?: AbortSignal): Promise<FetchResult> {
     let text: string | null;
     try {
       text = await getText(this.client, this.loc.bucket, this.metaKey(stage, key));
@@ -108,7 +108,7 @@ export class RemoteCache {
       const path = join(tmp, rel);
       try {
         await mkdir(dirname(path), { recursive: true });
-        const got = await getFile(this.client, this.loc.bucket, objectKey, path);
+        const got = await getFile(this.client, this.loc.bucket, objectKey, path, signal);
         if (got.size !== want.size) return fail(`${rel} is ${got.size} bytes, meta.json says ${want.size}`);
         if (got.sha256 !== want.sha256) return fail(`${rel} does not match its sha256 in meta.json`);
         bytes += got.size;
@@ -129,7 +129,7 @@ export class RemoteCache {
    * naming that prefix. `replace` overwrites a remote entry found unusable; otherwise one already
    * there is kept (its content is what this key produces).
    */
-  async upload(dir: string, meta: EntryMeta, opts: { replace?: boolean } = {}): Promise<UploadResult> {
+  async upload(dir: string, meta: EntryMeta, opts: { replace?: boolean; signal?: AbortSignal } = {}): Promise<UploadResult> {
     const { stage, key } = meta;
     const files = Object.keys(meta.files);
     const bytes = Object.values(meta.files).reduce((s, f) => s + f.size, 0);
@@ -140,9 +140,10 @@ export class RemoteCache {
     try {
       for (const rel of files) {
         const objectKey = this.fileKey(stage, key, writer, rel);
-        await putFile(this.client, this.loc.bucket, objectKey, join(dir, rel));
+        await putFile(this.client, this.loc.bucket, objectKey, join(dir, rel), opts.signal);
         uploaded.push(objectKey);
       }
+      opts.signal?.throwIfAborted(); // an interrupted build commits no entry it did not finish uploading
       const remote: RemoteMeta = { ...meta, remote: { writer } };
       await putText(this.client, this.loc.bucket, this.metaKey(stage, key), JSON.stringify(remote, null, 2));
     } catch (e) {

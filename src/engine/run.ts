@@ -258,7 +258,8 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       const r = records.get(node.id);
       if (r) r.remote = r.remote ? `${r.remote}; ${text}` : text;
     };
-    uploads.push(remote.upload(dir, meta, { replace: remoteBad.has(meta.key) }).then(
+    // Ctrl-C stops uploads too (a half upload is no entry); a failed stage elsewhere does not: this entry is good.
+    uploads.push(remote.upload(dir, meta, { replace: remoteBad.has(meta.key), signal: opts.signal }).then(
       (u) => {
         if (u.outcome === 'present') return;
         note(u.outcome === 'uploaded' ? `uploaded ${u.files} file${u.files === 1 ? '' : 's'}, ${mb(u.bytes)}` : `uploaded, but another writer's entry for this key won`);
@@ -282,10 +283,11 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       if (local) return { meta: local, bytes: null };
       if (stopAll.signal.aborted) return null;
       const tmp = await opts.cache.makeTemp(node.id, key);
-      const got = await remote.fetchInto(opts.cache, node.id, key, tmp)
+      const got = await remote.fetchInto(opts.cache, node.id, key, tmp, stopAll.signal)
         .catch((e: Error) => ({ meta: null, why: 'unusable' as const, message: e.message }));
       if (got.meta) return { meta: got.meta, bytes: got.bytes };
       await rm(tmp, { recursive: true, force: true });
+      if (stopAll.signal.aborted) return null; // stopped mid-download: cancelled below, nothing to warn about
       if (got.why === 'unusable') {
         remoteBad.set(key, got.message);
         opts.progress.warn(node.id, `the shared cache's entry is not used, the stage runs instead: ${got.message}`);

@@ -72,7 +72,8 @@ export async function checkBucket(client: S3Client, loc: S3Location): Promise<vo
     await client.send(new HeadBucketCommand({ Bucket: loc.bucket }));
   } catch (e) {
     const code = status(e);
-    const why = code === 404 ? `bucket '${loc.bucket}' does not exist`
+    const why = (e as Error).name === 'CredentialsProviderError' ? `no AWS credentials found for bucket '${loc.bucket}' (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)`
+      : code === 404 ? `bucket '${loc.bucket}' does not exist`
       : code === 403 ? `access to bucket '${loc.bucket}' denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)`
       : code === 301 ? `bucket '${loc.bucket}' is in another region (set AWS_REGION)`
       : `bucket '${loc.bucket}' cannot be reached: ${s3Reason(e)}`;
@@ -107,19 +108,26 @@ export async function putText(client: S3Client, bucket: string, key: string, tex
 }
 
 /** Streams a file up (multipart above one part), never holding more than a few parts in memory. */
-export async function putFile(client: S3Client, bucket: string, key: string, path: string): Promise<void> {
+export async function putFile(client: S3Client, bucket: string, key: string, path: string, signal?: AbortSignal): Promise<void> {
+  signal?.throwIfAborted();
   const up = new Upload({
     client, params: { Bucket: bucket, Key: key, Body: createReadStream(path, { highWaterMark: 4 << 20 }) },
     partSize: PART_BYTES, queueSize: PARTS_IN_FLIGHT,
     // A failed multipart upload is aborted, so no invisible parts are left billed in the bucket.
     leavePartsOnError: false,
   });
-  await up.done();
+  const abort = () => void up.abort().catch(() => undefined);
+  signal?.addEventListener('abort', abort, { once: true });
+  try {
+    await up.done();
+  } finally {
+    signal?.removeEventListener('abort', abort);
+  }
 }
 
 /** Streams an object into `path`, returning its size and sha256 as read (what the caller verifies). */
-export async function getFile(client: S3Client, bucket: string, key: string, path: string): Promise<{ size: number; sha256: string }> {
-  const r = await client.send(new GetObjectCommand({ Bucket: bucket, Key: key }));
+export async function getFile(client: S3Client, bucket: string, key: string, path: string, signal?: AbortSignal): Promise<{ size: number; sha256: string }> {
+  const r = await client.send(new GetObjectCommand({ Bucket: bucket, Key: key }), { abortSignal: signal });
   const hash = createHash('sha256');
   let size = 0;
   const tap = new Transform({
@@ -129,7 +137,7 @@ export async function getFile(client: S3Client, bucket: string, key: string, pat
       done(null, chunk);
     },
   });
-  await pipeline(r.Body as Readable, tap, createWriteStream(path));
+  await pipeline(r.Body as Readable, tap, createWriteStream(path), { signal });
   return { size, sha256: hash.digest('hex') };
 }
 
