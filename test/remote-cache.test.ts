@@ -238,10 +238,15 @@ describe('shared stage cache: what is refused before anything runs', () => {
     await expect(RemoteCache.open('s3://UP/x')).rejects.toThrow(/'UP' is not a valid bucket name/);
   });
 
-  it('forge build with a missing bucket (--cache) or wrong credentials (FORGE_REMOTE_CACHE) stops before any stage, printing no secret', async () => {
+  it('forge build / nightly with a missing bucket (--cache) or wrong credentials (FORGE_REMOTE_CACHE) stops before any stage, printing no secret', async () => {
     const missing = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--cache', 's3://no-such-bucket/p', '--out', join(dir, 'out')], s3.env);
     expect(missing.code).toBe(1);
     expect(missing.stderr).toMatch(/^forge: remote cache s3:\/\/no-such-bucket\/p: bucket 'no-such-bucket' does not exist/m);
+
+    const nightly = await forge(['nightly', '--cache', 's3://no-such-bucket/p', '--out', join(dir, 'nightly')], s3.env);
+    expect(nightly.code).toBe(1);
+    expect(nightly.stderr).toMatch(/^forge: remote cache s3:\/\/no-such-bucket\/p: bucket 'no-such-bucket' does not exist/m);
+    expect(nightly.stderr).not.toMatch(/building/); // refused before the first build of the matrix
 
     const badSecret = 'not-the-secret-0123456789';
     const denied = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--out', join(dir, 'out')], {
