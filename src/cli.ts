@@ -84,13 +84,14 @@ program.command('build <recipe>')
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+  .option('--toolchain <name|file>', 'compile and simulate with a pinned toolchain (toolchains/<name>.txt, or a requirements file) in its own venv, instead of the main environment')
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string; toolchain?: string }) => {
     let target: TargetSpec = { kind: 'host' };
     if (o.target === 'adb') {
       if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target, toolchain: o.toolchain });
     if (o.json) console.log(JSON.stringify(record));
     else {
       for (const s of record.stages) console.log(`${s.name.padEnd(12)} ${s.status.padEnd(9)} ${s.seconds.toFixed(1)} s`);
