@@ -10,7 +10,8 @@ import { publishBundle } from './hub/publish.js';
 import { compareBundles } from './bundle/compare.js';
 import { bisect, TARGETS } from './bisect/run.js';
 import { summaryText } from './bisect/report.js';
-import { nightly } from './nightly/run.js';
+import { describeSummary, nightly } from './nightly/run.js';
+import { listBuilds, nightlyBuild, nightlyFromResults } from './nightly/ci.js';
 import { NOT_YET } from './nightly/report.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
@@ -153,14 +154,32 @@ program.command('compare <bundle-a> <bundle-b>')
   });
 
 program.command('nightly')
-  .description('build every recipe × arch of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build')
+  .description('build every recipe × arch (× toolchain) of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build. --list, --build and --from-results split it across CI jobs (.github/workflows/nightly.yml)')
   .option('--matrix <file>', 'matrix file (default nightly/twins.json)')
   .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
-  .option('--json', 'print nightly.json as the last line of stdout')
+  .option('--json', 'print nightly.json (with --list: the builds) as the last line of stdout')
+  .option('--list', "list the matrix's builds (id, recipe, arch, toolchain, slug) and build nothing")
+  .option('--build <id>', 'run only this build of the matrix (e.g. tiny-qwen3/v81/qnn-2.6.0) and write <out>/build-summary.json; no report')
+  .option('--from-results <dir>', 'build nothing: report on the build-summary.json files under <dir> (one per matrix build, as --build jobs wrote them)')
   .addHelpText('after', `\n${NOT_YET}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean }) => {
-    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
+  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean; list?: boolean; build?: string; fromResults?: string }) => {
+    if ([o.list, o.build, o.fromResults].filter(Boolean).length > 1) throw new Error('--list, --build and --from-results are alternatives: give one');
+    if (o.list) {
+      const builds = listBuilds(o.matrix);
+      console.log(o.json ? JSON.stringify(builds) : builds.map((b) => b.id).join('\n'));
+      return;
+    }
+    if (o.build) {
+      const r = await nightlyBuild({ id: o.build, matrix: o.matrix, out: o.out, verbose });
+      if ('interrupted' in r) process.exit(130);
+      if (o.json) console.log(JSON.stringify(r.summary));
+      else console.log(`${r.summary.id}: ${describeSummary(r.summary)}; ${r.file}`);
+      return;
+    }
+    const r = o.fromResults
+      ? nightlyFromResults({ results: o.fromResults, matrix: o.matrix, out: o.out, compare: o.compare })
+      : await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
     if (r.interrupted) process.exit(130);
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
