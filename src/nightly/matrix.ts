@@ -27,6 +27,12 @@ export const ThresholdsSchema = z.object({
    * stage times on a shared 2-core machine move by more than any code change does.
    */
   maxSlowdown: z.number().gt(1).optional(),
+  /**
+   * The same rules between two toolchains of one recipe × arch (the report's toolchain comparison)
+   * always flag a difference there; it also fails the nightly only when this is true. Off by
+   * default: a candidate toolchain doing worse than the pinned one is a finding, not a regression.
+   */
+  failOnToolchainDifference: z.boolean().default(false),
 }).strict();
 export type Thresholds = z.infer<typeof ThresholdsSchema>;
 

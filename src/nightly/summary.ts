@@ -140,7 +140,10 @@ export function figuresOf(record: RunRecord): Record<string, Figure> {
   const compile = record.summaries.compile;
   if (isObj(compile) && Array.isArray(compile.contexts)) {
     for (const c of compile.contexts) {
-      if (isObj(c) && typeof c.name === 'string' && num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
+      if (!isObj(c) || typeof c.name !== 'string') continue;
+      if (num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
+      // Kept with the cached entry, so a cached build still shows what its compile took (its stage time is the lookup's).
+      if (num(c.compileSeconds) !== undefined) f[`context ${c.name} compile seconds`] = { kind: 'seconds', value: c.compileSeconds as number };
     }
   }
   // The bundle stage's own count (every shipped file but the card and SHA256SUMS), cached with it.

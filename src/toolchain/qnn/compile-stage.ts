@@ -199,6 +199,6 @@ export const stage: StageModule<CompileParams> = {
       return done;
     });
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
-    return { summary: { toolchain: p.toolchain.kind, ...(p.toolchain.kind === 'onnxruntime-qnn' && p.toolchain.env ? { env: p.toolchain.env.name } : {}), contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch, peakPrivateBytes: c.peakPrivateBytes, peakMappedBytes: c.peakMappedBytes })), qairt: compiled[0]?.qairtVersion ?? null } };
+    return { summary: { toolchain: p.toolchain.kind, ...(p.toolchain.kind === 'onnxruntime-qnn' && p.toolchain.env ? { env: p.toolchain.env.name } : {}), contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, compileSeconds: c.compileSeconds, socModel: c.target.socModel, dspArch: c.target.dspArch, peakPrivateBytes: c.peakPrivateBytes, peakMappedBytes: c.peakMappedBytes })), qairt: compiled[0]?.qairtVersion ?? null } };
   },
 };
