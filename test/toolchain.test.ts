@@ -15,6 +15,7 @@ import { BUILD_SUMMARY, listBuilds, nightlyFromResults } from '../src/nightly/ci
 import { listToolchains, resolveToolchain, toolchainVersions } from '../src/toolchain/toolchains.js';
 import { toolVersions, requirementsFile } from '../src/toolchain/versions.js';
 import { venvDir } from '../src/toolchain/venv.js';
+import { doctor } from '../src/toolchain/doctor.js';
 import { archSettings, loadRecipe, pinnedRecipe } from '../src/recipe/load.js';
 import { buildPipeline } from '../pipelines/build.js';
 import type { CompileToolchain } from '../src/toolchain/qnn/compile-stage.js';
@@ -42,6 +43,11 @@ describe('pinned toolchains', () => {
     expect(() => resolveToolchain(file('loose.txt', 'onnxruntime-qnn>=2.6\nonnxruntime==1.29.0\n'))).toThrow(/invalid toolchain .*loose\.txt: 'onnxruntime-qnn>=2\.6' is not pinned/);
     expect(() => resolveToolchain(file('no-qnn.txt', 'onnxruntime==1.29.0\n'))).toThrow(/invalid toolchain .*no-qnn\.txt: it must pin onnxruntime-qnn/);
     expect(() => resolveToolchain(join(dir, 'absent.txt'))).toThrow(/no toolchain requirements file at .*absent\.txt/);
+  });
+
+  it('is listed by forge doctor with its pins and its venv', async () => {
+    const t = resolveToolchain('qnn-2.6.0');
+    expect((await doctor()).pinned).toContainEqual({ name: 'qnn-2.6.0', pins: t.pins, venv: venvDir(t.file), ready: expect.any(Boolean) });
   });
 
   it('gets a venv of its own, keyed by its requirements file', () => {
