@@ -62,7 +62,7 @@ describe('the nightly workflow', () => {
     expect(text).toContain('./forge nightly --from-results results --matrix "$MATRIX" --out out/nightly');
     expect(text).toContain('cat out/nightly/report.md >> "$GITHUB_STEP_SUMMARY"');
     // The shared stage cache and the venvs.
-    expect(text).toMatch(/FORGE_REMOTE_CACHE: s3:\/\/\$\{\{ vars\.FORGE_CACHE_BUCKET \}\}/);
+    expect(text).toContain("FORGE_REMOTE_CACHE: ${{ vars.FORGE_CACHE_BUCKET && format('s3://{0}/{1}', vars.FORGE_CACHE_BUCKET, vars.FORGE_CACHE_PREFIX || 'forge') || '' }}");
     expect(text).toContain("key: forge-venv-${{ runner.os }}-${{ hashFiles('oracles/requirements.txt') }}");
     // Every action pinned to a release.
     for (const m of text.matchAll(/uses: (\S+)/g)) expect(m[1]).toMatch(/^[\w-]+\/[\w/-]+@v\d+(\.\d+)*$/);
