@@ -106,7 +106,6 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   };
 }
 
-/** The compile toolchain: the QAIRT SDK while QAIRT_SDK_ROOT names one (an unusable one is an error), else onnxruntime-qnn. */
 /**
  * What a stage that runs a pinned toolchain's onnxruntime-qnn declares: its versions and its name
  * with its file's hash (toolchainVersions), not the main venv's `python-env`, which the stages
@@ -114,6 +113,7 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
  */
 const pinnedToolchainTools = ['onnxruntime', 'onnxruntime-qnn', 'toolchain'];
 
+/** The compile toolchain: the QAIRT SDK while QAIRT_SDK_ROOT names one (an unusable one is an error), else onnxruntime-qnn. */
 export function compileToolchain(env: NodeJS.ProcessEnv = process.env): CompileToolchain {
   const sdk = qairtSdk(env);
   return sdk ? { kind: 'qairt', version: qairtSdkVersion(sdk) } : { kind: 'onnxruntime-qnn' };

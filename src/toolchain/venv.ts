@@ -58,6 +58,14 @@ async function basePython(): Promise<string> {
   throw new Error('no python3 >= 3.11 found (tried ' + candidates.join(', ') + '); install Python 3.11+ or set FORGE_BASE_PYTHON');
 }
 
+/**
+ * The python a compile toolchain (compile-stage.ts's CompileToolchain) compiles and simulates with:
+ * a pinned one's venv, by hash; undefined for the main venv's (the callers' default).
+ */
+export function toolchainPython(t: { kind: string; env?: { hash: string } }): string | undefined {
+  return t.kind === 'onnxruntime-qnn' && t.env ? readyVenvPython(t.env.hash) : undefined;
+}
+
 export async function ensureVenv(log: (m: string) => void = (m) => process.stderr.write(`${m}\n`), requirements = requirementsFile()): Promise<string> {
   if (venvReady(requirements)) return venvPython(requirements);
   const dir = venvDir(requirements);

@@ -18,7 +18,7 @@ import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
 import { watchTreeMemory, type MemoryPeak } from '../../engine/memory.js';
 import { WAITING_LOCK } from '../../engine/cache.js';
-import { readyVenvPython } from '../venv.js';
+import { toolchainPython } from '../venv.js';
 
 /**
  * Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version.
@@ -26,11 +26,6 @@ import { readyVenvPython } from '../venv.js';
  * its venv by the file's hash: build.ts made it before the pipeline ran).
  */
 export type CompileToolchain = { kind: 'onnxruntime-qnn'; env?: { name: string; hash: string } } | { kind: 'qairt'; version: string };
-
-/** The python a toolchain compiles (and simulates) with; undefined: the main venv. */
-export function toolchainPython(t: CompileToolchain): string | undefined {
-  return t.kind === 'onnxruntime-qnn' && t.env ? readyVenvPython(t.env.hash) : undefined;
-}
 
 export interface CompileParams {
   arch: { id: string; socModel: number; dspArch: string; vtcmMb: number; contextCeilingBytes: number; maxContexts: number; maxGraphsPerProcess: number };
