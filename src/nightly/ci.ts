@@ -4,10 +4,9 @@
 // reports a local nightly writes (run.ts's finishNightly), compared with the previous one.
 import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { buildId, loadMatrix, type MatrixBuild } from './matrix.js';
+import { buildId, fieldPath, loadMatrix, type MatrixBuild } from './matrix.js';
 import { baselineOf, buildOut, finishNightly, runMatrixBuild, writeAtomic, type NightlyOutcome } from './run.js';
 import { BuildSummarySchema, failedSummary, type BuildSummary } from './summary.js';
-import { fieldPath } from './matrix.js';
 import { RecipeError } from '../recipe/load.js';
 
 /** The file a `--build` job writes into its out dir, and `--from-results` looks for. */
