@@ -106,6 +106,13 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   };
 }
 
+/**
+ * What a stage that runs a pinned toolchain's onnxruntime-qnn declares: its versions and its name
+ * with its file's hash (toolchainVersions), not the main venv's `python-env`, which the stages
+ * before the compile declare and so keep sharing with the default build.
+ */
+const pinnedToolchainTools = ['onnxruntime', 'onnxruntime-qnn', 'toolchain'];
+
 /** The compile toolchain: the QAIRT SDK while QAIRT_SDK_ROOT names one (an unusable one is an error), else onnxruntime-qnn. */
 export function compileToolchain(env: NodeJS.ProcessEnv = process.env): CompileToolchain {
   const sdk = qairtSdk(env);
@@ -123,7 +130,7 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   };
   // After the oracle gate: graphs that left the oracle are not worth an hour of compiling (but the
   // gate's figures are not an input, so a new prompt does not recompile).
-  const tools = toolchain.kind === 'qairt' ? ['qairt-sdk'] : ['onnxruntime', 'onnxruntime-qnn', 'python-env'];
+  const tools = toolchain.kind === 'qairt' ? ['qairt-sdk'] : toolchain.env ? pinnedToolchainTools : ['onnxruntime', 'onnxruntime-qnn', 'python-env'];
   return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, memory: stageMemory.compile, timeoutSeconds: 4 * 3600 };
 }
 
@@ -147,15 +154,16 @@ function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: C
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb },
     fp16: true, minCosine: shippedMinCosine(recipe.gates.oracle, s.quant), minTop1: recipe.gates.oracle.minTop1,
     tokens: recipe.gates.parity.tokens, ...parityBounds(recipe),
+    ...(toolchain.env ? { toolchain } : {}),
   };
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,
     inputs: { checkpoint: 'fetch', trace: 'trace', quantize: 'quantize', native: 'native' },
-    tools: ['onnxruntime', 'onnxruntime-qnn', 'python-env'], memory: stageMemory.emulation, timeoutSeconds: 1800,
+    tools: toolchain.env ? pinnedToolchainTools : ['onnxruntime', 'onnxruntime-qnn', 'python-env'], memory: stageMemory.emulation, timeoutSeconds: 1800,
   };
 }
 
-function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean): StageNode {
+function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean, toolchain: CompileToolchain): StageNode {
   const params: BundleParams = {
     recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens,
     ...(gatesNotRun ? { gatesNotRun } : {}),
@@ -166,7 +174,8 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
     // The trace for the card's Confidence section (HF's margins along the continuations); the plan
     // for what the planner dropped to stay within the arch's limits.
     inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])), ...(auto ? { precision: 'precision' } : {}) },
-    tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch'], memory: stageMemory.bundle,
+    // The card's Toolchain section lists these: a pinned toolchain's build names it.
+    tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch', ...(toolchain.kind === 'onnxruntime-qnn' && toolchain.env ? ['toolchain'] : [])], memory: stageMemory.bundle,
   };
 }
 
@@ -229,7 +238,7 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       ...(auto ? [] : [nativeNode()]),
       parityNode(recipe, arch, target),
       ...(emulation ? [emulation] : []),
-      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun, auto),
+      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun, auto, toolchain),
     ],
     publish: ['bundle'],
     reports: ['plan', ...(auto ? ['precision'] : []), 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],

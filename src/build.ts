@@ -18,15 +18,16 @@ import type { PrecisionResult } from './quant/auto.js';
 import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
-import { loadRecipe, archSettings, pinnedRecipe } from './recipe/load.js';
+import { loadRecipe, archSettings, pinnedRecipe, RecipeError } from './recipe/load.js';
 import { builtRevision, type PinnedRecipe, type PrecisionOverride } from './recipe/schema.js';
-import { buildPipeline, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
+import { buildPipeline, compileToolchain, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
 import { RemoteCache } from './engine/remote-cache.js';
 import { Scheduler, defaultMemoryBudget } from './engine/scheduler.js';
 import { runPipeline, type PipelineResult } from './engine/run.js';
-import { MEMORY_FAILURE } from './toolchain/qnn/compile-stage.js';
+import { MEMORY_FAILURE, type CompileToolchain } from './toolchain/qnn/compile-stage.js';
+import { resolveToolchain, toolchainVersions, type Toolchain } from './toolchain/toolchains.js';
 import { defaultProgress, type Progress } from './engine/progress.js';
 import { toolVersions } from './toolchain/versions.js';
 import { ensureVenv } from './toolchain/venv.js';
@@ -70,6 +71,12 @@ export interface BuildRequest {
    * and the stages downstream of the overrides re-run under their own cache keys.
    */
   overrides?: PrecisionOverride[];
+  /**
+   * `--toolchain`: a pinned compile toolchain (toolchains/<name>.txt, or a path to such a file) whose
+   * venv compiles and runs the simulator gate instead of the main environment's. Refused before
+   * anything runs when it does not resolve, or when QAIRT_SDK_ROOT picks the QAIRT SDK instead.
+   */
+  toolchain?: string;
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -95,6 +102,10 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   const { arch } = forArch;
+  const toolchain = req.toolchain ? resolveToolchain(req.toolchain) : null;
+  if (toolchain && compileToolchain().kind === 'qairt') {
+    throw new RecipeError(`--toolchain ${req.toolchain} pins onnxruntime-qnn, but QAIRT_SDK_ROOT is set and picks the QAIRT SDK to compile with: unset one of them`);
+  }
   const out = req.out ? resolve(req.out) : defaultOut(recipe.id, arch.id);
   const progress = req.progress ?? defaultProgress(req.verbose);
   // Ctrl-C or SIGTERM: stop the running stages (they kill their subprocesses), then finish with a
@@ -107,7 +118,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   process.once('SIGINT', onSignal);
   process.once('SIGTERM', onSignal);
   try {
-    return await buildUnderSignals(req, { recipe, file: loaded.file }, forArch, out, progress, interrupt.signal, t0);
+    return await buildUnderSignals(req, { recipe, file: loaded.file }, forArch, toolchain, out, progress, interrupt.signal, t0);
   } finally {
     process.removeListener('SIGINT', onSignal);
     process.removeListener('SIGTERM', onSignal);
@@ -116,14 +127,17 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
 
 async function buildUnderSignals(
   req: BuildRequest, { recipe, file }: { recipe: PinnedRecipe; file: string }, { arch, settings }: ReturnType<typeof archSettings>,
-  out: string, progress: Progress, signal: AbortSignal, t0: number,
+  toolchain: Toolchain | null, out: string, progress: Progress, signal: AbortSignal, t0: number,
 ): Promise<RunRecord> {
-  const tools = toolVersions();
+  const tools = { ...toolVersions(), ...(toolchain ? toolchainVersions(toolchain) : {}) };
   // A wrong bucket or credentials is one error before anything runs, not a warning per stage.
   const remote = req.remoteCache instanceof RemoteCache ? req.remoteCache : await RemoteCache.fromOption(req.remoteCache);
   // Every build traces with the Python oracle: set its environment up here, where the user sees it,
-  // rather than silently inside the first stage that needs it.
+  // rather than silently inside the first stage that needs it. A pinned toolchain's venv likewise
+  // (its stages only look it up by hash).
   await ensureVenv();
+  if (toolchain) await ensureVenv(undefined, toolchain.file);
+  const compileWith: CompileToolchain | undefined = toolchain ? { kind: 'onnxruntime-qnn', env: { name: toolchain.name, hash: toolchain.hash } } : undefined;
   const cache = new StageCache(cacheRoot());
   const scheduler = new Scheduler({
     concurrency: req.jobs ?? cpus().length,
@@ -133,7 +147,7 @@ async function buildUnderSignals(
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
   const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
   const asked = req.shardCeilingBytes;
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, ...(asked ? { ceilingBytes: asked } : {}) });
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, toolchain: compileWith, ...(asked ? { ceilingBytes: asked } : {}) });
   refuseWithoutHostOp(recipe, pipeline, req.until);
   let result: PipelineResult;
   try {
@@ -144,7 +158,7 @@ async function buildUnderSignals(
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
-    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest });
+    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest, toolchain: compileWith });
     result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal, remote });
   }
   } finally {

@@ -10,7 +10,8 @@ import { publishBundle } from './hub/publish.js';
 import { compareBundles } from './bundle/compare.js';
 import { bisect, TARGETS } from './bisect/run.js';
 import { summaryText } from './bisect/report.js';
-import { nightly } from './nightly/run.js';
+import { describeSummary, nightly } from './nightly/run.js';
+import { listBuilds, nightlyBuild, nightlyFromResults } from './nightly/ci.js';
 import { NOT_YET } from './nightly/report.js';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
@@ -88,13 +89,14 @@ program.command('build <recipe>')
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
-  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; cache?: string; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string }) => {
+  .option('--toolchain <name|file>', 'compile and simulate with a pinned toolchain (toolchains/<name>.txt, or a requirements file) in its own venv, instead of the main environment')
+  .action(async (id: string, o: { arch: string; json?: boolean; out?: string; revision?: string; until?: string; force?: string[]; cache?: string; jobs?: number; memoryBudget?: number; shardCeiling?: number; target: string; serial?: string; runner?: string; deviceLibs?: string; toolchain?: string }) => {
     let target: TargetSpec = { kind: 'host' };
     if (o.target === 'adb') {
       if (!o.serial || !o.runner || !o.deviceLibs) throw new Error('--target adb needs --serial, --runner and --device-libs (see docs/DEVICE.md)');
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
-    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, remoteCache: o.cache, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target });
+    const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, remoteCache: o.cache, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target, toolchain: o.toolchain });
     if (o.json) console.log(JSON.stringify(record));
     else {
       for (const s of record.stages) {
@@ -159,15 +161,33 @@ program.command('compare <bundle-a> <bundle-b>')
   });
 
 program.command('nightly')
-  .description('build every recipe × arch of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build')
+  .description('build every recipe × arch (× toolchain) of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build. --list, --build and --from-results split it across CI jobs (.github/workflows/nightly.yml)')
   .option('--matrix <file>', 'matrix file (default nightly/twins.json)')
   .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
-  .option('--json', 'print nightly.json as the last line of stdout')
+  .option('--json', 'print nightly.json (with --list: the builds) as the last line of stdout')
+  .option('--list', "list the matrix's builds (id, recipe, arch, toolchain, slug) and build nothing")
+  .option('--build <id>', 'run only this build of the matrix (e.g. tiny-qwen3/v81/qnn-2.6.0) and write <out>/build-summary.json; no report')
+  .option('--from-results <dir>', 'build nothing: report on the build-summary.json files under <dir> (one per matrix build, as --build jobs wrote them)')
   .addOption(cacheOption())
   .addHelpText('after', `\n${NOT_YET}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean; cache?: string }) => {
-    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose, remoteCache: o.cache });
+  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean; list?: boolean; build?: string; fromResults?: string; cache?: string }) => {
+    if ([o.list, o.build, o.fromResults].filter(Boolean).length > 1) throw new Error('--list, --build and --from-results are alternatives: give one');
+    if (o.list) {
+      const builds = listBuilds(o.matrix);
+      console.log(o.json ? JSON.stringify(builds) : builds.map((b) => b.id).join('\n'));
+      return;
+    }
+    if (o.build) {
+      const r = await nightlyBuild({ id: o.build, matrix: o.matrix, out: o.out, verbose, remoteCache: o.cache });
+      if ('interrupted' in r) process.exit(130);
+      if (o.json) console.log(JSON.stringify(r.summary));
+      else console.log(`${r.summary.id}: ${describeSummary(r.summary)}; ${r.file}`);
+      return;
+    }
+    const r = o.fromResults
+      ? nightlyFromResults({ results: o.fromResults, matrix: o.matrix, out: o.out, compare: o.compare })
+      : await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose, remoteCache: o.cache });
     if (r.interrupted) process.exit(130);
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);

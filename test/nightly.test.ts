@@ -42,10 +42,15 @@ describe('forge nightly', () => {
       const recipe = JSON.parse(readFileSync(join('recipes', b.recipe, 'recipe.json'), 'utf8'));
       expect(b.figures[COSINE]).toMatchObject({ kind: 'cosine', threshold: recipe.gates.oracle.w8MinCosine, note: 'w8' });
       expect(b.figures['parity quantize matched']).toMatchObject({ value: record.gates.parity.variants.quantize.total, total: record.gates.parity.variants.quantize.total });
-      for (const c of record.summaries.compile.contexts) expect(b.figures[`context ${c.name} bytes`].value).toBe(c.bytes);
+      for (const c of record.summaries.compile.contexts) {
+        expect(b.figures[`context ${c.name} bytes`].value).toBe(c.bytes);
+        expect(b.figures[`context ${c.name} compile seconds`].value).toBe(c.compileSeconds);
+      }
       expect(b.figures['bundle bytes'].value).toBe(record.summaries.bundle.bytes);
       if (record.gates.emulation?.ran) expect(b.figures['simulator parity matched'].value).toBe(record.gates.emulation.parity.matched);
-      expect(b.tools).toEqual(record.tools);
+      // The record's versions, and the QAIRT release inside the onnxruntime-qnn wheel that compiled.
+      expect(b.tools).toEqual({ ...record.tools, qairt: record.summaries.compile.qairt });
+      expect(b.tools.qairt).toMatch(/^2\.\d+/);
     }
     console.log(`[measured] first nightly (cold private cache): ${first.seconds.toFixed(1)} s; ${first.builds.map((b) => `${b.id} ${b.seconds.toFixed(1)} s`).join(', ')}`);
 

@@ -31,7 +31,8 @@ import { openSafetensors } from '../io/safetensors.js';
 import { toFloat32 } from '../io/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
 import { compileContext, runWithTimeout, type CompileReport } from '../toolchain/qnn/compile.js';
-import { ensureVenv } from '../toolchain/venv.js';
+import { ensureVenv, toolchainPython } from '../toolchain/venv.js';
+import type { CompileToolchain } from '../toolchain/qnn/compile-stage.js';
 import { EXIT_NON_FINITE_LOGITS, parseQhxJson, qhxArgs, qhxFailure, type Target } from '../targets/target.js';
 import { checkParity, parityRule, variantOk, type VariantResult } from './parity.js';
 import type { NativeRecord } from './native-stage.js';
@@ -58,6 +59,8 @@ export interface EmulationParams {
   minTop1: number;
   /** Tokens generated per prompt by the parity run. */
   tokens: number;
+  /** A pinned compile toolchain (compile-stage.ts) whose onnxruntime-qnn compiles and simulates; absent: the main venv's. */
+  toolchain?: CompileToolchain;
   /** Fraction of steps (teacher-forced) whose token equals HF's or is a tie; 1 means N/N. */
   minMatch: number;
   /** Ties allowed in the simulator's parity (src/gates/parity.ts); above 0 only with the recipe's reason. */
@@ -476,6 +479,7 @@ export const stage: StageModule<EmulationParams> = {
       traceDir: ctx.inputs.trace,
       graphsDir: ctx.inputs.quantize,
       qhxGenerate: native.qhxGenerate,
+      ...(p.toolchain ? { python: toolchainPython(p.toolchain) } : {}),
       work: join(ctx.out, '.scratch'),
       log: ctx.log,
       progress: ctx.progress,

@@ -2,6 +2,7 @@
 // flagged when it crosses a rule of the matrix's thresholds. A failed build is always flagged;
 // timings only when the matrix asks (maxSlowdown), since they are noise on a shared machine.
 import type { Thresholds } from './matrix.js';
+import { compareToolchains, toolchainRegressions, type ToolchainComparison } from './toolchain-compare.js';
 import type { BuildSummary, Figure, Nightly } from './summary.js';
 
 export interface Change {
@@ -24,6 +25,8 @@ export interface Comparison {
   dropped: string[];
   /** Tool versions that changed, per build: shown, not flagged (what a new toolchain did is in the figures). */
   tools: Array<{ build: string; tool: string; before: string; after: string }>;
+  /** Builds of one recipe × arch with different toolchains, side by side (toolchain-compare.ts). */
+  toolchains: ToolchainComparison[];
 }
 
 const group = (n: number) => Math.round(n).toString().replace(/\B(?=(\d{3})+(?!\d))/g, ',');
@@ -105,5 +108,7 @@ export function compareNightlies(after: Pick<Nightly, 'builds' | 'thresholds'>, 
     }
   }
   const now = new Set(after.builds.map((b) => b.id));
-  return { changes, regressions: changes.filter((c) => c.flagged), dropped: [...prev.keys()].filter((id) => !now.has(id)), tools };
+  const toolchains = compareToolchains(after.builds, after.thresholds);
+  const regressions = [...changes.filter((c) => c.flagged), ...toolchainRegressions(toolchains, after.thresholds)];
+  return { changes, regressions, dropped: [...prev.keys()].filter((id) => !now.has(id)), tools, toolchains };
 }

@@ -7,6 +7,7 @@ import { z } from 'zod';
 import { ARCH_IDS } from '../arch/table.js';
 import { listRecipeIds, recipesDir, RecipeError } from '../recipe/load.js';
 import { repoRoot } from '../paths.js';
+import { listToolchains, resolveToolchain, toolchainsDir } from '../toolchain/toolchains.js';
 
 /**
  * What the regression report flags. The defaults are rules, not measurements: a cosine may not fall
@@ -26,6 +27,12 @@ export const ThresholdsSchema = z.object({
    * stage times on a shared 2-core machine move by more than any code change does.
    */
   maxSlowdown: z.number().gt(1).optional(),
+  /**
+   * The same rules between two toolchains of one recipe × arch (the report's toolchain comparison)
+   * always flag a difference there; it also fails the nightly only when this is true. Off by
+   * default: a candidate toolchain doing worse than the pinned one is a finding, not a regression.
+   */
+  failOnToolchainDifference: z.boolean().default(false),
 }).strict();
 export type Thresholds = z.infer<typeof ThresholdsSchema>;
 
@@ -35,6 +42,12 @@ export const MatrixSchema = z.object({
   builds: z.array(z.object({
     recipe: z.string().min(1),
     arch: z.enum(ARCH_IDS as [string, ...string[]], { error: () => `not an arch (valid: ${ARCH_IDS.join(', ')})` }),
+    /**
+     * A pinned compile toolchain (toolchains/<name>.txt) this build compiles and simulates with;
+     * absent: the main environment's. The same recipe × arch on two toolchains is compared side by
+     * side in the report.
+     */
+    toolchain: z.string().regex(/^[\w.-]+$/, 'a toolchain name (a file toolchains/<name>.txt), not a path').optional(),
   }).strict()).min(1),
   thresholds: ThresholdsSchema.default(ThresholdsSchema.parse({})),
 }).strict();
@@ -53,26 +66,38 @@ export function fieldPath(path: readonly PropertyKey[]): string {
     .join('');
 }
 
-/** `tiny-qwen3/v81`: how a build is named in nightly.json and the report. */
-export const buildId = (b: MatrixBuild) => `${b.recipe}/${b.arch}`;
+/** `tiny-qwen3/v81`, `tiny-qwen3/v81/qnn-2.6.0`: how a build is named in nightly.json, the report and CI jobs. */
+export const buildId = (b: Pick<MatrixBuild, 'recipe' | 'arch' | 'toolchain'>) => `${b.recipe}/${b.arch}${b.toolchain ? `/${b.toolchain}` : ''}`;
 
 /** The shipped twin matrix, used when --matrix is not given. */
 export function defaultMatrixFile(): string {
   return join(repoRoot(), 'nightly', 'twins.json');
 }
 
-/** Parses a matrix; `file` names where it came from in errors. Recipes are looked up in `recipes`. */
-export function parseMatrix(raw: unknown, file: string, recipes = recipesDir()): Matrix {
+/** Parses a matrix; `file` names where it came from in errors. Recipes are looked up in `recipes`, toolchains in `toolchains`. */
+export function parseMatrix(raw: unknown, file: string, recipes = recipesDir(), toolchains = toolchainsDir()): Matrix {
   const parsed = MatrixSchema.safeParse(raw);
   if (!parsed.success) {
     throw new RecipeError(`invalid nightly matrix ${file}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
   }
   const m = parsed.data;
   const known = existsSync(recipes) ? listRecipeIds(recipes) : [];
+  const knownToolchains = listToolchains(toolchains);
   const seen = new Map<string, number>();
   m.builds.forEach((b, n) => {
     if (!known.includes(b.recipe)) {
       throw new RecipeError(`invalid nightly matrix ${file}: ${fieldPath(['builds', n, 'recipe'])}: no recipe '${b.recipe}' in ${recipes} (known: ${known.join(', ') || 'none'})`);
+    }
+    if (b.toolchain !== undefined) {
+      if (!knownToolchains.includes(b.toolchain)) {
+        throw new RecipeError(`invalid nightly matrix ${file}: ${fieldPath(['builds', n, 'toolchain'])}: no toolchain '${b.toolchain}' in ${toolchains} (known: ${knownToolchains.join(', ') || 'none'})`);
+      }
+      // Unpinned or pin-less files are refused here too, not an hour into the nightly.
+      try {
+        resolveToolchain(b.toolchain, toolchains);
+      } catch (e) {
+        throw new RecipeError(`invalid nightly matrix ${file}: ${fieldPath(['builds', n, 'toolchain'])}: ${(e as Error).message}`);
+      }
     }
     // Two entries for one build would run it twice and compare it with itself under one name.
     const first = seen.get(buildId(b));

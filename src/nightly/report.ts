@@ -2,6 +2,7 @@
 // self-contained report.html (no scripts, no external assets, like the build report) with one small
 // inline SVG trend plot per figure over every nightly.json stored in the out dir's history.
 import { formatFigure, type Comparison, type Change } from './compare.js';
+import type { ToolchainComparison } from './toolchain-compare.js';
 import type { Nightly } from './summary.js';
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
@@ -36,14 +37,38 @@ function stageTable(n: Nightly, before: Nightly | null): Table {
   return { head: ['build', 'stage', 'before', 'after'], rows };
 }
 
-function toolLines(n: Nightly, cmp: Comparison): string[] {
-  if (cmp.tools.length) return cmp.tools.map((t) => `${t.build}: ${t.tool} ${t.before} → ${t.after}`);
-  const first = n.builds.find((b) => Object.keys(b.tools).length);
-  return [`unchanged${first ? `: ${Object.entries(first.tools).map(([k, v]) => `${k} ${v}`).join(', ')}` : ''}`];
+/** The tools a reader compares builds by, in this order; any other the builds report follows. */
+const TOOL_ORDER = ['toolchain', 'onnxruntime-qnn', 'qairt', 'qairt-sdk', 'onnxruntime', 'onnx', 'transformers', 'torch', 'tokenizers', 'safetensors', 'onnxruntime-node', 'node', 'python-env'];
+
+/** Every build's tool versions, one row per build (a toolchain build's onnxruntime-qnn and QAIRT are its own). */
+function toolsTable(n: Nightly): Table {
+  const all = new Set(n.builds.flatMap((b) => Object.keys(b.tools)));
+  const cols = [...TOOL_ORDER.filter((t) => all.has(t)), ...[...all].filter((t) => !TOOL_ORDER.includes(t)).sort()];
+  return { head: ['build', ...cols], rows: n.builds.map((b) => [b.id, ...cols.map((c) => b.tools[c] ?? '—')]) };
 }
 
+function toolChanges(cmp: Comparison): string[] {
+  return cmp.tools.length ? cmp.tools.map((t) => `${t.build}: ${t.tool} ${t.before} → ${t.after}`) : ['No tool version changed since the previous nightly.'];
+}
+
+const toolchainHead = (c: ToolchainComparison) => ['figure', c.base.toolchain, c.other.toolchain, 'change', 'flagged'];
+const toolchainTitle = (c: ToolchainComparison) => `${c.group}: ${c.base.toolchain} vs ${c.other.toolchain}`;
+const toolchainTools = (c: ToolchainComparison) =>
+  c.tools.length ? `Tools that differ: ${c.tools.map((t) => `${t.tool} ${t.base} → ${t.other}`).join(', ')}.` : 'No tool version differs.';
+function toolchainTable(c: ToolchainComparison): Table {
+  return {
+    head: toolchainHead(c),
+    rows: c.rows.map((r) => [r.figure, r.base, r.other, r.change, r.flagged ? `BEYOND THRESHOLD: ${r.why ?? ''}` : '']),
+    flagged: c.rows.map((r) => r.flagged),
+  };
+}
+/** Said under the section: what its flags mean for the nightly's verdict. */
+const toolchainRule = (n: Nightly) => n.thresholds.failOnToolchainDifference
+  ? 'Differences beyond the thresholds count as regressions of this nightly (failOnToolchainDifference).'
+  : 'Differences beyond the thresholds are flagged here but do not fail the nightly (set thresholds.failOnToolchainDifference to make them); a failed build does.';
+
 /** What `forge nightly` does not do yet (issue 18): said in every report, not only in the README. */
-export const NOT_YET = 'Runs the builds one after another on this machine with its local stage cache (and the shared S3 one with --cache). Not built yet: the job queue (BullMQ workers on several machines), the GitHub workflow, and the toolchain matrix (two toolchain pins side by side).';
+export const NOT_YET = 'Runs the builds one after another on this machine with its local stage cache (and the shared S3 one with --cache); the GitHub workflow .github/workflows/nightly.yml runs one job per build and reports with --from-results. Not built yet: the job queue (BullMQ workers on several machines).';
 
 function headline(n: Nightly, cmp: Comparison): string {
   const failed = n.builds.filter((b) => !b.ok).length;
@@ -70,8 +95,12 @@ export function nightlyMarkdown(n: Nightly, before: Nightly | null, cmp: Compari
   parts.push('## Builds', '', ...mdTable(buildsTable(n)));
   if (cmp.dropped.length) parts.push(`Not in this matrix any more (not compared): ${cmp.dropped.join(', ')}.`, '');
   parts.push('## Figures', '', ...mdTable({ head, rows: cmp.changes.filter((c) => c.figure !== 'build').map(changeRow) }));
+  if (cmp.toolchains.length) {
+    parts.push('## Toolchain comparison', '', toolchainRule(n), '');
+    for (const c of cmp.toolchains) parts.push(`### ${toolchainTitle(c)}`, '', toolchainTools(c), '', ...mdTable(toolchainTable(c)));
+  }
   parts.push('## Stage times (shown, not flagged)', '', ...mdTable(stageTable(n, before)));
-  parts.push('## Tool versions', '', ...toolLines(n, cmp).map((l) => `- ${l}`), '', `_${NOT_YET}_`, '');
+  parts.push('## Tool versions', '', ...mdTable(toolsTable(n)), ...toolChanges(cmp).map((l) => `- ${l}`), '', `_${NOT_YET}_`, '');
   return parts.join('\n');
 }
 
@@ -145,9 +174,12 @@ ${htmlTable(buildsTable(n), 'builds')}
 ${cmp.dropped.length ? `<p>Not in this matrix any more (not compared): ${esc(cmp.dropped.join(', '))}.</p>` : ''}
 <h2>Figures</h2>
 ${figures}
+${cmp.toolchains.length ? `<h2>Toolchain comparison</h2>\n<p>${esc(toolchainRule(n))}</p>\n${cmp.toolchains.map((c, i) => `<h3>${esc(toolchainTitle(c))}</h3>\n<p>${esc(toolchainTools(c))}</p>\n${htmlTable(toolchainTable(c), `toolchain-${i}`)}`).join('\n')}` : ''}
 <h2>Stage times (shown, not flagged)</h2>
 ${htmlTable(stageTable(n, before), 'stages')}
-<h2>Tool versions</h2><ul id="tools">${toolLines(n, cmp).map((l) => `<li>${esc(l)}</li>`).join('')}</ul>
+<h2>Tool versions</h2>
+${htmlTable(toolsTable(n), 'tools')}
+<ul id="tool-changes">${toolChanges(cmp).map((l) => `<li>${esc(l)}</li>`).join('')}</ul>
 <p><em>${esc(NOT_YET)}</em></p>
 </body></html>
 `;

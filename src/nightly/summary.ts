@@ -7,7 +7,7 @@ import { z } from 'zod';
 import type { RunRecord } from '../engine/record.js';
 import { loadRecipe, RecipeError } from '../recipe/load.js';
 import { shippedMinCosine, type LayerQuant } from '../recipe/schema.js';
-import { fieldPath, ThresholdsSchema } from './matrix.js';
+import { buildId, fieldPath, ThresholdsSchema } from './matrix.js';
 
 export const FigureSchema = z.object({
   /** cosine: higher is better, 1 at most; matched: tokens or steps out of `total`; bytes; seconds and ms: timings. */
@@ -25,6 +25,8 @@ export const BuildSummarySchema = z.object({
   id: z.string(),
   recipe: z.string(),
   arch: z.string(),
+  /** The pinned compile toolchain it was built with (toolchains/<name>.txt); absent: the main environment's. */
+  toolchain: z.string().optional(),
   ok: z.boolean(),
   status: z.string(),
   error: z.string().optional(),
@@ -138,7 +140,10 @@ export function figuresOf(record: RunRecord): Record<string, Figure> {
   const compile = record.summaries.compile;
   if (isObj(compile) && Array.isArray(compile.contexts)) {
     for (const c of compile.contexts) {
-      if (isObj(c) && typeof c.name === 'string' && num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
+      if (!isObj(c) || typeof c.name !== 'string') continue;
+      if (num(c.bytes) !== undefined) f[`context ${c.name} bytes`] = { kind: 'bytes', value: c.bytes as number };
+      // Kept with the cached entry, so a cached build still shows what its compile took (its stage time is the lookup's).
+      if (num(c.compileSeconds) !== undefined) f[`context ${c.name} compile seconds`] = { kind: 'seconds', value: c.compileSeconds as number };
     }
   }
   // The bundle stage's own count (every shipped file but the card and SHA256SUMS), cached with it.
@@ -148,11 +153,23 @@ export function figuresOf(record: RunRecord): Record<string, Figure> {
   return f;
 }
 
-export function summarize(record: RunRecord, runRecord: string | null): BuildSummary {
+/**
+ * The versions a build ran with: the record's (a pinned toolchain's onnxruntime and onnxruntime-qnn
+ * replace the main environment's there), plus the QAIRT release inside the onnxruntime-qnn wheel
+ * that compiled, which only the compile knows (`qairt`).
+ */
+function toolsOf(record: RunRecord): Record<string, string> {
+  const compile = record.summaries.compile;
+  const qairt = isObj(compile) && typeof compile.qairt === 'string' ? compile.qairt : undefined;
+  return { ...record.tools, ...(qairt ? { qairt } : {}) };
+}
+
+export function summarize(record: RunRecord, runRecord: string | null, toolchain?: string): BuildSummary {
   return {
-    id: `${record.recipe}/${record.arch}`,
+    id: buildId({ recipe: record.recipe, arch: record.arch, toolchain }),
     recipe: record.recipe,
     arch: record.arch,
+    ...(toolchain ? { toolchain } : {}),
     ok: record.ok && record.status === 'ok',
     status: record.status,
     ...(record.error ? { error: record.error } : {}),
@@ -161,11 +178,12 @@ export function summarize(record: RunRecord, runRecord: string | null): BuildSum
     runRecord,
     figures: figuresOf(record),
     stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })),
-    tools: record.tools,
+    tools: toolsOf(record),
   };
 }
 
 /** A build that never produced a run record (its recipe failed to load, build() threw). */
-export function failedSummary(recipe: string, arch: string, error: string, seconds: number): BuildSummary {
-  return { id: `${recipe}/${arch}`, recipe, arch, ok: false, status: 'failed', error, seconds, bundle: null, runRecord: null, figures: {}, stages: [], tools: {} };
+export function failedSummary(b: { recipe: string; arch: string; toolchain?: string }, error: string, seconds: number): BuildSummary {
+  const { recipe, arch, toolchain } = b;
+  return { id: buildId(b), recipe, arch, ...(toolchain ? { toolchain } : {}), ok: false, status: 'failed', error, seconds, bundle: null, runRecord: null, figures: {}, stages: [], tools: {} };
 }

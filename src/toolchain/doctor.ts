@@ -5,6 +5,7 @@ import { qairtSdk, qairtSdkVersion } from './qnn/qairt-sdk.js';
 import { venvDir, venvPython, venvReady } from './venv.js';
 import { pythonPins, toolVersions } from './versions.js';
 import { cacheRoot, forgeHome } from '../paths.js';
+import { listToolchains, resolveToolchain } from './toolchains.js';
 
 export interface Toolchain { usable: boolean; detail: string }
 
@@ -13,6 +14,8 @@ export interface DoctorReport {
   npm: Record<string, string>;
   python: { venv: string; ready: boolean; packages: Record<string, string | null>; pinned: Record<string, string> };
   toolchains: Record<string, Toolchain>;
+  /** The pinned compile toolchains of toolchains/ (forge build --toolchain), each with its venv. */
+  pinned: Array<{ name: string; pins: Record<string, string>; venv: string; ready: boolean } | { name: string; error: string }>;
   forgeHome: string;
   cache: string;
 }
@@ -46,6 +49,14 @@ export async function doctor(): Promise<DoctorReport> {
     npm: { 'onnxruntime-node': tv['onnxruntime-node'] },
     python: { venv: venvDir(), ready: venvReady(), packages: {}, pinned: pythonPins() },
     toolchains: {},
+    pinned: listToolchains().map((name) => {
+      try {
+        const t = resolveToolchain(name);
+        return { name, pins: t.pins, venv: venvDir(t.file), ready: venvReady(t.file) };
+      } catch (e) {
+        return { name, error: (e as Error).message };
+      }
+    }),
     forgeHome: forgeHome(),
     cache: cacheRoot(),
   };
@@ -94,6 +105,10 @@ export function formatDoctor(r: DoctorReport): string {
     ...Object.entries(r.python.packages).map(([k, v]) => `  ${k.padEnd(16)} ${v ?? 'missing'}`),
     'toolchains',
     ...Object.entries(r.toolchains).map(([k, t]) => `  ${k.padEnd(10)} ${t.usable ? 'usable ' : 'MISSING'}  ${t.detail}`),
+    'pinned toolchains (forge build --toolchain NAME; toolchains/NAME.txt)',
+    ...(r.pinned.length ? r.pinned : [{ name: '(none)', error: '' }]).map((t) => 'error' in t
+      ? `  ${t.name.padEnd(10)} ${t.error}`
+      : `  ${t.name.padEnd(10)} onnxruntime-qnn ${t.pins['onnxruntime-qnn']}, onnxruntime ${t.pins['onnxruntime']}; ${t.venv} ${t.ready ? '(ready)' : '(made on first use)'}`),
     `cache       ${r.cache}`,
   ];
   return lines.join('\n');

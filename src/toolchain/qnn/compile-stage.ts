@@ -18,9 +18,14 @@ import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
 import { watchTreeMemory, type MemoryPeak } from '../../engine/memory.js';
 import { WAITING_LOCK } from '../../engine/cache.js';
+import { toolchainPython } from '../venv.js';
 
-/** Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version. */
-export type CompileToolchain = { kind: 'onnxruntime-qnn' } | { kind: 'qairt'; version: string };
+/**
+ * Which toolchain compiles; the QAIRT SDK is found through QAIRT_SDK_ROOT and must be this version.
+ * onnxruntime-qnn runs in the main venv, or with `env` in a pinned toolchain's (toolchains/<name>.txt,
+ * its venv by the file's hash: build.ts made it before the pipeline ran).
+ */
+export type CompileToolchain = { kind: 'onnxruntime-qnn'; env?: { name: string; hash: string } } | { kind: 'qairt'; version: string };
 
 export interface CompileParams {
   arch: { id: string; socModel: number; dspArch: string; vtcmMb: number; contextCeilingBytes: number; maxContexts: number; maxGraphsPerProcess: number };
@@ -101,7 +106,7 @@ async function compileWith(c: ContextEntry, src: string, out: string, p: Compile
     const describe = { toolchain: 'qairt', qairt: qairt.version, bytes: r.bytes, target, graphs: r.wrappers.map((w) => w.qnnGraph) };
     return { report: { bytes: r.bytes, compileSeconds: r.seconds, qairtVersion: qairt.version, peakRssBytes: 0, target, describe }, wrappers: r.wrappers };
   }
-  const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds });
+  const r = await compileContext({ graphs: c.graphs.map((g) => join(src, g.file)), outDir: join(out, c.name), contextName: c.name, arch, fp16: p.fp16, timeoutSeconds: p.timeoutSeconds, python: toolchainPython(p.toolchain) });
   if (r.binaryInfo && 'error' in r.binaryInfo) throw new Error(`${c.name}.bin: QnnSystem cannot read it: ${String(r.binaryInfo.error)}`);
   const describe = { toolchain: 'onnxruntime-qnn', bytes: r.bytes, target: r.target, binaryInfo: r.binaryInfo };
   return { report: { ...r, describe }, wrappers: r.wrappers.map((w) => ({ graph: basename(w.graph, '.onnx'), path: w.path })) };
@@ -189,6 +194,6 @@ export const stage: StageModule<CompileParams> = {
       return done;
     });
     await writeFile(join(ctx.out, 'compile.json'), JSON.stringify({ arch: p.arch.id, contexts: compiled }, null, 2));
-    return { summary: { toolchain: p.toolchain.kind, contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, socModel: c.target.socModel, dspArch: c.target.dspArch, peakPrivateBytes: c.peakPrivateBytes, peakMappedBytes: c.peakMappedBytes })), qairt: compiled[0]?.qairtVersion ?? null } };
+    return { summary: { toolchain: p.toolchain.kind, ...(p.toolchain.kind === 'onnxruntime-qnn' && p.toolchain.env ? { env: p.toolchain.env.name } : {}), contexts: compiled.map((c) => ({ name: c.name, bytes: c.bytes, compileSeconds: c.compileSeconds, socModel: c.target.socModel, dspArch: c.target.dspArch, peakPrivateBytes: c.peakPrivateBytes, peakMappedBytes: c.peakMappedBytes })), qairt: compiled[0]?.qairtVersion ?? null } };
   },
 };
