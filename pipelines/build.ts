@@ -12,6 +12,7 @@ import type { PlanParams } from '../src/plan/stage.js';
 import type { ExportParams } from '../src/families/export-stage.js';
 import type { TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
+import type { HandoffParams } from '../src/quant/handoff.js';
 import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
 import type { NativeParams } from '../src/gates/native-stage.js';
 import type { CompileParams, CompileToolchain } from '../src/toolchain/qnn/compile-stage.js';
@@ -70,10 +71,24 @@ function oracleNode(recipe: Recipe, s: ArchSettings): StageNode {
   const o = recipe.gates.oracle;
   const params: OracleParams = {
     family: recipe.family,
-    variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: shippedMinCosine(o, s.quant) }],
+    variants: [{ input: 'export', minCosine: o.fp32MinCosine }, { input: 'quantize', minCosine: shippedMinCosine(o, s.quant), ...(s.handoff !== 'f32' ? { handoff: true } : {}) }],
     minTop1: o.minTop1,
+    ...(s.handoff !== 'f32' ? { handoff: s.handoff } : {}),
   };
   return { id: 'oracle', module: src('gates/oracle.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize' }, tools: ['onnxruntime-node'], memory: stageMemory.oracle };
+}
+
+/**
+ * The stage whose graphs ship: quantize's, or — when the recipe lets the oracle gate choose the
+ * residual hand-off dtype — the handoff stage's copy of them with that dtype at the graphs' edges.
+ */
+function shippedGraphs(s: ArchSettings): string {
+  return s.handoff === 'f32' ? 'quantize' : 'handoff';
+}
+
+function handoffNode(): StageNode {
+  const params: HandoffParams = { variant: 'quantize' };
+  return { id: 'handoff', module: src('quant/handoff.ts'), params: params as any, inputs: { quantize: 'quantize', oracle: 'oracle' }, tools: [], memory: stageMemory.handoff };
 }
 
 function nativeNode(): StageNode {
@@ -91,7 +106,7 @@ function parityBounds(recipe: Recipe): { minMatch: number; maxTies: number; ties
  * On the host, parity runs the fp32 reference and the shipped graphs as ONNX on the CPU. A phone
  * runs only compiled contexts, so there it runs the shipped graphs as the compile stage built them.
  */
-function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
+function parityNode(recipe: Recipe, arch: Arch, s: ArchSettings, target: TargetSpec): StageNode {
   const onDevice = target.kind === 'adb';
   const params: ParityParams = {
     recipe: { id: recipe.id, family: recipe.family }, arch: arch.id,
@@ -101,7 +116,7 @@ function parityNode(recipe: Recipe, arch: Arch, target: TargetSpec): StageNode {
   return {
     id: 'parity', module: src('gates/parity.ts'), params: params as any,
     // The oracle's largest logit error per variant sets the tie margin (src/gates/parity.ts).
-    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: 'quantize', native: 'native', oracle: 'oracle', ...(onDevice ? { compile: 'compile' } : {}) },
+    inputs: { checkpoint: 'fetch', trace: 'trace', export: 'export', quantize: shippedGraphs(s), native: 'native', oracle: 'oracle', ...(onDevice ? { compile: 'compile' } : {}) },
     tools: [], memory: stageMemory.parity, timeoutSeconds: 3600,
   };
 }
@@ -119,7 +134,7 @@ export function compileToolchain(env: NodeJS.ProcessEnv = process.env): CompileT
   return sdk ? { kind: 'qairt', version: qairtSdkVersion(sdk) } : { kind: 'onnxruntime-qnn' };
 }
 
-function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
+function compileNode(arch: Arch, s: ArchSettings, toolchain: CompileToolchain): StageNode {
   const fake = process.env.FORGE_FAKE_HTP_LIMIT_BYTES;
   const params: CompileParams = {
     arch: { id: arch.id, socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb, contextCeilingBytes: arch.contextCeilingBytes, maxContexts: arch.maxContexts, maxGraphsPerProcess: arch.maxGraphsPerProcess },
@@ -131,7 +146,7 @@ function compileNode(arch: Arch, toolchain: CompileToolchain): StageNode {
   // After the oracle gate: graphs that left the oracle are not worth an hour of compiling (but the
   // gate's figures are not an input, so a new prompt does not recompile).
   const tools = toolchain.kind === 'qairt' ? ['qairt-sdk'] : toolchain.env ? pinnedToolchainTools : ['onnxruntime', 'onnxruntime-qnn', 'python-env'];
-  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: 'quantize' }, after: ['oracle'], tools, memory: stageMemory.compile, timeoutSeconds: 4 * 3600 };
+  return { id: 'compile', module: src('toolchain/qnn/compile-stage.ts'), params: params as any, inputs: { quantize: shippedGraphs(s) }, after: ['oracle'], tools, memory: stageMemory.compile, timeoutSeconds: 4 * 3600 };
 }
 
 /** The gates a recipe asks for; the run record keeps this list and `forge publish` requires each. */
@@ -158,12 +173,12 @@ function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: C
   };
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,
-    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: 'quantize', native: 'native' },
+    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: shippedGraphs(s), native: 'native' },
     tools: toolchain.env ? pinnedToolchainTools : ['onnxruntime', 'onnxruntime-qnn', 'python-env'], memory: stageMemory.emulation, timeoutSeconds: 1800,
   };
 }
 
-function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean, toolchain: CompileToolchain): StageNode {
+function bundleNode(recipe: Recipe, arch: Arch, s: ArchSettings, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean, toolchain: CompileToolchain): StageNode {
   const params: BundleParams = {
     recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens,
     ...(gatesNotRun ? { gatesNotRun } : {}),
@@ -173,7 +188,7 @@ function bundleNode(recipe: Recipe, arch: Arch, gates: string[], gatesNotRun: Re
     // Every gate is an input: a bundle exists only when all of them passed.
     // The trace for the card's Confidence section (HF's margins along the continuations); the plan
     // for what the planner dropped to stay within the arch's limits.
-    inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: 'quantize', compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])), ...(auto ? { precision: 'precision' } : {}) },
+    inputs: { checkpoint: 'fetch', plan: 'plan', trace: 'trace', quantize: shippedGraphs(s), compile: 'compile', oracle: 'oracle', parity: 'parity', ...Object.fromEntries(gates.map((g) => [g, g])), ...(auto ? { precision: 'precision' } : {}) },
     // The card's Toolchain section lists these: a pinned toolchain's build names it.
     tools: ['onnxruntime', 'onnxruntime-qnn', 'onnxruntime-node', 'transformers', 'torch', ...(toolchain.kind === 'onnxruntime-qnn' && toolchain.env ? ['toolchain'] : [])], memory: stageMemory.bundle,
   };
@@ -234,11 +249,12 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       exportNode('export', recipe, settings, toolchain),
       exportNode('quantize', recipe, settings, toolchain),
       oracleNode(recipe, settings),
-      compileNode(arch, toolchain),
+      ...(settings.handoff !== 'f32' ? [handoffNode()] : []),
+      compileNode(arch, settings, toolchain),
       ...(auto ? [] : [nativeNode()]),
-      parityNode(recipe, arch, target),
+      parityNode(recipe, arch, settings, target),
       ...(emulation ? [emulation] : []),
-      bundleNode(recipe, arch, emulation ? ['emulation'] : [], gatesNotRun, auto, toolchain),
+      bundleNode(recipe, arch, settings, emulation ? ['emulation'] : [], gatesNotRun, auto, toolchain),
     ],
     publish: ['bundle'],
     reports: ['plan', ...(auto ? ['precision'] : []), 'oracle', 'parity', ...(emulation ? ['emulation'] : [])],

@@ -157,6 +157,8 @@ export const stageMemory = {
   /** fetch: streams the checkpoint through sha256 and the NaN scan; a twin is made with torch (measured 558 / 514 MB). */
   fetch: fixed(0.65 * GB, 0.6 * GB, 'measured on tiny-qwen3, whose twin is made with torch; a local checkpoint is streamed'),
   plan: fixed(0.1 * GB, 0.1 * GB, 'reads config.json; measured on tiny-qwen3'),
+  // Graph protobufs only (weights are external and hard-linked): as the plan stage, not measured apart.
+  handoff: fixed(0.1 * GB, 0.1 * GB, "rewrites the graphs' protobufs without their weights; provisional, as the plan stage"),
   /** export and quantize stream tensor by tensor; the synthetic 4B in forge build (bench/build.ts): export 99 / 46 MB, quantize 129 / 46 MB. */
   export: fixed(0.2 * GB, 0.1 * GB, 'writes graphs, the weights read in place: 99 MB private, 46 MB mapped at 4B'),
   quantize: fixed(0.2 * GB, 0.1 * GB, 'streams tensor by tensor: 129 MB private, 46 MB mapped at 4B'),

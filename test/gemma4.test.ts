@@ -210,6 +210,32 @@ describe('gemma4 pieces', () => {
   });
 });
 
+describe('gemma4 residual hand-off (recipe handoff: auto)', () => {
+  it('is chosen by the oracle gate: the W8 chain with every hand-off rounded to f16 keeps each greedy decision, so f16 ships', () => {
+    const r = JSON.parse(readFileSync(join(entry('oracle'), 'oracle.json'), 'utf8')) as OracleResult;
+    const h = r.handoff!.quantize;
+    expect(h.dtype).toBe('float16');
+    expect(h.f16.decisions).toEqual(expect.objectContaining({ agree: h.f32.decisions!.agree, steps: h.f32.decisions!.steps }));
+    expect(h.f16.logitError).toBeGreaterThan(0);
+    // The parity gates' tie bound is then the f16 chain's error, the one the bundle hands over.
+    expect(r.logitError.quantize).toBe(h.f16.logitError);
+    expect(r.handoff!.export).toBeUndefined(); // the fp32 reference is not shipped: nothing to choose
+    console.log(`tiny-gemma4 hand-off: ${h.dtype}; chained logit error f16 ${h.f16.logitError} vs f32 ${h.f32.logitError}`);
+  });
+
+  it('gives every residual one context hands another as f16 at both edges, float32 inside; the manifest and card say so', () => {
+    const shipped = graphs(entry('handoff'));
+    const io = (gs: ReturnType<typeof graphs>) => gs.flatMap((g) => [...g.inputs.filter((t) => t.name === g.stream!.input), ...g.outputs.filter((t) => t.name === g.stream!.output)].map((t) => `${g.name}:${t.name}:${t.dtype}`));
+    // The first shard's input is the host's scaled embedding row, not a hand-off: it stays float32.
+    expect(io(shipped)).toEqual(['shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
+    expect(io(graphs(entry('quantize'))).every((x) => x.endsWith(':float32'))).toBe(true);
+    const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
+    const bound = m.contexts.flatMap((c) => c.graphs.flatMap((g) => [...g.inputs, ...g.outputs].filter((t) => t.bind === 'residual').map((t) => `${g.name}:${t.name}:${t.dtype}`)));
+    expect(bound).toEqual(['shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
+    expect(readFileSync(join(out, 'README.md'), 'utf8')).toMatch(/\*\*Residual hand-off\*\* between contexts \(shard → shard → lm-head\), chosen by the oracle gate: float16\. f16 hand-offs keep every greedy decision/);
+  });
+});
+
 describe('gemma4 on the runtime', () => {
   const gates = () => record.gates as Record<string, any>;
 

@@ -33,6 +33,9 @@ struct RowsFeed {
 struct DecoderGenerate::Pass {
   int n = 1;
   std::vector<float> residual[2];
+  // f16 hand-offs: the shards write and the next graphs read these; the first shard still reads
+  // the host's float32 embedding rows in residual[0].
+  std::vector<Ort::Float16_t> half[2], lm_in_half;
   // By window: 0 the absolute positions and the mask over the whole cache; w the ring slots
   // (position mod w) and the mask over a ring of w slots.
   std::map<int, std::vector<int32_t>> positions;
@@ -62,6 +65,11 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor, D
       for (const GraphInput& i : g.inputs)
         if (i.bind == InputBind::host_rows) map_table(size_t(i.table));
 
+  // The validator holds every residual hand-off to one dtype: any residual output says which.
+  for (const Context& c : m_.contexts)
+    for (const Graph& g : c.graphs)
+      for (const GraphOutput& o : g.outputs)
+        if (o.bind == OutputBind::residual) half_ = o.dtype == "float16";
   for (const StateSpec& s : m_.state) {
     caches_.emplace_back(s.elements(), 0.0f);
     shadows_.emplace_back(s.kind == StateKind::recurrent ? s.elements() : 0, 0.0f);
@@ -86,6 +94,8 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
   pass->n = n;
   pass->residual[0].assign(size_t(n) * H, 0.0f);
   pass->residual[1].assign(size_t(n) * H, 0.0f);
+  if (half_)
+    for (auto& h : pass->half) h.assign(size_t(n) * H, Ort::Float16_t::FromBits(0));
   pass->positions[0].assign(size_t(n), 0);
   pass->masks[0] = std::make_unique<StepMask>(int(C), n, m_.mask_masked);
   int shard = 0;
@@ -95,12 +105,21 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
       pass->lm_head = exec_.bind(ci, graph_index(c, lm));
       pass->logits.assign(size_t(V), 0.0f);
       // One token: the lm-head reads the final residual where the last shard wrote it (no copy).
-      float* in = pass->residual[shard % 2].data();
-      if (n > 1) {
-        pass->lm_in.assign(size_t(H), 0.0f);
-        in = pass->lm_in.data();
+      if (half_) {
+        const Ort::Float16_t* in = pass->half[shard % 2].data();
+        if (n > 1) {
+          pass->lm_in_half.assign(size_t(H), Ort::Float16_t::FromBits(0));
+          in = pass->lm_in_half.data();
+        }
+        pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
+      } else {
+        float* in = pass->residual[shard % 2].data();
+        if (n > 1) {
+          pass->lm_in.assign(size_t(H), 0.0f);
+          in = pass->lm_in.data();
+        }
+        pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
       }
-      pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
       pass->lm_head->bind_output(lm->outputs[0].name, pass->logits.data(), {1, 1, V});
       continue;
     }
@@ -122,7 +141,10 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
       };
       for (const GraphInput& i : g->inputs) {
         switch (i.bind) {
-          case InputBind::residual: b->bind_input(i.name, in, i.shape); break;
+          case InputBind::residual:
+            if (half_ && shard > 0) b->bind_input(i.name, static_cast<const Ort::Float16_t*>(pass->half[shard % 2].data()), i.shape);
+            else b->bind_input(i.name, in, i.shape);
+            break;
           case InputBind::positions: {
             auto& p = pass->positions[i.window.value_or(0)];
             p.resize(size_t(n));
@@ -154,7 +176,10 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
       size_t rows = 0;
       for (const GraphOutput& o : g->outputs) {
         switch (o.bind) {
-          case OutputBind::residual: b->bind_output(o.name, out, o.shape); break;
+          case OutputBind::residual:
+            if (half_) b->bind_output(o.name, pass->half[(shard + 1) % 2].data(), o.shape);
+            else b->bind_output(o.name, out, o.shape);
+            break;
           case OutputBind::logits: b->bind_output(o.name, pass->logits.data(), o.shape); break;
           case OutputBind::state_rows: b->bind_output(o.name, step.rows[rows++].buf.data(), o.shape); break;
           case OutputBind::state_replace: b->bind_output(o.name, buffer(o.state, 1 - f), o.shape); break;
@@ -200,7 +225,8 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   if (!want_token) return -1;
   const float* logits = p.logits.data();
   if (p.lm_head) {
-    if (p.n > 1) std::memcpy(p.lm_in.data(), p.residual[p.final_residual()].data() + size_t(valid - 1) * H, size_t(H) * sizeof(float));
+    if (p.n > 1 && half_) std::memcpy(p.lm_in_half.data(), p.half[p.final_residual()].data() + size_t(valid - 1) * H, size_t(H) * sizeof(Ort::Float16_t));
+    else if (p.n > 1) std::memcpy(p.lm_in.data(), p.residual[p.final_residual()].data() + size_t(valid - 1) * H, size_t(H) * sizeof(float));
     auto t0 = Clock::now();
     p.lm_head->run();
     *run_ms += ms_since(t0);

@@ -75,6 +75,7 @@ class DecoderGenerate : public GreedyGenerator {
   std::vector<std::vector<float>> caches_;
   std::vector<std::vector<float>> shadows_;  // a recurrent state's second buffer (empty for KV caches)
   int flip_ = 0;                             // which buffer of each recurrent state a call reads: 0 caches_, 1 shadows_
+  bool half_ = false;                        // the residual is handed over as f16 (every residual binding says so)
   std::unique_ptr<Pass> decode_, prefill_;
 };
 

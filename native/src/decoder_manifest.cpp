@@ -193,9 +193,38 @@ void contexts(const Manifest& m, const DecoderRules& r) {
   if (next_layer != m.layers) m.fail("contexts", "shards cover layers 0.." + std::to_string(next_layer - 1) + " of " + std::to_string(m.layers));
 }
 
+/**
+ * The residual hand-offs between contexts (a shard's residual output, the next shard's and the
+ * lm-head's input) in one dtype, float32 or float16 (the recipe's hand-off): the host keeps one pair
+ * of buffers for them. The first shard's residual input is the host's own float32 embedding rows.
+ */
+void residual_dtype(const Manifest& m) {
+  std::string first, where;
+  auto check = [&](const std::string& dtype, const std::string& path) {
+    if (dtype != "float32" && dtype != "float16") m.fail(path + ".dtype", "'" + dtype + "': a residual is handed over as float32 or float16");
+    if (first.empty()) {
+      first = dtype;
+      where = path;
+    } else if (dtype != first) {
+      m.fail(path + ".dtype", "'" + dtype + "' where " + where + " is '" + first + "': every residual hand-off has one dtype");
+    }
+  };
+  for (size_t c = 0; c < m.contexts.size(); c++)
+    for (const Graph& g : m.contexts[c].graphs) {
+      for (const GraphOutput& o : g.outputs)
+        if (o.bind == OutputBind::residual) check(o.dtype, o.path);
+      for (const GraphInput& in : g.inputs) {
+        if (in.bind != InputBind::residual) continue;
+        if (c > 0) check(in.dtype, in.path);
+        else if (in.dtype != "float32") m.fail(in.path + ".dtype", "'" + in.dtype + "' must be float32: the first shard's residual is the host's embedding rows, not a hand-off");
+      }
+    }
+}
+
 void validate_decoder(const Manifest& m, const DecoderRules& r) {
   state_and_tables(m, r);
   contexts(m, r);
+  residual_dtype(m);
   if (r.gemma4) {
     param(m, "embed_scale");
     param(m, "per_layer_embed_scale");

@@ -119,6 +119,7 @@ void GraphBinding::bind(const std::string& name, T* data, const std::vector<int6
 void GraphBinding::bind_input(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
 void GraphBinding::bind_input(const std::string& name, int32_t* data, const std::vector<int64_t>& shape) { bind(name, data, shape, true); }
 void GraphBinding::bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape) { bind(name, data, shape, false); }
+void GraphBinding::bind_output(const std::string& name, Ort::Float16_t* data, const std::vector<int64_t>& shape) { bind(name, data, shape, false); }
 // Inputs are only read: ORT's tensor views take non-const pointers, nothing writes through them.
 void GraphBinding::bind_input(const std::string& name, const int8_t* data, const std::vector<int64_t>& shape) {
   bind(name, const_cast<int8_t*>(data), shape, true);

@@ -43,6 +43,7 @@ class GraphBinding {
   void bind_input(const std::string& name, const Ort::Float16_t* data, const std::vector<int64_t>& shape);
   void bind_input(const std::string& name, const float* data, const std::vector<int64_t>& shape);
   void bind_output(const std::string& name, float* data, const std::vector<int64_t>& shape);
+  void bind_output(const std::string& name, Ort::Float16_t* data, const std::vector<int64_t>& shape);
   /** Runs the graph; every input and output must have been bound. */
   void run();
 

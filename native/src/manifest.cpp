@@ -85,8 +85,8 @@ struct Parser {
       if (*gi.window > C) in.at("window").fail(std::to_string(*gi.window) + " is wider than limits.maxContext " + std::to_string(C));
     }
     if (bind == "residual") {
-      gi.bind = InputBind::residual;
-      expect_tensor(in, gi, "float32", {1, N, H}, "[1, tokens, model.hidden]");
+      gi.bind = InputBind::residual;  // float16: a hand-off in f16 (the host-op's validator says where)
+      expect_tensor(in, gi, gi.dtype == "float16" ? "float16" : "float32", {1, N, H}, "[1, tokens, model.hidden]");
     } else if (bind == "positions") {
       gi.bind = InputBind::positions;
       expect_tensor(in, gi, "int32", {N}, "[tokens]");
@@ -132,7 +132,7 @@ struct Parser {
     static_cast<TensorSpec&>(go) = tensor(o);
     if (bind == "residual") {
       go.bind = OutputBind::residual;
-      expect_tensor(o, go, "float32", {1, N, H}, "[1, tokens, model.hidden]");
+      expect_tensor(o, go, go.dtype == "float16" ? "float16" : "float32", {1, N, H}, "[1, tokens, model.hidden]");
     } else if (bind == "logits") {
       go.bind = OutputBind::logits;
       expect_tensor(o, go, "float32", {1, N, m.vocab}, "[1, tokens, model.vocab]");

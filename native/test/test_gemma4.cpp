@@ -156,3 +156,29 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
     EXPECT_NE(err.find(mu.expect), std::string::npos) << mu.what << ": expected '" << mu.expect << "', got '" << err << "'";
   }
 }
+
+// The residual hand-off in f16 (recipe `handoff: auto`, chosen by the oracle gate on the twin): every
+// residual one context gives another is f16, and the validator holds them to one dtype.
+TEST(Gemma4, TheShippedBundleHandsTheResidualOverInF16) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE_W8");
+  const json doc = read_json(bundle + "/manifest.json");
+  int residuals = 0;
+  std::string first_at;
+  for (size_t c = 0; c < doc["contexts"].size(); c++)
+    for (size_t g = 0; g < doc["contexts"][c]["graphs"].size(); g++)
+      for (const char* side : {"inputs", "outputs"})
+        for (size_t i = 0; i < doc["contexts"][c]["graphs"][g][side].size(); i++) {
+          const json& t = doc["contexts"][c]["graphs"][g][side][i];
+          if (t["bind"] != "residual") continue;
+          EXPECT_EQ(t["dtype"], "float16") << t["name"];
+          if (first_at.empty()) first_at = "/contexts/" + std::to_string(c) + "/graphs/" + std::to_string(g) + "/" + side + "/" + std::to_string(i);
+          residuals++;
+        }
+  // shard0's output, shard1's input and output, the lm-head's input (shard0's own input is the
+  // host's embedding row, a host-rows binding).
+  EXPECT_EQ(residuals, 4);
+  json mixed = doc;
+  mixed[json::json_pointer(first_at)]["dtype"] = "float32";
+  const std::string err = error_of(mixed, bundle);
+  EXPECT_NE(err.find("every residual hand-off has one dtype"), std::string::npos) << err;
+}

@@ -127,6 +127,10 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
       {"state read, rows not written", [](json& j) { j["contexts"][0]["graphs"][1]["outputs"].erase(1); }, "contexts[0].graphs[1].inputs: state 'kv.0.k' is read but its next value is not an output"},
       {"bound twice", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][4]["state"] = "kv.0.k"; }, "contexts[0].graphs[1].inputs[4].state: 'kv.0.k' is bound twice"},
       {"unknown field", [](json& j) { j["contexts"][0]["graphs"][0]["extra"] = 1; }, "contexts[0].graphs[0].extra: unknown field"},
+      // A residual is float32 or an f16 hand-off between contexts; the first shard's is the host's embedding rows.
+      {"residual dtype", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][0]["dtype"] = "int32"; }, "contexts[0].graphs[1].inputs[0].dtype: 'int32' must be float32"},
+      {"first shard's residual in f16", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"][0]["dtype"] = "float16"; },
+       "contexts[0].graphs[1].inputs[0].dtype: 'float16' must be float32: the first shard's residual is the host's embedding rows, not a hand-off"},
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
       {"hostOp not registered", [](json& j) { j["hostOp"] = "gemma4_generate"; },
        "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, gemma4_split_generate, phimoe_generate)"},

@@ -154,6 +154,8 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
   lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');
   for (const [g, e] of Object.entries(f.oracle.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);
+  const handoff = f.oracle.handoff?.quantize;
+  if (handoff) lines.push('', `**Residual hand-off** between contexts (shard → shard → lm-head), chosen by the oracle gate: ${handoff.dtype}. ${handoff.why}.`);
   lines.push('', `**Parity** (greedy on \`${f.parity.target}\`, teacher-forced on Hugging Face's tokens): ${f.parity.ok ? 'pass' : 'FAIL'}. Rule: ${f.parity.rule}.`, '');
   const onDevice = f.parity.target.startsWith('adb:');
   // Host timings vary run to run and say nothing about a phone: they stay in build/report.md, so the

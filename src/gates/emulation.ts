@@ -29,6 +29,7 @@ import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { writeSafetensors, type TensorSpec } from '../io/safetensors-writer.js';
 import { openSafetensors } from '../io/safetensors.js';
 import { toFloat32 } from '../io/dtype.js';
+import { toFloat16 } from '../onnx/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
 import { compileContext, runWithTimeout, type CompileReport } from '../toolchain/qnn/compile.js';
 import { ensureVenv, toolchainPython } from '../toolchain/venv.js';
@@ -286,11 +287,13 @@ export async function simulateGraph<C>(o: {
     batchNo++;
   };
 
+  // A residual the graph takes as f16 (the handoff stage's rewrite) is fed as the host hands it over.
+  const half = new Set(o.entry.inputs.filter((t) => t.dtype === 'float16').map((t) => t.name));
   for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
     // gateCases may reuse its buffers (the KV cache grows in place from case to case): keep copies.
     const feeds: GateCase['feeds'] = {};
     for (const [name, f] of Object.entries(c.feeds)) {
-      feeds[name] = { ...f, data: f.data.slice() };
+      feeds[name] = half.has(name) && f.dtype === 'float32' ? { dtype: 'float16', dims: f.dims, data: toFloat16(f.data as Float32Array) } : { ...f, data: f.data.slice() };
       bytes += f.data.byteLength;
     }
     batch.push({ ...c, feeds });

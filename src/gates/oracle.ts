@@ -21,13 +21,43 @@ import { parseStateInput } from '../families/state-io.js';
 import type { GateCase } from '../families/kv-decoder.js';
 import { GateTally, layerOf } from './compare.js';
 import { greedySteps, StepChain, type ChainDecisions } from './step-chain.js';
+import { roundToF16 } from '../io/dtype.js';
 
 export interface OracleParams {
   family: FamilyId;
-  /** Which export inputs to check, each with its cosine threshold. */
-  variants: Array<{ input: string; minCosine: number }>;
+  /** Which export inputs to check, each with its cosine threshold; `handoff`: the one shipped (its hand-off dtype is chosen). */
+  variants: Array<{ input: string; minCosine: number; handoff?: boolean }>;
   /** Fraction of logit rows whose argmax must match HF. */
   minTop1: number;
+  /**
+   * The recipe's residual hand-off (schema `handoff`): with 'auto' or 'f16' the variant marked
+   * `handoff` is also chained with f16 hand-offs and the gate chooses their dtype (`chooseHandoff`);
+   * 'f16' fails the gate when f16 does not hold. Absent: float32, nothing more is run.
+   */
+  handoff?: 'f16' | 'auto';
+}
+
+/** The residual hand-off dtype the gate chose for a variant, and the chained figures it chose by. */
+export interface HandoffChoice {
+  dtype: 'float16' | 'float32';
+  why: string;
+  f32: { logitError?: number; decisions?: ChainDecisions };
+  f16: { logitError?: number; decisions?: ChainDecisions };
+}
+
+/**
+ * f16 holds when the one-token graphs chained with every hand-off between them rounded to f16 stay
+ * finite and pick HF's greedy token at every step the float32 chain does: the hand-off then moves
+ * no decision the parity gate checks.
+ */
+export function chooseHandoff(f32: StepChain, f16: StepChain): HandoffChoice {
+  const figures = (c: StepChain) => ({ ...(c.logitError !== undefined ? { logitError: c.logitError } : {}), ...(c.decisions ? { decisions: c.decisions } : {}) });
+  const base = { f32: figures(f32), f16: figures(f16) };
+  if (f16.logitError === undefined) return { dtype: 'float32', why: 'the chain with f16 hand-offs held a non-finite logit (a residual past f16 range)', ...base };
+  const [a, b] = [f32.decisions, f16.decisions];
+  if (a && (!b || b.agree < a.agree)) return { dtype: 'float32', why: `f16 hand-offs pick HF's greedy token at ${b?.agree ?? 0}/${a.steps} steps, float32 at ${a.agree}/${a.steps}`, ...base };
+  const err = (x: number | undefined) => (x === undefined ? '-' : x.toExponential(2));
+  return { dtype: 'float16', why: `f16 hand-offs keep every greedy decision (${b ? `${b.agree}/${b.steps}` : 'no greedy steps'}); chained logit error ${err(f16.logitError)} vs float32 ${err(f32.logitError)}`, ...base };
 }
 
 export interface OracleRow {
@@ -146,7 +176,7 @@ export async function runGateCases(
   if (batch.length) await run(batch);
 }
 
-async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, form: GateForm, chain: StepChain) {
+async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, form: GateForm, chain: StepChain, half?: StepChain) {
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
   const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
@@ -159,11 +189,16 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
       if (firstLink) chain.record(entry, c, output);
+      if (firstLink) half?.record(entry, c, output);
       cases++;
     });
     // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).
     if (chained && !firstLink) {
       await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext, dir)), form, (c, output) => chain.record(entry, c, output));
+    }
+    // Once more with f16 hand-offs (the first graph's own input is the host's float32 rows).
+    if (chained && !firstLink && half) {
+      await runGateCases(session, entry.file, half.cases(entry, family.gateCases(config, entry, trace, maxContext, dir)), form, (c, output) => half.record(entry, c, output));
     }
   } finally {
     await session.release();
@@ -196,6 +231,11 @@ export interface OracleResult {
   logitChain: Record<string, string[]>;
   /** Per export input, whether its chained logits pick HF's greedy tokens (step-chain.ts). */
   decisions?: Record<string, ChainDecisions>;
+  /**
+   * Per export input checked for it, the residual hand-off dtype chosen. Where it is float16, that
+   * input's logitError and decisions are the f16 chain's (what the shipped bundle hands over).
+   */
+  handoff?: Record<string, HandoffChoice>;
 }
 
 /**
@@ -206,7 +246,7 @@ export interface OracleResult {
  */
 export async function runOracleGate(
   familyId: FamilyId, checkpointDir: string, traceDir: string,
-  variants: Array<{ label: string; dir: string; minCosine: number }>, minTop1: number, scratch: string,
+  variants: Array<{ label: string; dir: string; minCosine: number; handoff?: boolean }>, minTop1: number, scratch: string,
   progress: (done: number, total: number, label?: string) => void = () => {},
   copies = GATE_COPIES, windowed = true,
 ): Promise<OracleResult> {
@@ -218,6 +258,7 @@ export async function runOracleGate(
   const slowNodes: string[] = [];
   const logitError: Record<string, number> = {};
   const chains = new Map<string, StepChain>();
+  const halves = new Map<string, StepChain>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -229,7 +270,8 @@ export async function runOracleGate(
       progress(done++, work.length, g.name);
       const variant = `${v.label}:${manifest.scheme}`;
       if (!chains.has(v.label)) chains.set(v.label, new StepChain(greedySteps(trace.meta.prompts)));
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed && family.gateWindow !== false), chains.get(v.label)!);
+      if (v.handoff && !halves.has(v.label)) halves.set(v.label, new StepChain(greedySteps(trace.meta.prompts), roundToF16));
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed && family.gateWindow !== false), chains.get(v.label)!, halves.get(v.label));
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       let graphMin = Infinity;
@@ -258,7 +300,15 @@ export async function runOracleGate(
   for (const [label, chain] of chains) if (chain.logitError !== undefined) logitError[label] = chain.logitError;
   const logitChain = Object.fromEntries([...chains].map(([label, chain]) => [label, chain.graphs]));
   const decisions = Object.fromEntries([...chains].flatMap(([label, chain]) => (chain.decisions ? [[label, chain.decisions]] : [])));
-  return { ok, rows, graphs, slowNodes, logitError, logitChain, decisions };
+  const handoff: Record<string, HandoffChoice> = {};
+  for (const [label, half] of halves) {
+    handoff[label] = chooseHandoff(chains.get(label)!, half);
+    if (handoff[label].dtype !== 'float16') continue;
+    // The shipped bundle hands over f16: the parity gates' tie bound is that chain's error.
+    if (half.logitError !== undefined) logitError[label] = half.logitError;
+    if (half.decisions) decisions[label] = half.decisions;
+  }
+  return { ok, rows, graphs, slowNodes, logitError, logitChain, decisions, ...(halves.size ? { handoff } : {}) };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
@@ -270,10 +320,17 @@ export const stage: StageModule<OracleParams> = {
   name: 'oracle',
   version: '4',
   async run(ctx) {
-    const { family, variants, minTop1 } = ctx.params;
+    const { family, variants, minTop1, handoff } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const result = await runOracleGate(family, ref.absDir, ctx.inputs.trace,
-      variants.map((v) => ({ label: v.input, dir: ctx.inputs[v.input], minCosine: v.minCosine })), minTop1, join(ctx.out, '.scratch'), ctx.progress);
+      variants.map((v) => ({ label: v.input, dir: ctx.inputs[v.input], minCosine: v.minCosine, ...(handoff && v.handoff ? { handoff: true } : {}) })), minTop1, join(ctx.out, '.scratch'), ctx.progress);
+    for (const [label, choice] of Object.entries(result.handoff ?? {})) {
+      ctx.log(`hand-off for ${label}: ${choice.dtype} (${choice.why})`);
+      if (handoff === 'f16' && choice.dtype !== 'float16') {
+        result.ok = false;
+        ctx.log(`the recipe requires f16 hand-offs and they do not hold for ${label}: set handoff to 'auto' (or 'f32')`);
+      }
+    }
     await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify(result, null, 2));
     await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(result.rows, !result.ok));
     for (const s of result.slowNodes ?? []) ctx.log(`left on ORT's slow kernel (the CPU form does not cover it): ${s}`);
@@ -285,6 +342,7 @@ export const stage: StageModule<OracleParams> = {
         graphs: result.graphs,
         logitError: result.logitError,
         logitChain: result.logitChain,
+        ...(result.handoff ? { handoff: Object.fromEntries(Object.entries(result.handoff).map(([k, c]) => [k, { dtype: c.dtype, why: c.why }])) } : {}),
         ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
       },
     };

@@ -45,8 +45,12 @@ export class StepChain {
   readonly graphs: string[] = [];
   private readonly tally: ChainDecisions = { steps: 0, agree: 0, minMargin: Infinity, at: '' };
 
-  /** `greedy`: which traced steps chose a generated token (greedySteps); without it no decisions are kept. */
-  constructor(private readonly greedy?: (prompt: number, step: number) => boolean) {}
+  /**
+   * `greedy`: which traced steps chose a generated token (greedySteps); without it no decisions are kept.
+   * `round`: what a hand-off between graphs does to the residual (f16 hand-offs: roundToF16). The
+   * first graph's input is the host's own float32 rows, not a hand-off: it is not rounded.
+   */
+  constructor(private readonly greedy?: (prompt: number, step: number) => boolean, private readonly round?: (x: Float32Array) => Float32Array) {}
 
   /** One-token graphs on the residual stream (decode shards, the lm-head) chain: every traced step has a case in each. */
   static applies(entry: GraphEntry): boolean {
@@ -70,17 +74,20 @@ export class StepChain {
   /** The graph's gate cases with its hidden input replaced by what the previous graph of the chain gave at that step. */
   async *cases(entry: GraphEntry, cases: AsyncIterable<GateCase>): AsyncGenerator<GateCase> {
     const source = StepChain.source(entry);
-    if (source === null) throw new Error(`${entry.name} is fed from a host table: its gate cases are the chain's first link`);
     const { input, output } = StepChain.stream(entry);
+    const only = (c: GateCase) => {
+      const expected: GateCase['expected'] = {};
+      for (const name of [output, 'logits']) if (name && c.expected[name]) expected[name] = c.expected[name];
+      return expected;
+    };
+    if (source === null) throw new Error(`${entry.name} is fed from a host table: its gate cases are the chain's first link`);
     const rows = this.rows.get(source);
     if (!rows) throw new Error(`oracle: ${entry.name} reads ${source}, which no earlier one-token graph of its variant wrote (graphs.json lists the graphs out of model order)`);
     for await (const c of cases) {
       const row = rows.get(key(c));
       const feed = c.feeds[input];
       if (!row || !feed) throw new Error(`oracle: no chained ${source} for ${entry.name} at prompt ${c.prompt} step ${c.step}`);
-      const expected: GateCase['expected'] = {};
-      for (const name of [output, 'logits']) if (name && c.expected[name]) expected[name] = c.expected[name];
-      yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected };
+      yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected: only(c) };
     }
   }
 
@@ -91,7 +98,8 @@ export class StepChain {
     const out = entry.stream?.output;
     if (sink && out && c.expected[out]) {
       if (!this.rows.has(sink)) this.rows.set(sink, new Map());
-      this.rows.get(sink)!.set(key(c), output(out).slice());
+      const row = output(out);
+      this.rows.get(sink)!.set(key(c), this.round ? this.round(row) : row.slice());
     }
     const want = c.expected.logits;
     if (!want) return;

@@ -385,3 +385,10 @@ export function toFloat16Bits(dtype: DType, bytes: Uint8Array, dst?: Uint16Array
       return f32ToF16Array(toFloat32(dtype, bytes), dst);
   }
 }
+
+/** Each value as a float16 hand-off leaves it: rounded to the nearest f16 (±Inf past 65504), widened back. */
+export function roundToF16(x: Float32Array): Float32Array {
+  const out = new Float32Array(x.length);
+  for (let i = 0; i < x.length; i++) out[i] = f16BitsToF32(f32ToF16Bits(x[i]));
+  return out;
+}

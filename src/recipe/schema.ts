@@ -130,6 +130,12 @@ export const ArchSettingsPatchSchema = z.object({
   maxContext: z.number().int().positive(),
   /** Tokens per prefill graph call (AR-N); 0 means decode-over-prompt only. */
   prefillLength: z.number().int().nonnegative(),
+  /**
+   * The dtype of the residual stream between contexts (and host → first context → lm-head):
+   * 'auto' lets the oracle gate choose (f16 when the shipped graphs chained with f16 hand-offs keep
+   * every greedy decision, f32 otherwise), 'f16' requires it to hold, 'f32' keeps float32.
+   */
+  handoff: z.enum(['f32', 'f16', 'auto']),
 }).strict().partial();
 
 export const ARCH_SETTING_DEFAULTS = {
@@ -139,6 +145,7 @@ export const ARCH_SETTING_DEFAULTS = {
   lmHead: { placement: 'separate', quant: 'fp16' },
   maxContext: 512,
   prefillLength: 32,
+  handoff: 'f32',
 } as const;
 
 /** The settings one arch builds with: defaults, then the recipe's `default` block, then the arch's. */

@@ -19,7 +19,7 @@ import { runExport } from '../../src/families/export-stage.js';
 const out = process.argv[2];
 
 /** Builds `recipeId` (through `until`, or fully) and assembles bundles of the given graph stages. */
-async function bundles(recipeId: string, until: string | undefined, variants: Record<string, 'export' | 'quantize'>) {
+async function bundles(recipeId: string, until: string | undefined, variants: Record<string, 'export' | 'quantize' | 'handoff'>) {
   const record = await build({ recipe: recipeId, arch: 'v81', out: join(out, 'build', recipeId), progress: silentProgress, ...(until ? { until } : {}) });
   if (!record.ok) throw new Error(record.error);
   const entry = (id: string) => join(cacheRoot(), id, record.stages.find((s) => s.name === id)!.key!);

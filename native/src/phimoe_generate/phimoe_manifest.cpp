@@ -170,6 +170,11 @@ void validate_phimoe_generate(const Manifest& m) {
   const Graph *experts_g = nullptr, *experts_prefill = nullptr, *lm_head = nullptr, *first_prefill = nullptr;
   for (const Context& c : m.contexts)
     for (const Graph& g : c.graphs) {
+      // The residual parser accepts f16 hand-offs for the decoder host-ops; this one keeps float32 buffers.
+      for (const GraphInput& in : g.inputs)
+        if (in.bind == InputBind::residual && in.dtype != "float32") m.fail(in.path + ".dtype", "'" + in.dtype + "' must be float32 (" + kOp + " hands the residual over in float32)");
+      for (const GraphOutput& o : g.outputs)
+        if (o.bind == OutputBind::residual && o.dtype != "float32") m.fail(o.path + ".dtype", "'" + o.dtype + "' must be float32 (" + kOp + " hands the residual over in float32)");
       const bool prefill = g.role == phimoe_role::attn_router_prefill || g.role == phimoe_role::experts_prefill;
       if (prefill) {
         // One chunk length for the whole pass: the host fills one set of [N] buffers for every graph.
