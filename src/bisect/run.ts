@@ -97,16 +97,25 @@ export async function chainBuild(recipe: string, arch: string, o: { overrides?: 
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const record = await build({ recipe, arch, until: o.until ?? 'oracle', out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.quiet ? { progress: silentProgress } : {}) });
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
     const dir = (s: string) => stageDir(cacheRoot(), record.stages, s);
     const oracleDir = dir('oracle');
-    const dirs = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision'), emulation: dir('emulation') };
-    const done = (name: string) => ['ran', 'cached'].includes(record.stages.find((s) => s.name === name)?.status ?? '');
-    if (!oracleDir || !done('oracle')) return { record, dirs };
-    const emulationJson = dirs.emulation && done('emulation') ? join(dirs.emulation, 'emulation.json') : undefined;
-    return { record, oracle: readJson<OracleResult>(join(oracleDir, 'oracle.json')), ...(emulationJson && existsSync(emulationJson) ? { emulation: readJson<EmulationResult>(emulationJson) } : {}), dirs };
+    const dirs: Record<string, string | undefined> = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision') };
+    const done = (r: RunRecord, name: string) => ['ran', 'cached'].includes(r.stages.find((s) => s.name === name)?.status ?? '');
+    if (!oracleDir || !done(record, 'oracle')) return { record, dirs };
+    const oracle = readJson<OracleResult>(join(oracleDir, 'oracle.json'));
+    if (o.until !== 'emulation' || !oracle.ok) return { record, oracle, dirs };
+    // The emulation gate does not hang on the oracle's (the pipeline runs them side by side): a
+    // second build up to it, whose stages in common with the first come from the cache.
+    const emu = await build({ ...common, until: 'emulation' });
+    if (emu.status === 'interrupted') throw new Error(`forge bisect: ${emu.error ?? 'interrupted'}`);
+    dirs.emulation = stageDir(cacheRoot(), emu.stages, 'emulation');
+    const merged: RunRecord = { ...emu, stages: [...record.stages, ...emu.stages.filter((s) => !record.stages.some((r) => r.name === s.name))] };
+    const emulationJson = dirs.emulation && done(emu, 'emulation') ? join(dirs.emulation, 'emulation.json') : undefined;
+    return { record: merged, oracle, ...(emulationJson && existsSync(emulationJson) ? { emulation: readJson<EmulationResult>(emulationJson) } : {}), dirs };
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
