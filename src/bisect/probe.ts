@@ -56,6 +56,8 @@ export interface ProbeResult {
   /** The cases probed: prompt/step of each. */
   cases: Array<{ prompt: number; step: number }>;
   ops: OpFigure[];
+  /** Values left out: their CPU form has another size than the compiled graph's. */
+  skipped?: number;
   /** The op named and why. */
   first?: OpFigure;
   why?: 'overflow' | 'non-finite' | 'cosine';
@@ -143,9 +145,10 @@ export async function probeGraph<C>(o: ProbeInput<C>): Promise<ProbeResult> {
   mkdirSync(work, { recursive: true });
   try {
     const cases = await firstCases(o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir), n);
-    // The CPU: the oracle gate's form of the graph, one case a call, the probes as outputs.
+    // The CPU: the oracle gate's form of the graph, one case a call, the probes as outputs; no cache
+    // window (it would shorten the attention's values, which the simulator computes over the whole cache).
     const cpu = new Map<string, Float32Array[]>();
-    const form = gateForm(o.entry, 1, o.family.gateWindow !== false);
+    const form = gateForm(o.entry, 1, false);
     const { path } = writeGateModel(model, names, join(work, 'cpu'), formOptions(o.entry, form));
     const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
     try {
@@ -182,7 +185,9 @@ export async function probeGraph<C>(o: ProbeInput<C>): Promise<ProbeResult> {
     const inputMax = new Map<string, number>();
     for (const c of cases) for (const [k, f] of Object.entries(c.feeds)) if (f.data instanceof Float32Array) inputMax.set(k, Math.max(inputMax.get(k) ?? 0, maxAbsFinite(f.data)));
     const cpuMax = new Map<string, number>();
-    const ops: OpFigure[] = values.map((v) => {
+    // A value whose CPU form differs in size (a rewrite of the gate's CPU form) is left out, and counted.
+    const same = values.filter((v) => cpu.get(v.value)!.every((c, i) => c.length === sim.get(v.value)![i].length));
+    const ops: OpFigure[] = same.map((v) => {
       const c = cpu.get(v.value)!, s = sim.get(v.value)!;
       let cosine = 1, simMaxAbs = 0, simNonFinite = 0, simSaturated = 0;
       for (let i = 0; i < c.length; i++) {
@@ -202,7 +207,7 @@ export async function probeGraph<C>(o: ProbeInput<C>): Promise<ProbeResult> {
     const nonFinite = ops.find((x) => x.simNonFinite > 0 && x.inputMaxAbs <= FP16_MAX);
     const low = ops.find((x) => x.cosine < o.threshold);
     const [first, why] = overflow ? [overflow, 'overflow' as const] : nonFinite ? [nonFinite, 'non-finite' as const] : low ? [low, 'cosine' as const] : [undefined, undefined];
-    const result: ProbeResult = { graph: o.entry.name, cases: cases.map((c) => ({ prompt: c.prompt, step: c.step })), ops, ...(first ? { first, why } : {}), graphSha256: sha, cached: false, seconds: (performance.now() - t0) / 1000 };
+    const result: ProbeResult = { graph: o.entry.name, ...(values.length > same.length ? { skipped: values.length - same.length } : {}), cases: cases.map((c) => ({ prompt: c.prompt, step: c.step })), ops, ...(first ? { first, why } : {}), graphSha256: sha, cached: false, seconds: (performance.now() - t0) / 1000 };
     writeFileSync(cacheFile, JSON.stringify(result));
     return result;
   } finally {

@@ -29,6 +29,8 @@ import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial
 import { applyOverrides } from './apply.js';
 import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
+import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
+import type { DriftResult } from './drift.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -81,6 +83,8 @@ export interface BisectResult {
   simFault?: SimulatorFindings['simFault'];
   probe?: SimulatorFindings['probe'];
   op?: SimulatorFindings['op'];
+  /** The shipped graphs chained on the CPU against HF's greedy continuations (when the teacher-forced gates hold). */
+  drift?: DriftResult;
   seconds: number;
 }
 
@@ -147,6 +151,29 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     return result;
   };
   const miss = locateMiss(base.oracle, thresholds);
+  if (!miss) {
+    // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
+    result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!);
+    if (result.drift.first) {
+      log(driftMessage(result.drift));
+      const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+      result.trials = await driftFixes({
+        family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
+        scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
+        rebuild: async (overrides) => {
+          const r = await chainBuild(recipe.id, arch.id, { overrides, verbose: req.verbose, quiet: true });
+          return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
+        },
+      }, result.drift);
+      result.fixes = rank(result.trials);
+      result.chosen = result.fixes[0];
+      result.layer = result.trials[0]?.layer;
+      result.verdict = result.chosen ? 'fixed' : 'unfixed';
+      result.message = `${driftMessage(result.drift)}; ${result.chosen ? `fix: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)` : `no candidate keeps the chain on HF's path (tried ${result.trials.map((t) => t.label).join(', ')})`}`;
+      if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
+      return finish();
+    }
+  }
   if (!miss && target === 'emulation') {
     // The host chain holds: the next link is the compile for the HTP and its fp16 on the simulator.
     if (!base.emulation) throw new Error(`forge bisect --target emulation: the build of ${recipe.id} for ${arch.id} stopped before the emulation gate gave a verdict: ${base.record.error ?? (recipe.gates.emulation ? 'no emulation stage ran' : 'the recipe does not ask for it (gates.emulation)')}`);
@@ -166,7 +193,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     return finish();
   }
   if (!miss) {
-    result.message = `no fault: every graph within tolerance (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
+    result.message = `no fault: every graph within tolerance and the chained graphs follow HF's greedy continuations (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
     return finish();
   }
   result.fault = miss;
