@@ -7,6 +7,7 @@ import type { BisectResult } from './run.js';
 import type { StepCosine } from './steps.js';
 import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
+import type { DriftStep } from './drift.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -42,6 +43,11 @@ export function summaryText(r: BisectResult): string {
   const sf = r.simFault;
   if (sf) lines.push(`  first miss:  ${sf.graph} ${sf.output} on the simulator ${sf.nonFinite ?? `cosine ${cos(sf.cosine)} < ${sf.threshold}`} (the CPU holds)`, `  link:        ${sf.link}`);
   if (r.op) lines.push(`  op:          ${r.op.node} (${r.op.op}), layer ${r.op.layer ?? '-'}: ${r.op.why}`, `  probe:       ${r.probe!.ops.length} op outputs of ${r.probe!.graph}, ${r.probe!.cases.length} cases, ${r.probe!.cached ? 'cached' : `${r.probe!.seconds.toFixed(1)} s`}`);
+  const d = r.drift;
+  if (d?.first) {
+    lines.push(`  drift:       first divergent token at prompt ${d.first.prompt} step ${d.first.step}: HF ${d.first.hf.token} (margin ${d.first.hf.margin.toFixed(4)} over ${d.first.hf.runnerUp}), shipped ${d.first.shippedToken} (margin for HF's ${d.first.shippedMargin.toFixed(4)})`);
+    lines.push(`  logit diff:  moved ${d.logitDelta!.actual.toFixed(4)}; per layer through the lm-head: ${d.layers!.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
+  } else if (d) lines.push(`  drift:       none: the chained shipped graphs pick HF's token at all ${d.steps.length} generated steps`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   if (r.trials.length) {
@@ -77,6 +83,21 @@ function stepPlot(cases: StepCosine[], threshold: number, first?: StepCosine): s
     + `${dots.join('')}${mark}<text x="${(W + L) / 2}" y="${H - 4}" font-size="11" text-anchor="middle">traced case (prompt, then step)</text></svg>`;
 }
 
+/** Along one prompt's generated steps: HF's margin and the shipped chain's margin for HF's token (negative: it picks another). */
+function marginPlot(steps: DriftStep[], first: DriftStep): string {
+  const W = 640, H = 220, L = 52, B = 28, T = 10;
+  const vals = steps.flatMap((s) => [s.hf.margin, s.shippedMargin]);
+  const lo = Math.min(0, ...vals), hi = Math.max(...vals);
+  const x = (i: number) => L + ((W - L - 10) * i) / Math.max(1, steps.length - 1);
+  const y = (v: number) => T + (H - T - B) * (1 - (v - lo) / (hi - lo || 1));
+  const line = (get: (s: DriftStep) => number, color: string) => `<polyline fill="none" stroke="${color}" points="${steps.map((s, i) => `${x(i).toFixed(1)},${y(get(s)).toFixed(1)}`).join(' ')}"/>`;
+  const fi = steps.indexOf(first);
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" role="img" aria-label="margins along the continuation">`
+    + `<line x1="${L}" x2="${W - 10}" y1="${y(0)}" y2="${y(0)}" stroke="#999"/>${line((s) => s.hf.margin, '#1f77b4')}${line((s) => s.shippedMargin, '#d62728')}`
+    + `<line x1="${x(fi)}" x2="${x(fi)}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="3 3"/><text x="${x(fi) + 4}" y="${T + 12}" font-size="11" fill="#d62728">first divergent: step ${first.step}</text>`
+    + `<text x="${L}" y="${H - 4}" font-size="11">blue: HF's margin; red: the shipped chain's margin for HF's token (${lo.toFixed(2)} … ${hi.toFixed(2)})</text></svg>`;
+}
+
 export function bisectHtml(r: BisectResult): string {
   const parts: string[] = [];
   const f = r.fault;
@@ -103,6 +124,13 @@ export function bisectHtml(r: BisectResult): string {
       head: ['node', 'op', 'inputs max |v| (CPU)', 'max |v| (CPU)', 'max finite |v| (simulator)', 'non-finite', 'at 65504', 'cosine', ''],
       rows: probeRows(r).map((o) => [o.node, o.op, num(o.inputMaxAbs), num(o.cpuMaxAbs), num(o.simMaxAbs), String(o.simNonFinite), String(o.simSaturated), cos(o.cosine), o === r.probe!.first || o.node === r.op!.node ? '✗' : '']),
     }));
+  }
+  if (r.drift?.first) {
+    const d = r.drift, f = d.first!;
+    parts.push('<h2 id="drift">Free-running drift</h2>', `<p>The shipped decode graphs chained on the CPU (each shard feeding the next, then the lm-head), fed HF's tokens: until the first step where its choice differs, that is the free-running chain. First divergent token: prompt ${f.prompt} step ${f.step}, HF picks ${f.hf.token} by ${f.hf.margin.toFixed(4)} over ${f.hf.runnerUp}; the shipped chain picks ${f.shippedToken}.</p>`,
+      marginPlot(d.steps.filter((x) => x.prompt === f.prompt), f),
+      `<p>logit[${f.hf.token}] − logit[${f.shippedToken}] moved ${d.logitDelta!.actual.toFixed(4)}; direct logit attribution (each layer's own residual error through the final norm, linearised at HF's residual, and the lm-head rows' difference) gives ${d.logitDelta!.attributed.toFixed(4)} in all:</p>`,
+      table({ head: ['layer', 'contribution', ''], rows: d.layers!.map((l) => [String(l.layer), l.contribution.toFixed(5), l.contribution < 0 ? 'away from HF\'s token' : 'toward it']) }));
   }
   const alone = new Map((r.alone ?? []).map((a) => [a.layer, a]));
   if (r.layers.length) parts.push('<h2>Per layer along the chain</h2>', `<p>Smallest cosine over each layer's outputs (residual, K/V rows), teacher-forced per graph: fp32 export (threshold ${r.thresholds.fp32}) and shipped ${esc(r.thresholds.quant)} (threshold ${r.thresholds.shipped})${r.alone ? '; and the layer exported and gated alone at the shipped precision, fed HF\'s inputs' : ''}.</p>`, table({
