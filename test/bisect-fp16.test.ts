@@ -130,8 +130,12 @@ describe('bisect on the simulator, the pure parts', () => {
     const op = (node: string, inputMaxAbs: number, cpuMaxAbs: number): OpFigure => ({ node, op: node.split('/').pop()!.replace(/_\d+$/, ''), scope: node.slice(0, node.lastIndexOf('/')), layer: /^layers\.(\d+)/.test(node) ? Number(/^layers\.(\d+)/.exec(node)![1]) : null, value: `${node}_out`, cosine: 1, cpuMaxAbs, inputMaxAbs, simMaxAbs: 0, simNonFinite: 0, simSaturated: 0 });
     const ops = [op('layers.1/input_layernorm/Mul', 13, 169), op('layers.2/input_layernorm/Mul', 380, 144400), op('layers.2/self_attn.q_norm/Mul', 4, 16), op('layers.2/post_attention_layernorm/Mul', 400, 160000), op('final_norm/Mul', 410, 168100)];
     const probe = { graph: 'shard0.decode', cases: [], ops, first: ops[1], why: 'overflow', graphSha256: '', cached: false, seconds: 0 } as ProbeResult;
+    // The norms whose squares overflow in this probe, together (one left alone would still overflow).
     const [one, all] = rescaleCandidates(probe, 4);
-    expect(one).toMatchObject({ label: 'rescale layers.2/input_layernorm', addedOps: 1, rescale: [{ match: 'layers\\.2/input_layernorm', scale: 2 ** -5 }] });
+    expect(one).toMatchObject({ addedOps: 3, scopes: ['layers.2/input_layernorm', 'layers.2/post_attention_layernorm', 'final_norm'], rescale: [{ match: 'layers\\.2/input_layernorm|layers\\.2/post_attention_layernorm|final_norm', scale: 2 ** -5 }] });
+    // The named op alone, when it is the only one.
+    const alone = rescaleCandidates({ ...probe, ops: ops.slice(0, 3) }, 4);
+    expect(alone[0]).toMatchObject({ label: 'rescale layers.2/input_layernorm', addedOps: 1, rescale: [{ match: 'layers\\.2/input_layernorm', scale: 2 ** -5 }] });
     // Layer 3 is not in this probe's ops (another graph would hold it): named by pattern.
     expect(new Set(all.scopes)).toEqual(new Set(['layers.2/input_layernorm', 'layers.2/post_attention_layernorm', 'final_norm', 'layers.3/input_layernorm', 'layers.3/post_attention_layernorm']));
     expect(all.rescale[0].scale).toBe(2 ** -5); // 410 → 12.8

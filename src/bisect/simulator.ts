@@ -75,18 +75,24 @@ export const scaleFor = (maxAbs: number) => 2 ** -Math.max(1, Math.ceil(Math.log
 const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
 /**
- * The candidate fixes for an op the probe named: when it is inside a rescalable norm, that norm
- * alone; then every residual-stream norm from it on (a residual too large for fp16's squares reaches
- * each later one: the probe of this graph shows which, and the layers after `lastLayer`'s graph are
- * named by pattern). The scale is set by the largest input any of them saw on the CPU.
+ * The candidate fixes for an op the probe named, when it is inside a rescalable norm: that norm and
+ * every other the probe shows overflowing; then every residual-stream norm from it on (a residual
+ * too large for fp16's squares reaches each later one, in this graph and in the layers of graphs
+ * after it, named by pattern). The scale is set by the largest input any of them saw on the CPU.
  */
 export function rescaleCandidates(probe: ProbeResult, layers: number): RescaleCandidate[] {
   const first = probe.first;
   if (!first || !NORM.test(first.scope)) return [];
   const why = `forge bisect: ${first.node} overflows fp16 on the HTP (|x| up to ${first.inputMaxAbs.toPrecision(4)}, its result up to ${first.cpuMaxAbs.toPrecision(4)} > ${FP16_MAX})`;
   const inputMax = (scopes: string[]) => Math.max(first.inputMaxAbs, ...probe.ops.filter((o: OpFigure) => scopes.includes(o.scope) && o.op === 'Mul').map((o) => o.inputMaxAbs));
-  const one = [first.scope];
-  const out: RescaleCandidate[] = [{ label: `rescale ${first.scope}`, rescale: [{ match: escapeRe(first.scope), scale: scaleFor(inputMax(one)), why }], addedOps: 1, scopes: one }];
+  // The norms the probe shows overflowing (a square fp16 cannot hold from inputs it can): a fix that
+  // leaves one of them in place cannot pass, so the first candidate covers them all.
+  const overflowing = probe.ops.filter((o) => NORM.test(o.scope) && o.cpuMaxAbs > FP16_MAX && o.inputMaxAbs <= FP16_MAX).map((o) => o.scope).filter((x, i, a) => a.indexOf(x) === i);
+  const one = overflowing.includes(first.scope) ? overflowing : [first.scope, ...overflowing];
+  const out: RescaleCandidate[] = [{
+    label: one.length === 1 ? `rescale ${first.scope}` : `rescale the ${one.length} norms that overflow (${one.join(', ')})`,
+    rescale: [{ match: one.map(escapeRe).join('|'), scale: scaleFor(inputMax(one)), why }], addedOps: one.length, scopes: one,
+  }];
   if (first.layer !== null && RESIDUAL_NORM.test(first.scope)) {
     const idx = probe.ops.indexOf(first);
     const later = probe.ops.slice(idx).map((o) => o.scope).filter((s, i, a) => RESIDUAL_NORM.test(s) && a.indexOf(s) === i);
@@ -94,7 +100,7 @@ export function rescaleCandidates(probe: ProbeResult, layers: number): RescaleCa
     const seenLayers = new Set(probe.ops.map((o) => o.layer).filter((l): l is number => l !== null));
     const beyond = Array.from({ length: layers }, (_, l) => l).filter((l) => l > Math.max(...seenLayers)).flatMap((l) => [`layers.${l}/input_layernorm`, `layers.${l}/post_attention_layernorm`]);
     const scopes = [...later, ...beyond, ...(later.includes('final_norm') ? [] : ['final_norm'])];
-    if (scopes.length > 1) {
+    if (scopes.some((x) => !one.includes(x))) {
       out.push({
         label: `rescale ${scopes.length} residual norms from ${first.scope} on`, addedOps: scopes.length, scopes,
         rescale: [{ match: scopes.map(escapeRe).join('|'), scale: scaleFor(inputMax(scopes)), why }],
