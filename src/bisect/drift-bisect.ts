@@ -2,7 +2,7 @@
 // continuation (drift.ts)? If it does: the first divergent token, both tokens' margins along the
 // way, the layers whose errors move the logit difference most, and a fix — the top layer's matrices
 // one precision up, rebuilt through the oracle gate and the chain scanned again.
-import { mkdtempSync, readFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -10,7 +10,9 @@ import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
 import { openCheckpoint } from '../io/checkpoint.js';
-import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import { runExport } from '../families/export-stage.js';
+import { perLayerPlan, type AloneParams } from './alone.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { scanDrift, type DriftResult } from './drift.js';
 import { candidates, type Trial } from './fixes.js';
@@ -44,18 +46,37 @@ async function lmNames(checkpointDir: string): Promise<{ finalNorm: string; lmHe
   }
 }
 
-export async function scanShipped(familyId: string, checkpointDir: string, traceDir: string, quantizeDir: string): Promise<DriftResult> {
+/**
+ * The drift scan of a shipped export; with `alone` (the shipped precision), a divergence is also
+ * weighed layer by layer alone: each layer exported as its own graph (alone.ts's plan), fed HF's inputs.
+ */
+export async function scanShipped(familyId: string, checkpointDir: string, traceDir: string, quantizeDir: string, alone?: Omit<AloneParams, 'family' | 'minTop1'>): Promise<DriftResult> {
   const family = getFamily(familyId as never) as Family<unknown>;
   const configFile = join(checkpointDir, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
-  return scanDrift(family, config, checkpointDir, traceDir, quantizeDir, mkdtempSync(join(tmpdir(), 'forge-bisect-drift-')), await lmNames(checkpointDir));
+  const names = await lmNames(checkpointDir);
+  const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-drift-'));
+  const first = await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain'), names);
+  if (!first.first || !alone) {
+    rmSync(scratch, { recursive: true, force: true });
+    return first;
+  }
+  try {
+    const dir = join(scratch, 'alone');
+    mkdirSync(dir, { recursive: true });
+    await runExport({ family: familyId as FamilyId, scheme: alone.scheme, lmHeadScheme: alone.lmHeadScheme, maxContext: alone.maxContext, prefillLength: 0, hostTables: false, overrides: alone.overrides },
+      checkpointDir, perLayerPlan(family.numLayers(config)), dir, { log: () => {}, progress: () => {} }, alone.precision);
+    return await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain2'), { ...names, alone: dir });
+  } finally {
+    rmSync(scratch, { recursive: true, force: true });
+  }
 }
 
 const f = (x: number) => x.toFixed(4);
 
 export function driftMessage(d: DriftResult): string {
   const s = d.first!;
-  const top = d.layers!.slice(0, 2).map((l) => `layer ${l.layer} (${l.contribution > 0 ? '+' : ''}${f(l.contribution)})`).join(', ');
+  const top = d.layers!.slice(0, 2).map((l) => `layer ${l.layer} (${l.contribution > 0 ? '+' : ''}${f(l.contribution)}${l.carried !== undefined ? ` alone, ${f(l.carried)} along the chain` : ''})`).join(', ');
   return `free-running drift: every teacher-forced gate holds, yet the shipped chain leaves HF's greedy continuation at prompt ${s.prompt} step ${s.step}: HF picks ${s.hf.token} by a margin of ${f(s.hf.margin)} over ${s.hf.runnerUp}, the shipped chain picks ${s.shippedToken} (its margin for HF's token ${f(s.shippedMargin)}); logit[${s.hf.token}] − logit[${s.shippedToken}] moved ${f(d.logitDelta!.actual)}, the layers' errors through the lm-head ${f(d.logitDelta!.attributed)}: most from ${top}`;
 }
 

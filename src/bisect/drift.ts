@@ -38,8 +38,12 @@ export interface DriftResult {
   steps: DriftStep[];
   /** The first step whose shipped choice is not HF's. */
   first?: DriftStep;
-  /** At `first`: per layer, its part of logit[a] − logit[b] moved by the shipped graphs (largest first by size). */
-  layers?: Array<{ layer: number; contribution: number }>;
+  /**
+   * At `first`: per layer, its part of logit[a] − logit[b] moved by the shipped graphs, largest first
+   * by size: `own`, the layer alone fed HF's inputs (where the error is made; the ranking), and
+   * `carried`, its increment along the chain (what it adds, its input's error included).
+   */
+  layers?: Array<{ layer: number; contribution: number; carried?: number }>;
   /** At `first`: the shipped chain's change of logit[a] − logit[b] against HF's, and the part the layers' sum explains. */
   logitDelta?: { actual: number; attributed: number };
 }
@@ -52,6 +56,48 @@ const argmax2 = (x: Float32Array, not = -1) => {
   }
   return [a, b];
 };
+
+/**
+ * Per layer, the same map applied to its own error: the layer's graph alone (`aloneDir`: one graph per
+ * layer, exported at the shipped precision, alone.ts) fed HF's residual and KV rows at the step, its
+ * output less HF's. A later layer's increment carries what an earlier one's error does to it (on
+ * the planted twin, the layer after the perturbed one shows the larger increment); its own error does
+ * not, so this names where the error is made.
+ */
+export async function ownContributions<C>(family: Family<C>, config: C, traceDir: string, aloneDir: string, scratch: string, at: { prompt: number; step: number }, u: Float32Array, gamma: Float32Array, eps: number): Promise<Array<{ layer: number; contribution: number }>> {
+  const manifest = JSON.parse(readFileSync(join(aloneDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+  const graphs = manifest.contexts.flatMap((c) => c.graphs).filter((g) => g.n === 1 && g.first !== undefined && g.first === g.last);
+  const trace = await Trace.open(traceDir);
+  try {
+    const last = await trace.get(at.prompt, at.step, `h.${trace.meta.layers}`);
+    let ss = 0;
+    for (const v of last) ss += v * v;
+    const inv = 1 / Math.sqrt(ss / last.length + eps);
+    const out: Array<{ layer: number; contribution: number }> = [];
+    for (const g of graphs) {
+      const form = gateForm(g, 1, false);
+      const { path } = writeGateModel(join(aloneDir, g.file), [], join(scratch, g.name), formOptions(g, form));
+      const s = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
+      let h: Float32Array | undefined;
+      try {
+        await runGateCases(s, g.file, atStep(family.gateCases(config, g, trace, manifest.maxContext, aloneDir), at), form, (_c, o) => void (h = o('hidden_out').slice()));
+      } finally {
+        await s.release();
+      }
+      const hf = await trace.get(at.prompt, at.step, `h.${g.first! + 1}`);
+      let c = 0;
+      for (let j = 0; j < hf.length; j++) c += u[j] * gamma[j] * (h![j] - hf[j]);
+      out.push({ layer: g.first!, contribution: c * inv });
+    }
+    return out;
+  } finally {
+    await trace.close();
+  }
+}
+
+async function* atStep(cases: AsyncIterable<GateCase>, at: { prompt: number; step: number }): AsyncIterable<GateCase> {
+  for await (const c of cases) if (c.prompt === at.prompt && c.step === at.step) yield c;
+}
 
 /** Per layer, its share of u·(γ⊙(hS_L − hHF_L))/rms: Δi = (hS_{i+1} − hS_i) − (hHF_{i+1} − hHF_i). Pure: tests give it numbers. */
 export function attribute(hS: Float32Array[], hHF: Float32Array[], first: number, u: Float32Array, gamma: Float32Array, eps: number): Array<{ layer: number; contribution: number }> {
@@ -78,7 +124,7 @@ async function* only(cases: AsyncIterable<GateCase>, hidden: Map<string, Float32
  * Chains the shipped decode graphs of `exportDir` over every traced step. `lmHead`: where the final
  * norm's weight and the lm-head rows are in the checkpoint (tied models read the embedding).
  */
-export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: string, traceDir: string, exportDir: string, scratch: string, names: { finalNorm: string; lmHead: string; eps: number }): Promise<DriftResult> {
+export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: string, traceDir: string, exportDir: string, scratch: string, names: { finalNorm: string; lmHead: string; eps: number; alone?: string }): Promise<DriftResult> {
   const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   const graphs = manifest.contexts.flatMap((c) => c.graphs);
   const shards = graphs.filter((g) => g.n === 1 && g.first !== undefined).sort((a, b) => a.first! - b.first!);
@@ -153,8 +199,10 @@ export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: 
     const hfLogits = await trace.get(first.prompt, first.step, 'logits');
     const s = logits.get(key)!;
     const actual = (s[first.hf.token] - s[first.shippedToken]) - (hfLogits[first.hf.token] - hfLogits[first.shippedToken]);
+    const own = names.alone ? await ownContributions(family, config, traceDir, names.alone, join(scratch, 'alone'), first, u, gamma, names.eps) : undefined;
+    const ranked = own ? own.map((o) => ({ ...o, carried: layers.find((l) => l.layer === o.layer)?.contribution ?? 0 })) : layers;
     return {
-      steps, first, layers: layers.sort((a, b) => Math.abs(b.contribution) - Math.abs(a.contribution)),
+      steps, first, layers: ranked.sort((a, b) => Math.abs(b.contribution) - Math.abs(a.contribution)),
       logitDelta: { actual, attributed: layers.reduce((a, l) => a + l.contribution, 0) },
     };
   } finally {

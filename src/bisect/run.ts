@@ -153,10 +153,11 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const miss = locateMiss(base.oracle, thresholds);
   if (!miss) {
     // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
-    result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!);
+    const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+    result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!,
+      { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
     if (result.drift.first) {
       log(driftMessage(result.drift));
-      const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
       result.trials = await driftFixes({
         family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
         scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
