@@ -1,9 +1,9 @@
 // forge bisect --target emulation (issue 17, step 2): a planted fp16 overflow — the tiny-qwen3 twin
-// with layer 1's down_proj ×64 (test/helpers/fp16-overflow.ts), so from layer 2 on the residual's
-// squares outgrow fp16 — holds on the CPU and leaves tolerance on the x86 HTP simulator. bisect names
-// the graph, the op (layers.2/input_layernorm/Mul, found by a probe variant run on the simulator beside
-// the CPU), the link compile/fp16 and an exact rescale that --apply writes and with which the plain
-// build's simulator gate passes. A healthy twin is "no fault" on the simulator, quickly from the cache.
+// with layer 2's q_proj ×1024 (test/helpers/fp16-overflow.ts: q_norm makes it the same function, but
+// q_norm's square of q no longer fits fp16) — holds on the CPU and leaves tolerance on the x86 HTP
+// simulator. bisect names the graph, the op (layers.2/self_attn.q_norm/Mul, found by a probe variant
+// run on the simulator beside the CPU), the link compile/fp16 and an exact rescale that --apply writes
+// and with which the plain build's simulator gate passes. A healthy twin is "no fault" on the simulator, quickly from the cache.
 // Plus the pure parts: the rewrite is the same function, the candidates and their scale.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -38,7 +38,7 @@ describe('forge bisect --target emulation', () => {
     const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
     expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'fp16-hostile');
-    await makeFp16Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, 1, 64);
+    await makeFp16Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, 2, 1024);
     const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
     r.id = 'tiny-qwen3-fp16-hostile';
     r.source = { kind: 'local', path: hostile };
@@ -53,11 +53,11 @@ describe('forge bisect --target emulation', () => {
     // The CPU chain holds (fp32 and the shipped w8 graphs within tolerance): not quantization's doing.
     expect(b.fault).toBeUndefined();
     expect(b.layers.every((l) => l.fp32! >= b.thresholds.fp32 && l.shipped! >= b.thresholds.shipped)).toBe(true);
-    // The simulator does not, from layer 2 on (layer 1's large output is read there first).
+    // The simulator does not.
     expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
     expect(b.simFault!.cosine).toBeLessThan(b.simFault!.threshold);
-    // The op: the square of layer 2's RMSNorm, whose inputs fit fp16 and whose result does not.
-    expect(b.op).toMatchObject({ node: 'layers.2/input_layernorm/Mul', scope: 'layers.2/input_layernorm', layer: 2 });
+    // The op: the square in layer 2's q_norm, whose inputs fit fp16 and whose result does not.
+    expect(b.op).toMatchObject({ node: 'layers.2/self_attn.q_norm/Mul', scope: 'layers.2/self_attn.q_norm', layer: 2 });
     expect(b.probe!.why).toBe('overflow');
     expect(b.probe!.first!.cpuMaxAbs).toBeGreaterThan(65504);
     expect(b.probe!.first!.inputMaxAbs).toBeLessThan(65504);
@@ -70,7 +70,7 @@ describe('forge bisect --target emulation', () => {
     const chosen = b.chosen!;
     expect(chosen.ok).toBe(true);
     expect(chosen.rescale!.length).toBeGreaterThan(0);
-    expect(chosen.rescale![0].match).toContain('layers\\.2/input_layernorm');
+    expect(chosen.rescale![0].match).toBe('layers\\.2/self_attn\\.q_norm');
     expect(chosen.minCosine!).toBeGreaterThanOrEqual(b.simulator!.threshold);
     expect(b.applied!.rescale).toEqual(chosen.rescale);
     expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.rescale).toEqual(chosen.rescale);
@@ -86,7 +86,7 @@ describe('forge bisect --target emulation', () => {
     const dom = await dumpDom(pathToFileURL(join(out, 'bisect.html')).href, join(work, 'chromium-profile'));
     expect(dom).toContain('link compile/fp16');
     expect(dom).toContain('On the x86 HTP simulator');
-    expect(dom).toContain('Op by op: layers.2/input_layernorm/Mul');
+    expect(dom).toContain('Op by op: layers.2/self_attn.q_norm/Mul');
     expect(dom).toContain(chosen.label);
   }, 1_800_000); // the twin's trace and w8 export, the native runtime, the simulator gate (~4 min here), the probe, up to two trial builds through the simulator
 
