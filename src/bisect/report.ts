@@ -91,7 +91,7 @@ function marginPlot(steps: DriftStep[], first: DriftStep): string {
   const x = (i: number) => L + ((W - L - 10) * i) / Math.max(1, steps.length - 1);
   const y = (v: number) => T + (H - T - B) * (1 - (v - lo) / (hi - lo || 1));
   const line = (get: (s: DriftStep) => number, color: string) => `<polyline fill="none" stroke="${color}" points="${steps.map((s, i) => `${x(i).toFixed(1)},${y(get(s)).toFixed(1)}`).join(' ')}"/>`;
-  const fi = steps.indexOf(first);
+  const fi = steps.findIndex((s) => s.prompt === first.prompt && s.step === first.step);
   return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" role="img" aria-label="margins along the continuation">`
     + `<line x1="${L}" x2="${W - 10}" y1="${y(0)}" y2="${y(0)}" stroke="#999"/>${line((s) => s.hf.margin, '#1f77b4')}${line((s) => s.shippedMargin, '#d62728')}`
     + `<line x1="${x(fi)}" x2="${x(fi)}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="3 3"/><text x="${x(fi) + 4}" y="${T + 12}" font-size="11" fill="#d62728">first divergent: step ${first.step}</text>`
