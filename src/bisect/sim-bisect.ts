@@ -71,7 +71,7 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   const seen = miss.nonFinite ? `a non-finite value (${miss.nonFinite})` : `cosine ${fmt(miss.cosine)} < ${miss.threshold}`;
   c.log(`simulator: ${miss.graph} ${miss.output} ${seen} while the CPU holds: link compile/fp16; probing its ops`);
 
-  const family = getFamily(getFamilyId(manifest)) as Family<unknown>;
+  const family = getFamily(manifest.family) as Family<unknown>;
   const configFile = join(c.checkpointDir, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const entry = entries.find((g) => g.name === miss.graph)!;
@@ -121,4 +121,3 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   return { simulator, simFault: miss, probe, op, trials, verdict: 'fixed', message: `${head}; fix: ${fixed.label} (an exact power-of-two rescale, ${fixed.addedOps} op${fixed.addedOps === 1 ? '' : 's'} added; simulator min cosine ${fmt(fixed.minCosine ?? NaN)})` };
 }
 
-const getFamilyId = (m: ExportManifest) => m.family;
