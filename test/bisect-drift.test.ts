@@ -1,5 +1,5 @@
 // forge bisect on free-running drift (issue 17, step 2, fault (c)): the tiny-qwen3 twin asked about
-// prompts it never memorised (near-ties along HF's greedy continuations: margins down to 0.006) with
+// prompts it never memorised (near-ties along HF's greedy continuations) with
 // layer 2's matrices pinned at w4 in a w8 build, and a recipe tolerance (w8MinCosine 0.97) that every
 // teacher-forced graph keeps. The chained shipped graphs leave HF's greedy path at some step: bisect
 // names that step, both tokens' margins along the way, layer 2 as the largest contribution to the
@@ -30,7 +30,10 @@ describe('forge bisect: free-running drift', () => {
     const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
     r.id = 'tiny-qwen3-drift';
     r.arch.default.overrides = [{ match: `model\\.layers\\.${PINNED}\\.(self_attn|mlp)\\..*`, quant: 'w4', why: 'planted: a slight error in one layer' }];
-    r.gates.prompts = ['Hello', 'Numbers are', 'Der Hund', 'The cat sat on the'];
+    // Prompts the twin never memorised, 24 tokens each: near-ties the plain w8 build still gets right
+    // (its chain follows HF at every step; on 32 tokens it would flip once at the 31st), the pinned one not.
+    r.gates.prompts = ['Hello', 'Numbers are', 'The cat sat on the'];
+    r.gates.parity.tokens = 24;
     r.gates.oracle.w8MinCosine = 0.97;
     cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
     writeFileSync(join(recipes, r.id, 'recipe.json'), JSON.stringify(r, null, 2));
