@@ -46,6 +46,8 @@ export interface DriftResult {
   layers?: Array<{ layer: number; contribution: number; carried?: number }>;
   /** At `first`: the shipped chain's change of logit[a] − logit[b] against HF's, and the part the layers' sum explains. */
   logitDelta?: { actual: number; attributed: number };
+  /** Why the chain was not scanned, when it was not. */
+  notScanned?: string;
 }
 
 const argmax2 = (x: Float32Array, not = -1) => {
@@ -129,7 +131,8 @@ export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: 
   const graphs = manifest.contexts.flatMap((c) => c.graphs);
   const shards = graphs.filter((g) => g.n === 1 && g.first !== undefined).sort((a, b) => a.first! - b.first!);
   const head = graphs.find((g) => g.first === undefined && g.outputs.some((o) => o.name === 'logits'));
-  if (!shards.length || !head) throw new Error(`${exportDir}: drift needs one-token decode graphs and a separate lm-head graph`);
+  // Not scanned (and said so): an export without one-token decode graphs or with the lm-head inside the last shard.
+  if (!shards.length || !head) return { steps: [], notScanned: 'drift is scanned on one-token decode graphs with a separate lm-head graph; this export has none' };
   const trace = await Trace.open(traceDir);
   // Per case: the chain's residual probes (h.i by layer) and its hidden, then logits.
   const probes = new Map<string, Map<number, Float32Array>>();

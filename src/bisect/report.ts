@@ -47,7 +47,8 @@ export function summaryText(r: BisectResult): string {
   if (d?.first) {
     lines.push(`  drift:       first divergent token at prompt ${d.first.prompt} step ${d.first.step}: HF ${d.first.hf.token} (margin ${d.first.hf.margin.toFixed(4)} over ${d.first.hf.runnerUp}), shipped ${d.first.shippedToken} (margin for HF's ${d.first.shippedMargin.toFixed(4)})`);
     lines.push(`  logit diff:  moved ${d.logitDelta!.actual.toFixed(4)}; per layer through the lm-head: ${d.layers!.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
-  } else if (d) lines.push(`  drift:       none: the chained shipped graphs pick HF's token at all ${d.steps.length} generated steps`);
+  } else if (d?.notScanned) lines.push(`  drift:       not scanned: ${d.notScanned}`);
+  else if (d) lines.push(`  drift:       none: the chained shipped graphs pick HF's token at all ${d.steps.length} generated steps`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   if (r.trials.length) {

@@ -194,7 +194,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     return finish();
   }
   if (!miss) {
-    result.message = `no fault: every graph within tolerance and the chained graphs follow HF's greedy continuations (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
+    result.message = `no fault: every graph within tolerance${result.drift?.notScanned ? '' : ' and the chained graphs follow HF\'s greedy continuations'} (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
     return finish();
   }
   result.fault = miss;
