@@ -2,8 +2,10 @@
 // chain still pick another token than HF somewhere along a continuation: small errors, a small
 // margin. This runs the shipped decode graphs chained (shard k's hidden_out feeds shard k+1, the last
 // one feeds the lm-head), fed HF's tokens and KV rows as the gates feed them, and compares each
-// step's choice with HF's. Up to the first step where they differ, free-running greedy and this are
-// the same computation, so that step is the first divergent token of the free-running chain.
+// step's choice with HF's. Up to the first step where they differ, free-running greedy sees the same
+// tokens, so that step is its first divergent token — with one difference: the past K/V rows here are
+// HF's, where the free-running chain reads its own, so error carried through the cache is left out
+// (the native parity gate runs the runtime's own cache).
 //
 // Which layers push it over: direct logit attribution through the lm-head. At that step, with a the
 // token HF picks and b the one the shipped chain picks, u = W[a] − W[b] (the lm-head rows), and the
