@@ -213,6 +213,8 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     ...(id === 'export' ? { inPlace: true } : {}),
     // The recipe's per-matrix pins, and auto's map (the precision stage's output), shape the shipped graphs only.
     ...(id === 'quantize' && s.overrides.length ? { overrides: s.overrides } : {}),
+    // Exact rescalings for fp16 on the HTP: the shipped graphs only (the reference stays as HF computes).
+    ...(id === 'quantize' && s.rescale.length ? { rescale: s.rescale.map(({ match, scale }) => ({ match, scale })) } : {}),
   };
   const precision: Record<string, string> = id === 'quantize' && s.quant === 'auto' ? { precision: 'precision' } : {};
   return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };

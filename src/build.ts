@@ -19,7 +19,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings, pinnedRecipe, RecipeError } from './recipe/load.js';
-import { builtRevision, type PinnedRecipe, type PrecisionOverride } from './recipe/schema.js';
+import { builtRevision, type PinnedRecipe, type PrecisionOverride, type Rescale } from './recipe/schema.js';
 import { buildPipeline, compileToolchain, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
@@ -77,6 +77,8 @@ export interface BuildRequest {
    * anything runs when it does not resolve, or when QAIRT_SDK_ROOT picks the QAIRT SDK instead.
    */
   toolchain?: string;
+  /** Op rescalings tried on top of the recipe's (forge bisect's fp16 fixes), first as overrides are. */
+  rescale?: Rescale[];
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -101,6 +103,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const recipe = pinnedRecipe(loaded, req.revision);
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
+  if (req.rescale?.length) forArch.settings = { ...forArch.settings, rescale: [...req.rescale, ...forArch.settings.rescale] };
   const { arch } = forArch;
   const toolchain = req.toolchain ? resolveToolchain(req.toolchain) : null;
   if (toolchain && compileToolchain().kind === 'qairt') {

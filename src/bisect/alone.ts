@@ -32,7 +32,7 @@ export interface AloneFigure {
 }
 
 /** One layer per graph, the lm-head alone (quant/auto.ts's plan). */
-const perLayerPlan = (n: number): ExportPlan => ({ shards: Array.from({ length: n }, (_, i) => ({ first: i, last: i })), lmHead: { placement: 'separate' } });
+export const perLayerPlan = (n: number): ExportPlan => ({ shards: Array.from({ length: n }, (_, i) => ({ first: i, last: i })), lmHead: { placement: 'separate' } });
 
 /**
  * Exports every layer alone in the shipped precision (decode graphs only: prefillLength 0, as

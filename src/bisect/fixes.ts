@@ -5,7 +5,7 @@
 // bytes they add (quant/bytes.ts, the plan's own count).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import type { PrecisionOverride, QuantScheme, Rescale } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
 import { storedBytes } from '../quant/bytes.js';
 import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
@@ -24,6 +24,10 @@ export interface Candidate {
   overrides: PrecisionOverride[];
   /** Weight bytes it adds to the shipped graphs (storedBytes at the new precision less at the old). */
   addedBytes: number;
+  /** An fp16 fix: exact op rescalings (recipe `rescale` lines) instead of precision pins. */
+  rescale?: Rescale[];
+  /** Ops the rescale adds to the graphs (its cost; weight bytes do not move). */
+  addedOps?: number;
 }
 
 export interface Trial extends Candidate {
@@ -79,7 +83,7 @@ export function judge(c: Candidate, result: OracleResult, seconds: number): Tria
 
 /** The restoring trials, cheapest first (added bytes, then the higher cosine, then the label). */
 export function rank(trials: Trial[]): Trial[] {
-  return trials.filter((t) => t.ok).sort((a, b) => a.addedBytes - b.addedBytes || (b.minCosine ?? -1) - (a.minCosine ?? -1) || a.label.localeCompare(b.label));
+  return trials.filter((t) => t.ok).sort((a, b) => a.addedBytes - b.addedBytes || (a.addedOps ?? 0) - (b.addedOps ?? 0) || (b.minCosine ?? -1) - (a.minCosine ?? -1) || a.label.localeCompare(b.label));
 }
 
 /** A cached stage's output directory, from a run record's stage list. */

@@ -5,6 +5,9 @@ import { mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { BisectResult } from './run.js';
 import type { StepCosine } from './steps.js';
+import type { Trial } from './fixes.js';
+import type { OpFigure } from './probe.js';
+import type { DriftStep } from './drift.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -13,7 +16,18 @@ const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replac
 const cos = (c: number | undefined) => (c === undefined ? '-' : c === Infinity ? '-' : c.toFixed(5));
 
 /** The override lines of the chosen fix, as they go into a recipe's `overrides`. */
-export const overrideLines = (r: BisectResult) => (r.chosen ? r.chosen.overrides.map((o) => JSON.stringify(o)) : []);
+export const overrideLines = (r: BisectResult) => (r.chosen ? [...r.chosen.overrides, ...(r.chosen.rescale ?? [])].map((o) => JSON.stringify(o)) : []);
+const fixText = (t: Trial) => [...t.overrides.map((o) => `${o.match} → ${o.quant}`), ...(t.rescale ?? []).map((x) => `rescale ${x.match} × ${x.scale}`)].join('; ');
+const cost = (t: Trial) => (t.rescale ? `+${t.addedOps ?? 0} ops` : `+${t.addedBytes} B`);
+
+/** The probed ops shown: the named op's scope, with the ops just before and after it. */
+function probeRows(r: BisectResult): OpFigure[] {
+  const p = r.probe;
+  if (!p) return [];
+  const i = p.first ? p.ops.indexOf(p.first) : 0;
+  return p.ops.filter((o, k) => (p.first && o.scope === p.first.scope) || (k >= i - 3 && k <= i + 3));
+}
+const num = (v: number) => (v >= 1e4 || (v !== 0 && v < 1e-3) ? v.toExponential(3) : v.toFixed(3));
 
 export function summaryText(r: BisectResult): string {
   const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`];
@@ -25,13 +39,23 @@ export function summaryText(r: BisectResult): string {
     const s = r.steps?.first;
     if (s) lines.push(`  first step:  prompt ${s.prompt} step ${s.step} (${s.output} ${cos(s.cosine)}); ${r.steps!.failing} of ${r.steps!.cases.length} traced steps under ${r.steps!.threshold}`);
   }
+  if (r.simulator) lines.push(`  simulator (fp16 ${r.simulator.fp16}, ≥ ${r.simulator.threshold}): ${r.simulator.graphs.map((g) => `${g.graph} ${g.nonFinite ? 'non-finite' : cos(g.minCosine)}${g.ok ? '' : ' ✗'}`).join(', ')}; parity ${r.simulator.parity.ok ? 'ok' : 'fails'} (${r.simulator.parity.rule})`);
+  const sf = r.simFault;
+  if (sf) lines.push(`  first miss:  ${sf.graph} ${sf.output} on the simulator ${sf.nonFinite ?? `cosine ${cos(sf.cosine)} < ${sf.threshold}`} (the CPU holds)`, `  link:        ${sf.link}`);
+  if (r.op) lines.push(`  op:          ${r.op.node} (${r.op.op}), layer ${r.op.layer ?? '-'}: ${r.op.why}`, `  probe:       ${r.probe!.ops.length} op outputs of ${r.probe!.graph}, ${r.probe!.cases.length} cases, ${r.probe!.cached ? 'cached' : `${r.probe!.seconds.toFixed(1)} s`}`);
+  const d = r.drift;
+  if (d?.first) {
+    lines.push(`  drift:       first divergent token at prompt ${d.first.prompt} step ${d.first.step}: HF ${d.first.hf.token} (margin ${d.first.hf.margin.toFixed(4)} over ${d.first.hf.runnerUp}), shipped ${d.first.shippedToken} (margin for HF's ${d.first.shippedMargin.toFixed(4)})`);
+    lines.push(`  logit diff:  moved ${d.logitDelta!.actual.toFixed(4)}; per layer through the lm-head: ${d.layers!.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
+  } else if (d?.notScanned) lines.push(`  drift:       not scanned: ${d.notScanned}`);
+  else if (d) lines.push(`  drift:       none: the chained shipped graphs pick HF's token at all ${d.steps.length} generated steps`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   if (r.trials.length) {
-    lines.push('  fixes tried (rebuilt through the oracle gate):');
-    for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} +${String(t.addedBytes).padStart(8)} B  shipped min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
+    lines.push(`  fixes tried (rebuilt through the ${r.trials.some((t) => t.rescale) ? 'emulation' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);
+    for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} ${cost(t).padStart(10)}  ${t.rescale ? 'simulator' : 'shipped'} min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
   }
-  if (r.fixes.length) lines.push(`  ranked by added bytes: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (+${t.addedBytes} B)`).join('; ')}`);
+  if (r.fixes.length) lines.push(`  ranked by cost: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (${cost(t)})`).join('; ')}`);
   if (r.chosen) lines.push(`  recipe override: ${overrideLines(r).join(', ')}${r.applied ? ` (written into ${r.applied.file})` : ' (--apply writes it into the recipe)'}`);
   lines.push(`  ${r.seconds.toFixed(1)} s; the oracle build: ${r.build.stages.map((s) => `${s.name} ${s.status}`).join(', ')}`);
   return lines.join('\n');
@@ -60,6 +84,21 @@ function stepPlot(cases: StepCosine[], threshold: number, first?: StepCosine): s
     + `${dots.join('')}${mark}<text x="${(W + L) / 2}" y="${H - 4}" font-size="11" text-anchor="middle">traced case (prompt, then step)</text></svg>`;
 }
 
+/** Along one prompt's generated steps: HF's margin and the shipped chain's margin for HF's token (negative: it picks another). */
+function marginPlot(steps: DriftStep[], first: DriftStep): string {
+  const W = 640, H = 220, L = 52, B = 28, T = 10;
+  const vals = steps.flatMap((s) => [s.hf.margin, s.shippedMargin]);
+  const lo = Math.min(0, ...vals), hi = Math.max(...vals);
+  const x = (i: number) => L + ((W - L - 10) * i) / Math.max(1, steps.length - 1);
+  const y = (v: number) => T + (H - T - B) * (1 - (v - lo) / (hi - lo || 1));
+  const line = (get: (s: DriftStep) => number, color: string) => `<polyline fill="none" stroke="${color}" points="${steps.map((s, i) => `${x(i).toFixed(1)},${y(get(s)).toFixed(1)}`).join(' ')}"/>`;
+  const fi = steps.findIndex((s) => s.prompt === first.prompt && s.step === first.step);
+  return `<svg xmlns="http://www.w3.org/2000/svg" width="${W}" height="${H}" role="img" aria-label="margins along the continuation">`
+    + `<line x1="${L}" x2="${W - 10}" y1="${y(0)}" y2="${y(0)}" stroke="#999"/>${line((s) => s.hf.margin, '#1f77b4')}${line((s) => s.shippedMargin, '#d62728')}`
+    + `<line x1="${x(fi)}" x2="${x(fi)}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="3 3"/><text x="${x(fi) + 4}" y="${T + 12}" font-size="11" fill="#d62728">first divergent: step ${first.step}</text>`
+    + `<text x="${L}" y="${H - 4}" font-size="11">blue: HF's margin; red: the shipped chain's margin for HF's token (${lo.toFixed(2)} … ${hi.toFixed(2)})</text></svg>`;
+}
+
 export function bisectHtml(r: BisectResult): string {
   const parts: string[] = [];
   const f = r.fault;
@@ -71,8 +110,31 @@ export function bisectHtml(r: BisectResult): string {
     }));
   }
   if (r.steps) parts.push(`<h2>Per traced step: ${esc(r.steps.graph)}, ${esc(r.steps.outputs.join(', '))}</h2>`, `<p>${r.steps.failing} of ${r.steps.cases.length} steps under ${r.steps.threshold}.</p>`, stepPlot(r.steps.cases, r.steps.threshold, r.steps.first));
+  if (r.simulator) {
+    parts.push('<h2>On the x86 HTP simulator</h2>', `<p>The compiled graphs teacher-forced against HF (fp16 ${r.simulator.fp16}, threshold ${r.simulator.threshold}); parity ${r.simulator.parity.ok ? 'holds' : 'fails'}: ${esc(r.simulator.parity.rule)}.</p>`, table({
+      head: ['graph', 'min cosine', 'top-1', 'non-finite', ''],
+      rows: r.simulator.graphs.map((g) => [g.graph, cos(g.minCosine), g.top1 ?? '-', g.nonFinite ?? '-', g.ok ? '✓' : '✗']),
+    }));
+  }
+  if (r.simFault) {
+    const sf = r.simFault;
+    parts.push('<h2>First miss on the simulator</h2>', table({ head: ['link', 'graph', 'output', 'cosine', 'threshold', 'worst at'], rows: [[sf.link, sf.graph, sf.output, sf.nonFinite ?? cos(sf.cosine), String(sf.threshold), sf.worst]] }));
+  }
+  if (r.op && r.probe) {
+    parts.push(`<h2 id="op">Op by op: ${esc(r.op.node)}</h2>`, `<p>A probe variant of ${esc(r.probe.graph)} (every scoped op's output made a graph output) compiled for the simulator and run beside the CPU on ${r.probe.cases.length} traced cases. Named: <b>${esc(r.op.node)}</b> (${esc(r.op.op)}), layer ${r.op.layer ?? '-'}: ${esc(r.op.why)}.</p>`, table({
+      head: ['node', 'op', 'inputs max |v| (CPU)', 'max |v| (CPU)', 'max finite |v| (simulator)', 'non-finite', 'at 65504', 'cosine', ''],
+      rows: probeRows(r).map((o) => [o.node, o.op, num(o.inputMaxAbs), num(o.cpuMaxAbs), num(o.simMaxAbs), String(o.simNonFinite), String(o.simSaturated), cos(o.cosine), o === r.probe!.first || o.node === r.op!.node ? '✗' : '']),
+    }));
+  }
+  if (r.drift?.first) {
+    const d = r.drift, f = d.first!;
+    parts.push('<h2 id="drift">Free-running drift</h2>', `<p>The shipped decode graphs chained on the CPU (each shard feeding the next, then the lm-head), fed HF's tokens: until the first step where its choice differs, that is the free-running chain. First divergent token: prompt ${f.prompt} step ${f.step}, HF picks ${f.hf.token} by ${f.hf.margin.toFixed(4)} over ${f.hf.runnerUp}; the shipped chain picks ${f.shippedToken}.</p>`,
+      marginPlot(d.steps.filter((x) => x.prompt === f.prompt), f),
+      `<p>logit[${f.hf.token}] − logit[${f.shippedToken}] moved ${d.logitDelta!.actual.toFixed(4)}. Direct logit attribution: a residual error through the final norm (linearised at HF's residual) and the difference of the two tokens' lm-head rows. Per layer, its own error (the layer alone at the shipped precision, fed HF's inputs: where the error is made, the ranking) and its increment along the chain (its input's error carried, summing to ${d.logitDelta!.attributed.toFixed(4)}):</p>`,
+      table({ head: ['layer', 'own (alone)', 'along the chain', ''], rows: d.layers!.map((l) => [String(l.layer), l.contribution.toFixed(5), l.carried === undefined ? '-' : l.carried.toFixed(5), l.contribution < 0 ? 'away from HF\'s token' : 'toward it']) }));
+  }
   const alone = new Map((r.alone ?? []).map((a) => [a.layer, a]));
-  parts.push('<h2>Per layer along the chain</h2>', `<p>Smallest cosine over each layer's outputs (residual, K/V rows), teacher-forced per graph: fp32 export (threshold ${r.thresholds.fp32}) and shipped ${esc(r.thresholds.quant)} (threshold ${r.thresholds.shipped})${r.alone ? '; and the layer exported and gated alone at the shipped precision, fed HF\'s inputs' : ''}.</p>`, table({
+  if (r.layers.length) parts.push('<h2>Per layer along the chain</h2>', `<p>Smallest cosine over each layer's outputs (residual, K/V rows), teacher-forced per graph: fp32 export (threshold ${r.thresholds.fp32}) and shipped ${esc(r.thresholds.quant)} (threshold ${r.thresholds.shipped})${r.alone ? '; and the layer exported and gated alone at the shipped precision, fed HF\'s inputs' : ''}.</p>`, table({
     head: ['layer', 'fp32', 'shipped', 'shipped worst output', ...(r.alone ? ['shipped, layer alone'] : []), ''],
     rows: r.layers.map((l) => {
       const bad = (l.fp32 ?? 1) < r.thresholds.fp32 || (l.shipped ?? 1) < r.thresholds.shipped;
@@ -82,9 +144,9 @@ export function bisectHtml(r: BisectResult): string {
   }));
   if (r.suspects?.length) parts.push('<h2>Suspects</h2>', `<ul>${r.suspects.map((s) => `<li>layer ${s.layer}: ${esc(s.why)}</li>`).join('')}</ul>`);
   if (r.trials.length) {
-    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the oracle gate with the recipe\'s cached stages and the override below; ranked among those that restore the gate by the weight bytes they add.</p>', table({
-      head: ['rank', 'fix', 'override', 'added bytes', 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
-      rows: r.trials.map((t) => [t.ok ? String(r.fixes.indexOf(t) + 1) : '-', t.label, t.overrides.map((o) => `${o.match} → ${o.quant}`).join('; '), String(t.addedBytes), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
+    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the gate that failed (oracle, or emulation for an fp16 fix) with the recipe\'s cached stages and the override below; ranked among those that restore it by cost: weight bytes added, then ops added.</p>', table({
+      head: ['rank', 'fix', 'override', 'cost', r.simulator ? 'simulator min cosine' : 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
+      rows: r.trials.map((t) => [t.ok ? String(r.fixes.indexOf(t) + 1) : '-', t.label, fixText(t), cost(t), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
     }));
   }
   if (r.chosen) parts.push('<h2>Recipe override</h2>', `<pre>${esc(overrideLines(r).join(',\n'))}</pre>`, `<p>${r.applied ? `Written into ${esc(r.applied.file)}.` : 'Not written: <code>forge bisect --apply</code> puts it into the recipe.'}</p>`);

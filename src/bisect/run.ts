@@ -4,13 +4,14 @@
 // stages, reads the gate's result (a failed gate still leaves its oracle.json in the cache: the
 // gate stays as strict as for `forge build`), names the first layer and step that leave tolerance,
 // weighs each layer alone to find the one doing the damage, and rebuilds with candidate overrides.
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { build, defaultOut } from '../build.js';
 import { archSettings, loadRecipe } from '../recipe/load.js';
-import { baseScheme, shippedMinCosine, type PrecisionOverride } from '../recipe/schema.js';
+import { baseScheme, shippedMinCosine, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
+import type { EmulationResult } from '../gates/emulation.js';
 import { cacheRoot } from '../paths.js';
 import { silentProgress } from '../engine/progress.js';
 import type { RunRecord } from '../engine/record.js';
@@ -27,6 +28,9 @@ import { layersAlone, type AloneFigure } from './alone.js';
 import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial } from './fixes.js';
 import { applyOverrides } from './apply.js';
 import { writeBisectOutput } from './report.js';
+import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
+import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
+import type { DriftResult } from './drift.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -48,7 +52,7 @@ export interface BisectRequest {
 export interface BisectResult {
   recipe: string;
   arch: string;
-  target: 'host';
+  target: 'host' | 'emulation';
   recipeFile: string;
   verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
   message: string;
@@ -73,26 +77,49 @@ export interface BisectResult {
   /** The trials that restore the gate, cheapest first. */
   fixes: Trial[];
   chosen?: Trial;
-  applied?: { file: string; overrides: PrecisionOverride[] };
+  applied?: { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[] };
+  /** --target emulation: the simulator gate's figures, and when it failed, the graph, the op and link compile/fp16. */
+  simulator?: SimulatorFindings['simulator'];
+  simFault?: SimulatorFindings['simFault'];
+  probe?: SimulatorFindings['probe'];
+  op?: SimulatorFindings['op'];
+  /** The shipped graphs chained on the CPU against HF's greedy continuations (when the teacher-forced gates hold). */
+  drift?: DriftResult;
   seconds: number;
 }
 
 const fmt = (c: number) => c.toFixed(5);
 
-/** Builds through the oracle (cached stages) into a throwaway output dir and returns the record with the gate's result. */
-async function oracleBuild(recipe: string, arch: string, overrides: PrecisionOverride[] | undefined, verbose: boolean | undefined, quiet: boolean): Promise<{ record: RunRecord; oracle?: OracleResult; dirs: Record<string, string | undefined> }> {
+export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulation?: EmulationResult; dirs: Record<string, string | undefined> }
+
+/**
+ * Builds through the oracle gate, or the emulation gate with `until: 'emulation'` (cached stages),
+ * into a throwaway output dir and returns the record with the gates' results (a failed gate's result
+ * is in the cache all the same).
+ */
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const record = await build({ recipe, arch, until: 'oracle', out, verbose, ...(overrides ? { overrides } : {}), ...(quiet ? { progress: silentProgress } : {}) });
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
     const dir = (s: string) => stageDir(cacheRoot(), record.stages, s);
     const oracleDir = dir('oracle');
-    const dirs = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision') };
-    const status = record.stages.find((s) => s.name === 'oracle')?.status;
-    if (!oracleDir || (status !== 'ran' && status !== 'cached')) return { record, dirs };
-    return { record, oracle: readJson<OracleResult>(join(oracleDir, 'oracle.json')), dirs };
+    const dirs: Record<string, string | undefined> = { fetch: dir('fetch'), trace: dir('trace'), export: dir('export'), quantize: dir('quantize'), precision: dir('precision') };
+    const done = (r: RunRecord, name: string) => ['ran', 'cached'].includes(r.stages.find((s) => s.name === name)?.status ?? '');
+    if (!oracleDir || !done(record, 'oracle')) return { record, dirs };
+    const oracle = readJson<OracleResult>(join(oracleDir, 'oracle.json'));
+    if (o.until !== 'emulation' || !oracle.ok) return { record, oracle, dirs };
+    // The emulation gate does not hang on the oracle's (the pipeline runs them side by side): a
+    // second build up to it, whose stages in common with the first come from the cache.
+    const emu = await build({ ...common, until: 'emulation' });
+    if (emu.status === 'interrupted') throw new Error(`forge bisect: ${emu.error ?? 'interrupted'}`);
+    dirs.emulation = stageDir(cacheRoot(), emu.stages, 'emulation');
+    const merged: RunRecord = { ...emu, stages: [...record.stages, ...emu.stages.filter((s) => !record.stages.some((r) => r.name === s.name))] };
+    const emulationJson = dirs.emulation && done(emu, 'emulation') ? join(dirs.emulation, 'emulation.json') : undefined;
+    return { record: merged, oracle, ...(emulationJson && existsSync(emulationJson) ? { emulation: readJson<EmulationResult>(emulationJson) } : {}), dirs };
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
@@ -102,20 +129,21 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const t0 = performance.now();
   const log = req.log ?? (() => {});
   const target = req.target ?? 'host';
-  if (target !== 'host') throw new Error(`forge bisect --target ${target}: not yet; only --target host (the fp32 and shipped ONNX graphs on this machine's CPU) is implemented (issue 17, step 1)`);
+  if (target !== 'host' && target !== 'emulation') throw new Error(`forge bisect --target ${target}: not yet; --target host (the fp32 and shipped ONNX graphs on this machine's CPU) and --target emulation (then the compiled graphs on the x86 HTP simulator) are implemented`);
   const { recipe, file } = loadRecipe(req.recipe);
   const { arch, settings } = archSettings(recipe, req.arch, file);
   const o = recipe.gates.oracle;
   const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
   const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
 
-  log(`building ${recipe.id} for ${arch.id} through the oracle gate (cached stages)`);
-  const base = await oracleBuild(recipe.id, arch.id, undefined, req.verbose, false);
+  const until = target === 'emulation' ? 'emulation' : 'oracle';
+  log(`building ${recipe.id} for ${arch.id} through the ${until} gate (cached stages)`);
+  const base = await chainBuild(recipe.id, arch.id, { until, verbose: req.verbose, quiet: false });
   const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })) };
   if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
   const layers = layerFigures(base.oracle.rows);
   const result: BisectResult = {
-    recipe: recipe.id, arch: arch.id, target: 'host', recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
+    recipe: recipe.id, arch: arch.id, target, recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
   };
   const finish = () => {
     result.seconds = (performance.now() - t0) / 1000;
@@ -124,7 +152,49 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   };
   const miss = locateMiss(base.oracle, thresholds);
   if (!miss) {
-    result.message = `no fault: every graph within tolerance (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
+    // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
+    const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+    result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!,
+      { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
+    if (result.drift.first) {
+      log(driftMessage(result.drift));
+      result.trials = await driftFixes({
+        family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
+        scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
+        rebuild: async (overrides) => {
+          const r = await chainBuild(recipe.id, arch.id, { overrides, verbose: req.verbose, quiet: true });
+          return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
+        },
+      }, result.drift);
+      result.fixes = rank(result.trials);
+      result.chosen = result.fixes[0];
+      result.layer = result.trials[0]?.layer;
+      result.verdict = result.chosen ? 'fixed' : 'unfixed';
+      result.message = `${driftMessage(result.drift)}; ${result.chosen ? `fix: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)` : `no candidate keeps the chain on HF's path (tried ${result.trials.map((t) => t.label).join(', ')})`}`;
+      if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
+      return finish();
+    }
+  }
+  if (!miss && target === 'emulation') {
+    // The host chain holds: the next link is the compile for the HTP and its fp16 on the simulator.
+    if (!base.emulation) throw new Error(`forge bisect --target emulation: the build of ${recipe.id} for ${arch.id} stopped before the emulation gate gave a verdict: ${base.record.error ?? (recipe.gates.emulation ? 'no emulation stage ran' : 'the recipe does not ask for it (gates.emulation)')}`);
+    const found = await simulatorBisect({
+      recipe: recipe.id, arch: arch.id, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
+      probeCache: join(cacheRoot(), 'bisect-probe'), log,
+      rebuild: async (rescale) => {
+        const r = await chainBuild(recipe.id, arch.id, { rescale, until: 'emulation', verbose: req.verbose, quiet: true });
+        return { ...(r.emulation ? { emulation: r.emulation } : {}), ...(r.oracle ? { oracleOk: r.oracle.ok } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
+      },
+    });
+    const { trials, verdict, message, ...rest } = found;
+    Object.assign(result, rest, { trials, verdict, message, fixes: rank(trials) });
+    result.chosen = result.fixes[0];
+    result.layer = found.op?.layer ?? undefined;
+    if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, [], result.chosen.rescale);
+    return finish();
+  }
+  if (!miss) {
+    result.message = `no fault: every graph within tolerance${result.drift?.notScanned ? '' : ' and the chained graphs follow HF\'s greedy continuations'} (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
     return finish();
   }
   result.fault = miss;
@@ -177,7 +247,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const tensors = (await modelTensors(family, config)).layers;
   const tryOne = async (c: Candidate): Promise<Trial> => {
     const t = performance.now();
-    const r = await oracleBuild(recipe.id, arch.id, c.overrides, req.verbose, true);
+    const r = await chainBuild(recipe.id, arch.id, { overrides: c.overrides, verbose: req.verbose, quiet: true });
     const seconds = (performance.now() - t) / 1000;
     const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
     log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);

@@ -8,11 +8,23 @@
 import type { GraphBuilder } from '../onnx/builder.js';
 
 /** RMSNorm over the last axis: x·rsqrt(mean(x²)+eps)·w. `w` is a value (already 1+w where a family needs that). */
-export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number): string {
-  const sq = g.op('Mul', [x, x]);
-  const mean = g.op('ReduceMean', [sq], { axes: [-1], keepdims: 1 });
-  const inv = g.op('Reciprocal', [g.op('Sqrt', [g.op('Add', [mean, g.constFloat32([eps], [])])])]);
-  return g.op('Mul', [g.op('Mul', [x, inv]), w]);
+export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number, name?: string): string {
+  const prev = g.scope;
+  if (name) g.scope = prev ? `${prev}/${name}` : name;
+  try {
+    // A rescale rule for this norm (forge bisect's fix when x·x overflows fp16 on the HTP): RMSNorm
+    // is scale-invariant, x·rsqrt(mean x² + ε) = (s·x)·rsqrt(mean (s·x)² + s²ε), so the input is
+    // multiplied by s (a power of two: exact) and ε by s². Same function, squares fp16 can hold.
+    const s = name ? g.rescaleFor(g.scope) : undefined;
+    const xs = s === undefined ? x : g.op('Mul', [x, g.constFloat32([s], [])]);
+    const e = s === undefined ? eps : eps * s * s;
+    const sq = g.op('Mul', [xs, xs]);
+    const mean = g.op('ReduceMean', [sq], { axes: [-1], keepdims: 1 });
+    const inv = g.op('Reciprocal', [g.op('Sqrt', [g.op('Add', [mean, g.constFloat32([e], [])])])]);
+    return g.op('Mul', [g.op('Mul', [xs, inv]), w]);
+  } finally {
+    g.scope = prev;
+  }
 }
 
 /** LayerNorm over the last axis with weight and bias (ONNX LayerNormalization, opset 17). */

@@ -101,14 +101,15 @@ export async function denseDecoderShard(
   const probes: Record<string, TensorIO> = {};
   let x = x0;
   for (let i = s.first; i <= s.last; i++) {
-    const r = await layerFn(x, i, { rope, mask, n, ctx });
+    // Every node of layer i is named layers.i/… (forge bisect names the op that leaves the reference).
+    const r = await g.scoped(`layers.${i}`, () => layerFn(x, i, { rope, mask, n, ctx }));
     inputs.push(...r.inputs);
     outputs.push(...r.outputs);
     x = r.out;
     if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, n, H] };
   }
   if (s.isLast) {
-    x = rmsNorm(g, x, await w.store.small(g, names.finalNorm, [H]), c.eps);
+    x = rmsNorm(g, x, await w.store.small(g, names.finalNorm, [H]), c.eps, 'final_norm');
   }
   const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
   outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, n, H] });

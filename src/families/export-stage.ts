@@ -11,7 +11,7 @@ import type { StageModule } from '../engine/stage.js';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
 import { PrecisionChooser, PRECISION_JSON, type PrecisionMap } from '../quant/precision.js';
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
-import { GraphBuilder } from '../onnx/builder.js';
+import { GraphBuilder, type RescaleRule } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
 import { CheckpointLinks, type LinkedFile } from '../onnx/linked-data.js';
 import { writeModel } from '../onnx/writer.js';
@@ -41,6 +41,8 @@ export interface ExportParams {
   inPlace?: boolean;
   /** The recipe's per-matrix pins (quant/precision.ts); the auto map, when there is one, is the `precision` input. */
   overrides?: PrecisionOverride[];
+  /** The recipe's exact op rescalings (RescaleRule: an op scope pattern and a power of two), the shipped export only. */
+  rescale?: RescaleRule[];
 }
 
 /** One exported graph: a variant of a component, with the interface its builder gave. */
@@ -152,6 +154,7 @@ export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContex
 async function exportContext(
   out: string, c: Component, variants: GraphVariant[], ckpt: Checkpoint, schemes: { scheme: QuantScheme; lmHeadScheme: QuantScheme },
   onTensor: () => void, f16Copy: F16Copy | undefined, w8Form: W8Form, inPlace: CheckpointLinks | undefined, precision: PrecisionChooser,
+  rescale: readonly RescaleRule[] = [], used: Set<RescaleRule> = new Set(),
 ): Promise<ContextEntry> {
   const data = `${c.name}.data`;
   const sink = new ExternalDataWriter(join(out, data));
@@ -163,8 +166,9 @@ async function exportContext(
       const name = graphName(c.name, v.name);
       // W4's QDQ form (int4, blocked DequantizeLinear) exists from opset 21 on: graphs that may hold a
       // w4 matrix (their scheme, a recipe override, auto's map) are built there.
-      const g = new GraphBuilder(name, w8Form === 'qdq' && (scheme === 'w4' || precision.mayChoose('w4')) ? { opsets: { '': W4_QDQ_OPSET } } : {});
+      const g = new GraphBuilder(name, { ...(w8Form === 'qdq' && (scheme === 'w4' || precision.mayChoose('w4')) ? { opsets: { '': W4_QDQ_OPSET } } : {}), rescale });
       const iface = await v.build(g, { store, ...schemes });
+      for (const r of rescale) if (!g.unusedRescales().includes(r)) used.add(r);
       checkIoNames(name, iface);
       built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface } });
     }
@@ -213,17 +217,21 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
   const f16Read = new Set(reads.flat().filter((t) => t.role === 'matmul' && t.scheme === 'fp16').map((t) => t.name));
   const shared = tables.find((t) => f16Read.has(t.tensor));
   const copy = shared ? new F16Copy(shared.tensor, new ExternalDataWriter(join(out, tableFile(shared)), { align: 1 })) : undefined;
+  const usedRescales = new Set<RescaleRule>();
   try {
     const contexts: ContextEntry[] = [];
     for (const c of components) {
       const variants = c.variants.filter((v) => !dropped.has(graphName(c.name, v.name)));
       if (!variants.length) continue;
-      const ctx = await exportContext(out, c, variants, ckpt, schemes, tick, copy, w8Form, links, chooser);
+      const ctx = await exportContext(out, c, variants, ckpt, schemes, tick, copy, w8Form, links, chooser, p.rescale, usedRescales);
       contexts.push(ctx);
       const range = c.entry.first !== undefined ? ` (layers ${c.entry.first}-${c.entry.last})` : '';
       ui.log(`${c.name}${range}: ${ctx.graphs.map((g) => g.name).join(', ')}; ${ctx.dataBytes} bytes of weights written${ctx.linked ? `; weights read in place from ${ctx.linked.join(', ')}` : ''}`);
       for (const m of ctx.matrices ?? []) if (m.why) ui.log(`${m.tensor}: ${m.scheme}, ${m.why}`);
     }
+    // A rule no op asked for is a typo or a family whose builder cannot rescale that op: said, not ignored.
+    const unused = (p.rescale ?? []).filter((r) => !usedRescales.has(r));
+    if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms are rescalable)`);
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
     if (links?.files().length) manifest.linked = links.files();
     const made = family.madeTables?.(config, p.scheme);

@@ -71,18 +71,18 @@ export async function qwen3Layer(
 
   const pastK = g.input(pastKv('k', layer), 'float32', [1, kvHeads, ctx, d]);
   const pastV = g.input(pastKv('v', layer), 'float32', [1, kvHeads, ctx, d]);
-  const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps);
+  const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps, 'input_layernorm');
   const q = splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, n);
   const k = splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, n);
   const v = splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, n);
-  const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps), io.rope);
-  const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps), io.rope);
+  const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps, 'self_attn.q_norm'), io.rope);
+  const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps, 'self_attn.k_norm'), io.rope);
   const newK = g.output(kr, newKv('k', layer), { shape: [1, kvHeads, n, d] });
   const newV = g.output(v, newKv('v', layer), { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, io.mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
   const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, o]);
-  const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps);
+  const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps, 'post_attention_layernorm');
   const gate = await lin(mlpIn, 'mlp.gate_proj', [ffn, H]);
   const up = await lin(mlpIn, 'mlp.up_proj', [ffn, H]);
   const mlp = await lin(swiGate(g, gate, up), 'mlp.down_proj', [H, ffn]);

@@ -211,7 +211,7 @@ export async function compileForSimulator(graphsDir: string, exp: ExportManifest
 }
 
 /** Feeds of one batch of cases into a safetensors file: `<case>/<input>`, `__metadata__.cases`. */
-async function writeFeeds(path: string, cases: GateCase[]): Promise<void> {
+export async function writeFeeds(path: string, cases: GateCase[]): Promise<void> {
   const specs: Array<TensorSpec & { data: ArrayBufferView }> = [];
   const DTYPE = { float32: 'F32', int32: 'I32', int8: 'I8', float16: 'F16' } as const;
   cases.forEach((c, i) => {

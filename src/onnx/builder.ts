@@ -93,7 +93,15 @@ export interface GraphBuilderOptions {
   /** Extra or overriding opset imports: { '': 17, 'com.microsoft': 1 }. */
   opsets?: Record<string, number>;
   docString?: string;
+  /**
+   * Exact rescalings of named ops (forge bisect's fix for a value fp16 cannot hold): an op builder
+   * that supports one asks rescaleFor(its scope) and rewrites itself (blocks.ts rmsNorm).
+   */
+  rescale?: readonly RescaleRule[];
 }
+
+/** `match`: a pattern over op scopes (`layers.2/input_layernorm`); `scale`: a power of two. */
+export interface RescaleRule { match: string; scale: number }
 
 interface Init extends InitializerInfo {
   bytes?: Uint8Array; // absent when external
@@ -119,8 +127,17 @@ export class GraphBuilder {
   private readonly nodeNames = new Set<string>();
   private readonly docString?: string;
 
+  /**
+   * The name scope of the nodes made now (`layers.3`, `layers.3/input_layernorm`): node names are
+   * `<scope>/<op>`, so a graph's nodes say which layer and block they compute (forge bisect's probes
+   * read them). Set by the family's layer builders; '' outside any.
+   */
+  scope = '';
+  private readonly rescales: Array<{ rule: RescaleRule; re: RegExp; hits: number }>;
+
   constructor(name: string, opts: GraphBuilderOptions = {}) {
     this.name = name;
+    this.rescales = (opts.rescale ?? []).map((rule) => ({ rule, re: new RegExp(`^(?:${rule.match})$`), hits: 0 }));
     this.sink = opts.externalSink;
     this.docString = opts.docString;
     for (const [d, v] of Object.entries(opts.opsets ?? {})) this.opsets.set(d, v);
@@ -202,7 +219,7 @@ export class GraphBuilder {
     const count = outputs ?? opts.outputs?.length ?? 1;
     if (opts.outputs && opts.outputs.length !== count) throw new Error(`op ${type}: ${opts.outputs.length} output names for ${count} outputs`);
     if (!domain) [inputs, attrs] = this.spellForOpset(type, inputs, attrs, count);
-    const nodeName = this.uniqueNode(opts.name ?? type);
+    const nodeName = this.uniqueNode(opts.name ?? (this.scope ? `${this.scope}/${type}` : type));
     const dtypes = this.outTypes(type, inputs, attrs, count, opts.dtype);
     const outs = Array.from({ length: count }, (_, k) => {
       const n = opts.outputs ? opts.outputs[k] : this.fresh(count === 1 ? `${nodeName}_out` : `${nodeName}_out${k}`);
@@ -312,6 +329,30 @@ export class GraphBuilder {
     if (!name) throw new Error('empty value name');
     if (this.types.has(name)) throw new Error(`value name '${name}' already used`);
     this.types.set(name, dtype);
+  }
+
+  /** Runs `fn` with `name` appended to the scope (async builders included), restoring it after. */
+  async scoped<T>(name: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.scope;
+    this.scope = prev ? `${prev}/${name}` : name;
+    try {
+      return await fn();
+    } finally {
+      this.scope = prev;
+    }
+  }
+
+  /** The rescale factor for an op scope (the first rule that matches), counted as used. */
+  rescaleFor(scope: string): number | undefined {
+    const r = this.rescales.find((x) => x.re.test(scope));
+    if (!r) return undefined;
+    r.hits++;
+    return r.rule.scale;
+  }
+
+  /** The rescale rules no op of this graph asked for. */
+  unusedRescales(): RescaleRule[] {
+    return this.rescales.filter((r) => !r.hits).map((r) => r.rule);
   }
 
   private fresh(base: string): string {

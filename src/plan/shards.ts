@@ -109,7 +109,10 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
   const chooser = new PrecisionChooser(s.overrides, precision);
   const layerBytes = tensors.layers.map((t) => sumBytes(t, baseScheme(s.quant), chooser));
   const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant, chooser) + sumBytes(tensors.final, s.lmHead.quant, chooser);
-  const unused = chooser.unused();
+  // A line that matches no matmul weight is a typo; one that matches weights an earlier line already
+  // pins (forge bisect puts its fix first) is shadowed, not wrong: first match wins, as documented.
+  const matmuls = [...tensors.layers.flat(), ...tensors.lmHead, ...tensors.final].filter((t) => t.role === 'matmul').map((t) => t.name);
+  const unused = s.overrides.filter((o) => { const re = new RegExp(`^(?:${o.match})$`); return !matmuls.some((n) => re.test(n)); });
   if (unused.length) throw new PlanError(`overrides ${unused.map((o) => JSON.stringify(o.match)).join(', ')} match no matmul weight of this model (patterns match a whole tensor name, e.g. "model\\.layers\\.3\\..*")`);
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
   const archCeiling = arch.contextCeilingBytes;

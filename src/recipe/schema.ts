@@ -109,6 +109,24 @@ export const PrecisionOverrideSchema = z.object({
 }).strict();
 export type PrecisionOverride = z.infer<typeof PrecisionOverrideSchema>;
 
+/**
+ * An exact rewrite of one or more ops that fp16 cannot hold (forge bisect's fix for an overflow on
+ * the HTP): `match` is a pattern over the graphs' op scopes (`layers.2/input_layernorm`, as node names
+ * show them), `scale` a power of two the op's input is multiplied by and its result corrected for.
+ */
+export const RescaleSchema = z.object({
+  match: z.string().min(1).superRefine((m, ctx) => {
+    try {
+      new RegExp(`^(?:${m})$`);
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
+    }
+  }),
+  scale: z.number().positive().refine((s) => Number.isInteger(Math.log2(s)), 'a power of two (exact in every float format)'),
+  why: z.string().trim().min(1).optional(),
+}).strict();
+export type Rescale = z.infer<typeof RescaleSchema>;
+
 const layerRange = z
   .tuple([z.number().int().nonnegative(), z.number().int().nonnegative()])
   .refine(([a, b]) => a <= b, 'a layer range is [first, last] with first <= last');
@@ -126,6 +144,8 @@ export const ArchSettingsPatchSchema = z.object({
   quant: LayerQuantSchema,
   /** Per-matrix precision pins by tensor-name pattern (PrecisionOverrideSchema), in order. */
   overrides: z.array(PrecisionOverrideSchema),
+  /** Exact op rescalings in the shipped graphs (RescaleSchema), for values fp16 cannot hold. */
+  rescale: z.array(RescaleSchema),
   lmHead: LmHeadSchema,
   maxContext: z.number().int().positive(),
   /** Tokens per prefill graph call (AR-N); 0 means decode-over-prompt only. */
@@ -142,6 +162,7 @@ export const ARCH_SETTING_DEFAULTS = {
   shards: 'auto',
   quant: 'w8',
   overrides: [],
+  rescale: [],
   lmHead: { placement: 'separate', quant: 'fp16' },
   maxContext: 512,
   prefillLength: 32,

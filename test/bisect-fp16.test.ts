@@ -1,0 +1,147 @@
+// forge bisect --target emulation (issue 17, step 2): a planted fp16 overflow — the tiny-qwen3 twin
+// with layer 2's q_proj ×1024 (test/helpers/fp16-overflow.ts: q_norm makes it the same function, but
+// q_norm's square of q no longer fits fp16) — holds on the CPU and leaves tolerance on the x86 HTP
+// simulator. bisect names the graph, the op (layers.2/self_attn.q_norm/Mul, found by a probe variant
+// run on the simulator beside the CPU), the link compile/fp16 and an exact rescale that --apply writes
+// and with which the plain build's simulator gate passes. A healthy twin is "no fault" on the simulator, quickly from the cache.
+// Plus the pure parts: the rewrite is the same function, the candidates and their scale.
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { pathToFileURL } from 'node:url';
+import * as ort from 'onnxruntime-node';
+import { forge, lastJson } from './helpers/forge-cli.js';
+import { makeFp16Hostile } from './helpers/fp16-overflow.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { cacheRoot } from '../src/paths.js';
+import { dumpDom } from '../src/toolchain/chromium.js';
+import { GraphBuilder } from '../src/onnx/builder.js';
+import { encodeModel } from '../src/onnx/writer.js';
+import { rmsNorm } from '../src/families/blocks.js';
+import { rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
+import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
+import type { BisectResult } from '../src/bisect/run.js';
+
+let work: string;
+let recipes: string;
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), 'forge-bisect-fp16-'));
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+});
+
+const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+
+describe('forge bisect --target emulation', () => {
+  it('names the op that overflows fp16 on the simulator, the link compile/fp16, and the rescale that makes the simulator gate pass', async () => {
+    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
+    expect(twin.code, twin.stderr).toBe(0);
+    const hostile = join(work, 'fp16-hostile');
+    await makeFp16Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, 2, 1024);
+    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.id = 'tiny-qwen3-fp16-hostile';
+    r.source = { kind: 'local', path: hostile };
+    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
+    const recipeFile = join(recipes, r.id, 'recipe.json');
+    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+
+    const out = join(work, 'bisect');
+    const run = await forge(['bisect', r.id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastJson(run.stdout) as BisectResult;
+    // The CPU chain holds (fp32 and the shipped w8 graphs within tolerance): not quantization's doing.
+    expect(b.fault).toBeUndefined();
+    expect(b.layers.every((l) => l.fp32! >= b.thresholds.fp32 && l.shipped! >= b.thresholds.shipped)).toBe(true);
+    // The simulator does not.
+    expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
+    expect(b.simFault!.cosine).toBeLessThan(b.simFault!.threshold);
+    // The op: the square in layer 2's q_norm, whose inputs fit fp16 and whose result does not.
+    expect(b.op).toMatchObject({ node: 'layers.2/self_attn.q_norm/Mul', scope: 'layers.2/self_attn.q_norm', layer: 2 });
+    expect(b.probe!.why).toBe('overflow');
+    expect(b.probe!.first!.cpuMaxAbs).toBeGreaterThan(65504);
+    expect(b.probe!.first!.inputMaxAbs).toBeLessThan(65504);
+    // Every op before it in the graph agrees with the CPU on the simulator (the attention mask's add
+    // reaches 65508 on the CPU, a hair over fp16's range, and is right there all the same).
+    const before = b.probe!.ops.slice(0, b.probe!.ops.findIndex((o) => o.node === b.op!.node));
+    expect(before.length).toBeGreaterThan(0);
+    expect(before.every((o) => o.simNonFinite === 0 && o.cosine >= b.simulator!.threshold)).toBe(true);
+    expect(b.layer).toBe(2);
+    // The fix: an exact rescale, which passes the simulator gate; --apply wrote it into the recipe.
+    expect(b.verdict).toBe('fixed');
+    const chosen = b.chosen!;
+    expect(chosen.ok).toBe(true);
+    expect(chosen.rescale!.length).toBeGreaterThan(0);
+    expect(chosen.rescale![0].match).toBe('layers\\.2/self_attn\\.q_norm');
+    expect(chosen.minCosine!).toBeGreaterThanOrEqual(b.simulator!.threshold);
+    expect(b.applied!.rescale).toEqual(chosen.rescale);
+    expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.rescale).toEqual(chosen.rescale);
+    console.log(`[measured] bisect --target emulation on the fp16-hostile twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+
+    // The plain build of the recipe now passes the simulator gate, from the trial's cache.
+    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    const rec = lastJson(rebuilt.stdout);
+    expect(rec.gates.emulation.ok, rebuilt.stderr).toBe(true);
+    expect(rec.stages.find((s: { name: string }) => s.name === 'emulation').status).toBe('cached');
+
+    for (const f of ['bisect.json', 'bisect.html', 'summary.txt']) expect(existsSync(join(out, f)), f).toBe(true);
+    const dom = await dumpDom(pathToFileURL(join(out, 'bisect.html')).href, join(work, 'chromium-profile'));
+    expect(dom).toContain('link compile/fp16');
+    expect(dom).toContain('On the x86 HTP simulator');
+    expect(dom).toContain('Op by op: layers.2/self_attn.q_norm/Mul');
+    expect(dom).toContain(chosen.label);
+  }, 1_800_000); // the twin's trace and w8 export, the native runtime, the simulator gate (~4 min here), the probe, up to two trial builds through the simulator
+
+  it('says "no fault" on a healthy twin on the simulator, from the cache', async () => {
+    const args = ['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'emulation', '--json', '--out', join(work, 'bisect-healthy')];
+    const first = await forge(args, { FORGE_RECIPES: recipes });
+    expect(first.code, first.stderr).toBe(0);
+    const t = performance.now();
+    const run = await forge(args, { FORGE_RECIPES: recipes });
+    const seconds = (performance.now() - t) / 1000;
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastJson(run.stdout) as BisectResult;
+    expect(b.verdict).toBe('no-fault');
+    expect(b.message).toMatch(/^no fault: every graph within tolerance on the CPU and on the x86 HTP simulator/);
+    expect(b.build.stages.every((s) => s.status === 'cached')).toBe(true);
+    expect(seconds).toBeLessThan(30);
+    console.log(`[measured] bisect --target emulation on healthy tiny-qwen3, cached: ${seconds.toFixed(1)} s for the command`);
+  }, 1_200_000);
+});
+
+describe('bisect on the simulator, the pure parts', () => {
+  it('rescales an RMSNorm exactly: the same function, squares fp16 can hold', async () => {
+    const x = Float32Array.from({ length: 2 * 8 }, (_, i) => (i % 3 === 0 ? 300 : -20) + i);
+    const run = async (rescale: Array<{ match: string; scale: number }>) => {
+      const g = new GraphBuilder('norm', { rescale });
+      const input = g.input('x', 'float32', [2, 8]);
+      const y = await g.scoped('layers.2', async () => rmsNorm(g, input, g.constFloat32(Array.from({ length: 8 }, (_, i) => 1 + i / 8), [8]), 1e-6, 'input_layernorm'));
+      g.output(y, 'y', { shape: [2, 8] });
+      expect(g.unusedRescales()).toEqual([]);
+      const s = await ort.InferenceSession.create(encodeModel(g));
+      return { y: (await s.run({ x: new ort.Tensor('float32', x, [2, 8]) })).y.data as Float32Array, nodes: g };
+    };
+    const plain = await run([]);
+    const scaled = await run([{ match: 'layers\\.2/input_layernorm', scale: 2 ** -5 }]);
+    for (let i = 0; i < x.length; i++) expect(scaled.y[i]).toBeCloseTo(plain.y[i], 5);
+  });
+
+  it('picks a power of two that brings the input under 16, and offers the op alone before every residual norm after it', () => {
+    expect(scaleFor(380)).toBe(2 ** -5);
+    expect(scaleFor(17)).toBe(2 ** -1);
+    const op = (node: string, inputMaxAbs: number, cpuMaxAbs: number): OpFigure => ({ node, op: node.split('/').pop()!.replace(/_\d+$/, ''), scope: node.slice(0, node.lastIndexOf('/')), layer: /^layers\.(\d+)/.test(node) ? Number(/^layers\.(\d+)/.exec(node)![1]) : null, value: `${node}_out`, cosine: 1, cpuMaxAbs, inputMaxAbs, simMaxAbs: 0, simNonFinite: 0, simSaturated: 0 });
+    const ops = [op('layers.1/input_layernorm/Mul', 13, 169), op('layers.2/input_layernorm/Mul', 380, 144400), op('layers.2/self_attn.q_norm/Mul', 4, 16), op('layers.2/post_attention_layernorm/Mul', 400, 160000), op('final_norm/Mul', 410, 168100)];
+    const probe = { graph: 'shard0.decode', cases: [], ops, first: ops[1], why: 'overflow', graphSha256: '', cached: false, seconds: 0 } as ProbeResult;
+    // The norms whose squares overflow in this probe, together (one left alone would still overflow).
+    const [one, all] = rescaleCandidates(probe, 4);
+    expect(one).toMatchObject({ addedOps: 3, scopes: ['layers.2/input_layernorm', 'layers.2/post_attention_layernorm', 'final_norm'], rescale: [{ match: 'layers\\.2/input_layernorm|layers\\.2/post_attention_layernorm|final_norm', scale: 2 ** -5 }] });
+    // The named op alone, when it is the only one.
+    const alone = rescaleCandidates({ ...probe, ops: ops.slice(0, 3) }, 4);
+    expect(alone[0]).toMatchObject({ label: 'rescale layers.2/input_layernorm', addedOps: 1, rescale: [{ match: 'layers\\.2/input_layernorm', scale: 2 ** -5 }] });
+    // Layer 3 is not in this probe's ops (another graph would hold it): named by pattern.
+    expect(new Set(all.scopes)).toEqual(new Set(['layers.2/input_layernorm', 'layers.2/post_attention_layernorm', 'final_norm', 'layers.3/input_layernorm', 'layers.3/post_attention_layernorm']));
+    expect(all.rescale[0].scale).toBe(2 ** -5); // 410 → 12.8
+    // A non-norm op has no rescale here.
+    expect(rescaleCandidates({ ...probe, first: op('layers.2/mlp/Gemm', 10, 70000) }, 4)).toEqual([]);
+  });
+});
