@@ -231,7 +231,7 @@ describe('gemma4 residual hand-off (recipe handoff: auto)', () => {
     expect(io(graphs(entry('quantize'))).every((x) => x.endsWith(':float32'))).toBe(true);
     const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
     const bound = m.contexts.flatMap((c) => c.graphs.flatMap((g) => [...g.inputs, ...g.outputs].filter((t) => t.bind === 'residual').map((t) => `${g.name}:${t.name}:${t.dtype}`)));
-    expect(bound).toEqual(['shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
+    expect(bound).toEqual(['shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
     expect(readFileSync(join(out, 'README.md'), 'utf8')).toMatch(/\*\*Residual hand-off\*\* between contexts \(shard → shard → lm-head\), chosen by the oracle gate: float16\. f16 hand-offs keep every greedy decision/);
   });
 });
