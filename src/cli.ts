@@ -12,6 +12,10 @@ import { bisect, TARGETS } from './bisect/run.js';
 import { summaryText } from './bisect/report.js';
 import { nightly } from './nightly/run.js';
 import { NOT_YET } from './nightly/report.js';
+import { runWorker } from './nightly/worker.js';
+import { formatStatus, queueStatus } from './nightly/status.js';
+import { defaultMemoryBudget } from './engine/scheduler.js';
+import { totalmem } from 'node:os';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
@@ -152,14 +156,24 @@ program.command('compare <bundle-a> <bundle-b>')
   });
 
 program.command('nightly')
-  .description('build every recipe × arch of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build')
+  .description('build every recipe × arch of a matrix (sequentially here, or as jobs for `forge worker`s with --queue; the stage cache is shared) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build')
   .option('--matrix <file>', 'matrix file (default nightly/twins.json)')
   .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
-  .option('--json', 'print nightly.json as the last line of stdout')
+  .option('--queue <redis-url>', 'enqueue the builds on this Redis (redis://host:port) for `forge worker`s and wait for their results')
+  .option('--run <id>', 'with --queue: the run id jobs are named by (default: the start time); the same id again waits for the same jobs instead of adding them twice')
+  .option('--status', 'with --queue: print every job of the latest nightly (or of --run) and exit: state, worker, stage, attempts')
+  .option('--json', 'print nightly.json (with --status: the jobs) as the last line of stdout')
   .addHelpText('after', `\n${NOT_YET}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean }) => {
-    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose });
+  .action(async (o: { matrix?: string; out?: string; compare?: string; queue?: string; run?: string; status?: boolean; json?: boolean }) => {
+    if (o.status) {
+      if (!o.queue) throw new Error('--status reads the job queue: give it --queue redis://host:port');
+      const s = await queueStatus(o.queue, o.run);
+      console.log(o.json ? JSON.stringify(s) : formatStatus(s));
+      return;
+    }
+    if (o.run && !o.queue) throw new Error('--run names the jobs of a queued nightly: give it --queue redis://host:port');
+    const r = await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, queue: o.queue, run: o.run, verbose });
     if (r.interrupted) process.exit(130);
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
@@ -168,6 +182,16 @@ program.command('nightly')
       console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
     }
     if (r.comparison.regressions.length) process.exitCode = 1;
+  });
+
+program.command('worker')
+  .description('take build jobs of `forge nightly --queue` from Redis and build them here, one at a time (or --concurrency); runs until stopped')
+  .requiredOption('--queue <redis-url>', 'the Redis the nightly enqueues on (redis://host:port)')
+  .option('--memory-budget <GB>', "largest peak a job may declare to be taken here, and each build's --memory-budget (default: RAM less 10%, at least 2 GB)", gbToBytes('--memory-budget'))
+  .option('--concurrency <n>', 'builds at once (default 1)', positiveInt('--concurrency'))
+  .option('--out <dir>', 'where builds are written: <dir>/<recipe>/<arch> (default out/worker)')
+  .action(async (o: { queue: string; memoryBudget?: number; concurrency?: number; out?: string }) => {
+    await runWorker({ queue: o.queue, memoryBudgetBytes: o.memoryBudget ?? defaultMemoryBudget(totalmem()), concurrency: o.concurrency, out: o.out, verbose });
   });
 
 program.command('doctor')

@@ -35,6 +35,12 @@ export const MatrixSchema = z.object({
   builds: z.array(z.object({
     recipe: z.string().min(1),
     arch: z.enum(ARCH_IDS as [string, ...string[]], { error: () => `not an arch (valid: ${ARCH_IDS.join(', ')})` }),
+    /**
+     * Peak memory (GB) the build needs, for `forge nightly --queue`: only a worker whose
+     * --memory-budget holds it takes the job. Not declared: any worker may (the build's own
+     * scheduler still refuses a stage predicted over that worker's budget).
+     */
+    memoryGB: z.number().positive().optional(),
   }).strict()).min(1),
   thresholds: ThresholdsSchema.default(ThresholdsSchema.parse({})),
 }).strict();

@@ -4,14 +4,18 @@
 //   nightly.json, report.md, report.html   this run (nightly.json is the next run's default baseline)
 //   history/<startedAt>.json               every run's nightly.json, for the trend plots
 //   builds/<recipe>/<arch>/                each build's output, as `forge build --out` writes it
+// With --queue the builds run as jobs on `forge worker`s instead (queued.ts), written where each
+// worker writes; what comes back is the same summaries, and from there both paths are one.
 import { existsSync, mkdirSync, readdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { build } from '../build.js';
-import { buildId, loadMatrix } from './matrix.js';
+import { buildId, loadMatrix, type Matrix } from './matrix.js';
 import { compareNightlies, type Comparison } from './compare.js';
 import { failedSummary, readNightly, summarize, type BuildSummary, type Nightly } from './summary.js';
 import { nightlyHtml, nightlyMarkdown } from './report.js';
+import { buildOnQueue } from './queued.js';
+import { checkQueueUrl, runIdOf } from './queue.js';
 
 export interface NightlyRequest {
   /** The matrix file (default nightly/twins.json in the repo). */
@@ -22,6 +26,10 @@ export interface NightlyRequest {
   compare?: string;
   verbose?: boolean;
   log?: (line: string) => void;
+  /** redis://…: enqueue the builds for `forge worker`s instead of building here. */
+  queue?: string;
+  /** With queue: the run id the jobs are named by (default from the start time); a rerun with the same id reattaches. */
+  run?: string;
 }
 
 export interface NightlyOutcome {
@@ -55,6 +63,19 @@ function readHistory(dir: string, log: (l: string) => void): Nightly[] {
   return runs.sort((a, b) => a.startedAt.localeCompare(b.startedAt));
 }
 
+/** What both paths fix before the first build: the matrix, out dir and baseline are refused here. */
+interface Prepared {
+  matrix: Matrix;
+  file: string;
+  out: string;
+  own: string;
+  baselineFile: string | null;
+  before: Nightly | null;
+  startedAt: string;
+  t0: number;
+  log: (line: string) => void;
+}
+
 export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome> {
   const log = req.log ?? ((l: string) => process.stderr.write(`[nightly] ${l}\n`));
   const t0 = performance.now();
@@ -64,8 +85,16 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
   const own = join(out, NIGHTLY_JSON);
   const baselineFile = req.compare ? resolve(req.compare) : existsSync(own) ? own : null;
   const before = baselineFile ? readNightly(baselineFile) : null;
+  if (req.queue) checkQueueUrl(req.queue);
   const startedAt = new Date().toISOString();
+  const p: Prepared = { matrix, file, out, own, baselineFile, before, startedAt, t0, log };
+  if (req.queue) return finish(p, await buildOnQueue({ matrix, queue: req.queue, runId: req.run ?? runIdOf(startedAt), log }));
+  return buildHere(p, req.verbose);
+}
 
+/** The builds one after another in this process. */
+async function buildHere(p: Prepared, verbose?: boolean): Promise<NightlyOutcome> {
+  const { matrix, file, out, baselineFile, before, startedAt, t0, log } = p;
   const builds: BuildSummary[] = [];
   for (const [n, b] of matrix.builds.entries()) {
     const id = buildId(b);
@@ -73,7 +102,7 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
     const bt = performance.now();
     let summary: BuildSummary;
     try {
-      const record = await build({ recipe: b.recipe, arch: b.arch, out: join(out, 'builds', b.recipe, b.arch), verbose: req.verbose });
+      const record = await build({ recipe: b.recipe, arch: b.arch, out: join(out, 'builds', b.recipe, b.arch), verbose });
       if (record.status === 'interrupted') {
         log(`${id}: ${record.error}; the rest of the matrix is not built and no nightly.json is written`);
         const partial = { format: 'forge-nightly/1' as const, startedAt, seconds: (performance.now() - t0) / 1000, matrix: file, thresholds: matrix.thresholds, builds, comparedWith: baselineFile, regressions: 0 };
@@ -89,7 +118,11 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
     log(`${n + 1}/${matrix.builds.length} ${id}: ${summary.ok ? 'ok' : `FAILED (${summary.error ?? summary.status})`} in ${summary.seconds.toFixed(1)} s, ${cached}/${summary.stages.length} stages cached`);
     builds.push(summary);
   }
+  return finish(p, builds);
+}
 
+/** The builds' summaries, in matrix order, to nightly.json, the reports and the history: one path for both. */
+function finish({ matrix, file, out, own, baselineFile, before, startedAt, t0, log }: Prepared, builds: BuildSummary[]): NightlyOutcome {
   const result: Nightly = {
     format: 'forge-nightly/1',
     ...(matrix.name ? { name: matrix.name } : {}),
