@@ -4,6 +4,8 @@
 // IPC channel closes and this process kills what it started and leaves at once — no orphan build
 // goes on writing into the worker's out dir while another worker redoes the job. The stage cache
 // needs nothing more: entries appear by rename, and a dead holder's lock goes stale (engine/cache.ts).
+// Which cache the build uses comes with the worker's environment (FORGE_CACHE, inherited by fork);
+// a cache option of build() belongs in BuildChildRequest, passed through as it is.
 import { build } from '../build.js';
 import { killOwnedGroups } from '../engine/subprocess.js';
 import { lineProgress, type Progress } from '../engine/progress.js';

@@ -43,7 +43,7 @@ function toolLines(n: Nightly, cmp: Comparison): string[] {
 }
 
 /** What `forge nightly` does not do yet (issue 18): said in every report, not only in the README. */
-export const NOT_YET = 'Runs the builds one after another on this machine with its local stage cache. Not built yet: the job queue (BullMQ workers on several machines), the shared S3 cache, the GitHub workflow, and the toolchain matrix (two toolchain pins side by side).';
+export const NOT_YET = 'Runs the builds one after another on this machine, or with --queue as jobs for `forge worker`s sharing the stage cache. Not built yet: the shared S3 cache, the GitHub workflow, and the toolchain matrix (two toolchain pins side by side).';
 
 function headline(n: Nightly, cmp: Comparison): string {
   const failed = n.builds.filter((b) => !b.ok).length;
