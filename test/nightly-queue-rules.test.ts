@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { admission, connectRedis, jobIdOf, parseBuildJob, queueTimings, redactUrl, runIdOf } from '../src/nightly/queue.js';
 import { loadMatrix } from '../src/nightly/matrix.js';
 import { forge } from './helpers/forge-cli.js';
+import { formatStatus } from '../src/nightly/status.js';
 
 const job = { format: 'forge-build-job/1', runId: 'r1', index: 0, recipe: 'tiny-qwen3', arch: 'v81', memoryBytes: 4e9 };
 
@@ -48,6 +49,23 @@ describe('which worker takes a job', () => {
     expect(queueTimings({})).toEqual({ lockMs: 30_000, stalledMs: 30_000, maxStalled: 2 });
     expect(queueTimings({ FORGE_QUEUE_LOCK_MS: '5000' }).lockMs).toBe(5000);
     expect(() => queueTimings({ FORGE_QUEUE_STALLED_MS: '2s' })).toThrow("FORGE_QUEUE_STALLED_MS wants a whole number of milliseconds of at least 100, got '2s'");
+  });
+});
+
+describe('forge nightly --status', () => {
+  it('one line per job: state, attempts, stalls, worker, stages; a job back in the queue shows where it was, not as running', () => {
+    const text = formatStatus({ runId: 'r1', jobs: [
+      { id: 'r1/tiny-qwen3/v81', build: 'tiny-qwen3/v81', state: 'completed', attempts: 2, stalled: 1, worker: 'b:2', stages: [{ name: 'fetch', status: 'cached' }, { name: 'export', status: 'ran' }], result: 'ok' },
+      { id: 'r1/tiny-qwen3/v79', build: 'tiny-qwen3/v79', state: 'active', attempts: 1, stalled: 0, worker: 'a:1', stages: [{ name: 'fetch', status: 'ran' }, { name: 'compile', status: 'running' }], current: { stage: 'compile', done: 1, total: 2, label: 'lm_head' } },
+      { id: 'r1/tiny-qwen3.5/v81', build: 'tiny-qwen3.5/v81', state: 'waiting', attempts: 1, stalled: 1, worker: 'a:1', stages: [{ name: 'fetch', status: 'cached' }, { name: 'plan', status: 'running' }] },
+    ] });
+    expect(text.split('\n')).toEqual([
+      'run r1: 3 jobs',
+      'tiny-qwen3/v81   completed attempts 2 (stalled 1) on b:2; stages 2 done (1 cached); ok',
+      'tiny-qwen3/v79   active    attempts 1 on a:1; stages 1 done (0 cached), running compile 1/2 lm_head',
+      'tiny-qwen3.5/v81 waiting   attempts 1 (stalled 1) last on a:1; stages 1 done (1 cached)',
+    ]);
+    expect(formatStatus({ runId: null, jobs: [] })).toBe('no nightly jobs on this queue');
   });
 });
 

@@ -72,11 +72,15 @@ export function formatStatus(s: QueueStatus): string {
   if (!s.runId) return 'no nightly jobs on this queue';
   const width = Math.max(12, ...s.jobs.map((j) => j.build.length));
   const lines = s.jobs.map((j) => {
+    // A job back in the queue after its worker died still carries that worker's last progress:
+    // shown as where it was, not as running.
+    const live = j.state === 'active';
     const done = j.stages.filter((x) => x.status !== 'running');
-    const running = j.stages.filter((x) => x.status === 'running').map((x) => x.name);
-    const where = j.current && running.includes(j.current.stage) ? ` ${j.current.stage} ${j.current.done}/${j.current.total}${j.current.label ? ` ${j.current.label}` : ''}` : '';
-    const stages = j.stages.length ? `; stages ${done.length} done (${done.filter((x) => x.status === 'cached').length} cached)${running.length ? `, running ${running.join(', ')}${where}` : ''}` : '';
-    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` on ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}`;
+    const running = live ? j.stages.filter((x) => x.status === 'running').map((x) => x.name) : [];
+    const c = j.current;
+    const at = (name: string) => (c && c.stage === name ? `${name} ${c.done}/${c.total}${c.label ? ` ${c.label}` : ''}` : name);
+    const stages = j.stages.length ? `; stages ${done.length} done (${done.filter((x) => x.status === 'cached').length} cached)${running.length ? `, running ${running.map(at).join(', ')}` : ''}` : '';
+    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` ${live || j.state === 'completed' ? 'on' : 'last on'} ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}`;
   });
   return [`run ${s.runId}: ${s.jobs.length} jobs`, ...lines].join('\n');
 }
