@@ -53,6 +53,38 @@ afterAll(async () => {
   await redis?.stop();
 });
 
+describe('forge worker --memory-budget', () => {
+  it('hands a job declaring more than its budget back to the queue: not built there, not failed', async () => {
+    const own = await startRedis();
+    try {
+      const matrix = join(work, 'big-one.json');
+      writeFileSync(matrix, JSON.stringify({ builds: [{ recipe: 'tiny-qwen3', arch: 'v81', memoryGB: 4 }] }));
+      const log = createWriteStream(join(work, 'tiny.log'));
+      const tiny = spawn(resolve('forge'), ['worker', '--queue', own.url, '--memory-budget', '1', '--out', join(work, 'tiny')], { env: { ...process.env, CI: '1' }, stdio: ['ignore', 'pipe', 'pipe'] });
+      workers.push(tiny);
+      let said = '';
+      tiny.stderr!.on('data', (d) => { said += d; });
+      tiny.stderr!.pipe(log);
+      // The nightly waits for a worker that can hold 4 GB; none comes, so it is stopped here.
+      const waiting = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--out', join(work, 'never')], { env: { ...process.env, CI: '1' }, stdio: 'ignore' });
+      try {
+        await until('the 1 GB worker to hand the job back', async () => (said.includes('handing back') ? true : undefined), 300_000);
+        expect(said).toMatch(/handing back \S+\/tiny-qwen3\/v81: tiny-qwen3\/v81 declares 4\.00 GB, over this worker's memory budget of 1\.00 GB/);
+        const s = await queueStatus(own.url);
+        expect(s.jobs).toHaveLength(1);
+        expect(s.jobs[0]).toMatchObject({ build: 'tiny-qwen3/v81', stalled: 0, stages: [] });
+        expect(['delayed', 'waiting', 'active']).toContain(s.jobs[0].state);
+        expect(said).not.toContain('building tiny-qwen3/v81');
+      } finally {
+        waiting.kill('SIGTERM');
+        tiny.kill('SIGTERM');
+      }
+    } finally {
+      await own.stop();
+    }
+  }, 400_000);
+});
+
 describe('forge nightly --queue with two workers', () => {
   it('survives a worker killed mid-build: green, every build once, the killed build resumed from the cache; the rerun is all cached', async () => {
     // tiny-qwen3.5 declares 4 GB: the 2 GB worker hands it back and only the 8 GB one builds it.
