@@ -22,7 +22,9 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
   const connection = await connectRedis(url);
   const queue = new Queue<BuildJob>(QUEUE_NAME, { connection });
   // QueueEvents reads a Redis stream with blocking calls: a connection of its own.
-  const events = new QueueEvents(QUEUE_NAME, { connection: connection.duplicate() });
+  // BullMQ never closes a connection it was handed: both are closed below, or the process would stay.
+  const eventsConnection = connection.duplicate();
+  const events = new QueueEvents(QUEUE_NAME, { connection: eventsConnection });
   try {
     await events.waitUntilReady();
     const jobs = (await queue.addBulk(matrix.builds.map((b, index) => ({
@@ -62,6 +64,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
   } finally {
     await events.close();
     await queue.close();
+    eventsConnection.disconnect();
     connection.disconnect();
   }
 }
