@@ -12,7 +12,11 @@ import { bisect, TARGETS } from './bisect/run.js';
 import { summaryText } from './bisect/report.js';
 import { describeSummary, nightly } from './nightly/run.js';
 import { listBuilds, nightlyBuild, nightlyFromResults } from './nightly/ci.js';
-import { NOT_YET } from './nightly/report.js';
+import { HOW_IT_RUNS } from './nightly/report.js';
+import { runWorker } from './nightly/worker.js';
+import { formatStatus, queueStatus } from './nightly/status.js';
+import { defaultMemoryBudget } from './engine/scheduler.js';
+import { totalmem } from 'node:os';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
@@ -161,18 +165,29 @@ program.command('compare <bundle-a> <bundle-b>')
   });
 
 program.command('nightly')
-  .description('build every recipe × arch (× toolchain) of a matrix (sequentially, here, sharing the stage cache) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build. --list, --build and --from-results split it across CI jobs (.github/workflows/nightly.yml)')
+  .description('build every recipe × arch (× toolchain) of a matrix (sequentially here, or as jobs for `forge worker`s with --queue; the stage cache is shared) and report regressions against the previous nightly: nightly.json, report.md, report.html; exit 1 on a regression or a failed build. --list, --build and --from-results split it across CI jobs (.github/workflows/nightly.yml)')
   .option('--matrix <file>', 'matrix file (default nightly/twins.json)')
   .option('--out <dir>', 'out dir: reports, history/ and builds/ (default out/nightly)')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
-  .option('--json', 'print nightly.json (with --list: the builds) as the last line of stdout')
+  .option('--queue <redis-url>', 'enqueue the builds on this Redis (redis://host:port) for `forge worker`s and wait for their results')
+  .option('--run <id>', 'with --queue: the run id jobs are named by (default: the start time); the same id again waits for the same jobs instead of adding them twice')
+  .option('--status', 'with --queue: print every job of the latest nightly (or of --run) and exit: state, worker, stage, attempts')
+  .option('--json', 'print nightly.json (with --list: the builds; with --status: the jobs) as the last line of stdout')
   .option('--list', "list the matrix's builds (id, recipe, arch, toolchain, slug) and build nothing")
   .option('--build <id>', 'run only this build of the matrix (e.g. tiny-qwen3/v81/qnn-2.6.0) and write <out>/build-summary.json; no report')
   .option('--from-results <dir>', 'build nothing: report on the build-summary.json files under <dir> (one per matrix build, as --build jobs wrote them)')
   .addOption(cacheOption())
-  .addHelpText('after', `\n${NOT_YET}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; json?: boolean; list?: boolean; build?: string; fromResults?: string; cache?: string }) => {
-    if ([o.list, o.build, o.fromResults].filter(Boolean).length > 1) throw new Error('--list, --build and --from-results are alternatives: give one');
+  .addHelpText('after', `\n${HOW_IT_RUNS}`)
+  .action(async (o: { matrix?: string; out?: string; compare?: string; queue?: string; run?: string; status?: boolean; json?: boolean; list?: boolean; build?: string; fromResults?: string; cache?: string }) => {
+    if (o.status) {
+      if (!o.queue) throw new Error('--status reads the job queue: give it --queue redis://host:port');
+      const s = await queueStatus(o.queue, o.run);
+      console.log(o.json ? JSON.stringify(s) : formatStatus(s));
+      return;
+    }
+    if (o.run && !o.queue) throw new Error('--run names the jobs of a queued nightly: give it --queue redis://host:port');
+    if ([o.list, o.build, o.fromResults, o.queue].filter(Boolean).length > 1) throw new Error('--list, --build, --from-results and --queue are alternatives: give one');
+    if (o.queue && o.cache) throw new Error("--cache with --queue: the workers build, so give each `forge worker` the --cache (or FORGE_REMOTE_CACHE)");
     if (o.list) {
       const builds = listBuilds(o.matrix);
       console.log(o.json ? JSON.stringify(builds) : builds.map((b) => b.id).join('\n'));
@@ -187,7 +202,7 @@ program.command('nightly')
     }
     const r = o.fromResults
       ? nightlyFromResults({ results: o.fromResults, matrix: o.matrix, out: o.out, compare: o.compare })
-      : await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose, remoteCache: o.cache });
+      : await nightly({ matrix: o.matrix, out: o.out, compare: o.compare, verbose, remoteCache: o.cache, queue: o.queue, run: o.run });
     if (r.interrupted) process.exit(130);
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
@@ -196,6 +211,17 @@ program.command('nightly')
       console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
     }
     if (r.comparison.regressions.length) process.exitCode = 1;
+  });
+
+program.command('worker')
+  .description('take build jobs of `forge nightly --queue` from Redis and build them here, one at a time (or --concurrency); runs until stopped')
+  .requiredOption('--queue <redis-url>', 'the Redis the nightly enqueues on (redis://host:port)')
+  .option('--memory-budget <GB>', "largest peak a job may declare to be taken here, and each build's --memory-budget (default: RAM less 10%, at least 2 GB)", gbToBytes('--memory-budget'))
+  .option('--concurrency <n>', 'builds at once (default 1)', positiveInt('--concurrency'))
+  .option('--out <dir>', 'where builds are written: <dir>/<recipe>/<arch>[@<toolchain>] (default out/worker)')
+  .addOption(cacheOption())
+  .action(async (o: { queue: string; memoryBudget?: number; concurrency?: number; out?: string; cache?: string }) => {
+    await runWorker({ queue: o.queue, memoryBudgetBytes: o.memoryBudget ?? defaultMemoryBudget(totalmem()), concurrency: o.concurrency, out: o.out, verbose, ...(o.cache ? { remoteCache: o.cache } : {}) });
   });
 
 program.command('doctor')

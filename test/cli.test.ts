@@ -228,7 +228,7 @@ describe('forge plan, list, doctor', () => {
   });
 
   it('has --help on every command', async () => {
-    for (const cmd of ['list', 'plan', 'build', 'bisect', 'nightly', 'publish', 'compare', 'doctor', 'clean', 'test']) {
+    for (const cmd of ['list', 'plan', 'build', 'bisect', 'nightly', 'worker', 'publish', 'compare', 'doctor', 'clean', 'test']) {
       const r = await forge([cmd, '--help']);
       expect(r.code).toBe(0);
       expect(r.stdout).toMatch(new RegExp(`Usage: forge ${cmd}`));

@@ -48,6 +48,12 @@ export const MatrixSchema = z.object({
      * side in the report.
      */
     toolchain: z.string().regex(/^[\w.-]+$/, 'a toolchain name (a file toolchains/<name>.txt), not a path').optional(),
+    /**
+     * Peak memory (GB) the build needs, for `forge nightly --queue`: only a worker whose
+     * --memory-budget holds it takes the job. Not declared: any worker may (the build's own
+     * scheduler still refuses a stage predicted over that worker's budget).
+     */
+    memoryGB: z.number().positive().optional(),
   }).strict()).min(1),
   thresholds: ThresholdsSchema.default(ThresholdsSchema.parse({})),
 }).strict();

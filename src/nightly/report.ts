@@ -68,7 +68,7 @@ const toolchainRule = (n: Nightly) => n.thresholds.failOnToolchainDifference
   : 'Differences beyond the thresholds are flagged here but do not fail the nightly (set thresholds.failOnToolchainDifference to make them); a failed build does.';
 
 /** What `forge nightly` does not do yet (issue 18): said in every report, not only in the README. */
-export const NOT_YET = 'Runs the builds one after another on this machine with its local stage cache (and the shared S3 one with --cache); the GitHub workflow .github/workflows/nightly.yml runs one job per build and reports with --from-results. Not built yet: the job queue (BullMQ workers on several machines).';
+export const HOW_IT_RUNS = 'Runs the builds one after another on this machine, or with --queue as jobs for `forge worker`s on any number of machines; the stage cache is local, a shared directory, or S3 with --cache (each worker its own --cache); the GitHub workflow .github/workflows/nightly.yml runs one job per build and reports with --from-results.';
 
 function headline(n: Nightly, cmp: Comparison): string {
   const failed = n.builds.filter((b) => !b.ok).length;
@@ -100,7 +100,7 @@ export function nightlyMarkdown(n: Nightly, before: Nightly | null, cmp: Compari
     for (const c of cmp.toolchains) parts.push(`### ${toolchainTitle(c)}`, '', toolchainTools(c), '', ...mdTable(toolchainTable(c)));
   }
   parts.push('## Stage times (shown, not flagged)', '', ...mdTable(stageTable(n, before)));
-  parts.push('## Tool versions', '', ...mdTable(toolsTable(n)), ...toolChanges(cmp).map((l) => `- ${l}`), '', `_${NOT_YET}_`, '');
+  parts.push('## Tool versions', '', ...mdTable(toolsTable(n)), ...toolChanges(cmp).map((l) => `- ${l}`), '', `_${HOW_IT_RUNS}_`, '');
   return parts.join('\n');
 }
 
@@ -180,7 +180,7 @@ ${htmlTable(stageTable(n, before), 'stages')}
 <h2>Tool versions</h2>
 ${htmlTable(toolsTable(n), 'tools')}
 <ul id="tool-changes">${toolChanges(cmp).map((l) => `<li>${esc(l)}</li>`).join('')}</ul>
-<p><em>${esc(NOT_YET)}</em></p>
+<p><em>${esc(HOW_IT_RUNS)}</em></p>
 </body></html>
 `;
 }

@@ -4,12 +4,16 @@
 //   nightly.json, report.md, report.html   this run (nightly.json is the next run's default baseline)
 //   history/<startedAt>.json               every run's nightly.json, for the trend plots
 //   builds/<recipe>/<arch>[@<toolchain>]/   each build's output, as `forge build --out` writes it
+// With --queue the builds run as jobs on `forge worker`s instead (queued.ts), written where each
+// worker writes; what comes back is the same summaries, and from there both paths are one.
 import { existsSync, mkdirSync, readdirSync, renameSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { build } from '../build.js';
 import { RemoteCache } from '../engine/remote-cache.js';
 import { buildId, loadMatrix, type Matrix, type MatrixBuild } from './matrix.js';
+import { buildOnQueue } from './queued.js';
+import { checkQueueUrl, runIdOf } from './queue.js';
 import { compareNightlies, type Comparison } from './compare.js';
 import { failedSummary, readNightly, summarize, type BuildSummary, type Nightly } from './summary.js';
 import { nightlyHtml, nightlyMarkdown } from './report.js';
@@ -25,6 +29,10 @@ export interface NightlyRequest {
   log?: (line: string) => void;
   /** The shared stage cache for every build (`--cache`; absent: FORGE_REMOTE_CACHE, else none). */
   remoteCache?: string;
+  /** redis://…: enqueue the builds for `forge worker`s instead of building here (each worker has its own --cache). */
+  queue?: string;
+  /** With queue: the run id the jobs are named by (default from the start time); a rerun with the same id reattaches. */
+  run?: string;
 }
 
 export interface NightlyOutcome {
@@ -98,7 +106,12 @@ export async function nightly(req: NightlyRequest = {}): Promise<NightlyOutcome>
   const { matrix, file } = loadMatrix(req.matrix);
   const out = resolve(req.out ?? join('out', 'nightly'));
   const { baselineFile, before } = baselineOf(out, req.compare);
+  if (req.queue) checkQueueUrl(req.queue);
   const startedAt = new Date().toISOString();
+  if (req.queue) {
+    const builds = await buildOnQueue({ matrix, queue: req.queue, runId: req.run ?? runIdOf(startedAt), log });
+    return finishNightly({ matrix, file, builds, out, baselineFile, before, startedAt, seconds: (performance.now() - t0) / 1000, log });
+  }
   // Opened (and its bucket checked) once: a wrong bucket fails the nightly, not each build in turn.
   const remoteCache = await RemoteCache.fromOption(req.remoteCache);
 

@@ -36,6 +36,8 @@ export const BuildSummarySchema = z.object({
   figures: z.record(z.string(), FigureSchema),
   stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number() }).strict()),
   tools: z.record(z.string(), z.string()),
+  /** Built by a queue worker (forge nightly --queue): which one, its attempt, and how often the job stalled before. */
+  queue: z.object({ worker: z.string(), attempts: z.number().int(), stalled: z.number().int() }).strict().optional(),
 }).strict();
 export type BuildSummary = z.infer<typeof BuildSummarySchema>;
 

@@ -1,0 +1,133 @@
+// The nightly's job queue (BullMQ on Redis): what a build job carries, how jobs are named, which
+// worker may take one, and the Redis connection — shared by `forge nightly --queue`, `forge worker`
+// and `forge nightly --status`. The scheduling itself (locks, stalled-job detection, retries,
+// progress) is BullMQ's; this module only fixes the conventions all three sides agree on.
+import { Redis } from 'ioredis';
+import { z } from 'zod';
+import { RecipeError } from '../recipe/load.js';
+import { fieldPath } from './matrix.js';
+import { formatBytes as gb } from '../engine/memory.js';
+
+/** One BullMQ queue for every build job; jobs of different nightlies are told apart by runId. */
+export const QUEUE_NAME = 'forge-builds';
+
+/** What a job carries: one matrix build, and the peak memory it declares. Versioned: old workers refuse new jobs. */
+export const BuildJobSchema = z.object({
+  format: z.literal('forge-build-job/1'),
+  /** The nightly this build belongs to (its startedAt, or --run). */
+  runId: z.string().min(1),
+  /** Place in the matrix, so a nightly collects results in matrix order. */
+  index: z.number().int().min(0),
+  recipe: z.string().min(1),
+  arch: z.string().min(1),
+  /** The matrix entry's pinned toolchain (toolchains/<name>.txt), when it has one. */
+  toolchain: z.string().min(1).optional(),
+  /** Peak memory the build is declared to need (the matrix entry's memoryGB); 0 when not declared. */
+  memoryBytes: z.number().min(0),
+}).strict();
+export type BuildJob = z.infer<typeof BuildJobSchema>;
+
+/** A job payload from Redis, validated: one line naming the job and the field, never a half-run build. */
+export function parseBuildJob(raw: unknown, jobId: string): BuildJob {
+  const parsed = BuildJobSchema.safeParse(raw);
+  if (!parsed.success) throw new RecipeError(`invalid build job ${jobId}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
+  return parsed.data;
+}
+
+/**
+ * `<runId>/<recipe>/<arch>[/<toolchain>]`: BullMQ ignores an add whose jobId already exists, so a nightly rerun
+ * with the same --run attaches to its jobs instead of enqueuing the builds twice. (BullMQ refuses
+ * ':' in custom ids: it is its own key separator; run ids are timestamps with ':' replaced.)
+ */
+export const jobIdOf = (runId: string, recipe: string, arch: string, toolchain?: string) => `${runId}/${recipe}/${arch}${toolchain ? `/${toolchain}` : ''}`;
+
+/** A default run id from the nightly's start time, usable as a job id part. */
+export const runIdOf = (startedAt: string) => startedAt.replace(/:/g, '-');
+
+/**
+ * Whether a worker may start this job now. A job declaring more than the worker's whole budget is
+ * never run there; one that fits the budget but not what the worker's running builds leave free
+ * waits. Either way the worker hands it back (see worker.ts), so it stays for a bigger or idler worker.
+ */
+export function admission(job: Pick<BuildJob, 'memoryBytes' | 'recipe' | 'arch'>, budgetBytes: number, reservedBytes: number): string | null {
+  if (job.memoryBytes > budgetBytes) return `${job.recipe}/${job.arch} declares ${gb(job.memoryBytes)}, over this worker's memory budget of ${gb(budgetBytes)}`;
+  if (job.memoryBytes > budgetBytes - reservedBytes) return `${job.recipe}/${job.arch} declares ${gb(job.memoryBytes)}; this worker's running builds leave ${gb(budgetBytes - reservedBytes)} of its ${gb(budgetBytes)}`;
+  return null;
+}
+
+/** What a job reports through job.updateProgress while its build runs. */
+export interface JobProgress {
+  /** Worker name (host:pid) running it. */
+  worker: string;
+  /** Stages started, with their status once ended (cached, ran, failed, …). */
+  stages: Array<{ name: string; status: string }>;
+  /** The stage that last reported progress, and how far it is. */
+  current?: { stage: string; done: number; total: number; label?: string };
+}
+
+/**
+ * Lock and stalled-check timings. BullMQ renews a running job's lock every lockMs/2 for as long as
+ * the worker process lives (its event loop stays free: the build runs in a child process), so an
+ * hour-long compile is never taken for stalled; only a dead worker's lock expires, and the next
+ * stalled check (every stalledMs, by any worker) puts its job back for another worker. The defaults
+ * are BullMQ's (30 s); FORGE_QUEUE_LOCK_MS / FORGE_QUEUE_STALLED_MS shorten them (tests).
+ */
+export function queueTimings(env = process.env): { lockMs: number; stalledMs: number; maxStalled: number } {
+  const ms = (name: string, dflt: number) => {
+    const v = env[name];
+    if (v === undefined || v === '') return dflt;
+    if (!/^\d+$/.test(v) || Number(v) < 100) throw new Error(`${name} wants a whole number of milliseconds of at least 100, got '${v}'`);
+    return Number(v);
+  };
+  // A job whose worker died twice goes back twice; a third death fails it (a build that kills its
+  // machine each time should show up as failed, not loop through the farm).
+  return { lockMs: ms('FORGE_QUEUE_LOCK_MS', 30_000), stalledMs: ms('FORGE_QUEUE_STALLED_MS', 30_000), maxStalled: 2 };
+}
+
+/** The URL as it may be printed: a password (or a lone user token) replaced by '***'. */
+export function redactUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    if (u.password) u.password = '***';
+    else if (u.username) u.username = '***';
+    return u.toString();
+  } catch {
+    return '(an unparsable --queue URL)';
+  }
+}
+
+/** Checks a --queue URL's form: redis:// or rediss://, with a host. */
+export function checkQueueUrl(url: string): URL {
+  let u: URL;
+  try {
+    u = new URL(url);
+  } catch {
+    throw new Error(`--queue wants a redis://host:port URL, got ${redactUrl(url)}`);
+  }
+  if (u.protocol !== 'redis:' && u.protocol !== 'rediss:') throw new Error(`--queue wants a redis:// or rediss:// URL, got ${redactUrl(url)}`);
+  if (!u.hostname) throw new Error(`--queue wants a host in its URL, got ${redactUrl(url)}`);
+  return u;
+}
+
+/**
+ * A Redis connection for BullMQ (maxRetriesPerRequest null: a Worker's blocking calls must not
+ * give up), opened only after one probe has answered: an unreachable or misspelt URL is one error
+ * naming it (password left out), not ioredis retrying forever in the background.
+ */
+export async function connectRedis(url: string): Promise<Redis> {
+  checkQueueUrl(url);
+  const probe = new Redis(url, { lazyConnect: true, connectTimeout: 5000, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
+  probe.on('error', () => undefined); // reported by the ping below
+  try {
+    await probe.connect();
+    await probe.ping();
+  } catch (e) {
+    throw new Error(`cannot reach Redis at ${redactUrl(url)}: ${(e as Error).message.replace(url, redactUrl(url))}`);
+  } finally {
+    probe.disconnect();
+  }
+  const conn = new Redis(url, { maxRetriesPerRequest: null });
+  // After the probe, a dropped connection is retried by ioredis; say so once per error, without the URL's secrets.
+  conn.on('error', (e) => process.stderr.write(`[forge] redis ${redactUrl(url)}: ${e.message}\n`));
+  return conn;
+}

@@ -1,0 +1,94 @@
+// The queue's conventions on crafted data (no build and no Redis server here; the farm is in
+// nightly-queue.test.ts): job payloads, which worker may take a job, URLs without their secrets.
+import { describe, it, expect } from 'vitest';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { admission, connectRedis, jobIdOf, parseBuildJob, queueTimings, redactUrl, runIdOf } from '../src/nightly/queue.js';
+import { loadMatrix } from '../src/nightly/matrix.js';
+import { forge } from './helpers/forge-cli.js';
+import { formatStatus } from '../src/nightly/status.js';
+
+const job = { format: 'forge-build-job/1', runId: 'r1', index: 0, recipe: 'tiny-qwen3', arch: 'v81', memoryBytes: 4e9 };
+
+describe('build job payloads', () => {
+  it('accepts a well-formed job and refuses anything else naming the job and the field', () => {
+    expect(parseBuildJob(job, 'r1/tiny-qwen3/v81')).toEqual(job);
+    expect(() => parseBuildJob({ ...job, format: 'forge-build-job/2' }, 'j')).toThrow(/^invalid build job j: format: /);
+    expect(() => parseBuildJob({ ...job, memoryBytes: -1 }, 'j')).toThrow(/^invalid build job j: memoryBytes: /);
+    expect(() => parseBuildJob({ ...job, extra: 1 }, 'j')).toThrow(/^invalid build job j: \(root\): .*extra/);
+    expect(() => parseBuildJob('tiny-qwen3', 'j')).toThrow(/^invalid build job j: /);
+  });
+
+  it('names jobs by run and build, without the ":" BullMQ reserves', () => {
+    const run = runIdOf('2026-11-26T02:14:30.000Z');
+    expect(jobIdOf(run, 'tiny-qwen3.5', 'v81')).toBe('2026-11-26T02-14-30.000Z/tiny-qwen3.5/v81');
+    expect(jobIdOf(run, 'tiny-qwen3.5', 'v81')).not.toContain(':');
+  });
+
+  it('a matrix entry may declare its memory; a bad one is refused before anything is queued', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-queue-rules-'));
+    const file = join(dir, 'm.json');
+    writeFileSync(file, JSON.stringify({ builds: [{ recipe: 'tiny-qwen3', arch: 'v81', memoryGB: 3.5 }] }));
+    expect(loadMatrix(file).matrix.builds[0].memoryGB).toBe(3.5);
+    writeFileSync(file, JSON.stringify({ builds: [{ recipe: 'tiny-qwen3', arch: 'v81', memoryGB: 0 }] }));
+    expect(() => loadMatrix(file)).toThrow(/builds\[0\]\.memoryGB: /);
+  });
+});
+
+describe('which worker takes a job', () => {
+  it('a job over the whole budget is refused; one over what running builds leave waits; the rest is taken', () => {
+    expect(admission(job, 8e9, 0)).toBeNull();
+    expect(admission(job, 2e9, 0)).toMatch(/^tiny-qwen3\/v81 declares 4\.00 GB, over this worker's memory budget of 2\.00 GB$/);
+    expect(admission(job, 8e9, 5e9)).toMatch(/running builds leave 3\.00 GB of its 8\.00 GB/);
+    // Undeclared (0): any worker.
+    expect(admission({ ...job, memoryBytes: 0 }, 1e9, 1e9)).toBeNull();
+  });
+
+  it('lock and stalled timings default to BullMQ\'s and refuse a value that is not milliseconds', () => {
+    expect(queueTimings({})).toEqual({ lockMs: 30_000, stalledMs: 30_000, maxStalled: 2 });
+    expect(queueTimings({ FORGE_QUEUE_LOCK_MS: '5000' }).lockMs).toBe(5000);
+    expect(() => queueTimings({ FORGE_QUEUE_STALLED_MS: '2s' })).toThrow("FORGE_QUEUE_STALLED_MS wants a whole number of milliseconds of at least 100, got '2s'");
+  });
+});
+
+describe('forge nightly --status', () => {
+  it('one line per job: state, attempts, stalls, worker, stages; a job back in the queue shows where it was, not as running', () => {
+    const text = formatStatus({ runId: 'r1', jobs: [
+      { id: 'r1/tiny-qwen3/v81', build: 'tiny-qwen3/v81', state: 'completed', attempts: 2, stalled: 1, worker: 'b:2', stages: [{ name: 'fetch', status: 'cached' }, { name: 'export', status: 'ran' }], result: 'ok' },
+      { id: 'r1/tiny-qwen3/v79', build: 'tiny-qwen3/v79', state: 'active', attempts: 1, stalled: 0, worker: 'a:1', stages: [{ name: 'fetch', status: 'ran' }, { name: 'compile', status: 'running' }], current: { stage: 'compile', done: 1, total: 2, label: 'lm_head' } },
+      { id: 'r1/tiny-qwen3.5/v81', build: 'tiny-qwen3.5/v81', state: 'waiting', attempts: 1, stalled: 1, worker: 'a:1', stages: [{ name: 'fetch', status: 'cached' }, { name: 'plan', status: 'running' }] },
+    ] });
+    expect(text.split('\n')).toEqual([
+      'run r1: 3 jobs',
+      'tiny-qwen3/v81   completed attempts 2 (stalled 1) on b:2; stages 2 done (1 cached); ok',
+      'tiny-qwen3/v79   active    attempts 1 on a:1; stages 1 done (0 cached), running compile 1/2 lm_head',
+      'tiny-qwen3.5/v81 waiting   attempts 1 (stalled 1) last on a:1; stages 1 done (1 cached)',
+    ]);
+    expect(formatStatus({ runId: null, jobs: [] })).toBe('no nightly jobs on this queue');
+  });
+});
+
+describe('Redis URLs', () => {
+  it('never print a password', () => {
+    expect(redactUrl('redis://user:hunter2@farm:6379/0')).toBe('redis://user:***@farm:6379/0');
+    expect(redactUrl('redis://:hunter2@farm:6379')).toBe('redis://:***@farm:6379');
+    expect(redactUrl('redis://farm:6379')).toBe('redis://farm:6379');
+  });
+
+  it('an unreachable Redis is one error naming the URL without its password', async () => {
+    const err = await connectRedis('redis://:hunter2@127.0.0.1:1').then(() => null, (e: Error) => e);
+    expect(err?.message).toMatch(/^cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1: /);
+    expect(err?.message).not.toContain('hunter2');
+    await expect(connectRedis('http://farm:6379')).rejects.toThrow('--queue wants a redis:// or rediss:// URL, got http://farm:6379');
+  });
+
+  it('the CLI says so and exits 1, for the worker and for the nightly', async () => {
+    const w = await forge(['worker', '--queue', 'redis://:hunter2@127.0.0.1:1']);
+    expect(w.code).toBe(1);
+    expect(w.stderr).toMatch(/^forge: cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1: /m);
+    expect(w.stderr).not.toContain('hunter2');
+    const s = await forge(['nightly', '--status']);
+    expect(s.stderr).toContain('forge: --status reads the job queue: give it --queue redis://host:port');
+  }, 60_000);
+});
