@@ -2,9 +2,11 @@
 // processes (a big one, 8 GB, and a small one, 2 GB), and `forge nightly --queue` of the three twin
 // builds, one of which declares more memory than the small worker has. The small worker is killed
 // with SIGKILL once a stage of its build has finished and a spare worker joins; BullMQ's stalled-job
-// detection hands the dead worker's job to it, and it resumes the build from the shared stage cache (the tests' private one, cold
-// at the start, so the builds really run). The nightly is green with every build once; a second
-// nightly with nothing changed is all cached and reports no regression.
+// detection hands the dead worker's job to it, and it resumes the build from the shared stage cache:
+// a real S3-compatible server (s3proxy), each worker with a local cache of its own, cold at the
+// start, so the builds really run and the spare worker can only have the dead one's stages from S3.
+// The nightly is green with every build once; a second nightly with nothing changed is all cached
+// and reports no regression.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
@@ -12,20 +14,27 @@ import { hostname, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { startRedis, type RedisServer } from './helpers/redis.js';
+import { startS3Server, type S3Server } from './helpers/s3-server.js';
+import { ListObjectsV2Command } from '@aws-sdk/client-s3';
+import type { RunRecord } from '../src/engine/record.js';
 import { queueStatus, type QueueStatus } from '../src/nightly/status.js';
 import type { Nightly } from '../src/nightly/summary.js';
 
 let work: string;
 let redis: RedisServer;
+let s3: S3Server;
+const BUCKET = 'forge-farm';
+const SHARED = `s3://${BUCKET}/nightly`;
 const workers: ChildProcess[] = [];
 
 // Short locks so a dead worker's job is retried within seconds (the defaults, 30 s, suit a farm).
 const QUEUE_ENV = { FORGE_QUEUE_LOCK_MS: '10000', FORGE_QUEUE_STALLED_MS: '3000' };
 
+/** A worker as on a machine of its own: its own local stage cache, the farm's shared one in S3. */
 function startWorker(name: string, budgetGB: number): ChildProcess {
   const log = createWriteStream(join(work, `${name}.log`));
-  const w = spawn(resolve('forge'), ['worker', '--queue', redis.url, '--memory-budget', String(budgetGB), '--out', join(work, name)], {
-    env: { ...process.env, CI: '1', ...QUEUE_ENV }, stdio: ['ignore', 'pipe', 'pipe'],
+  const w = spawn(resolve('forge'), ['worker', '--queue', redis.url, '--memory-budget', String(budgetGB), '--out', join(work, name), '--cache', SHARED], {
+    env: { ...process.env, CI: '1', ...QUEUE_ENV, ...s3.env, FORGE_CACHE: join(work, `${name}-cache`) }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   w.stdout!.pipe(log);
   w.stderr!.pipe(log);
@@ -46,11 +55,20 @@ const until = async <T>(what: string, f: () => Promise<T | undefined>, timeoutMs
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'forge-nightly-queue-'));
   redis = await startRedis();
+  s3 = await startS3Server();
+  await s3.createBucket(BUCKET);
 });
+
+/** Whether the shared cache holds a complete entry (its meta.json, written last) of the stage. */
+async function inS3(stage: string): Promise<boolean> {
+  const r = await s3.client.send(new ListObjectsV2Command({ Bucket: BUCKET, Prefix: `nightly/${stage}/` }));
+  return (r.Contents ?? []).some((o) => /^nightly\/[^/]+\/[^/]+\/meta\.json$/.test(o.Key ?? ''));
+}
 
 afterAll(async () => {
   for (const w of workers) if (w.exitCode === null && w.signalCode === null) w.kill('SIGTERM');
   await redis?.stop();
+  await s3?.stop();
 });
 
 describe('forge worker --memory-budget', () => {
@@ -86,7 +104,7 @@ describe('forge worker --memory-budget', () => {
 });
 
 describe('forge nightly --queue with two workers', () => {
-  it('survives a worker killed mid-build: green, every build once, the killed build resumed from the cache; the rerun is all cached', async () => {
+  it('survives a worker killed mid-build: green, every build once, the killed build resumed from the shared S3 cache; the rerun is all cached', async () => {
     // tiny-qwen3.5 declares 4 GB: only the 8 GB worker may build it. It is first in the matrix so
     // that its cold build (the longest) starts at once on the big worker, beside the others.
     const matrix = join(work, 'twins.json');
@@ -110,6 +128,10 @@ describe('forge nightly --queue with two workers', () => {
       const job = s.jobs.find((j) => j.state === 'active' && j.worker === nameOf(small) && j.stages.some((x) => x.status === 'ran'));
       return job ? { job, status: s } : undefined;
     }, 1_500_000);
+    // Its finished stages are written back to S3 in the background: the kill comes once they are
+    // there (a stage whose upload a kill cuts short is simply built again by the next worker).
+    const done = killedAt.job.stages.filter((x) => x.status === 'ran').map((x) => x.name);
+    await until('the small worker\'s finished stages in S3', async () => ((await Promise.all(done.map(inS3))).every(Boolean) ? true : undefined), 120_000);
     small.kill('SIGKILL');
     const killed = killedAt.job;
     console.log(`[measured] SIGKILL of the small worker ${((Date.now() - t0) / 1000).toFixed(1)} s into the nightly, building ${killed.build} with ${killed.stages.filter((x) => x.status !== 'running').map((x) => `${x.name} ${x.status}`).join(', ')} done`);
@@ -140,6 +162,9 @@ describe('forge nightly --queue with two workers', () => {
     expect(resumed.queue!.attempts).toBeGreaterThanOrEqual(2);
     for (const s of killed.stages.filter((x) => x.status === 'ran')) expect(resumed.stages.find((x) => x.name === s.name)?.status, s.name).toBe('cached');
     expect(resumed.stages.some((x) => x.status === 'ran')).toBe(true);
+    // The spare worker's own cache started empty: the dead worker's stages came from S3, checked.
+    const record = JSON.parse(readFileSync(resumed.runRecord!, 'utf8')) as RunRecord;
+    for (const s of done) expect(record.stages.find((x) => x.name === s), s).toMatchObject({ status: 'cached', source: 'remote' });
     console.log(`[measured] resumed ${killed.build}: ${resumed.stages.map((x) => `${x.name} ${x.status}`).join(', ')}`);
     // Over the small workers' budget: built on the big one.
     expect(n.builds[0].queue!.worker).toBe(bigName);
