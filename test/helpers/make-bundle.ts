@@ -50,6 +50,7 @@ const phimoe = wants('--phimoe')
   ? { phimoe: join(out, 'phimoe'), phimoeW8: join(out, 'phimoe-w8'), phimoeTrace: (await bundles('tiny-phimoe', 'oracle', { phimoe: 'export', 'phimoe-w8': 'quantize' })).trace }
   : {};
 const gemma4 = wants('--gemma4')
-  ? { gemma4: join(out, 'gemma4'), gemma4W8: join(out, 'gemma4-w8'), gemma4Trace: (await bundles('tiny-gemma4', 'oracle', { gemma4: 'export', 'gemma4-w8': 'quantize' })).trace }
+  // The shipped W8 graphs as the handoff stage gives them: the residual hand-offs in f16, as the oracle chose.
+  ? { gemma4: join(out, 'gemma4'), gemma4W8: join(out, 'gemma4-w8'), gemma4Trace: (await bundles('tiny-gemma4', 'handoff', { gemma4: 'export', 'gemma4-w8': 'handoff' })).trace }
   : {};
 console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe, ...gemma4 }));
