@@ -104,22 +104,18 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
     if (const Graph* lm = c.graph(role::lm_head)) {
       pass->lm_head = exec_.bind(ci, graph_index(c, lm));
       pass->logits.assign(size_t(V), 0.0f);
-      // One token: the lm-head reads the final residual where the last shard wrote it (no copy).
-      if (half_) {
-        const Ort::Float16_t* in = pass->half[shard % 2].data();
+      // One token: the lm-head reads the final residual where the last shard wrote it (no copy);
+      // N tokens: its own row, which run() copies the last real row into. In f16 or f32 alike.
+      auto bind_lm = [&](auto& residual, auto& lm_in, auto zero) {
+        const auto* in = residual[shard % 2].data();
         if (n > 1) {
-          pass->lm_in_half.assign(size_t(H), Ort::Float16_t::FromBits(0));
-          in = pass->lm_in_half.data();
+          lm_in.assign(size_t(H), zero);
+          in = lm_in.data();
         }
         pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
-      } else {
-        float* in = pass->residual[shard % 2].data();
-        if (n > 1) {
-          pass->lm_in.assign(size_t(H), 0.0f);
-          in = pass->lm_in.data();
-        }
-        pass->lm_head->bind_input(lm->inputs[0].name, in, {1, 1, H});
-      }
+      };
+      if (half_) bind_lm(pass->half, pass->lm_in_half, Ort::Float16_t::FromBits(0));
+      else bind_lm(pass->residual, pass->lm_in, 0.0f);
       pass->lm_head->bind_output(lm->outputs[0].name, pass->logits.data(), {1, 1, V});
       continue;
     }

@@ -188,8 +188,10 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
     const firstLink = chained && StepChain.source(entry) === null;
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
-      if (firstLink) chain.record(entry, c, output);
-      if (firstLink) half?.record(entry, c, output);
+      if (firstLink) {
+        chain.record(entry, c, output);
+        half?.record(entry, c, output);
+      }
       cases++;
     });
     // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).

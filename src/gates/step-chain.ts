@@ -74,20 +74,17 @@ export class StepChain {
   /** The graph's gate cases with its hidden input replaced by what the previous graph of the chain gave at that step. */
   async *cases(entry: GraphEntry, cases: AsyncIterable<GateCase>): AsyncGenerator<GateCase> {
     const source = StepChain.source(entry);
-    const { input, output } = StepChain.stream(entry);
-    const only = (c: GateCase) => {
-      const expected: GateCase['expected'] = {};
-      for (const name of [output, 'logits']) if (name && c.expected[name]) expected[name] = c.expected[name];
-      return expected;
-    };
     if (source === null) throw new Error(`${entry.name} is fed from a host table: its gate cases are the chain's first link`);
+    const { input, output } = StepChain.stream(entry);
     const rows = this.rows.get(source);
     if (!rows) throw new Error(`oracle: ${entry.name} reads ${source}, which no earlier one-token graph of its variant wrote (graphs.json lists the graphs out of model order)`);
     for await (const c of cases) {
       const row = rows.get(key(c));
       const feed = c.feeds[input];
       if (!row || !feed) throw new Error(`oracle: no chained ${source} for ${entry.name} at prompt ${c.prompt} step ${c.step}`);
-      yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected: only(c) };
+      const expected: GateCase['expected'] = {};
+      for (const name of [output, 'logits']) if (name && c.expected[name]) expected[name] = c.expected[name];
+      yield { prompt: c.prompt, step: c.step, feeds: { ...c.feeds, [input]: { ...feed, data: row } }, expected };
     }
   }
 
