@@ -2,12 +2,12 @@
 // `--build <id>` runs one build of it exactly as `forge nightly` would and writes its summary, and
 // `--from-results <dir>` gathers the summaries the jobs uploaded into the same nightly.json and
 // reports a local nightly writes (run.ts's finishNightly), compared with the previous one.
-import { RemoteCache } from '../engine/remote-cache.js';
-import { existsSync, mkdirSync, readdirSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { buildId, fieldPath, loadMatrix, type MatrixBuild } from './matrix.js';
+import { RemoteCache } from '../engine/remote-cache.js';
+import { buildId, loadMatrix, type MatrixBuild } from './matrix.js';
 import { baselineOf, buildOut, finishNightly, runMatrixBuild, writeAtomic, type NightlyOutcome } from './run.js';
-import { BuildSummarySchema, failedSummary, type BuildSummary } from './summary.js';
+import { BuildSummarySchema, failedSummary, readJsonFile, type BuildSummary } from './summary.js';
 import { RecipeError } from '../recipe/load.js';
 
 /** The file a `--build` job writes into its out dir, and `--from-results` looks for. */
@@ -68,15 +68,7 @@ function summaryFiles(dir: string): string[] {
 }
 
 export function readBuildSummary(file: string): BuildSummary {
-  let raw: unknown;
-  try {
-    raw = JSON.parse(readFileSync(file, 'utf8'));
-  } catch (e) {
-    throw new RecipeError(`cannot read build summary ${file}: ${(e as Error).message}`);
-  }
-  const parsed = BuildSummarySchema.safeParse(raw);
-  if (!parsed.success) throw new RecipeError(`invalid build summary ${file}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
-  return parsed.data;
+  return readJsonFile(BuildSummarySchema, file, 'build summary');
 }
 
 /**

@@ -55,16 +55,21 @@ export const NightlySchema = z.object({
 }).strict();
 export type Nightly = z.infer<typeof NightlySchema>;
 
-export function readNightly(file: string): Nightly {
+/** A JSON file of forge's own (a nightly result, a build summary) checked against its schema: one error naming the file and the field. */
+export function readJsonFile<T>(schema: z.ZodType<T>, file: string, what: string): T {
   let raw: unknown;
   try {
     raw = JSON.parse(readFileSync(file, 'utf8'));
   } catch (e) {
-    throw new RecipeError(`cannot read nightly result ${file}: ${(e as Error).message}`);
+    throw new RecipeError(`cannot read ${what} ${file}: ${(e as Error).message}`);
   }
-  const parsed = NightlySchema.safeParse(raw);
-  if (!parsed.success) throw new RecipeError(`invalid nightly result ${file}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
+  const parsed = schema.safeParse(raw);
+  if (!parsed.success) throw new RecipeError(`invalid ${what} ${file}: ${parsed.error.issues.map((i) => `${fieldPath(i.path)}: ${i.message}`).join('; ')}`);
   return parsed.data;
+}
+
+export function readNightly(file: string): Nightly {
+  return readJsonFile(NightlySchema, file, 'nightly result');
 }
 
 type Obj = Record<string, unknown>;

@@ -1,22 +1,11 @@
 // A private redis-server for a test: a free loopback port, nothing saved to disk, stopped after.
 // Installed with apt-get on a fresh Debian machine (as ./forge test does for Chromium).
 import { spawn, type ChildProcess } from 'node:child_process';
-import { createServer } from 'node:net';
+import { freePort } from './free-port.js';
 import { Redis } from 'ioredis';
 import { ensureDebianPackages } from '../../src/toolchain/system-deps.js';
 
 export interface RedisServer { url: string; stop(): Promise<void> }
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const { port } = s.address() as { port: number };
-      s.close(() => resolve(port));
-    });
-  });
-}
 
 export async function startRedis(): Promise<RedisServer> {
   await ensureDebianPackages({ 'redis-server': 'redis-server' }, (m) => process.stderr.write(`${m}\n`));

@@ -3,7 +3,7 @@
 // HTTP, SigV4 and multipart to it exactly as to AWS.
 import { spawn, spawnSync, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, openSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { createServer } from 'node:net';
+import { freePort } from './free-port.js';
 import { homedir, tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { CreateBucketCommand, S3Client } from '@aws-sdk/client-s3';
@@ -37,17 +37,6 @@ export function s3proxyJar(): string {
   const r = spawnSync('mvn', ['-q', 'dependency:get', `-Dartifact=${ARTIFACT}`], { encoding: 'utf8' });
   if (r.status !== 0 || !existsSync(jar)) throw new Error(`mvn dependency:get ${ARTIFACT} failed:\n${r.stdout}${r.stderr}`);
   return jar;
-}
-
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const srv = createServer();
-    srv.once('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address() as { port: number };
-      srv.close(() => resolve(port));
-    });
-  });
 }
 
 export async function startS3Server(): Promise<S3Server> {
