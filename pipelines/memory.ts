@@ -14,7 +14,7 @@ import { machineFor } from '../src/engine/scheduler.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
-import { formatBytes as gb } from '../src/engine/memory.js';
+import { formatBytes as gb } from '../src/units.js';
 
 const GB = 1e9;
 

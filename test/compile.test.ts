@@ -4,7 +4,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
-import { formatBytes } from '../src/engine/memory.js';
+import { formatBytes } from '../src/units.js';
 import { cacheRoot } from '../src/paths.js';
 import { toolVersions } from '../src/toolchain/versions.js';
 import { buildPipeline } from '../pipelines/build.js';

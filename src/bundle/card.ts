@@ -9,7 +9,8 @@ import type { Manifest } from './manifest.js';
 import { confidenceSection, type Confidence } from './confidence.js';
 import { W4_BLOCK } from '../quant/w4.js';
 import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
-import { bytes as mb, planLines } from './plan-table.js';
+import { planLines } from './plan-table.js';
+import { sizeText as mb } from '../units.js';
 import type { ShardPlan } from '../plan/shards.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */

@@ -4,9 +4,8 @@
 // across layers) — then the host tables. From plan.json and the manifest the runtime loads.
 import type { ShardPlan } from '../plan/shards.js';
 import type { Manifest } from './manifest.js';
+import { sizeText as bytes } from '../units.js';
 
-/** Bytes as the card writes them: kB for a twin's files, MB, GB for a real model's. */
-export const bytes = (b: number) => (b >= 1e9 ? `${(b / 1e9).toFixed(2)} GB` : b >= 1e6 ? `${(b / 1e6).toFixed(1)} MB` : `${(b / 1e3).toFixed(1)} kB`);
 
 /** What a context's graphs bind as state, in words: "6 kv-cache (4 rings of 16 slots); reads kv.2.k, kv.2.v (written by shard0)". */
 function stateWords(m: Manifest, ci: number): string {

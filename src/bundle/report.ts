@@ -2,6 +2,7 @@
 // timings, cache hits, gate tables, a per-layer cosine plot (inline SVG) and context sizes against
 // the arch ceiling. Everything shown comes from the run record and the gate outputs of that build.
 import type { RunRecord } from '../engine/record.js';
+import { mb } from '../units.js';
 import type { OracleRow } from '../gates/oracle.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { errorTable, fmtMargin, type Confidence } from './confidence.js';
@@ -20,7 +21,6 @@ export interface ReportInput {
 }
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
-const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
 /** "Nines" of a cosine: 0.999 → 3. Readable on one axis from 0.99 to 0.9999999. */
 const nines = (c: number) => -Math.log10(Math.max(1 - c, 1e-12));
 

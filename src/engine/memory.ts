@@ -113,7 +113,3 @@ export function watchTreeMemory(root: number, intervalMs = 200): { stop(): Memor
   };
 }
 
-/** Bytes for people: GB with two decimals from 1 GB up, MB with one below (a tiny twin's contexts). */
-export function formatBytes(b: number): string {
-  return Math.abs(b) >= 1e9 ? `${(b / 1e9).toFixed(2)} GB` : `${(b / 1e6).toFixed(1)} MB`;
-}

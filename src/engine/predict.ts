@@ -3,7 +3,7 @@
 // gone stale shows up in the next run that exercises it.
 import type { MemoryPeak } from './memory.js';
 import type { MemoryPrediction } from './stage.js';
-import { formatBytes as gb } from './memory.js';
+import { formatBytes as gb } from '../units.js';
 
 export const OVER_PREDICTION = 1.25;
 

@@ -183,4 +183,3 @@ function checkMeta(m: RemoteMeta, stage: string, key: string): string | null {
 }
 
 /** A byte count for a log line. */
-export const mb = (bytes: number) => `${(bytes / 1e6).toFixed(1)} MB`;

@@ -15,7 +15,8 @@ import { watchTreeMemory, type MemoryPeak } from './memory.js';
 import { checkPrediction } from './predict.js';
 import type { ChildMessage, ChildRequest } from './child.js';
 import type { Progress } from './progress.js';
-import { mb, type RemoteCache } from './remote-cache.js';
+import { type RemoteCache } from './remote-cache.js';
+import { mb } from '../units.js';
 import { s3Reason } from './s3.js';
 import { repoRoot } from '../paths.js';
 

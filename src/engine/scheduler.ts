@@ -5,7 +5,7 @@
 import { totalmem } from 'node:os';
 import PQueue from 'p-queue';
 import { workingSet, type MemoryPrediction } from './stage.js';
-import { formatBytes as gb } from './memory.js';
+import { formatBytes as gb } from '../units.js';
 
 /** What a build leaves the system, its own process and the page cache: 10% of the machine, at least 2 GB. */
 const reserve = (total: number) => Math.max(2e9, 0.1 * total);

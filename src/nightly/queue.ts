@@ -6,7 +6,7 @@ import { Redis } from 'ioredis';
 import { z } from 'zod';
 import { RecipeError } from '../recipe/load.js';
 import { fieldPath } from './matrix.js';
-import { formatBytes as gb } from '../engine/memory.js';
+import { formatBytes as gb } from '../units.js';
 
 /** One BullMQ queue for every build job; jobs of different nightlies are told apart by runId. */
 export const QUEUE_NAME = 'forge-builds';

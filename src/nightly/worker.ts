@@ -15,7 +15,7 @@ import { join, resolve } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { DelayedError, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { repoRoot } from '../paths.js';
-import { formatBytes as gb } from '../engine/memory.js';
+import { formatBytes as gb } from '../units.js';
 import { BuildSummarySchema, type BuildSummary } from './summary.js';
 import { admission, connectRedis, parseBuildJob, queueTimings, QUEUE_NAME, redactUrl, type JobProgress } from './queue.js';
 import type { BuildChildMessage, BuildChildRequest } from './build-child.js';

@@ -7,6 +7,7 @@ import { getFamily } from '../families/index.js';
 import { build } from '../build.js';
 import { lineProgress, silentProgress } from '../engine/progress.js';
 import { makePlan, type ShardPlan } from './shards.js';
+import { mb } from '../units.js';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 
@@ -27,7 +28,6 @@ export async function planRecipe(id: string, archId: string, verbose = false): P
   }
 }
 
-const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
 
 export function formatPlan(p: ShardPlan): string {
   const lines = [`${p.arch} (soc_model ${p.socModel}), ceiling ${mb(p.ceilingBytes)} per context, weights ${p.quant}`];

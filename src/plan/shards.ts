@@ -6,6 +6,7 @@
 // not fit are a PlanError naming the limit. The bytes come from the tensors each builder reads
 // (families/tensors.ts), not from a list kept beside it.
 import type { HexagonArch } from '../arch/table.js';
+import { mb } from '../units.js';
 import { baseScheme, type ArchSettings } from '../recipe/schema.js';
 import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
 import { MADE_DTYPES, type Component, type Family } from '../families/types.js';
@@ -117,7 +118,6 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
   const archCeiling = arch.contextCeilingBytes;
   const ceiling = Math.min(archCeiling, shardCeilingBytes ?? Infinity);
-  const mb = (b: number) => `${(b / 1e6).toFixed(1)} MB`;
 
   let ranges: Array<[number, number]>;
   if (s.shards === 'auto') {
