@@ -4,7 +4,7 @@ import { describe, it, expect } from 'vitest';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { admission, connectRedis, jobIdOf, parseBuildJob, queueTimings, redactUrl, runIdOf } from '../src/nightly/queue.js';
+import { admission, connectedWorkers, connectRedis, jobIdOf, parseBuildJob, queueTimings, redactUrl, runIdOf, unholdable } from '../src/nightly/queue.js';
 import { loadMatrix } from '../src/nightly/matrix.js';
 import { forge } from './helpers/forge-cli.js';
 import { formatStatus } from '../src/nightly/status.js';
@@ -50,6 +50,23 @@ describe('which worker takes a job', () => {
     expect(queueTimings({ FORGE_QUEUE_LOCK_MS: '5000' }).lockMs).toBe(5000);
     expect(() => queueTimings({ FORGE_QUEUE_STALLED_MS: '2s' })).toThrow("FORGE_QUEUE_STALLED_MS wants a whole number of milliseconds of at least 100, got '2s'");
   });
+
+  it('a job every connected worker has handed back is named, with each worker\'s reason; not while one has yet to see it', () => {
+    const progress = { stages: [], handedBack: { 'a:1': 'declares 21.00 GB, over 8.00 GB', 'b:2': 'declares 21.00 GB, over 2.00 GB' } };
+    expect(unholdable(progress, ['a:1', 'b:2'])).toBe('no connected worker can hold it: a:1 (declares 21.00 GB, over 8.00 GB); b:2 (declares 21.00 GB, over 2.00 GB); it waits for a worker with a larger --memory-budget');
+    // A third worker has not refused it yet (it may take it), and no worker at all is said elsewhere.
+    expect(unholdable(progress, ['a:1', 'b:2', 'c:3'])).toBeNull();
+    expect(unholdable(progress, [])).toBeNull();
+    expect(unholdable(0, ['a:1'])).toBeNull();
+  });
+
+  it('reads the connected workers from their Redis client names, once per worker', async () => {
+    const clients = [
+      { rawname: 'bull:Zm9yZ2UtYnVpbGRz:w:farm-1:4242' }, { rawname: 'bull:Zm9yZ2UtYnVpbGRz:w:farm-1:4242' },
+      { rawname: 'bull:Zm9yZ2UtYnVpbGRz:w:farm-2:77' }, { rawname: 'bull:Zm9yZ2UtYnVpbGRz' },
+    ];
+    expect(await connectedWorkers({ getWorkers: async () => clients })).toEqual(['farm-1:4242', 'farm-2:77']);
+  });
 });
 
 describe('forge nightly --status', () => {
@@ -58,12 +75,14 @@ describe('forge nightly --status', () => {
       { id: 'r1/tiny-qwen3/v81', build: 'tiny-qwen3/v81', state: 'completed', attempts: 2, stalled: 1, worker: 'b:2', stages: [{ name: 'fetch', status: 'cached' }, { name: 'export', status: 'ran' }], result: 'ok' },
       { id: 'r1/tiny-qwen3/v79', build: 'tiny-qwen3/v79', state: 'active', attempts: 1, stalled: 0, worker: 'a:1', stages: [{ name: 'fetch', status: 'ran' }, { name: 'compile', status: 'running' }], current: { stage: 'compile', done: 1, total: 2, label: 'lm_head' } },
       { id: 'r1/tiny-qwen3.5/v81', build: 'tiny-qwen3.5/v81', state: 'waiting', attempts: 1, stalled: 1, worker: 'a:1', stages: [{ name: 'fetch', status: 'cached' }, { name: 'plan', status: 'running' }] },
+      { id: 'r1/qwen3.5-4b/v81', build: 'qwen3.5-4b/v81', state: 'delayed', attempts: 2, stalled: 0, stages: [], handedBack: { 'a:1': 'declares 21.00 GB, over 8.00 GB' } },
     ] });
     expect(text.split('\n')).toEqual([
-      'run r1: 3 jobs',
+      'run r1: 4 jobs',
       'tiny-qwen3/v81   completed attempts 2 (stalled 1) on b:2; stages 2 done (1 cached); ok',
       'tiny-qwen3/v79   active    attempts 1 on a:1; stages 1 done (0 cached), running compile 1/2 lm_head',
       'tiny-qwen3.5/v81 waiting   attempts 1 (stalled 1) last on a:1; stages 1 done (1 cached)',
+      'qwen3.5-4b/v81   delayed   attempts 2; handed back by a:1 (declares 21.00 GB, over 8.00 GB)',
     ]);
     expect(formatStatus({ runId: null, jobs: [] })).toBe('no nightly jobs on this queue');
   });

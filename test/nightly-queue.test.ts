@@ -84,14 +84,21 @@ describe('forge worker --memory-budget', () => {
       tiny.stderr!.on('data', (d) => { said += d; });
       tiny.stderr!.pipe(log);
       // The nightly waits for a worker that can hold 4 GB; none comes, so it is stopped here.
-      const waiting = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--out', join(work, 'never')], { env: { ...process.env, CI: '1' }, stdio: 'ignore' });
+      const waiting = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--out', join(work, 'never')], { env: { ...process.env, CI: '1', FORGE_QUEUE_WATCH_MS: '1000' }, stdio: ['ignore', 'ignore', 'pipe'] });
+      let nightlySaid = '';
+      waiting.stderr!.on('data', (d) => { nightlySaid += d; });
       try {
         await until('the 1 GB worker to hand the job back', async () => (said.includes('handing back') ? true : undefined), 300_000);
         expect(said).toMatch(/handing back \S+\/tiny-qwen3\/v81: tiny-qwen3\/v81 declares 4\.00 GB, over this worker's memory budget of 1\.00 GB/);
+        // The waiting nightly says why nothing happens instead of waiting in silence, and keeps waiting.
+        await until('the nightly to say no worker can hold the job', async () => (nightlySaid.includes('no connected worker can hold it') ? true : undefined), 60_000);
+        expect(nightlySaid).toMatch(new RegExp(`tiny-qwen3/v81: no connected worker can hold it: [^ ]+:\\d+ \\(tiny-qwen3/v81 declares 4\\.00 GB, over this worker's memory budget of 1\\.00 GB\\); it waits for a worker with a larger --memory-budget`));
+        expect(waiting.exitCode).toBeNull();
         const s = await queueStatus(own.url);
         expect(s.jobs).toHaveLength(1);
         expect(s.jobs[0]).toMatchObject({ build: 'tiny-qwen3/v81', stalled: 0, stages: [] });
         expect(['delayed', 'waiting', 'active']).toContain(s.jobs[0].state);
+        if (s.jobs[0].state !== 'active') expect(Object.values(s.jobs[0].handedBack ?? {})).toEqual([expect.stringContaining('over this worker\'s memory budget of 1.00 GB')]);
         expect(said).not.toContain('building tiny-qwen3/v81');
       } finally {
         waiting.kill('SIGTERM');

@@ -57,12 +57,39 @@ export function admission(job: Pick<BuildJob, 'memoryBytes' | 'recipe' | 'arch'>
 
 /** What a job reports through job.updateProgress while its build runs. */
 export interface JobProgress {
-  /** Worker name (host:pid) running it. */
-  worker: string;
+  /** Worker name (host:pid) running it; absent while no worker has run it. */
+  worker?: string;
   /** Stages started, with their status once ended (cached, ran, failed, …). */
   stages: Array<{ name: string; status: string }>;
   /** The stage that last reported progress, and how far it is. */
   current?: { stage: string; done: number; total: number; label?: string };
+  /** Workers that handed the job back without running it, each with why (admission's words). */
+  handedBack?: Record<string, string>;
+}
+
+export const isJobProgress = (p: unknown): p is JobProgress => typeof p === 'object' && p !== null && Array.isArray((p as JobProgress).stages);
+
+/**
+ * The names (host:pid) of the workers connected to the queue now. BullMQ names each worker's Redis
+ * connections `<prefix>:<queue>:w:<worker name>` (CLIENT SETNAME); a worker holds several.
+ */
+export async function connectedWorkers(queue: { getWorkers(): Promise<Array<Record<string, string>>> }): Promise<string[]> {
+  const names = (await queue.getWorkers()).map((c) => {
+    const raw = c.rawname ?? '';
+    const at = raw.indexOf(':w:');
+    return at < 0 ? '' : raw.slice(at + 3);
+  }).filter((n) => n);
+  return [...new Set(names)].sort();
+}
+
+/**
+ * A job every connected worker has handed back: what to tell the person waiting on the nightly, or
+ * null while some connected worker has not yet refused it (or none is connected: said separately).
+ */
+export function unholdable(progress: unknown, connected: string[]): string | null {
+  const back = isJobProgress(progress) ? progress.handedBack ?? {} : {};
+  if (!connected.length || !connected.every((w) => back[w])) return null;
+  return `no connected worker can hold it: ${connected.map((w) => `${w} (${back[w]})`).join('; ')}; it waits for a worker with a larger --memory-budget`;
 }
 
 /**

@@ -4,7 +4,7 @@
 import { Queue, QueueEvents, type Job } from 'bullmq';
 import { buildId, type Matrix } from './matrix.js';
 import { BuildSummarySchema, failedSummary, type BuildSummary } from './summary.js';
-import { connectRedis, jobIdOf, QUEUE_NAME, redactUrl, type BuildJob } from './queue.js';
+import { connectedWorkers, connectRedis, jobIdOf, QUEUE_NAME, redactUrl, unholdable, type BuildJob } from './queue.js';
 
 export interface QueuedRequest {
   matrix: Matrix;
@@ -18,6 +18,37 @@ export interface QueuedRequest {
  * attached to, not added twice) and waits for every one. A job that fails (its build process died
  * twice, or three workers died under it) is a failed build of the nightly, like a build that throws.
  */
+/** How often the waiting nightly looks for jobs nobody can run (FORGE_QUEUE_WATCH_MS; tests shorten it). */
+const watchMs = () => {
+  const v = process.env.FORGE_QUEUE_WATCH_MS;
+  if (v === undefined || v === '') return 30_000;
+  if (!/^\d+$/.test(v) || Number(v) < 100) throw new Error(`FORGE_QUEUE_WATCH_MS wants a whole number of milliseconds of at least 100, got '${v}'`);
+  return Number(v);
+};
+
+const said = new Set<string>();
+/**
+ * A nightly would otherwise wait in silence for a job that no connected worker can hold (every one
+ * has handed it back: its declared memory is over their budgets) or for workers that never came:
+ * each is said once. It keeps waiting: a bigger worker may still join.
+ */
+async function watchWaiting(queue: Queue<BuildJob>, ids: Set<string | undefined>, url: string, log: (line: string) => void): Promise<void> {
+  const connected = await connectedWorkers(queue);
+  if (!connected.length) {
+    if (!said.has('none')) log(`no worker is connected to ${redactUrl(url)}: start one with forge worker --queue ${redactUrl(url)}`);
+    said.add('none');
+    return;
+  }
+  for (const job of await queue.getJobs(['delayed', 'waiting', 'prioritized'], 0, -1)) {
+    if (!job || !ids.has(job.id)) continue;
+    const why = unholdable(job.progress, connected);
+    if (why && !said.has(`${job.id}@${connected.join(',')}`)) {
+      said.add(`${job.id}@${connected.join(',')}`);
+      log(`${job.id}: ${why}`);
+    }
+  }
+}
+
 export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedRequest): Promise<BuildSummary[]> {
   const connection = await connectRedis(url);
   const queue = new Queue<BuildJob>(QUEUE_NAME, { connection });
@@ -25,6 +56,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
   // BullMQ never closes a connection it was handed: both are closed below, or the process would stay.
   const eventsConnection = connection.duplicate();
   const events = new QueueEvents(QUEUE_NAME, { connection: eventsConnection });
+  let watch: NodeJS.Timeout | undefined;
   try {
     await events.waitUntilReady();
     const jobs = (await queue.addBulk(matrix.builds.map((b, index) => ({
@@ -45,6 +77,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
     const onEvent = (what: string) => ({ jobId }: { jobId: string }) => { if (ids.has(jobId)) log(`${jobId}: ${what}`); };
     events.on('active', onEvent('taken by a worker'));
     events.on('stalled', onEvent('stalled (its worker went away): back in the queue for another worker'));
+    watch = setInterval(() => void watchWaiting(queue, ids, url, log).catch(() => undefined), watchMs());
 
     return await Promise.all(matrix.builds.map(async (b, n) => {
       const job = jobs[n];
@@ -62,6 +95,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
       }
     }));
   } finally {
+    clearInterval(watch);
     await events.close();
     await queue.close();
     eventsConnection.disconnect();

@@ -2,7 +2,7 @@
 // from BullMQ: waiting, active (on which worker, at which stage), completed or failed, and how many
 // times it was started and how often its worker went away under it.
 import { Queue, type Job, type JobType } from 'bullmq';
-import { connectRedis, QUEUE_NAME, type JobProgress } from './queue.js';
+import { connectRedis, isJobProgress, QUEUE_NAME, type JobProgress } from './queue.js';
 import type { BuildSummary } from './summary.js';
 
 export interface JobStatus {
@@ -19,6 +19,8 @@ export interface JobStatus {
   current?: JobProgress['current'];
   /** The build's result: ok, or why not; a failed job's reason. */
   result?: string;
+  /** Workers that handed it back unrun, and why (while it waits). */
+  handedBack?: Record<string, string>;
 }
 
 export interface QueueStatus {
@@ -28,11 +30,9 @@ export interface QueueStatus {
 
 const STATES: JobType[] = ['active', 'waiting', 'prioritized', 'delayed', 'waiting-children', 'completed', 'failed'];
 
-const isProgress = (p: unknown): p is JobProgress => typeof p === 'object' && p !== null && Array.isArray((p as JobProgress).stages);
-
 function describe(job: Job, state: string): JobStatus & { index: number; runId: string; timestamp: number } {
   const data = job.data as { runId?: string; index?: number; recipe?: string; arch?: string };
-  const progress = isProgress(job.progress) ? job.progress : undefined;
+  const progress = isJobProgress(job.progress) ? job.progress : undefined;
   const summary = state === 'completed' ? (job.returnvalue as BuildSummary | undefined) : undefined;
   return {
     id: String(job.id),
@@ -48,6 +48,7 @@ function describe(job: Job, state: string): JobStatus & { index: number; runId: 
     ...(state === 'active' && progress?.current ? { current: progress.current } : {}),
     ...(summary ? { result: summary.ok ? 'ok' : `FAILED: ${summary.error ?? summary.status}` } : {}),
     ...(state === 'failed' ? { result: `job failed: ${job.failedReason}` } : {}),
+    ...(progress?.handedBack && !['active', 'completed', 'failed'].includes(state) ? { handedBack: progress.handedBack } : {}),
   };
 }
 
@@ -80,7 +81,8 @@ export function formatStatus(s: QueueStatus): string {
     const c = j.current;
     const at = (name: string) => (c && c.stage === name ? `${name} ${c.done}/${c.total}${c.label ? ` ${c.label}` : ''}` : name);
     const stages = j.stages.length ? `; stages ${done.length} done (${done.filter((x) => x.status === 'cached').length} cached)${running.length ? `, running ${running.map(at).join(', ')}` : ''}` : '';
-    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` ${live || j.state === 'completed' ? 'on' : 'last on'} ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}`;
+    const back = j.handedBack ? `; handed back by ${Object.entries(j.handedBack).map(([w, why]) => `${w} (${why})`).join(', ')}` : '';
+    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` ${live || j.state === 'completed' ? 'on' : 'last on'} ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}${back}`;
   });
   return [`run ${s.runId}: ${s.jobs.length} jobs`, ...lines].join('\n');
 }

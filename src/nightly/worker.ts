@@ -17,7 +17,7 @@ import { DelayedError, UnrecoverableError, Worker, type Job } from 'bullmq';
 import { repoRoot } from '../paths.js';
 import { formatBytes as gb } from '../units.js';
 import { BuildSummarySchema, type BuildSummary } from './summary.js';
-import { admission, connectRedis, parseBuildJob, queueTimings, QUEUE_NAME, redactUrl, type JobProgress } from './queue.js';
+import { admission, connectRedis, isJobProgress, parseBuildJob, queueTimings, QUEUE_NAME, redactUrl, type JobProgress } from './queue.js';
 import type { BuildChildMessage, BuildChildRequest } from './build-child.js';
 
 export interface WorkerRequest {
@@ -80,6 +80,9 @@ export async function runWorker(req: WorkerRequest): Promise<void> {
     const refused = admission(data, req.memoryBudgetBytes, reserved);
     if (refused) {
       log(`handing back ${job.id}: ${refused}`);
+      // Recorded on the job, so --status and the waiting nightly can say why nobody runs it.
+      const before = isJobProgress(job.progress) ? job.progress : { stages: [] };
+      await job.updateProgress({ ...before, handedBack: { ...before.handedBack, [name]: refused } });
       await job.moveToDelayed(Date.now() + HAND_BACK_MS, token);
       throw new DelayedError();
     }
