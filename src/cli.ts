@@ -4,7 +4,7 @@ import { loadRecipe, listRecipeIds } from './recipe/load.js';
 import { build } from './build.js';
 import { planRecipe, formatPlan } from './plan/for-recipe.js';
 import { doctor, formatDoctor } from './toolchain/doctor.js';
-import { clean } from './clean.js';
+import { clean, sweepShared } from './clean.js';
 import { runTests } from './selftest.js';
 import { publishBundle } from './hub/publish.js';
 import { compareBundles } from './bundle/compare.js';
@@ -233,9 +233,15 @@ program.command('doctor')
   });
 
 program.command('clean')
-  .description('remove the stage cache (and with --all the Python environments too)')
+  .description('remove the stage cache (and with --all the Python environments too); --sweep: remove the orphaned uploads of a shared S3 cache')
   .option('--all', 'also remove the Python environments under FORGE_HOME')
-  .action(async (o: { all?: boolean }) => console.log(await clean(Boolean(o.all))));
+  .option('--sweep <s3-url>', 'instead: remove the files no meta.json names from the shared cache s3://bucket/prefix (committed entries stay)')
+  .option('--older-than <hours>', 'with --sweep: only uploads whose every file is older than this (default 24)', '24')
+  .option('--dry-run', 'with --sweep: list what would be removed')
+  .action(async (o: { all?: boolean; sweep?: string; olderThan: string; dryRun?: boolean }) => {
+    if (o.sweep && o.all) throw new Error('forge clean: --sweep cleans the shared cache only; --all is for the local one');
+    console.log(o.sweep ? await sweepShared(o.sweep, Number(o.olderThan), Boolean(o.dryRun)) : await clean(Boolean(o.all)));
+  });
 
 program.command('test [args...]')
   .description("run forge's own test suite (vitest, then ctest once native/ has tests); sets up what it needs first")

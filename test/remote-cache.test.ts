@@ -195,6 +195,41 @@ describe('shared stage cache (S3, read-through / write-back)', () => {
     }
   });
 
+  it('a sweep removes the files no meta.json names once they are old, never a committed entry nor one it cannot read', async () => {
+    const remote = await RemoteCache.open(url);
+    const key = (await build('machine-1', remote)).entries.get('a')!.meta.key;
+    const put = (k: string, body: string) => s3.client.send(new PutObjectCommand({ Bucket: BUCKET, Key: k, Body: body }));
+    const other = 'c'.repeat(64);
+    await put(remote.fileKey('a', key, 'w-lost-race', 'value.txt'), 'L'); // a writer that lost, its files left
+    await put(remote.fileKey('export', other, 'w-cut', 'model.onnx'), 'cut short'); // an upload killed before its meta.json
+    await put(remote.metaKey('quantize', other), '{"stage": "quan'); // a truncated meta.json…
+    await put(remote.fileKey('quantize', other, 'w-kept', 'model.onnx'), 'kept'); // …whose files are left for the rebuild to replace
+
+    // Just written: maybe still uploading, so kept.
+    const young = await remote.sweep({ olderThanMs: 3600_000 });
+    expect(young).toMatchObject({ orphans: [], objects: 0, young: 2, unreadable: [`quantize/${other}`] });
+    // Two hours on: a dry run lists the two orphans and removes nothing.
+    const later = Date.now() + 2 * 3600_000;
+    const dry = await remote.sweep({ olderThanMs: 3600_000, now: later, dryRun: true });
+    expect(dry.orphans.sort()).toEqual([`a/${key}/w-lost-race`, `export/${other}/w-cut`]);
+    expect(dry).toMatchObject({ objects: 2, bytes: 10, young: 0 });
+    expect(await remote.entryKeys('a', key)).toContain(remote.fileKey('a', key, 'w-lost-race', 'value.txt'));
+
+    // The CLI, as a farm's cron runs it: everything older than 0 h.
+    const run = await forge(['clean', '--sweep', url, '--older-than', '0'], s3.env);
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stdout).toContain('2 orphaned uploads older than 0 h removed (2 objects, 0.0 MB)');
+    expect(run.stdout).toContain(`left alone: 1 entry whose meta.json cannot be read (quantize/${other})`);
+    // What is left of each entry (s3proxy also lists its directories, as keys ending in '/').
+    const left = async (stage: string, k: string) => (await remote.entryKeys(stage, k)).filter((x) => !x.endsWith('/')).sort();
+    const { meta, fileKey } = await remoteEntry(remote, 'a', key);
+    expect(await left('a', key)).toEqual([remote.metaKey('a', key), ...Object.keys(meta.files).map(fileKey)].sort());
+    expect(await left('export', other)).toEqual([]);
+    expect(await left('quantize', other)).toHaveLength(2);
+    // The committed entries are whole: a fresh machine takes both stages from the shared cache.
+    expect(statuses(await build('machine-2', remote))).toEqual(['cached:remote', 'cached:remote']);
+  });
+
   it('moves a large entry in multipart parts and streams it back verified', async () => {
     const cache = new StageCache(join(dir, 'machine-1'));
     const key = 'big'.padEnd(64, '0');

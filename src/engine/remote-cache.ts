@@ -20,7 +20,7 @@ import type { S3Client } from '@aws-sdk/client-s3';
 import { META, type EntryMeta, type StageCache } from './cache.js';
 import { sha256Hex, stableStringify } from './hash.js';
 import {
-  checkBucket, deleteKeys, exists, getFile, getText, listKeys, parseS3Url, putFile, putText, s3Client, s3Reason, s3Url,
+  checkBucket, deleteKeys, exists, getFile, getText, listKeys, listObjects, parseS3Url, putFile, putText, s3Client, s3Reason, s3Url,
   type S3Location,
 } from './s3.js';
 
@@ -35,6 +35,19 @@ export type FetchResult =
   | { meta: null; why: 'absent' }
   /** An entry exists remotely but could not be used (corrupt, incomplete, unreachable): the stage runs. */
   | { meta: null; why: 'unusable'; message: string };
+
+export interface SweepResult {
+  /** Entries (stage/key) seen under the prefix. */
+  entries: number;
+  /** `<stage>/<key>/<writer>` of every orphaned upload removed (or, dry run, to remove). */
+  orphans: string[];
+  objects: number;
+  bytes: number;
+  /** Orphan-looking uploads kept because some file is younger than the cutoff (maybe still uploading). */
+  young: number;
+  /** Entries left alone because their meta.json could not be read or checked. */
+  unreadable: string[];
+}
 
 export interface UploadResult {
   outcome: 'uploaded' | 'present' | 'superseded';
@@ -163,6 +176,60 @@ export class RemoteCache {
     return { outcome: 'uploaded', files: files.length, bytes };
   }
 
+  /**
+   * Removes the files no meta.json names: uploads cut short (no meta.json), writers that lost a race,
+   * the files of a bad entry that a good one replaced. Readers never see them; only the bucket's size
+   * does. A writer's files go only when every one of them is older than `olderThanMs` (an upload in
+   * progress is young), and a committed entry — its meta.json and its writer's files — is never
+   * touched, nor any entry whose meta.json cannot be read (the next upload replaces it).
+   */
+  async sweep(o: { olderThanMs: number; dryRun?: boolean; now?: number }): Promise<SweepResult> {
+    const base = this.loc.prefix ? `${this.loc.prefix}/` : '';
+    const cutoff = (o.now ?? Date.now()) - o.olderThanMs;
+    // <stage>/<key> → its meta.json (if any) and its objects by writer.
+    const entries = new Map<string, { meta: boolean; writers: Map<string, Array<{ key: string; size: number; lastModified: number }>> }>();
+    for (const obj of await listObjects(this.client, this.loc.bucket, base)) {
+      const parts = obj.key.slice(base.length).split('/');
+      // Not an entry's object: not forge's to remove. (A key ending in '/' is a directory marker,
+      // which filesystem-backed servers such as s3proxy list; forge writes none.)
+      if (parts.length < 3 || parts.includes('')) continue;
+      const id = `${parts[0]}/${parts[1]}`;
+      const e = entries.get(id) ?? { meta: false, writers: new Map() };
+      if (parts.length === 3 && parts[2] === META) e.meta = true;
+      else e.writers.set(parts[2], [...(e.writers.get(parts[2]) ?? []), obj]);
+      entries.set(id, e);
+    }
+    const r: SweepResult = { entries: entries.size, orphans: [], objects: 0, bytes: 0, young: 0, unreadable: [] };
+    for (const [id, e] of entries) {
+      let committed: string | null = null;
+      if (e.meta) {
+        const [stage, key] = id.split('/');
+        try {
+          const m = JSON.parse((await getText(this.client, this.loc.bucket, this.metaKey(stage, key))) ?? 'null') as RemoteMeta | null;
+          committed = m && checkMeta(m, stage, key) === null ? m.remote.writer : null;
+        } catch {
+          committed = null;
+        }
+        if (committed === null) {
+          r.unreadable.push(id);
+          continue;
+        }
+      }
+      for (const [writer, objs] of e.writers) {
+        if (writer === committed) continue;
+        if (objs.some((x) => x.lastModified > cutoff)) {
+          r.young++;
+          continue;
+        }
+        r.orphans.push(`${id}/${writer}`);
+        r.objects += objs.length;
+        r.bytes += objs.reduce((s, x) => s + x.size, 0);
+        if (!o.dryRun) await deleteKeys(this.client, this.loc.bucket, objs.map((x) => x.key));
+      }
+    }
+    return r;
+  }
+
   /** Every object key of an entry (meta.json and all writers' files): for tests and inspection. */
   entryKeys(stage: string, key: string): Promise<string[]> {
     return listKeys(this.client, this.loc.bucket, `${this.entryPrefix(stage, key)}/`);
@@ -181,5 +248,3 @@ function checkMeta(m: RemoteMeta, stage: string, key: string): string | null {
   }
   return null;
 }
-
-/** A byte count for a log line. */

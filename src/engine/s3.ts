@@ -141,17 +141,20 @@ export async function getFile(client: S3Client, bucket: string, key: string, pat
   return { size, sha256: hash.digest('hex') };
 }
 
-/** Every key under a prefix. */
-export async function listKeys(client: S3Client, bucket: string, prefix: string): Promise<string[]> {
-  const keys: string[] = [];
+/** Every object under a prefix: key, size, last modified (ms since the epoch). */
+export async function listObjects(client: S3Client, bucket: string, prefix: string): Promise<Array<{ key: string; size: number; lastModified: number }>> {
+  const out: Array<{ key: string; size: number; lastModified: number }> = [];
   let token: string | undefined;
   do {
     const r = await client.send(new ListObjectsV2Command({ Bucket: bucket, Prefix: prefix, ContinuationToken: token }));
-    for (const o of r.Contents ?? []) if (o.Key) keys.push(o.Key);
+    for (const o of r.Contents ?? []) if (o.Key) out.push({ key: o.Key, size: o.Size ?? 0, lastModified: o.LastModified?.getTime() ?? 0 });
     token = r.IsTruncated ? r.NextContinuationToken : undefined;
   } while (token);
-  return keys;
+  return out;
 }
+
+/** Every key under a prefix. */
+export const listKeys = async (client: S3Client, bucket: string, prefix: string): Promise<string[]> => (await listObjects(client, bucket, prefix)).map((o) => o.key);
 
 /**
  * One DeleteObject per key: the batch DeleteObjects needs a body checksum header that some servers
