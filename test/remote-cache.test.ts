@@ -13,6 +13,7 @@ import { runPipeline, type RunOptions } from '../src/engine/run.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { fixedMemory, type Pipeline, type StageNode } from '../src/engine/stage.js';
 import { RemoteCache, type RemoteMeta } from '../src/engine/remote-cache.js';
+import { s3Client } from '../src/engine/s3.js';
 import { startS3Server, type S3Server } from './helpers/s3-server.js';
 import { forge } from './helpers/forge-cli.js';
 import type { WriteParams } from './fixtures/stages/write.js';
@@ -264,6 +265,28 @@ describe('shared stage cache (S3, read-through / write-back)', () => {
 });
 
 describe('shared stage cache: what is refused before anything runs', () => {
+  it('takes the region from the environment, else the shared config file\'s profile, else us-east-1', async () => {
+    const keep = { AWS_REGION: process.env.AWS_REGION, AWS_DEFAULT_REGION: process.env.AWS_DEFAULT_REGION, AWS_CONFIG_FILE: process.env.AWS_CONFIG_FILE, AWS_PROFILE: process.env.AWS_PROFILE };
+    try {
+      delete process.env.AWS_REGION;
+      delete process.env.AWS_DEFAULT_REGION;
+      delete process.env.AWS_PROFILE;
+      const config = join(dir, 'aws-config');
+      writeFileSync(config, '[default]\nregion = eu-west-3\n');
+      process.env.AWS_CONFIG_FILE = config;
+      expect(await (await s3Client()).config.region()).toBe('eu-west-3');
+      process.env.AWS_CONFIG_FILE = join(dir, 'no-such-config');
+      expect(await (await s3Client()).config.region()).toBe('us-east-1');
+      process.env.AWS_REGION = 'ap-south-1';
+      expect(await (await s3Client()).config.region()).toBe('ap-south-1');
+    } finally {
+      for (const [k, v] of Object.entries(keep)) {
+        if (v === undefined) delete process.env[k];
+        else process.env[k] = v;
+      }
+    }
+  });
+
   it('a missing bucket is one error naming it', async () => {
     await expect(RemoteCache.open('s3://no-such-bucket/team')).rejects.toThrow(/^remote cache s3:\/\/no-such-bucket\/team: bucket 'no-such-bucket' does not exist \(endpoint http:\/\/127\.0\.0\.1:\d+\)$/);
   });

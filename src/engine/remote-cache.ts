@@ -65,7 +65,7 @@ export class RemoteCache {
   /** Parses the URL and checks the bucket is there and reachable: one clear error, before any stage runs. */
   static async open(url: string): Promise<RemoteCache> {
     const loc = parseS3Url(url);
-    const client = s3Client();
+    const client = await s3Client();
     await checkBucket(client, loc);
     return new RemoteCache(client, loc);
   }

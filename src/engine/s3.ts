@@ -34,9 +34,25 @@ export const s3Url = (l: S3Location) => `s3://${l.bucket}${l.prefix ? `/${l.pref
 const PART_BYTES = 16 << 20;
 const PARTS_IN_FLIGHT = 4;
 
-export function s3Client(): S3Client {
+/**
+ * A client from the SDK's usual chain (environment, then the shared config file's profile: region,
+ * endpoint, credentials). Only when that chain names no region is it us-east-1: S3-compatible servers
+ * (MinIO, s3proxy) accept any, and a user with none configured should not have to invent one.
+ */
+export async function s3Client(): Promise<S3Client> {
   // The SDK warns on every process under Node 20 that future releases need Node 22: noise in a build log.
   process.env.AWS_SDK_JS_NODE_VERSION_SUPPORT_WARNING_DISABLED ??= 'true';
+  const client = makeClient({});
+  try {
+    await client.config.region();
+    return client;
+  } catch {
+    client.destroy();
+    return makeClient({ region: 'us-east-1' });
+  }
+}
+
+function makeClient(extra: { region?: string }): S3Client {
   return new S3Client({
     // Path-style (http://host/bucket/key) works on every S3-compatible server; virtual-host style
     // needs wildcard DNS that a local MinIO or s3proxy does not have.
@@ -47,7 +63,7 @@ export function s3Client(): S3Client {
     responseChecksumValidation: 'WHEN_REQUIRED',
     // A server that stops answering fails the request rather than hanging the build.
     requestHandler: { connectionTimeout: 10_000, requestTimeout: 120_000 },
-    ...(process.env.AWS_REGION || process.env.AWS_DEFAULT_REGION ? {} : { region: 'us-east-1' }),
+    ...extra,
   });
 }
 
