@@ -193,7 +193,10 @@ describe('forge nightly --queue with two workers', () => {
     expect(again.comparedWith).toBe(join(out, 'nightly.json'));
     for (const s of again.builds) expect(s.stages.filter((x) => x.status !== 'cached'), s.id).toEqual([]);
     expect(again.regressions).toBe(0);
-    expect(readFileSync(join(out, 'report.md'), 'utf8')).toContain('**ok: 3 builds, no regression**');
+    const report = readFileSync(join(out, 'report.md'), 'utf8');
+    expect(report).toContain('**ok: 3 builds, no regression**');
+    // The build table says where each build ran.
+    expect(report).toContain('| worker |');
     console.log(`[measured] second queued nightly (all cached): ${again.seconds.toFixed(1)} s; whole test ${((Date.now() - t0) / 1000).toFixed(1)} s`);
   }, 2_400_000); // three cold twin builds on a shared 2-core machine (as nightly.test.ts), a kill and its lock lapse, a cached pass
 });

@@ -97,6 +97,19 @@ describe('nightly regression rules', () => {
     expect(md).toMatch(/\| tiny-qwen3\/v81 \| oracle quantize\/shard0\.decode min cosine \| 0\.9995000 \| 0\.8800000 \| REGRESSION: fell by 0\.120 \(tolerance 0\.0001\); w8 → w4 \|/);
   });
 
+  it('a queued nightly\'s build table names the worker of each build, and its retries', () => {
+    const a = summary(base, { queue: { worker: 'farm-1:4242', attempts: 1, stalled: 0 } });
+    const b = summary(base, { id: 'tiny-qwen3/v79', arch: 'v79', queue: { worker: 'farm-2:77', attempts: 2, stalled: 1 } });
+    const n = { format: 'forge-nightly/1' as const, startedAt: '2026-01-02T00:00:00Z', seconds: 5, matrix: 'm.json', thresholds, builds: [a, b], comparedWith: null, regressions: 0 };
+    const md = nightlyMarkdown(n, null, compareNightlies(n, null));
+    expect(md).toContain('| build | result | stages cached | seconds | bundle bytes | worker | run record |');
+    expect(md).toContain('| tiny-qwen3/v81 | ok | 1/1 | 3.0 | — | farm-1:4242 | /b/build/run.json |');
+    expect(md).toContain('| farm-2:77 (attempt 2) (stalled 1) |');
+    // Built on this machine: no worker column.
+    const local = nightlyMarkdown({ ...n, builds: [summary(base)] }, null, compareNightlies({ ...n, builds: [summary(base)] }, null));
+    expect(local).not.toContain('| worker |');
+  });
+
   it('plots one point per stored nightly, the threshold dashed', () => {
     const svg = trendPlot('x', [{ at: 'a', value: 0.9995 }, { at: 'b', value: 0.9994 }, { at: 'c', value: 0.88 }], { cosine: true, threshold: 0.85, flagged: true });
     expect(svg.match(/<circle/g)).toHaveLength(3);

@@ -12,12 +12,15 @@ const nines = (c: number) => -Math.log10(Math.max(1 - c, 1e-12));
 interface Table { head: string[]; rows: string[][]; flagged?: boolean[] }
 
 function buildsTable(n: Nightly): Table {
+  // A queued nightly's builds ran on workers: which one, and whether its job was retried or stalled.
+  const queued = n.builds.some((b) => b.queue);
+  const worker = (b: Nightly['builds'][number]) => (b.queue ? `${b.queue.worker}${b.queue.attempts > 1 ? ` (attempt ${b.queue.attempts})` : ''}${b.queue.stalled ? ` (stalled ${b.queue.stalled})` : ''}` : '—');
   return {
-    head: ['build', 'result', 'stages cached', 'seconds', 'bundle bytes', 'run record'],
+    head: ['build', 'result', 'stages cached', 'seconds', 'bundle bytes', ...(queued ? ['worker'] : []), 'run record'],
     rows: n.builds.map((b) => [
       b.id, b.ok ? 'ok' : `FAILED: ${b.status}${b.error ? ` — ${b.error}` : ''}`,
       `${b.stages.filter((s) => s.status === 'cached').length}/${b.stages.length}`, b.seconds.toFixed(1),
-      formatFigure(b.figures['bundle bytes']), b.runRecord ?? '—',
+      formatFigure(b.figures['bundle bytes']), ...(queued ? [worker(b)] : []), b.runRecord ?? '—',
     ]),
     flagged: n.builds.map((b) => !b.ok),
   };
