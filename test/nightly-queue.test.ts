@@ -84,7 +84,7 @@ describe('forge worker --memory-budget', () => {
       tiny.stderr!.on('data', (d) => { said += d; });
       tiny.stderr!.pipe(log);
       // The nightly waits for a worker that can hold 4 GB; none comes, so it is stopped here.
-      const waiting = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--out', join(work, 'never')], { env: { ...process.env, CI: '1', FORGE_QUEUE_WATCH_MS: '1000' }, stdio: ['ignore', 'ignore', 'pipe'] });
+      const waiting = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--run', 'big-one', '--out', join(work, 'never')], { env: { ...process.env, CI: '1', FORGE_QUEUE_WATCH_MS: '1000' }, stdio: ['ignore', 'ignore', 'pipe'] });
       let nightlySaid = '';
       waiting.stderr!.on('data', (d) => { nightlySaid += d; });
       try {
@@ -100,6 +100,16 @@ describe('forge worker --memory-budget', () => {
         expect(['delayed', 'waiting', 'active']).toContain(s.jobs[0].state);
         if (s.jobs[0].state !== 'active') expect(Object.values(s.jobs[0].handedBack ?? {})).toEqual([expect.stringContaining('over this worker\'s memory budget of 1.00 GB')]);
         expect(said).not.toContain('building tiny-qwen3/v81');
+        // A second nightly with the same --run attaches to the job rather than adding it again.
+        const again = spawn(resolve('forge'), ['nightly', '--queue', own.url, '--matrix', matrix, '--run', 'big-one', '--out', join(work, 'never-2')], { env: { ...process.env, CI: '1' }, stdio: ['ignore', 'ignore', 'pipe'] });
+        let againSaid = '';
+        again.stderr!.on('data', (d) => { againSaid += d; });
+        try {
+          await until('the second nightly to attach', async () => (againSaid.includes('run big-one: 1 build jobs') ? true : undefined), 60_000);
+          expect((await queueStatus(own.url, 'big-one')).jobs.map((j) => j.id)).toEqual(['big-one/tiny-qwen3/v81']);
+        } finally {
+          again.kill('SIGTERM');
+        }
       } finally {
         waiting.kill('SIGTERM');
         tiny.kill('SIGTERM');
