@@ -84,6 +84,30 @@ TEST(Generate, PrefillEqualsDecodeOverPrompt) {
   }
 }
 
+// The W8 graphs with their residual hand-offs in f16 (the handoff stage's rewrite, as a recipe saying
+// `handoff: f16` ships them; gemma4's own test covers decode, this one a decoder_generate bundle with
+// prefill graphs): the runtime keeps the hand-off in an f16 buffer through prefill and decode, HF's
+// greedy tokens hold as with float32 hand-offs, and prefill still equals decode over the prompt.
+TEST(Generate, F16HandOffsHoldParityThroughPrefillAndDecode) {
+  NEED_ENV(half, "FORGE_TEST_HALF_HANDOFF_BUNDLE_W8");
+  NEED_ENV(trace, "FORGE_TEST_TRACE");
+  auto l = load(half);
+  const auto* out = l->manifest.contexts[0].graph(forge::role::prefill);
+  ASSERT_NE(out, nullptr) << "the bundle is expected to have prefill graphs";
+  int f16_outputs = 0;
+  for (const auto& c : l->manifest.contexts)
+    for (const auto& g : c.graphs)
+      for (const auto& b : g.outputs) f16_outputs += b.dtype == "float16";
+  EXPECT_GE(f16_outputs, 2) << "shard0's prefill and decode graphs should hand over in f16";
+  expect_parity_with_hf("w8 f16 hand-offs", *l, trace);
+  for (const auto& p : forge_test::prefill_test_prompts(trace, out->tokens, l->manifest.vocab)) {
+    auto a = l->gen->generate(p, {16, true, true});
+    auto b = l->gen->generate(p, {16, true, false});
+    EXPECT_TRUE(a.used_prefill);
+    EXPECT_EQ(a.generated, b.generated) << "prompt of " << p.size() << " tokens";
+  }
+}
+
 // Teacher-forced continuation (GenerateOptions::forced): forcing the tokens a free run chose feeds
 // exactly what the free run fed, so every step's choice is the same, bit for bit.
 static void expect_forcing_own_tokens_reproduces_free_run(Loaded& l, const std::string& trace) {

@@ -2,7 +2,7 @@
 // --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op), with --phimoe an fp32 and a
 // W8 bundle of tiny-phimoe (phimoe_generate), with --gemma4 of tiny-gemma4 (gemma4_split_generate):
 //   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--gemma4] [--all: every one]
-// Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
+// Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir, "halfHandoffW8": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
 // [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir][, "gemma4": dir, "gemma4W8": dir, "gemma4Trace": dir]} as JSON.
 // fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
 // form a recipe whose quant is fp32 compiles); the reference export reads the bf16 checkpoint in place.
@@ -15,6 +15,7 @@ import { assembleBundle } from '../../src/bundle/assemble.js';
 import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
 import { mkdirSync, readFileSync } from 'node:fs';
 import { runExport } from '../../src/families/export-stage.js';
+import { writeHandoffExport } from '../../src/quant/handoff.js';
 
 const out = process.argv[2];
 
@@ -40,7 +41,16 @@ const trace = built.trace;
     readCheckpointRef(built.entry('fetch')).absDir, plan, join(out, 'fp32-copy'), { log() {}, progress() {} });
 }
 
-const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), fp32Copy: join(out, 'fp32-copy'), trace };
+// The same W8 graphs with f16 residual hand-offs (the handoff stage's rewrite, as a recipe saying
+// `handoff: f16` ships them): decoder_generate's f16 buffers through prefill and decode.
+{
+  const graphs = join(out, 'build', 'w8-f16-graphs');
+  writeHandoffExport(built.entry('quantize'), graphs, 'float16');
+  await assembleBundle({ recipe: built.recipe, arch: archSettings(built.recipe, 'v81').arch, graphsDir: graphs, embeddingDir: built.entry('quantize'),
+    checkpointDir: readCheckpointRef(built.entry('fetch')).absDir, maxNewTokens: built.recipe.gates.parity.tokens }, join(out, 'w8-f16'));
+}
+
+const dense = { w8: join(out, 'w8'), fp32: join(out, 'fp32'), fp32Copy: join(out, 'fp32-copy'), trace, halfHandoffW8: join(out, 'w8-f16') };
 // Up to the oracle gate (it needs trace, export and quantize): the parity gate would run this very runtime.
 const wants = (flag: string) => process.argv.includes(flag) || process.argv.includes('--all');
 const hybrid = wants('--hybrid')
