@@ -16,9 +16,10 @@ import { firstFailedRow, shippedFloor, SHIPPED_VARIANT } from './locate.js';
 export const NEXT: Partial<Record<QuantScheme, QuantScheme>> = { w4: 'w8', w8: 'fp16' };
 
 export interface Candidate {
-  /** `layer 2 mlp.down_proj`, or `layer 2 (7 matrices)` for the whole layer. */
+  /** `layer 2 mlp.down_proj`, or `layer 2 (7 matrices)` for the whole layer, or `lm-head lm_head w4→w8`. */
   label: string;
-  layer: number;
+  /** The layer whose matrices it moves; absent for the lm-head. */
+  layer?: number;
   tensors: Array<{ name: string; from: QuantScheme; to: QuantScheme }>;
   /** The override lines that make it (per rung: one pattern, the tensor names escaped and alternated). */
   overrides: PrecisionOverride[];
@@ -53,25 +54,43 @@ export const shortName = (name: string, layer: number) => name.replace(new RegEx
  * saw before, for the lines' `why` (written as gated, so --apply's recipe rebuilds from the cache).
  */
 export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): { single: Candidate[]; whole?: Candidate } {
+  const moves = rungUp(tensors, scheme, overrides, map);
+  const make = (label: string, ms: Move[]) => candidateOf(label, layer, ms, without);
+  const single = moves.map((m) => make(`layer ${layer} ${shortName(m.t.name, layer)} ${m.from}→${m.to}`, [m]));
+  return { single, ...(moves.length > 1 ? { whole: make(`layer ${layer} whole (${moves.length} matrices)`, moves) } : {}) };
+}
+
+/**
+ * The lm-head's candidates: each matrix it reads (its weight; a tied model's embedding) one rung up
+ * from where the lm-head's scheme and the recipe's overrides put it. A fault the gate sees only in
+ * the logits (every layer's probes within tolerance) is the lm-head's own.
+ */
+export function lmHeadCandidates(tensors: TensorSpec[], lmHeadScheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): Candidate[] {
+  return rungUp(tensors, lmHeadScheme, overrides, map).map((m) => candidateOf(`lm-head ${m.t.name.replace(/\.weight$/, '')} ${m.from}→${m.to}`, undefined, [m], without));
+}
+
+interface Move { t: TensorSpec; from: QuantScheme; to: QuantScheme }
+
+/** Each movable matmul weight with the precision it ships at now and the rung above it. */
+function rungUp(tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap): Move[] {
   const chooser = new PrecisionChooser(overrides, map);
-  const moves = tensors.filter((t) => t.role === 'matmul').flatMap((t) => {
+  return tensors.filter((t) => t.role === 'matmul').flatMap((t) => {
     const from = chooser.choose(t.name, scheme).scheme;
     const to = NEXT[from];
     return to ? [{ t, from, to }] : [];
   });
-  const make = (label: string, ms: typeof moves): Candidate => {
-    // One quant per override line: matrices bound for different rungs (a whole layer whose matrices
-    // stand on different ones) get a line per rung, each matrix one step up from where it is.
-    const rungs = ms.map((m) => m.to).filter((x, i, a) => a.indexOf(x) === i);
-    return {
-      label, layer,
-      tensors: ms.map((m) => ({ name: m.t.name, from: m.from, to: m.to })),
-      overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate${without ? ` (${without} without it)` : ''}` })),
-      addedBytes: ms.reduce((a, m) => a + storedBytes(m.t, m.to) - storedBytes(m.t, m.from), 0),
-    };
+}
+
+function candidateOf(label: string, layer: number | undefined, ms: Move[], without: string): Candidate {
+  // One quant per override line: matrices bound for different rungs (a whole layer whose matrices
+  // stand on different ones) get a line per rung, each matrix one step up from where it is.
+  const rungs = ms.map((m) => m.to).filter((x, i, a) => a.indexOf(x) === i);
+  return {
+    label, ...(layer !== undefined ? { layer } : {}),
+    tensors: ms.map((m) => ({ name: m.t.name, from: m.from, to: m.to })),
+    overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate${without ? ` (${without} without it)` : ''}` })),
+    addedBytes: ms.reduce((a, m) => a + storedBytes(m.t, m.to) - storedBytes(m.t, m.from), 0),
   };
-  const single = moves.map((m) => make(`layer ${layer} ${shortName(m.t.name, layer)} ${m.from}→${m.to}`, [m]));
-  return { single, ...(moves.length > 1 ? { whole: make(`layer ${layer} whole (${moves.length} matrices)`, moves) } : {}) };
 }
 
 /** What one trial build's oracle result says about a candidate. */

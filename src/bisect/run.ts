@@ -30,6 +30,7 @@ import { applyOverrides } from './apply.js';
 import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
+import { searchLmHead } from './lm-head.js';
 import type { DriftResult } from './drift.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
@@ -214,14 +215,34 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   }
   const at = result.steps.first ? `, first at prompt ${result.steps.first.prompt} step ${result.steps.first.step} (${result.steps.first.output} ${fmt(result.steps.first.cosine)}; ${result.steps.failing} of ${result.steps.cases.length} steps under)` : '';
 
+  // One candidate rebuilt through the oracle gate (cached stages) and judged.
+  const tryOne = async (c: Candidate): Promise<Trial> => {
+    const t = performance.now();
+    const r = await chainBuild(recipe.id, arch.id, { overrides: c.overrides, verbose: req.verbose, quiet: true });
+    const seconds = (performance.now() - t) / 1000;
+    const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
+    log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
+    result.trials.push(trial);
+    return trial;
+  };
+  const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+
   if (miss.link === 'export') {
     result.verdict = 'export';
     result.message = `link export: the fp32 graphs already leave HF at ${where}, ${seen}${at}: the graph builder disagrees with HF; no precision change can fix that`;
     return finish();
   }
   if (miss.layer === null) {
-    result.verdict = 'unfixed';
-    result.message = `link quantization at ${where}, ${seen}${at}: not localised to a layer (the lm-head and other layerless outputs are not searched in this step)`;
+    // Every layer's outputs hold and the logits do not: the lm-head's own matrices, each one rung up.
+    const found = await searchLmHead({ family: recipe.family, checkpointDir: ckpt, lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides, ...(precision ? { precision } : {}), why: `${miss.graph} ${miss.output} ${seen}`, log, tryOne });
+    result.fixes = rank(result.trials);
+    result.chosen = result.fixes[0];
+    const link = `link quantization: the shipped graphs leave tolerance first at ${where}, ${seen}${at}, while every layer's outputs hold: the lm-head (${settings.lmHead.quant})`;
+    result.verdict = result.chosen ? 'fixed' : 'unfixed';
+    result.message = result.chosen
+      ? `${link}; ${result.fixes.length} of ${result.trials.length} candidates restore the gate, the cheapest: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)`
+      : `${link}; ${found ? `no candidate restores the gate (tried ${result.trials.map((t) => t.label).join(', ')})` : 'its matrices are already at fp16 or above: nothing to promote'}`;
+    if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
     return finish();
   }
 
@@ -229,7 +250,6 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const family = getFamily(recipe.family) as Family<unknown>;
   const configFile = join(ckpt, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
-  const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
   const scheme = baseScheme(settings.quant);
   log(`weighing every layer alone at ${settings.quant}`);
   const work = mkdtempSync(join(tmpdir(), 'forge-bisect-alone-'));
@@ -245,15 +265,6 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   result.suspects = [];
 
   const tensors = (await modelTensors(family, config)).layers;
-  const tryOne = async (c: Candidate): Promise<Trial> => {
-    const t = performance.now();
-    const r = await chainBuild(recipe.id, arch.id, { overrides: c.overrides, verbose: req.verbose, quiet: true });
-    const seconds = (performance.now() - t) / 1000;
-    const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
-    log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
-    result.trials.push(trial);
-    return trial;
-  };
   for (const [i, s] of suspects.entries()) {
     result.suspects.push({ layer: s.layer, why: why(s, i) });
     const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, `${miss.graph} ${miss.output} ${seen}`);

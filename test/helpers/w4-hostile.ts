@@ -7,7 +7,7 @@
 // every row, and a block's scale is set by its outlier: the 31 other weights of the block round to
 // zero. W8's per-row scale keeps them (scale/127 instead of scale/7). SmoothQuant's equivalence,
 // used backwards.
-import { cpSync, readdirSync, readFileSync } from 'node:fs';
+import { cpSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
@@ -40,6 +40,44 @@ export async function makeW4Hostile(src: string, out: string, layer: number, sca
       const dtype = info.dtype;
       if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
       tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
+    }
+    await writeSafetensors(join(out, files[0]), tensors);
+  } finally {
+    await ckpt.close();
+  }
+}
+
+/**
+ * The same trick on the lm-head (a tied Qwen3 twin): untied first (lm_head.weight a copy of the
+ * embedding, `tie_word_embeddings` false: the same function), then every 32nd hidden channel j gets
+ * lm_head column j multiplied by `scale` and the final norm's weight j divided by it. logits =
+ * W·(γ ⊙ x̂) do not move; the lm-head holds one outlier per W4 block of every row.
+ */
+export async function makeLmHeadW4Hostile(src: string, out: string, scale = 16): Promise<void> {
+  if (Math.log2(scale) % 1 !== 0) throw new Error(`scale ${scale} is not a power of two: the checkpoint's function would move`);
+  cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
+  const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
+  if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
+  const config = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as Record<string, unknown>;
+  writeFileSync(join(out, 'config.json'), JSON.stringify({ ...config, tie_word_embeddings: false }, null, 2));
+  const ckpt = await openCheckpoint(src);
+  try {
+    const names = ckpt.names();
+    const head = names.includes('lm_head.weight') ? 'lm_head.weight' : 'model.embed_tokens.weight';
+    const tensors: TensorWithData[] = [];
+    const keep = (name: string, dtype: string, shape: number[], data: Float32Array) =>
+      tensors.push({ name, dtype: dtype as TensorWithData['dtype'], shape, data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
+    for (const name of names) {
+      const info = ckpt.info(name);
+      const data = await ckpt.readF32(name);
+      if (name === 'model.norm.weight') for (let j = 0; j < data.length; j += 32) data[j] /= scale;
+      if (name !== 'lm_head.weight') keep(name, info.dtype, [...info.shape], data);
+      if (name === head) {
+        const w = Float32Array.from(data);
+        const [rows, cols] = info.shape;
+        for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j += 32) w[r * cols + j] *= scale;
+        keep('lm_head.weight', info.dtype, [...info.shape], w);
+      }
     }
     await writeSafetensors(join(out, files[0]), tensors);
   } finally {

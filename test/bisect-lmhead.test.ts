@@ -1,0 +1,71 @@
+// forge bisect on a fault the gate sees only in the logits: the tiny-qwen3 twin with its lm-head
+// made W4-hostile (test/helpers/w4-hostile.ts makeLmHeadW4Hostile: untied, one outlier per W4
+// block, the function unchanged) and shipped with its lm-head at w4. Every layer's outputs hold;
+// bisect names the lm-head, and its one matrix at w8 is the fix --apply writes.
+import { describe, it, expect, beforeAll } from 'vitest';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { forge, lastJson } from './helpers/forge-cli.js';
+import { makeLmHeadW4Hostile } from './helpers/w4-hostile.js';
+import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { cacheRoot } from '../src/paths.js';
+import { lmHeadCandidates } from '../src/bisect/fixes.js';
+import { PrecisionChooser } from '../src/quant/precision.js';
+import { storedBytes } from '../src/quant/bytes.js';
+import type { BisectResult } from '../src/bisect/run.js';
+import type { TensorSpec } from '../src/families/types.js';
+
+let work: string;
+let recipes: string;
+beforeAll(() => {
+  work = mkdtempSync(join(tmpdir(), 'forge-bisect-lmhead-'));
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+});
+
+const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+
+describe('forge bisect, the lm-head', () => {
+  it('names the lm-head when only the logits leave tolerance, and its w8 fix restores the gate', async () => {
+    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
+    expect(twin.code, twin.stderr).toBe(0);
+    const hostile = join(work, 'hostile-head');
+    await makeLmHeadW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile);
+    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.id = 'tiny-qwen3-hostile-head';
+    r.source = { kind: 'local', path: hostile };
+    r.arch.default.quant = 'w4';
+    r.arch.default.lmHead = { ...r.arch.default.lmHead, quant: 'w4' };
+    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
+    const recipeFile = join(recipes, r.id, 'recipe.json');
+    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+
+    const run = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--json', '--out', join(work, 'bisect')], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastJson(run.stdout) as BisectResult;
+    expect(b.fault).toMatchObject({ link: 'quantization', layer: null, output: 'logits' });
+    // Every layer's outputs held at w4: it is the lm-head's own error.
+    expect(b.layers.every((l) => l.shipped! >= b.thresholds.shipped)).toBe(true);
+    expect(b.verdict).toBe('fixed');
+    expect(b.message).toMatch(/while every layer's outputs hold: the lm-head \(w4\)/);
+    expect(b.chosen).toMatchObject({ label: 'lm-head lm_head w4→w8', tensors: [{ name: 'lm_head.weight', from: 'w4', to: 'w8' }], ok: true });
+    expect(b.chosen!.layer).toBeUndefined();
+    console.log(`[measured] bisect on the lm-head-hostile twin: ${b.fault!.graph} ${b.fault!.output} ${b.fault!.top1 ? `top-1 ${b.fault!.top1}` : b.fault!.cosine.toFixed(5)}; ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B ${t.seconds.toFixed(1)} s`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+
+    // --apply wrote it; the plain build passes the oracle gate from the trial's cached stages.
+    expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.overrides[0]).toEqual(b.chosen!.overrides[0]);
+    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    expect(lastJson(rebuilt.stdout).gates.oracle.ok, rebuilt.stderr).toBe(true);
+  }, 900_000);
+
+  it('makes one candidate per lm-head matrix one rung up from where the lm-head scheme and the overrides put it', () => {
+    const head: TensorSpec = { name: 'lm_head.weight', shape: [1033, 64], role: 'matmul' };
+    expect(lmHeadCandidates([head], 'w4', []).map((c) => [c.label, c.addedBytes])).toEqual([['lm-head lm_head w4→w8', storedBytes(head, 'w8') - storedBytes(head, 'w4')]]);
+    const [c] = lmHeadCandidates([head], 'w8', []);
+    expect(new PrecisionChooser(c.overrides).choose('lm_head.weight', 'w8').scheme).toBe('fp16');
+    // Pinned at fp16 already (or an fp16 lm-head): nothing to promote.
+    expect(lmHeadCandidates([head], 'w4', [{ match: 'lm_head\\.weight', quant: 'fp16' }])).toEqual([]);
+    expect(lmHeadCandidates([head], 'fp16', [])).toEqual([]);
+  });
+});
