@@ -127,6 +127,20 @@ describe('forge bisect on tiny-qwen3: the runtime and device links', () => {
     expect(calls.filter((c) => c.includes('./qhx_generate') && c.includes('--force-ids')).length).toBe(readTraceMeta(entry('trace')).prompts.length);
   }, 900_000);
 
+  it('FAKE DEVICE that follows HF: every link holds, the message says the device does too', async () => {
+    const fake = mkdtempSync(join(tmpdir(), 'forge-fake-phone-'));
+    const serial = `FAKE-OK-${process.pid}-${Date.now()}`;
+    const run = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'adb', '--serial', serial, '--runner', '/android/qhx_generate', '--device-libs', '/android/lib', '--json', '--out', join(work, 'adb-ok')],
+      { ADB: resolve('test/fixtures/fake-adb-forced.sh'), FAKE_ADB_DIR: fake });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastJson(run.stdout) as BisectResult;
+    expect(b.verdict).toBe('no-fault');
+    expect(b.link).toBeUndefined();
+    expect(b.device!.parity).toMatchObject({ holds: true, mismatches: 0 });
+    expect(b.device!.divergence).toBeUndefined();
+    expect(b.message).toMatch(/the native runtime on this CPU follows HF .*; the x86 simulator and the device \(adb:FAKE-OK-[^)]*\) follow HF too: parity 128\/128$/);
+  }, 900_000);
+
   it('--target adb without its phone is refused before anything builds', async () => {
     const run = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'adb', '--serial', 'X']);
     expect(run.code).not.toBe(0);

@@ -110,7 +110,7 @@ export async function driftFixes(c: DriftContext, d: DriftResult): Promise<Trial
       if (again.first) stillFails = `flips at prompt ${again.first.prompt} step ${again.first.step}`;
     }
     const trial: Trial = { ...cand, ok, seconds: (performance.now() - t) / 1000, ...(stillFails ? { stillFails } : {}) };
-    c.log(`  ${cand.label}: ${ok ? `the ${r.holds !== undefined ? 'runtime' : 'chain'} follows HF` : `still drifts (${stillFails})`}, +${cand.addedBytes} bytes, ${trial.seconds.toFixed(1)} s`);
+    c.log(`  ${cand.label}: ${ok ? `the ${r.holds !== undefined ? 'runtime' : 'chain'} follows HF` : `still ${r.holds !== undefined ? 'leaves HF' : 'drifts'} (${stillFails})`}, +${cand.addedBytes} bytes, ${trial.seconds.toFixed(1)} s`);
     trials.push(trial);
     if (trial === trials[0] && !ok) break; // the whole layer does not fix it: no single matrix will
     if (trials.length >= 3) break;

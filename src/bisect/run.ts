@@ -257,7 +257,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       return finish();
     }
     const { trials, verdict, message, ...rest } = found;
-    Object.assign(result, rest, { trials, verdict, message, fixes: rank(trials) });
+    const p = result.runtime?.parity;
+    const runtimeToo = verdict === 'no-fault' && p ? `; the native runtime on this CPU follows HF too, with its own KV cache (parity ${p.matched}/${p.total})` : '';
+    Object.assign(result, rest, { trials, verdict, message: `${message}${runtimeToo}`, fixes: rank(trials) });
     result.chosen = result.fixes[0];
     result.layer = found.op?.layer ?? undefined;
     if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, [], result.chosen.rescale);
