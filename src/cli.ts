@@ -126,12 +126,16 @@ function summaryLine(r: RunRecord): string {
 program.command('bisect <recipe>')
   .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift) and which override (precision, fp16 rescale) brings them back; report under out/<recipe>/<arch>/bisect/')
   .addOption(archOption())
-  .addOption(new Option('--target <where>', 'where the chain is run: host (CPU), emulation (then the compiled graphs on the x86 HTP simulator); adb not yet').choices([...TARGETS]).default('host'))
+  .addOption(new Option('--target <where>', 'where the chain is run: host (the ONNX graphs, then the native runtime, on this CPU), emulation (then the compiled graphs on the x86 HTP simulator), adb (then the runtime on a phone)').choices([...TARGETS]).default('host'))
+  .option('--serial <serial>', 'adb device serial (with --target adb)')
+  .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
+  .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
   .option('--apply', "write the chosen fix into the recipe file as override lines")
   .option('--out <dir>', 'report directory (default out/<recipe>/<arch>/bisect)')
   .option('--json', 'print bisect.json as the last line of stdout')
-  .action(async (id: string, o: { arch: string; target: string; apply?: boolean; out?: string; json?: boolean }) => {
-    const r = await bisect({ recipe: id, arch: o.arch, target: o.target, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
+  .action(async (id: string, o: { arch: string; target: string; serial?: string; runner?: string; deviceLibs?: string; apply?: boolean; out?: string; json?: boolean }) => {
+    const device = { ...(o.serial ? { serial: o.serial } : {}), ...(o.runner ? { runner: o.runner } : {}), ...(o.deviceLibs ? { libDir: o.deviceLibs } : {}) };
+    const r = await bisect({ recipe: id, arch: o.arch, target: o.target, device, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
     console.log(summaryText(r));
     if (o.apply && !r.applied) console.log(`--apply: nothing written to the recipe: ${r.verdict === 'no-fault' ? 'there is no fault to fix' : 'no fix restored the gate'}`);
     if (o.json) console.log(JSON.stringify(r));

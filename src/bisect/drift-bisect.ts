@@ -14,7 +14,7 @@ import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.
 import { runExport } from '../families/export-stage.js';
 import { perLayerPlan, type AloneParams } from './alone.js';
 import type { PrecisionMap } from '../quant/precision.js';
-import { scanDrift, type DriftResult } from './drift.js';
+import { scanDrift, type AttributionStep, type DriftResult } from './drift.js';
 import { candidates, type Trial } from './fixes.js';
 
 export interface DriftContext {
@@ -25,8 +25,12 @@ export interface DriftContext {
   scheme: QuantScheme;
   overrides: PrecisionOverride[];
   precision?: PrecisionMap;
-  /** Rebuilds through the oracle with the override lines first; the quantize dir and whether the gate held. */
-  rebuild: (overrides: PrecisionOverride[]) => Promise<{ quantizeDir?: string; oracleOk: boolean; error?: string }>;
+  /**
+   * Rebuilds through the oracle with the override lines first; the quantize dir and whether the gate
+   * held. A rebuild that judges the fix itself (the runtime link: through the parity gate) says so in
+   * `holds` (and `stillFails`); otherwise the shipped chain is scanned again.
+   */
+  rebuild: (overrides: PrecisionOverride[]) => Promise<{ quantizeDir?: string; oracleOk: boolean; error?: string; holds?: boolean; stillFails?: string }>;
   log: (m: string) => void;
 }
 
@@ -50,14 +54,14 @@ async function lmNames(checkpointDir: string): Promise<{ finalNorm: string; lmHe
  * The drift scan of a shipped export; with `alone` (the shipped precision), a divergence is also
  * weighed layer by layer alone: each layer exported as its own graph (alone.ts's plan), fed HF's inputs.
  */
-export async function scanShipped(familyId: string, checkpointDir: string, traceDir: string, quantizeDir: string, alone?: Omit<AloneParams, 'family' | 'minTop1'>): Promise<DriftResult> {
+export async function scanShipped(familyId: string, checkpointDir: string, traceDir: string, quantizeDir: string, alone?: Omit<AloneParams, 'family' | 'minTop1'>, at?: AttributionStep): Promise<DriftResult> {
   const family = getFamily(familyId as never) as Family<unknown>;
   const configFile = join(checkpointDir, 'config.json');
   const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
   const names = await lmNames(checkpointDir);
   const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-drift-'));
-  const first = await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain'), names);
-  if (!first.first || !alone) {
+  const first = await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain'), { ...names, ...(at ? { at } : {}) });
+  if (!(first.first || first.attributedAt) || !alone) {
     rmSync(scratch, { recursive: true, force: true });
     return first;
   }
@@ -66,7 +70,7 @@ export async function scanShipped(familyId: string, checkpointDir: string, trace
     mkdirSync(dir, { recursive: true });
     await runExport({ family: familyId as FamilyId, scheme: alone.scheme, lmHeadScheme: alone.lmHeadScheme, maxContext: alone.maxContext, prefillLength: 0, hostTables: false, overrides: alone.overrides },
       checkpointDir, perLayerPlan(family.numLayers(config)), dir, { log: () => {}, progress: () => {} }, alone.precision);
-    return await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain2'), { ...names, alone: dir });
+    return await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain2'), { ...names, alone: dir, ...(at ? { at } : {}) });
   } finally {
     rmSync(scratch, { recursive: true, force: true });
   }
@@ -88,7 +92,8 @@ export async function driftFixes(c: DriftContext, d: DriftResult): Promise<Trial
   const tensors = (await modelTensors(family, config)).layers;
   const against = d.layers!.filter((l) => l.contribution < 0);
   const layer = (against[0] ?? d.layers![0]).layer;
-  const { single, whole } = candidates(layer, tensors[layer], c.scheme, c.overrides, c.precision, `the greedy chain flips at prompt ${d.first!.prompt} step ${d.first!.step}`);
+  const at = d.attributedAt ?? d.first!;
+  const { single, whole } = candidates(layer, tensors[layer], c.scheme, c.overrides, c.precision, `the greedy ${d.attributedAt ? 'runtime' : 'chain'} flips at prompt ${at.prompt} step ${at.step}`);
   const trials: Trial[] = [];
   // The whole layer first (one rebuild answers whether precision fixes it at all), then single matrices while they are cheaper.
   for (const cand of [whole, ...single].filter((x): x is NonNullable<typeof x> => !!x)) {
@@ -96,13 +101,16 @@ export async function driftFixes(c: DriftContext, d: DriftResult): Promise<Trial
     const r = await c.rebuild(cand.overrides);
     let ok = false, stillFails: string | undefined;
     if (!r.oracleOk || !r.quantizeDir) stillFails = r.error ?? 'the oracle gate';
-    else {
+    else if (r.holds !== undefined) {
+      ok = r.holds;
+      if (!ok) stillFails = r.stillFails ?? 'the parity gate';
+    } else {
       const again = await scanShipped(c.family, c.checkpointDir, c.traceDir, r.quantizeDir);
       ok = !again.first;
       if (again.first) stillFails = `flips at prompt ${again.first.prompt} step ${again.first.step}`;
     }
     const trial: Trial = { ...cand, ok, seconds: (performance.now() - t) / 1000, ...(stillFails ? { stillFails } : {}) };
-    c.log(`  ${cand.label}: ${ok ? 'the chain follows HF' : `still drifts (${stillFails})`}, +${cand.addedBytes} bytes, ${trial.seconds.toFixed(1)} s`);
+    c.log(`  ${cand.label}: ${ok ? `the ${r.holds !== undefined ? 'runtime' : 'chain'} follows HF` : `still ${r.holds !== undefined ? 'leaves HF' : 'drifts'} (${stillFails})`}, +${cand.addedBytes} bytes, ${trial.seconds.toFixed(1)} s`);
     trials.push(trial);
     if (trial === trials[0] && !ok) break; // the whole layer does not fix it: no single matrix will
     if (trials.length >= 3) break;

@@ -41,16 +41,24 @@ export interface DriftResult {
   /** The first step whose shipped choice is not HF's. */
   first?: DriftStep;
   /**
-   * At `first`: per layer, its part of logit[a] − logit[b] moved by the shipped graphs, largest first
+   * At `first` (or `attributedAt`): per layer, its part of logit[a] − logit[b] moved by the shipped graphs, largest first
    * by size: `own`, the layer alone fed HF's inputs (where the error is made; the ranking), and
    * `carried`, its increment along the chain (what it adds, its input's error included).
    */
   layers?: Array<{ layer: number; contribution: number; carried?: number }>;
-  /** At `first`: the shipped chain's change of logit[a] − logit[b] against HF's, and the part the layers' sum explains. */
+  /** At `first` (or `attributedAt`): the shipped chain's change of logit[a] − logit[b] against HF's, and the part the layers' sum explains. */
   logitDelta?: { actual: number; attributed: number };
   /** Why the chain was not scanned, when it was not. */
   notScanned?: string;
+  /**
+   * When the attribution was asked for at another step than `first` (the runtime's first divergence,
+   * whose token b is the runtime's choice): that step and both tokens; `layers` and `logitDelta` are there.
+   */
+  attributedAt?: { prompt: number; step: number; hfToken: number; otherToken: number };
 }
+
+/** A step to attribute at instead of the chain's own first divergence: HF's token against `token`. */
+export interface AttributionStep { prompt: number; step: number; token: number }
 
 const argmax2 = (x: Float32Array, not = -1) => {
   let a = -1, b = -1;
@@ -128,7 +136,7 @@ async function* only(cases: AsyncIterable<GateCase>, hidden: Map<string, Float32
  * Chains the shipped decode graphs of `exportDir` over every traced step. `lmHead`: where the final
  * norm's weight and the lm-head rows are in the checkpoint (tied models read the embedding).
  */
-export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: string, traceDir: string, exportDir: string, scratch: string, names: { finalNorm: string; lmHead: string; eps: number; alone?: string }): Promise<DriftResult> {
+export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: string, traceDir: string, exportDir: string, scratch: string, names: { finalNorm: string; lmHead: string; eps: number; alone?: string; at?: AttributionStep }): Promise<DriftResult> {
   const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   const graphs = manifest.contexts.flatMap((c) => c.graphs);
   const shards = graphs.filter((g) => g.n === 1 && g.first !== undefined).sort((a, b) => a.first! - b.first!);
@@ -180,34 +188,38 @@ export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: 
       }
     }
     const first = steps.find((s) => s.shippedToken !== s.hf.token);
-    if (!first) return { steps };
+    // The step attributed: the chain's first divergence, or the one asked for (HF's token against the given one).
+    const atStep = names.at ? steps.find((s) => s.prompt === names.at!.prompt && s.step === names.at!.step) : undefined;
+    if (names.at && !atStep) throw new Error(`drift attribution: prompt ${names.at.prompt} step ${names.at.step} is not a traced generated step of ${traceDir}`);
+    const focus = atStep ? { prompt: atStep.prompt, step: atStep.step, a: atStep.hf.token, b: names.at!.token } : first ? { prompt: first.prompt, step: first.step, a: first.hf.token, b: first.shippedToken } : undefined;
+    if (!focus) return { steps };
 
     const ckpt = await openCheckpoint(checkpointDir);
     let u: Float32Array, gamma: Float32Array;
     try {
       const H = trace.meta.hidden;
       const rows = await ckpt.readF32(names.lmHead);
-      u = Float32Array.from({ length: H }, (_, j) => rows[first.hf.token * H + j] - rows[first.shippedToken * H + j]);
+      u = Float32Array.from({ length: H }, (_, j) => rows[focus.a * H + j] - rows[focus.b * H + j]);
       gamma = await ckpt.readF32(names.finalNorm);
     } finally {
       await ckpt.close();
     }
-    const key = `${first.prompt}/${first.step}`;
+    const key = `${focus.prompt}/${focus.step}`;
     const layers: Array<{ layer: number; contribution: number }> = [];
     for (const shard of shards) {
       const idx = Array.from({ length: shard.last! - shard.first! + 2 }, (_, k) => shard.first! + k);
-      const hHF = await Promise.all(idx.map((i) => trace.get(first.prompt, first.step, `h.${i}`)));
+      const hHF = await Promise.all(idx.map((i) => trace.get(focus.prompt, focus.step, `h.${i}`)));
       // The shard's input is the chain's (the previous shard's residual is not an output: HF's row stands for it, its error is in hidden).
       const hS = idx.map((i, k) => (k === 0 ? hHF[0] : probes.get(key)!.get(i)!));
       layers.push(...attribute(hS, hHF, shard.first!, u, gamma, names.eps));
     }
-    const hfLogits = await trace.get(first.prompt, first.step, 'logits');
+    const hfLogits = await trace.get(focus.prompt, focus.step, 'logits');
     const s = logits.get(key)!;
-    const actual = (s[first.hf.token] - s[first.shippedToken]) - (hfLogits[first.hf.token] - hfLogits[first.shippedToken]);
-    const own = names.alone ? await ownContributions(family, config, traceDir, names.alone, join(scratch, 'alone'), first, u, gamma, names.eps) : undefined;
+    const actual = (s[focus.a] - s[focus.b]) - (hfLogits[focus.a] - hfLogits[focus.b]);
+    const own = names.alone ? await ownContributions(family, config, traceDir, names.alone, join(scratch, 'alone'), focus, u, gamma, names.eps) : undefined;
     const ranked = own ? own.map((o) => ({ ...o, carried: layers.find((l) => l.layer === o.layer)?.contribution ?? 0 })) : layers;
     return {
-      steps, first, layers: ranked.sort((a, b) => Math.abs(b.contribution) - Math.abs(a.contribution)),
+      steps, ...(first ? { first } : {}), ...(atStep ? { attributedAt: { prompt: focus.prompt, step: focus.step, hfToken: focus.a, otherToken: focus.b } } : {}), layers: ranked.sort((a, b) => Math.abs(b.contribution) - Math.abs(a.contribution)),
       logitDelta: { actual, attributed: layers.reduce((a, l) => a + l.contribution, 0) },
     };
   } finally {

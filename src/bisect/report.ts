@@ -8,6 +8,7 @@ import type { StepCosine } from './steps.js';
 import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
 import type { DriftStep } from './drift.js';
+import { divergenceText, verdictText } from './runtime.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -49,6 +50,18 @@ export function summaryText(r: BisectResult): string {
     lines.push(`  logit diff:  moved ${d.logitDelta!.actual.toFixed(4)}; per layer through the lm-head: ${d.layers!.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
   } else if (d?.notScanned) lines.push(`  drift:       not scanned: ${d.notScanned}`);
   else if (d) lines.push(`  drift:       none: the chained shipped graphs pick HF's token at all ${d.steps.length} generated steps`);
+  for (const [name, x] of [['runtime', r.runtime], ['device', r.device]] as const) {
+    if (!x) continue;
+    const p = x.parity;
+    lines.push(`  ${`${name}:`.padEnd(12)} ${p.target} parity ${p.matched}/${p.total} teacher-forced, ${p.holds ? 'holds' : 'fails'}${p.ties ? ` (${p.ties} ties)` : ''}`);
+    const d = x.divergence;
+    if (d) lines.push(`  first step:  ${divergenceText(d, p.target)}`);
+  }
+  if (r.runtime?.chain) lines.push(`  TS chain:    at that step picks ${r.runtime.chain.shippedToken} (margin for HF's token ${r.runtime.chain.shippedMargin.toFixed(4)})`);
+  if (r.runtime?.attribution) lines.push(`  logit diff:  per layer through the lm-head (HF's token against the runtime's): ${r.runtime.attribution.layers.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
+  if (r.device?.divergence && !r.device.divergence.nonFinite) lines.push(`  there:       the x86 simulator gave ${verdictText(r.device.simulatorAt)}, the host runtime ${verdictText(r.device.hostAt)}`);
+  if (r.device) lines.push(`  note:        ${r.device.note}`);
+  if (r.link && !r.fault && !r.simFault) lines.push(`  link:        ${r.link}`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   if (r.trials.length) {
@@ -133,6 +146,13 @@ export function bisectHtml(r: BisectResult): string {
       `<p>logit[${f.hf.token}] − logit[${f.shippedToken}] moved ${d.logitDelta!.actual.toFixed(4)}. Direct logit attribution: a residual error through the final norm (linearised at HF's residual) and the difference of the two tokens' lm-head rows. Per layer, its own error (the layer alone at the shipped precision, fed HF's inputs: where the error is made, the ranking) and its increment along the chain (its input's error carried, summing to ${d.logitDelta!.attributed.toFixed(4)}):</p>`,
       table({ head: ['layer', 'own (alone)', 'along the chain', ''], rows: d.layers!.map((l) => [String(l.layer), l.contribution.toFixed(5), l.carried === undefined ? '-' : l.carried.toFixed(5), l.contribution < 0 ? 'away from HF\'s token' : 'toward it']) }));
   }
+  for (const [title, x] of [['The native runtime on this CPU', r.runtime], ['The device', r.device]] as const) {
+    if (!x) continue;
+    const d = x.divergence;
+    parts.push(`<h2>${title}</h2>`, `<p>The parity gate on ${esc(x.parity.target)}: the runtime teacher-forced on HF's greedy tokens with its own KV cache and host code; ${x.parity.matched}/${x.parity.total} before the first mismatch, ${x.parity.mismatches} mismatches, ${x.parity.ties} ties: ${x.parity.holds ? 'holds' : 'fails'}.</p>`,
+      ...(d ? [`<p>${esc(divergenceText(d, x.parity.target))}.</p>`] : []));
+  }
+  if (r.device) parts.push(`<p>${esc(r.device.note)}.</p>`);
   const alone = new Map((r.alone ?? []).map((a) => [a.layer, a]));
   if (r.layers.length) parts.push('<h2>Per layer along the chain</h2>', `<p>Smallest cosine over each layer's outputs (residual, K/V rows), teacher-forced per graph: fp32 export (threshold ${r.thresholds.fp32}) and shipped ${esc(r.thresholds.quant)} (threshold ${r.thresholds.shipped})${r.alone ? '; and the layer exported and gated alone at the shipped precision, fed HF\'s inputs' : ''}.</p>`, table({
     head: ['layer', 'fp32', 'shipped', 'shipped worst output', ...(r.alone ? ['shipped, layer alone'] : []), ''],

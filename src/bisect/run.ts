@@ -18,6 +18,7 @@ import type { RunRecord } from '../engine/record.js';
 import type { OracleResult } from '../gates/oracle.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { getFamily } from '../families/index.js';
+import { runtimeHostOps } from '../../pipelines/build.js';
 import type { Family } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
 import { PRECISION_JSON } from '../quant/precision.js';
@@ -32,6 +33,9 @@ import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import { searchLmHead } from './lm-head.js';
 import type { DriftResult } from './drift.js';
+import type { TargetSpec } from '../gates/parity.js';
+import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';
+import { deviceFindings, deviceSpec, promptLengths, runtimeHealthy, runtimeLink } from './runtime-link.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -48,13 +52,17 @@ export interface BisectRequest {
   log?: (m: string) => void;
   /** How many layers (worst alone first) the fix search tries before giving up (default 2). */
   maxLayers?: number;
+  /** --target adb: the phone, as `forge build --target adb` takes it (--serial, --runner, --device-libs). */
+  device?: { serial?: string; runner?: string; libDir?: string };
 }
 
 export interface BisectResult {
   recipe: string;
   arch: string;
-  target: 'host' | 'emulation';
+  target: 'host' | 'emulation' | 'adb';
   recipeFile: string;
+  /** The first link of the chain that breaks (firstBrokenLink over what was run); absent when every link run holds. */
+  link?: Link;
   verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
   message: string;
   thresholds: { fp32: number; shipped: number; quant: string };
@@ -86,19 +94,23 @@ export interface BisectResult {
   op?: SimulatorFindings['op'];
   /** The shipped graphs chained on the CPU against HF's greedy continuations (when the teacher-forced gates hold). */
   drift?: DriftResult;
+  /** The native runtime on the host, teacher-forced with its own KV cache (the parity gate), when the ONNX chain holds. */
+  runtime?: RuntimeFindings;
+  /** --target adb: the runtime on the phone (the parity gate over adb), when the host and the simulator hold. */
+  device?: DeviceFindings;
   seconds: number;
 }
 
 const fmt = (c: number) => c.toFixed(5);
 
-export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulation?: EmulationResult; dirs: Record<string, string | undefined> }
+export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulation?: EmulationResult; parity?: ParityJson; dirs: Record<string, string | undefined> }
 
 /**
- * Builds through the oracle gate, or the emulation gate with `until: 'emulation'` (cached stages),
- * into a throwaway output dir and returns the record with the gates' results (a failed gate's result
- * is in the cache all the same).
+ * Builds through the oracle gate, or the emulation gate with `until: 'emulation'`, or the parity
+ * gate with `until: 'parity'` on `target` (default host) (cached stages), into a throwaway output dir
+ * and returns the record with the gates' results (a failed gate's result is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
@@ -112,15 +124,17 @@ export async function chainBuild(recipe: string, arch: string, o: { overrides?: 
     const done = (r: RunRecord, name: string) => ['ran', 'cached'].includes(r.stages.find((s) => s.name === name)?.status ?? '');
     if (!oracleDir || !done(record, 'oracle')) return { record, dirs };
     const oracle = readJson<OracleResult>(join(oracleDir, 'oracle.json'));
-    if (o.until !== 'emulation' || !oracle.ok) return { record, oracle, dirs };
+    if ((o.until !== 'emulation' && o.until !== 'parity') || !oracle.ok) return { record, oracle, dirs };
     // The emulation gate does not hang on the oracle's (the pipeline runs them side by side): a
-    // second build up to it, whose stages in common with the first come from the cache.
-    const emu = await build({ ...common, until: 'emulation' });
-    if (emu.status === 'interrupted') throw new Error(`forge bisect: ${emu.error ?? 'interrupted'}`);
-    dirs.emulation = stageDir(cacheRoot(), emu.stages, 'emulation');
-    const merged: RunRecord = { ...emu, stages: [...record.stages, ...emu.stages.filter((s) => !record.stages.some((r) => r.name === s.name))] };
-    const emulationJson = dirs.emulation && done(emu, 'emulation') ? join(dirs.emulation, 'emulation.json') : undefined;
-    return { record: merged, oracle, ...(emulationJson && existsSync(emulationJson) ? { emulation: readJson<EmulationResult>(emulationJson) } : {}), dirs };
+    // second build up to it (or to parity, on the target asked), whose stages in common with the first come from the cache.
+    const gate = o.until;
+    const later = await build({ ...common, until: gate, ...(o.target ? { target: o.target } : {}) });
+    if (later.status === 'interrupted') throw new Error(`forge bisect: ${later.error ?? 'interrupted'}`);
+    dirs[gate] = stageDir(cacheRoot(), later.stages, gate);
+    const merged: RunRecord = { ...later, stages: [...record.stages, ...later.stages.filter((s) => !record.stages.some((r) => r.name === s.name))] };
+    const file = dirs[gate] && done(later, gate) ? join(dirs[gate]!, `${gate}.json`) : undefined;
+    const found = !file || !existsSync(file) ? {} : gate === 'emulation' ? { emulation: readJson<EmulationResult>(file) } : { parity: readJson<ParityJson>(file) };
+    return { record: merged, oracle, ...found, dirs };
   } finally {
     rmSync(out, { recursive: true, force: true });
   }
@@ -130,14 +144,20 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const t0 = performance.now();
   const log = req.log ?? (() => {});
   const target = req.target ?? 'host';
-  if (target !== 'host' && target !== 'emulation') throw new Error(`forge bisect --target ${target}: not yet; --target host (the fp32 and shipped ONNX graphs on this machine's CPU) and --target emulation (then the compiled graphs on the x86 HTP simulator) are implemented`);
+  if (target !== 'host' && target !== 'emulation' && target !== 'adb') throw new Error(`forge bisect --target ${target}: unknown; --target host (the ONNX graphs and the native runtime on this machine's CPU), emulation (then the compiled graphs on the x86 HTP simulator) or adb (then the runtime on a phone)`);
+  const device = deviceSpec(target, req.device);
   const { recipe, file } = loadRecipe(req.recipe);
   const { arch, settings } = archSettings(recipe, req.arch, file);
   const o = recipe.gates.oracle;
   const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
   const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
+  // A family whose host-op the runtime lacks (gemma4 for now) cannot reach a stage that runs it: the chain ends at the ONNX graphs.
+  const hostOp = getFamily(recipe.family).hostOp;
+  const noRuntime = runtimeHostOps().has(hostOp) ? undefined : `the runtime link is not checked: the native runtime has no host-op '${hostOp}' for family ${recipe.family} yet`;
+  if (noRuntime && target !== 'host') throw new Error(`forge bisect --target ${target}: ${noRuntime}, so no simulator or device run either; use --target host`);
 
-  const until = target === 'emulation' ? 'emulation' : 'oracle';
+  // --target adb runs the emulation chain first: the simulator is the device's reference.
+  const until = target === 'host' ? 'oracle' : 'emulation';
   log(`building ${recipe.id} for ${arch.id} through the ${until} gate (cached stages)`);
   const base = await chainBuild(recipe.id, arch.id, { until, verbose: req.verbose, quiet: false });
   const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })) };
@@ -146,17 +166,23 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const result: BisectResult = {
     recipe: recipe.id, arch: arch.id, target, recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
   };
+  // What each link gave, in chain order: the link named in bisect.json is the first that broke.
+  const verdicts: LinkVerdicts = { oracle: null };
   const finish = () => {
+    const link = firstBrokenLink(verdicts);
+    if (link) result.link = link;
     result.seconds = (performance.now() - t0) / 1000;
     writeBisectOutput(outDir, result);
     return result;
   };
   const miss = locateMiss(base.oracle, thresholds);
+  verdicts.oracle = miss ? miss.link : null;
   if (!miss) {
     // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
     const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
     result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!,
       { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
+    verdicts.drift = !!result.drift.first;
     if (result.drift.first) {
       log(driftMessage(result.drift));
       result.trials = await driftFixes({
@@ -176,9 +202,38 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       return finish();
     }
   }
-  if (!miss && target === 'emulation') {
+  let host: ChainBuild | undefined;
+  if (!miss && noRuntime) {
+    result.message = `${runtimeHealthy(thresholds, result)}; ${noRuntime}`;
+    return finish();
+  }
+  if (!miss) {
+    // The ONNX chain holds: the native runtime on this CPU, with its own KV cache and host code.
+    log('the ONNX chain holds: building through the parity gate (the native runtime on this CPU, cached stages)');
+    host = await chainBuild(recipe.id, arch.id, { until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
+    if (!host.parity) throw new Error(`forge bisect: the build of ${recipe.id} for ${arch.id} stopped before the parity gate gave a verdict: ${host.record.error ?? 'no parity stage ran'}`);
+    result.runtime = { parity: paritySnapshot(host.parity) };
+    verdicts.runtime = parityHolds(host.parity);
+    if (!verdicts.runtime) {
+      const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
+      await runtimeLink(result, host.parity, {
+        traceDir: base.dirs.trace!, ckpt: readCheckpointRef(base.dirs.fetch!).absDir, quantizeDir: base.dirs.quantize!, family: recipe.family, settings, ...(precision ? { precision } : {}), log,
+        rebuild: async (overrides) => {
+          const r = await chainBuild(recipe.id, arch.id, { overrides, until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
+          const holds = r.parity ? parityHolds(r.parity) : undefined;
+          const d = r.parity && !holds ? firstDivergence(r.parity, promptLengths(base.dirs.trace!)) : undefined;
+          return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error && !r.parity ? { error: r.record.error } : {}),
+            ...(holds !== undefined ? { holds } : {}), ...(d ? { stillFails: `the runtime leaves HF at prompt ${d.prompt} step ${d.step}` } : {}) };
+        },
+      });
+      if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
+      return finish();
+    }
+    log(`the native runtime follows HF on this CPU: parity ${host.parity.matched}/${host.parity.total}${host.parity.ties ? `, ${host.parity.ties} ties` : ''}`);
+  }
+  if (!miss && target !== 'host') {
     // The host chain holds: the next link is the compile for the HTP and its fp16 on the simulator.
-    if (!base.emulation) throw new Error(`forge bisect --target emulation: the build of ${recipe.id} for ${arch.id} stopped before the emulation gate gave a verdict: ${base.record.error ?? (recipe.gates.emulation ? 'no emulation stage ran' : 'the recipe does not ask for it (gates.emulation)')}`);
+    if (!base.emulation) throw new Error(`forge bisect --target ${target}: the build of ${recipe.id} for ${arch.id} stopped before the emulation gate gave a verdict: ${base.record.error ?? (recipe.gates.emulation ? 'no emulation stage ran' : 'the recipe does not ask for it (gates.emulation)')}`);
     const found = await simulatorBisect({
       recipe: recipe.id, arch: arch.id, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
       probeCache: join(cacheRoot(), 'bisect-probe'), log,
@@ -187,15 +242,32 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
         return { ...(r.emulation ? { emulation: r.emulation } : {}), ...(r.oracle ? { oracleOk: r.oracle.ok } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
       },
     });
+    verdicts.simulator = found.verdict === 'no-fault';
+    if (verdicts.simulator && device) {
+      // Host and simulator hold: the same runtime on the phone's HTP, teacher-forced over adb.
+      log(`the simulator holds: building through the parity gate on ${device.serial} (adb)`);
+      const dev = await chainBuild(recipe.id, arch.id, { until: 'parity', target: device, verbose: req.verbose, quiet: true });
+      if (!dev.parity) throw new Error(`forge bisect --target adb: the device parity on ${device.serial} gave no verdict: ${dev.record.error ?? 'no parity stage ran'}`);
+      result.simulator = found.simulator;
+      result.device = deviceFindings(dev.parity, base.emulation, host!.parity!, base.dirs.trace!, result.drift);
+      verdicts.device = parityHolds(dev.parity);
+      result.message = verdicts.device
+        ? `${runtimeHealthy(thresholds, result)}; the x86 simulator and the device (${dev.parity.target}) follow HF too: parity ${dev.parity.matched}/${dev.parity.total}`
+        : deviceMessage(result.device);
+      result.verdict = verdicts.device ? 'no-fault' : 'unfixed';
+      return finish();
+    }
     const { trials, verdict, message, ...rest } = found;
-    Object.assign(result, rest, { trials, verdict, message, fixes: rank(trials) });
+    const p = result.runtime?.parity;
+    const runtimeToo = verdict === 'no-fault' && p ? `; the native runtime on this CPU follows HF too, with its own KV cache (parity ${p.matched}/${p.total})` : '';
+    Object.assign(result, rest, { trials, verdict, message: `${message}${runtimeToo}`, fixes: rank(trials) });
     result.chosen = result.fixes[0];
     result.layer = found.op?.layer ?? undefined;
     if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, [], result.chosen.rescale);
     return finish();
   }
   if (!miss) {
-    result.message = `no fault: every graph within tolerance${result.drift?.notScanned ? '' : ' and the chained graphs follow HF\'s greedy continuations'} (fp32 ≥ ${thresholds.fp32}, ${thresholds.quant} ≥ ${thresholds.shipped})`;
+    result.message = runtimeHealthy(thresholds, result);
     return finish();
   }
   result.fault = miss;
