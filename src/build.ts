@@ -79,6 +79,19 @@ export interface BuildRequest {
   toolchain?: string;
   /** Op rescalings tried on top of the recipe's (forge bisect's fp16 fixes), first as overrides are. */
   rescale?: Rescale[];
+  /**
+   * Prompts that replace the recipe's gates.prompts (forge bisect --prompt): the trace runs on them,
+   * so its cache key and every gate that reads it follow; no other stage's params change.
+   */
+  prompts?: string[];
+}
+
+/** The recipe with its gate prompts replaced; an empty list or prompt is refused, naming which. */
+export function withPrompts<R extends { gates: { prompts: string[] } }>(recipe: R, prompts: string[]): R {
+  if (!prompts.length) throw new RecipeError('--prompt: no prompts given');
+  const empty = prompts.findIndex((p) => !p.trim());
+  if (empty >= 0) throw new RecipeError(`--prompt: prompt ${empty + 1} of ${prompts.length} is empty`);
+  return { ...recipe, gates: { ...recipe.gates, prompts } };
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -100,7 +113,8 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const t0 = performance.now();
   const loaded = loadRecipe(req.recipe);
   // The revision to fetch, before anything else: an unpinned recipe without --revision stops here.
-  const recipe = pinnedRecipe(loaded, req.revision);
+  const pinned = pinnedRecipe(loaded, req.revision);
+  const recipe = req.prompts ? withPrompts(pinned, req.prompts) : pinned;
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   if (req.rescale?.length) forArch.settings = { ...forArch.settings, rescale: [...req.rescale, ...forArch.settings.rescale] };

@@ -8,6 +8,7 @@ import type { StepCosine } from './steps.js';
 import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
 import type { DriftStep } from './drift.js';
+import { fromText } from './from.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -27,10 +28,15 @@ function probeRows(r: BisectResult): OpFigure[] {
   const i = p.first ? p.ops.indexOf(p.first) : 0;
   return p.ops.filter((o, k) => (p.first && o.scope === p.first.scope) || (k >= i - 3 && k <= i + 3));
 }
+/** Which prompts the builds traced, in one line: the recipe's, or --prompt's quoted. */
+export const promptsText = (r: BisectResult) => r.prompts.source === 'recipe'
+  ? `the recipe's gates.prompts (${r.prompts.texts.length})`
+  : `--prompt ${r.prompts.texts.map((t) => JSON.stringify(t)).join(', ')}`;
 const num = (v: number) => (v >= 1e4 || (v !== 0 && v < 1e-3) ? v.toExponential(3) : v.toFixed(3));
 
 export function summaryText(r: BisectResult): string {
-  const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`];
+  const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`, `  prompts:     ${promptsText(r)}`];
+  if (r.from) lines.push(`  from:        ${fromText(r.from)}`);
   const f = r.fault;
   if (f) {
     lines.push(`  first miss:  ${f.variant} ${f.graph} ${f.layer !== null ? `layer ${f.layer} ` : ''}${f.output} (${f.what}) ${f.nonFinite ?? (f.top1 ? `top-1 ${f.top1}` : `cosine ${cos(f.cosine)} < ${f.threshold}`)}`);
@@ -158,7 +164,9 @@ export function bisectHtml(r: BisectResult): string {
 </head><body>
 <h1>forge bisect: ${esc(r.recipe)} for ${esc(r.arch)} (target ${esc(r.target)})</h1>
 <p id="verdict" class="${good ? 'ok' : 'bad'}">${esc(r.message)} — ${r.seconds.toFixed(1)} s</p>
-${parts.join('\n')}
+<p id="prompts">Traced prompts: ${r.prompts.source === 'recipe' ? `the recipe's gates.prompts (${r.prompts.texts.length})` : '--prompt'}:</p>
+<ol>${r.prompts.texts.map((t) => `<li>${esc(t)}</li>`).join('')}</ol>
+${r.from ? `<p id="from">Started from ${esc(fromText(r.from))}.</p>\n` : ''}${parts.join('\n')}
 </body></html>
 `;
 }

@@ -8,7 +8,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { build, defaultOut } from '../build.js';
+import { build, defaultOut, withPrompts } from '../build.js';
 import { archSettings, loadRecipe } from '../recipe/load.js';
 import { baseScheme, shippedMinCosine, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
 import type { EmulationResult } from '../gates/emulation.js';
@@ -31,13 +31,19 @@ import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import type { DriftResult } from './drift.js';
+import { fromText, readFromFile, resolveStart, type FromFile } from './from.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
 export interface BisectRequest {
-  recipe: string;
-  arch: string;
+  /** The recipe id; optional with `from` a run record (which names it). */
+  recipe?: string;
+  arch?: string;
   target?: string;
+  /** --prompt: the porter's prompts instead of the recipe's gates.prompts, for every build bisect makes. */
+  prompts?: string[];
+  /** --from: a forge build's run.json (recipe and arch from it) or a qhx_generate --json result. */
+  from?: string;
   /** Write the chosen fix into the recipe file as override lines. */
   apply?: boolean;
   /** Default out/<recipe>/<arch>/bisect. */
@@ -54,11 +60,15 @@ export interface BisectResult {
   arch: string;
   target: 'host' | 'emulation';
   recipeFile: string;
+  /** The prompts every build of this bisect traced: the recipe's gates.prompts, or --prompt's. */
+  prompts: { source: 'recipe' | '--prompt'; texts: string[] };
+  /** --from: the build (or runtime run) bisect started from, as the file says. */
+  from?: FromFile;
   verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
   message: string;
   thresholds: { fp32: number; shipped: number; quant: string };
   /** The oracle build bisect read: its status and stages (cached or ran). */
-  build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number }> };
+  build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number; key?: string }> };
   fault?: Miss;
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
   steps?: StepScan;
@@ -97,11 +107,11 @@ export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulatio
  * into a throwaway output dir and returns the record with the gates' results (a failed gate's result
  * is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; prompts?: string[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
     const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
@@ -128,22 +138,33 @@ export async function chainBuild(recipe: string, arch: string, o: { overrides?: 
 export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const t0 = performance.now();
   const log = req.log ?? (() => {});
-  const target = req.target ?? 'host';
+  const from = req.from ? readFromFile(req.from) : undefined;
+  const start = resolveStart({ recipe: req.recipe, arch: req.arch, from });
+  if (from?.kind === 'qhx') throw new Error(`forge bisect --from ${from.file}: a qhx_generate result; not yet: bisect traces HF over text prompts only (give the run's prompt as --prompt, or --from a forge build's run.json)`);
+  // A build whose simulator gate failed while the CPU's held: bisect where it failed, unless told otherwise.
+  const fromEmulation = from?.kind === 'run-record' && from.failedGates.includes('emulation') && !from.failedGates.includes('oracle');
+  const target = req.target ?? (fromEmulation ? 'emulation' : 'host');
   if (target !== 'host' && target !== 'emulation') throw new Error(`forge bisect --target ${target}: not yet; --target host (the fp32 and shipped ONNX graphs on this machine's CPU) and --target emulation (then the compiled graphs on the x86 HTP simulator) are implemented`);
-  const { recipe, file } = loadRecipe(req.recipe);
-  const { arch, settings } = archSettings(recipe, req.arch, file);
+  const { recipe, file } = loadRecipe(start.recipe);
+  const { arch, settings } = archSettings(recipe, start.arch, file);
+  if (from) log(`starting from ${fromText(from)}`);
+  if (from?.kind === 'run-record' && from.toolchain) log(`note: that build compiled with the pinned toolchain ${from.toolchain}; bisect has no --toolchain yet and builds with this environment's`);
+  // Checked before any build: an empty --prompt is one error, not a trace failure minutes later.
+  const prompts = req.prompts ? { source: '--prompt' as const, texts: withPrompts(recipe, req.prompts).gates.prompts } : { source: 'recipe' as const, texts: recipe.gates.prompts };
+  // Every build bisect makes (the base one and each fix trial) traces the same prompts.
+  const chain = (o: Omit<Parameters<typeof chainBuild>[2], 'prompts'>) => chainBuild(recipe.id, arch.id, { ...o, ...(req.prompts ? { prompts: req.prompts } : {}) });
   const o = recipe.gates.oracle;
   const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
   const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
 
   const until = target === 'emulation' ? 'emulation' : 'oracle';
   log(`building ${recipe.id} for ${arch.id} through the ${until} gate (cached stages)`);
-  const base = await chainBuild(recipe.id, arch.id, { until, verbose: req.verbose, quiet: false });
-  const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })) };
+  const base = await chain({ until, verbose: req.verbose, quiet: false });
+  const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.key ? { key: s.key } : {}) })) };
   if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
   const layers = layerFigures(base.oracle.rows);
   const result: BisectResult = {
-    recipe: recipe.id, arch: arch.id, target, recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
+    recipe: recipe.id, arch: arch.id, target, recipeFile: file, prompts, ...(from ? { from } : {}), verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
   };
   const finish = () => {
     result.seconds = (performance.now() - t0) / 1000;
@@ -162,7 +183,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
         family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
         scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
         rebuild: async (overrides) => {
-          const r = await chainBuild(recipe.id, arch.id, { overrides, verbose: req.verbose, quiet: true });
+          const r = await chain({ overrides, verbose: req.verbose, quiet: true });
           return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
         },
       }, result.drift);
@@ -182,7 +203,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       recipe: recipe.id, arch: arch.id, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
       probeCache: join(cacheRoot(), 'bisect-probe'), log,
       rebuild: async (rescale) => {
-        const r = await chainBuild(recipe.id, arch.id, { rescale, until: 'emulation', verbose: req.verbose, quiet: true });
+        const r = await chain({ rescale, until: 'emulation', verbose: req.verbose, quiet: true });
         return { ...(r.emulation ? { emulation: r.emulation } : {}), ...(r.oracle ? { oracleOk: r.oracle.ok } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
       },
     });
@@ -247,7 +268,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const tensors = (await modelTensors(family, config)).layers;
   const tryOne = async (c: Candidate): Promise<Trial> => {
     const t = performance.now();
-    const r = await chainBuild(recipe.id, arch.id, { overrides: c.overrides, verbose: req.verbose, quiet: true });
+    const r = await chain({ overrides: c.overrides, verbose: req.verbose, quiet: true });
     const seconds = (performance.now() - t) / 1000;
     const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
     log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
