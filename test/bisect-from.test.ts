@@ -10,7 +10,9 @@ import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { cacheRoot } from '../src/paths.js';
 import { parseFromFile, readFromFile, resolveStart, fromText } from '../src/bisect/from.js';
-import { withPrompts } from '../src/build.js';
+import { checkPrompts } from '../src/build.js';
+import { firstRunDivergence } from '../src/bisect/runtime-run.js';
+import type { TracePrompt } from '../src/gates/trace.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { RunRecord } from '../src/engine/record.js';
 
@@ -27,6 +29,9 @@ beforeAll(() => {
 });
 
 const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
+const traceOf = (b: BisectResult) => JSON.parse(readFileSync(join(cacheRoot(), 'trace', b.build.stages.find((s) => s.name === 'trace')!.key!, 'trace.json'), 'utf8')) as { prompts: TracePrompt[] };
+/** HF's trace of PROMPT, from the --prompt test: the ids and continuation a qhx_generate run is made of below. */
+let promptTrace: TracePrompt | undefined;
 
 describe('forge bisect --prompt and --from', () => {
   it('--prompt: bisects on that prompt, not the recipe\'s, and says so', async () => {
@@ -41,14 +46,49 @@ describe('forge bisect --prompt and --from', () => {
     expect(readFileSync(join(out, 'summary.txt'), 'utf8')).toContain(`prompts:     --prompt ${JSON.stringify(PROMPT)}`);
     expect(readFileSync(join(out, 'bisect.html'), 'utf8')).toContain(`<li>${PROMPT}</li>`);
     // The trace the gates read is of that prompt alone.
-    const trace = b.build.stages.find((s) => s.name === 'trace')!;
-    const meta = JSON.parse(readFileSync(join(cacheRoot(), 'trace', trace.key!, 'trace.json'), 'utf8')) as { prompts: Array<{ text: string }> };
+    const meta = traceOf(b);
     expect(meta.prompts.map((p) => p.text)).toEqual([PROMPT]);
+    promptTrace = meta.prompts[0];
     // The recipe's own bisect traces the recipe's prompts: a different trace.
     const recipe = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8')) as { gates: { prompts: string[] } };
     expect(recipe.gates.prompts).not.toContain(PROMPT);
     console.log(`[measured] bisect tiny-qwen3 --prompt: ${b.verdict}, stages ${b.build.stages.map((s) => `${s.name} ${s.status} ${s.seconds.toFixed(1)}s`).join(', ')}; ${b.seconds.toFixed(1)} s inside`);
   }, 900_000); // a new trace and oracle on the twin (cached export and quantize), the drift scan
+
+  it('--from a qhx_generate run: HF traces its prompt ids, the report names where its tokens leave HF\'s, then bisects the chain', async () => {
+    const hf = promptTrace!;
+    expect(hf, 'the --prompt test traces PROMPT first').toBeDefined();
+    // "The device said this": HF's tokens, except the runner-up at generated token 4.
+    const generated = hf.generated.slice(0, 10);
+    generated[4] = hf.runner_up[4];
+    const qhx = join(work, 'qhx.json');
+    writeFileSync(qhx, JSON.stringify({ prompt_ids: hf.prompt_tokens, generated_ids: generated, text: null, text_error: 'test', stopped_at_eos: false, backend: 'cpu', timings: {} }));
+    const out = join(work, 'bisect-qhx');
+    const run = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--from', qhx, '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastBisect(run.stdout);
+    expect(b.from).toMatchObject({ kind: 'qhx', promptIds: hf.prompt_tokens, generatedIds: generated, backend: 'cpu' });
+    expect(b.prompts).toEqual({ source: '--from', texts: [PROMPT], ids: [hf.prompt_tokens] });
+    expect(b.run).toEqual({ runTokens: 10, hfTokens: hf.generated.length, compared: 10, first: { index: 4, step: hf.prompt_tokens.length + 3, hf: { token: hf.generated[4], runnerUp: hf.runner_up[4], margin: hf.margins[4] }, run: hf.runner_up[4] } });
+    // The trace is of exactly those ids (its own cache entry), and the shipped chain on them is healthy.
+    const meta = traceOf(b);
+    expect(meta.prompts.map((p) => p.prompt_tokens)).toEqual([hf.prompt_tokens]);
+    expect(meta.prompts[0].generated).toEqual(hf.generated);
+    expect(b.verdict).toBe('no-fault');
+    expect(b.message).toMatch(new RegExp(`^the run leaves HF's greedy continuation at generated token 4 \\(step ${hf.prompt_tokens.length + 3}\\): HF picks ${hf.generated[4]} by [0-9.]+ over ${hf.runner_up[4]}, the run picked ${hf.runner_up[4]}; the chain on that prompt: no fault`));
+    expect(readFileSync(join(out, 'summary.txt'), 'utf8')).toContain('the run:     the run leaves');
+    console.log(`[measured] bisect --from qhx: ${b.message}; ${b.seconds.toFixed(1)} s inside`);
+
+    // Ids outside the vocabulary: the trace refuses them, naming the id.
+    writeFileSync(qhx, JSON.stringify({ prompt_ids: [1, 10_000_000], generated_ids: [2] }));
+    const oov = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--from', qhx], { FORGE_RECIPES: recipes });
+    expect(oov.code).toBe(1);
+    expect(oov.stderr).toMatch(/token id 10000000 is outside the vocabulary \(\d+ ids/);
+    // No recipe or arch: a qhx result names neither.
+    const bare = await forge(['bisect', '--from', qhx], { FORGE_RECIPES: recipes });
+    expect(bare.code).toBe(1);
+    expect(bare.stderr).toContain(`--from ${qhx}: a qhx_generate result names no recipe or arch: give the recipe and --arch on the command line`);
+  }, 900_000);
 
   it('--prompt "" is refused before anything is built', async () => {
     const run = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--prompt', 'fine', '--prompt', '  '], { FORGE_RECIPES: recipes });
@@ -132,11 +172,18 @@ describe('bisect --from, the pure parts', () => {
     expect(() => resolveStart({ recipe: 'a', from: qhx })).toThrow('q.json: a qhx_generate result names no recipe or arch: give --arch on the command line');
   });
 
-  it('--prompt replaces the recipe\'s gate prompts and nothing else; an empty one is refused', () => {
-    const r = { id: 'x', gates: { prompts: ['a', 'b'], parity: { tokens: 8 } } };
-    expect(withPrompts(r, ['c'])).toEqual({ id: 'x', gates: { prompts: ['c'], parity: { tokens: 8 } } });
-    expect(r.gates.prompts).toEqual(['a', 'b']);
-    expect(() => withPrompts(r, [])).toThrow('--prompt: no prompts given');
-    expect(() => withPrompts(r, ['c', ''])).toThrow('--prompt: prompt 2 of 2 is empty');
+  it('--prompt: an empty list, prompt or id list is refused', () => {
+    expect(checkPrompts(['c', { type: 'ids', ids: [1] }])).toEqual(['c', { type: 'ids', ids: [1] }]);
+    expect(() => checkPrompts([])).toThrow('--prompt: no prompts given');
+    expect(() => checkPrompts(['c', ''])).toThrow('--prompt: prompt 2 of 2 is empty');
+    expect(() => checkPrompts([{ type: 'ids', ids: [] }])).toThrow('--prompt: prompt 1 of 1 is empty');
+  });
+
+  it('names the first generated token where a run leaves HF\'s greedy continuation, with HF\'s margin there', () => {
+    const hf: TracePrompt = { text: 't', prompt_tokens: [5, 6, 7], generated: [10, 11, 12, 13], runner_up: [20, 21, 22, 23], margins: [3, 0.01, 2, 1], steps: 6 };
+    expect(firstRunDivergence(hf, [10, 21, 12])).toEqual({ runTokens: 3, hfTokens: 4, compared: 3, first: { index: 1, step: 3, hf: { token: 11, runnerUp: 21, margin: 0.01 }, run: 21 } });
+    // Only the tokens both have are compared: a longer run past HF's trace, or a shorter one, is no divergence by itself.
+    expect(firstRunDivergence(hf, [10, 11, 12, 13, 99])).toEqual({ runTokens: 5, hfTokens: 4, compared: 4 });
+    expect(firstRunDivergence(hf, [])).toEqual({ runTokens: 0, hfTokens: 4, compared: 0 });
   });
 });

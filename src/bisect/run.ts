@@ -8,7 +8,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { build, defaultOut, withPrompts } from '../build.js';
+import { build, checkPrompts, defaultOut } from '../build.js';
 import { archSettings, loadRecipe } from '../recipe/load.js';
 import { baseScheme, shippedMinCosine, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
 import type { EmulationResult } from '../gates/emulation.js';
@@ -32,6 +32,9 @@ import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import type { DriftResult } from './drift.js';
 import { fromText, readFromFile, resolveStart, type FromFile } from './from.js';
+import { firstRunDivergence, runDivergenceText, type RunDivergence } from './runtime-run.js';
+import { readTraceMeta } from '../gates/trace.js';
+import type { TraceInput } from '../gates/trace-stage.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -42,7 +45,7 @@ export interface BisectRequest {
   target?: string;
   /** --prompt: the porter's prompts instead of the recipe's gates.prompts, for every build bisect makes. */
   prompts?: string[];
-  /** --from: a forge build's run.json (recipe and arch from it) or a qhx_generate --json result. */
+  /** --from: a forge build's run.json (recipe and arch from it) or a qhx_generate --json result (its prompt ids traced). */
   from?: string;
   /** Write the chosen fix into the recipe file as override lines. */
   apply?: boolean;
@@ -60,10 +63,15 @@ export interface BisectResult {
   arch: string;
   target: 'host' | 'emulation';
   recipeFile: string;
-  /** The prompts every build of this bisect traced: the recipe's gates.prompts, or --prompt's. */
-  prompts: { source: 'recipe' | '--prompt'; texts: string[] };
+  /**
+   * The prompts every build of this bisect traced: the recipe's gates.prompts, --prompt's, or (--from
+   * a qhx_generate result) the run's prompt ids, with their text as the tokenizer decodes them.
+   */
+  prompts: { source: 'recipe' | '--prompt' | '--from'; texts: string[]; ids?: number[][] };
   /** --from: the build (or runtime run) bisect started from, as the file says. */
   from?: FromFile;
+  /** --from a qhx_generate result: where the run's own tokens leave HF's greedy continuation. */
+  run?: RunDivergence;
   verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
   message: string;
   thresholds: { fp32: number; shipped: number; quant: string };
@@ -107,7 +115,7 @@ export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulatio
  * into a throwaway output dir and returns the record with the gates' results (a failed gate's result
  * is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; prompts?: string[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; prompts?: TraceInput[]; until?: 'oracle' | 'emulation'; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
@@ -140,7 +148,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const log = req.log ?? (() => {});
   const from = req.from ? readFromFile(req.from) : undefined;
   const start = resolveStart({ recipe: req.recipe, arch: req.arch, from });
-  if (from?.kind === 'qhx') throw new Error(`forge bisect --from ${from.file}: a qhx_generate result; not yet: bisect traces HF over text prompts only (give the run's prompt as --prompt, or --from a forge build's run.json)`);
+  if (from?.kind === 'qhx' && req.prompts) throw new Error(`forge bisect: --prompt and --from ${from.file} (a qhx_generate result, whose prompt ids are traced): give one of them`);
   // A build whose simulator gate failed while the CPU's held: bisect where it failed, unless told otherwise.
   const fromEmulation = from?.kind === 'run-record' && from.failedGates.includes('emulation') && !from.failedGates.includes('oracle');
   const target = req.target ?? (fromEmulation ? 'emulation' : 'host');
@@ -150,9 +158,11 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   if (from) log(`starting from ${fromText(from)}`);
   if (from?.kind === 'run-record' && from.toolchain) log(`note: that build compiled with the pinned toolchain ${from.toolchain}; bisect has no --toolchain yet and builds with this environment's`);
   // Checked before any build: an empty --prompt is one error, not a trace failure minutes later.
-  const prompts = req.prompts ? { source: '--prompt' as const, texts: withPrompts(recipe, req.prompts).gates.prompts } : { source: 'recipe' as const, texts: recipe.gates.prompts };
+  const traced: TraceInput[] | undefined = from?.kind === 'qhx' ? [{ type: 'ids', ids: from.promptIds }] : req.prompts ? checkPrompts(req.prompts) : undefined;
+  const prompts: BisectResult['prompts'] = from?.kind === 'qhx' ? { source: '--from', texts: [], ids: [from.promptIds] }
+    : req.prompts ? { source: '--prompt', texts: req.prompts } : { source: 'recipe', texts: recipe.gates.prompts };
   // Every build bisect makes (the base one and each fix trial) traces the same prompts.
-  const chain = (o: Omit<Parameters<typeof chainBuild>[2], 'prompts'>) => chainBuild(recipe.id, arch.id, { ...o, ...(req.prompts ? { prompts: req.prompts } : {}) });
+  const chain = (o: Omit<Parameters<typeof chainBuild>[2], 'prompts'>) => chainBuild(recipe.id, arch.id, { ...o, ...(traced ? { prompts: traced } : {}) });
   const o = recipe.gates.oracle;
   const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
   const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
@@ -163,11 +173,20 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.key ? { key: s.key } : {}) })) };
   if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
   const layers = layerFigures(base.oracle.rows);
+  let run: RunDivergence | undefined;
+  if (from?.kind === 'qhx') {
+    // HF's continuation of the run's own prompt ids: where the run's tokens first leave it.
+    const hf = readTraceMeta(base.dirs.trace!).prompts;
+    prompts.texts = hf.map((p) => p.text);
+    run = firstRunDivergence(hf[0], from.generatedIds);
+    log(runDivergenceText(run));
+  }
   const result: BisectResult = {
-    recipe: recipe.id, arch: arch.id, target, recipeFile: file, prompts, ...(from ? { from } : {}), verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
+    recipe: recipe.id, arch: arch.id, target, recipeFile: file, prompts, ...(from ? { from } : {}), ...(run ? { run } : {}), verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
   };
   const finish = () => {
     result.seconds = (performance.now() - t0) / 1000;
+    if (run) result.message = `${runDivergenceText(run)}; the chain on that prompt: ${result.message}`;
     writeBisectOutput(outDir, result);
     return result;
   };
