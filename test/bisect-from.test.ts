@@ -4,7 +4,7 @@
 // naming both; a file that is neither a run record nor a qhx_generate result refused naming it). On
 // the healthy tiny-qwen3 twin; plus the pure parts: the --from parser and the start it resolves.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
@@ -104,6 +104,7 @@ describe('forge bisect --prompt and --from', () => {
     const runJson = join(built, 'build', 'run.json');
     expect((JSON.parse(readFileSync(runJson, 'utf8')) as RunRecord).status).toBe('partial');
 
+    const recordBefore = readFileSync(runJson, 'utf8');
     const out = join(work, 'bisect-from');
     const run = await forge(['bisect', '--from', runJson, '--json', '--out', out], { FORGE_RECIPES: recipes });
     expect(run.code, run.stderr).toBe(0);
@@ -111,7 +112,9 @@ describe('forge bisect --prompt and --from', () => {
     expect(b).toMatchObject({ recipe: 'tiny-qwen3', arch: 'v81', target: 'host', verdict: 'no-fault', prompts: { source: 'recipe' } });
     expect(b.from).toMatchObject({ kind: 'run-record', file: runJson, recipe: 'tiny-qwen3', arch: 'v81', status: 'partial', until: 'oracle', failedGates: [] });
     expect(run.stdout).toContain(`from:        the build recorded in ${runJson}: tiny-qwen3 for v81, status partial (--until oracle)`);
-    expect(existsSync(join(out, 'bisect.html'))).toBe(true);
+    expect(readFileSync(join(out, 'bisect.html'), 'utf8')).toContain(`<p id="from">Started from the build recorded in ${runJson}: tiny-qwen3 for v81, status partial`);
+    // Bisect builds into a throwaway dir: the build it started from keeps its record byte for byte.
+    expect(readFileSync(runJson, 'utf8')).toBe(recordBefore);
     // The same recipe and arch given again agree with it.
     const same = await forge(['bisect', 'tiny-qwen3', '--arch', 'v81', '--from', runJson, '--out', join(work, 'bisect-same')], { FORGE_RECIPES: recipes });
     expect(same.code, same.stderr).toBe(0);
