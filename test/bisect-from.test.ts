@@ -9,7 +9,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { cacheRoot } from '../src/paths.js';
-import { parseFromFile, readFromFile, resolveStart, fromText } from '../src/bisect/from.js';
+import { defaultTarget, parseFromFile, readFromFile, resolveStart, fromText } from '../src/bisect/from.js';
 import { checkPrompts } from '../src/build.js';
 import { firstRunDivergence } from '../src/bisect/runtime-run.js';
 import type { TracePrompt } from '../src/gates/trace.js';
@@ -147,6 +147,14 @@ describe('bisect --from, the pure parts', () => {
     const f = parseFromFile(JSON.stringify(record), '/x/run.json');
     expect(f).toEqual({ kind: 'run-record', file: '/x/run.json', recipe: 'tiny-qwen3', arch: 'v81', status: 'failed', error: 'emulation: gate failed', failedGates: ['emulation'], toolchain: 'qnn-2.6.0@abc' });
     expect(fromText(f)).toBe('the build recorded in /x/run.json: tiny-qwen3 for v81, status failed, failed gate emulation (emulation: gate failed)');
+  });
+
+  it('bisects on the simulator by default when the build failed there alone, else on the host', () => {
+    const at = (gates: Record<string, { ok: boolean }>) => defaultTarget(parseFromFile(JSON.stringify({ ...record, gates }), 'r.json'));
+    expect(at({ oracle: { ok: true }, emulation: { ok: false } })).toBe('emulation');
+    expect(at({ oracle: { ok: false }, emulation: { ok: false } })).toBe('host');
+    expect(at({ oracle: { ok: true }, emulation: { ok: true } })).toBe('host');
+    expect(defaultTarget(undefined)).toBe('host');
   });
 
   it('reads a qhx_generate --json result by its shape', () => {

@@ -108,6 +108,11 @@ export function resolveStart(o: { recipe?: string; arch?: string; from?: FromFil
   return { recipe: f.recipe, arch: f.arch, from: f };
 }
 
+/** Where bisect runs the chain unless --target says: on the simulator when the build it starts from failed there alone (its CPU gate held). */
+export function defaultTarget(f?: FromFile): 'host' | 'emulation' {
+  return f?.kind === 'run-record' && f.failedGates.includes('emulation') && !f.failedGates.includes('oracle') ? 'emulation' : 'host';
+}
+
 /** One line for the report: which build or run bisect started from. */
 export function fromText(f: FromFile): string {
   if (f.kind === 'qhx') return `the qhx_generate run in ${f.file}${f.backend ? ` (backend ${f.backend})` : ''}: ${f.promptIds.length} prompt ids, ${f.generatedIds.length} generated`;

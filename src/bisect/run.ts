@@ -31,7 +31,7 @@ import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import type { DriftResult } from './drift.js';
-import { fromText, readFromFile, resolveStart, type FromFile } from './from.js';
+import { defaultTarget, fromText, readFromFile, resolveStart, type FromFile } from './from.js';
 import { firstRunDivergence, runDivergenceText, type RunDivergence } from './runtime-run.js';
 import { readTraceMeta } from '../gates/trace.js';
 import type { TraceInput } from '../gates/trace-stage.js';
@@ -149,9 +149,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const from = req.from ? readFromFile(req.from) : undefined;
   const start = resolveStart({ recipe: req.recipe, arch: req.arch, from });
   if (from?.kind === 'qhx' && req.prompts) throw new Error(`forge bisect: --prompt and --from ${from.file} (a qhx_generate result, whose prompt ids are traced): give one of them`);
-  // A build whose simulator gate failed while the CPU's held: bisect where it failed, unless told otherwise.
-  const fromEmulation = from?.kind === 'run-record' && from.failedGates.includes('emulation') && !from.failedGates.includes('oracle');
-  const target = req.target ?? (fromEmulation ? 'emulation' : 'host');
+  const target = req.target ?? defaultTarget(from);
   if (target !== 'host' && target !== 'emulation') throw new Error(`forge bisect --target ${target}: not yet; --target host (the fp32 and shipped ONNX graphs on this machine's CPU) and --target emulation (then the compiled graphs on the x86 HTP simulator) are implemented`);
   const { recipe, file } = loadRecipe(start.recipe);
   const { arch, settings } = archSettings(recipe, start.arch, file);
