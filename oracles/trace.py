@@ -40,7 +40,10 @@ Writes, into a temp dir beside --out renamed at the end:
                      output, unweighted, slot-major), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
                      gemma4 ple_in.{i} [P] (layer i's scaled PLE token row), ple.{i} [P] (its mixed
                      per-layer input); KV-shared layers have no k/v rows (they read their donor's).
---prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text).
+--prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text),
+or {"type": "ids", "ids": [...]}: token ids traced exactly as given (a runtime's prompt_ids, e.g.
+qhx_generate --json's), no tokenizer; its record's text is the ids decoded. Ids outside the
+config's vocabulary are refused.
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
@@ -347,28 +350,37 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
     return generated, runner_up, margins
 
 
-# Trace inputs are typed: "text" now; pixels and audio samples come with the families that take them.
-INPUT_TYPES = {"text": str}
+# Trace inputs are typed: "text", or "ids" (token ids as a runtime was fed them); pixels and audio
+# samples come with the families that take them.
+INPUT_TYPES = {"text": str, "ids": list}
 
 
-def text_inputs(items):
-    """The texts of a trace's inputs: a JSON list whose entries are {"type": "text", "text": "..."}
-    or a plain string (a text input). Any other type is refused, naming the entry."""
+def typed_inputs(items):
+    """A trace's inputs as (kind, value) pairs: a JSON list whose entries are {"type": "text", "text":
+    "..."}, a plain string (a text input) or {"type": "ids", "ids": [non-negative ints]}. Any other
+    type is refused, naming the entry."""
     if not isinstance(items, list) or not items:
         raise ValueError("must hold a non-empty JSON list of inputs (strings or {\"type\": \"text\", \"text\": ...})")
-    texts = []
+    inputs = []
     for n, item in enumerate(items):
         if isinstance(item, dict):
             kind = item.get("type")
             if kind not in INPUT_TYPES:
                 raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(INPUT_TYPES)}")
             if set(item) != {"type", kind} or not isinstance(item[kind], INPUT_TYPES[kind]):
-                raise ValueError(f"[{n}]: a {kind} input is {{\"type\": \"{kind}\", \"{kind}\": <string>}}, got keys {sorted(item)}")
+                what = "<string>" if kind == "text" else "[token ids]"
+                raise ValueError(f"[{n}]: an input of type {kind} is {{\"type\": \"{kind}\", \"{kind}\": {what}}}, got keys {sorted(item)}")
+            if kind == "ids":
+                ids = item["ids"]
+                if not ids or not all(type(i) is int and i >= 0 for i in ids):
+                    raise ValueError(f"[{n}].ids must be a non-empty list of non-negative integers")
+                inputs.append(("ids", list(ids)))
+                continue
             item = item[kind]
         if not isinstance(item, str):
             raise ValueError(f"[{n}] is {type(item).__name__}, not a string or a typed input")
-        texts.append(item)
-    return texts
+        inputs.append(("text", item))
+    return inputs
 
 
 # fp16's spacing for magnitudes in [4, 8) (0.0039): two logits of that size closer than this may
@@ -427,12 +439,20 @@ def main():
     except (OSError, ValueError) as e:
         fail(f"reading {args.prompts}: {e}")
     try:
-        prompts = text_inputs(prompts)
+        inputs = typed_inputs(prompts)
     except ValueError as e:
         fail(f"{args.prompts}: {e}")
 
     tok = transformers.AutoTokenizer.from_pretrained(args.model)
-    encoded = [tok(s)["input_ids"] for s in prompts]  # tokenizer's default special tokens, no template
+    # Text: the tokenizer's default special tokens, no template. Ids: as given, checked against the
+    # config's vocabulary here, before the model loads (an embedding lookup would fail obscurely).
+    vocab_size = transformers.AutoConfig.from_pretrained(args.model).get_text_config().vocab_size
+    encoded = [tok(v)["input_ids"] if kind == "text" else v for kind, v in inputs]
+    for n, ((kind, _), ids) in enumerate(zip(inputs, encoded)):
+        bad = [i for i in ids if i >= vocab_size] if kind == "ids" else []
+        if bad:
+            fail(f"{args.prompts}: input {n}: token id {bad[0]} is outside the vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
+    prompts = [v if kind == "text" else tok.decode(v) for kind, v in inputs]
     for s, ids in zip(prompts, encoded):
         if not ids:
             fail(f"prompt {s!r} tokenizes to nothing")

@@ -10,7 +10,7 @@ import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
 import type { PlanParams } from '../src/plan/stage.js';
 import type { ExportParams } from '../src/families/export-stage.js';
-import type { TraceParams } from '../src/gates/trace-stage.js';
+import type { TraceInput, TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
 import type { HandoffParams } from '../src/quant/handoff.js';
 import type { ParityParams, TargetSpec } from '../src/gates/parity.js';
@@ -52,8 +52,8 @@ function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageN
   return { id: 'fetch', module: src('hub/fetch-stage.ts'), params: params as any, inputs: {}, tools, memory: stageMemory.fetch };
 }
 
-function traceNode(recipe: Recipe, s: ArchSettings): StageNode {
-  const params: TraceParams = { prompts: recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
+function traceNode(recipe: Recipe, s: ArchSettings, prompts?: TraceInput[]): StageNode {
+  const params: TraceParams = { prompts: prompts ?? recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
 }
 
@@ -228,6 +228,8 @@ export interface PipelineOptions {
   toolchain?: CompileToolchain;
   /** For a local source: its files' sha256 (localCheckpointDigest), the fetch stage's key. */
   localDigest?: LocalDigest;
+  /** Traced instead of the recipe's gates.prompts (forge bisect --prompt / --from a runtime's run); only the trace's params change. */
+  prompts?: TraceInput[];
 }
 
 function planNode(params: PlanParams, auto: boolean): StageNode {
@@ -247,7 +249,7 @@ export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchS
       fetchNode(recipe, opts.localDigest),
       // Under auto the plan needs the precisions, which need the trace and the runtime; otherwise the
       // plan goes first (a compile that cannot fit the machine is refused before the trace).
-      ...(auto ? [nativeNode(), traceNode(recipe, settings), precisionNode(recipe, arch, settings), planNode(plan, true)] : [planNode(plan, false), traceNode(recipe, settings)]),
+      ...(auto ? [nativeNode(), traceNode(recipe, settings, opts.prompts), precisionNode(recipe, arch, settings), planNode(plan, true)] : [planNode(plan, false), traceNode(recipe, settings, opts.prompts)]),
       exportNode('export', recipe, settings, toolchain),
       exportNode('quantize', recipe, settings, toolchain),
       oracleNode(recipe, settings),

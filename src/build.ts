@@ -35,6 +35,7 @@ import { cacheRoot } from './paths.js';
 import { RUN_RECORD, type RunRecord, type GateRecord } from './engine/record.js';
 import type { Json, Pipeline } from './engine/stage.js';
 import type { TargetSpec } from './gates/parity.js';
+import type { TraceInput } from './gates/trace-stage.js';
 
 export interface BuildRequest {
   recipe: string;
@@ -79,6 +80,20 @@ export interface BuildRequest {
   toolchain?: string;
   /** Op rescalings tried on top of the recipe's (forge bisect's fp16 fixes), first as overrides are. */
   rescale?: Rescale[];
+  /**
+   * Inputs traced instead of the recipe's gates.prompts (forge bisect --prompt, or a runtime run's
+   * token ids): the trace runs on them, so its cache key and every gate that reads it follow; no
+   * other stage's params change.
+   */
+  prompts?: TraceInput[];
+}
+
+/** Prompts that replace a recipe's gates.prompts, checked: an empty list, prompt or id list is refused, naming which. */
+export function checkPrompts<P extends TraceInput>(prompts: P[]): P[] {
+  if (!prompts.length) throw new RecipeError('--prompt: no prompts given');
+  const empty = prompts.findIndex((p) => (typeof p === 'string' ? !p.trim() : !p.ids.length));
+  if (empty >= 0) throw new RecipeError(`--prompt: prompt ${empty + 1} of ${prompts.length} is empty`);
+  return prompts;
 }
 
 /** 60% of the largest shard the failed plan had: enough to split the context that did not fit. */
@@ -101,6 +116,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const loaded = loadRecipe(req.recipe);
   // The revision to fetch, before anything else: an unpinned recipe without --revision stops here.
   const recipe = pinnedRecipe(loaded, req.revision);
+  if (req.prompts) checkPrompts(req.prompts);
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   if (req.rescale?.length) forArch.settings = { ...forArch.settings, rescale: [...req.rescale, ...forArch.settings.rescale] };
@@ -150,7 +166,8 @@ async function buildUnderSignals(
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
   const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
   const asked = req.shardCeilingBytes;
-  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, toolchain: compileWith, ...(asked ? { ceilingBytes: asked } : {}) });
+  const prompts = req.prompts ? { prompts: req.prompts } : {};
+  let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, toolchain: compileWith, ...prompts, ...(asked ? { ceilingBytes: asked } : {}) });
   refuseWithoutHostOp(recipe, pipeline, req.until);
   let result: PipelineResult;
   try {
@@ -161,7 +178,7 @@ async function buildUnderSignals(
     replans.push({ reason: result.failure.message, ceilingBytes });
     progress.log('plan', `re-planning with a ${ceilingBytes}-byte context ceiling after: ${result.failure.message}`);
     process.stderr.write(`[forge] compile ran out of HTP memory; re-planning with smaller shards (ceiling ${(ceilingBytes / 1e6).toFixed(1)} MB), attempt ${replans.length} of 2\n`);
-    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest, toolchain: compileWith });
+    pipeline = buildPipeline(recipe, arch, settings, { target: req.target, ceilingBytes, localDigest, toolchain: compileWith, ...prompts });
     result = await runPipeline(pipeline, { cache, scheduler, progress, toolVersions: tools, until: req.until, force: req.force, signal, remote });
   }
   } finally {

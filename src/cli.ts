@@ -123,19 +123,21 @@ function summaryLine(r: RunRecord): string {
   return `${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}\n${where}`;
 }
 
-program.command('bisect <recipe>')
+program.command('bisect [recipe]')
   .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift) and which override (precision, fp16 rescale) brings them back; report under out/<recipe>/<arch>/bisect/')
-  .addOption(archOption())
-  .addOption(new Option('--target <where>', 'where the chain is run: host (the ONNX graphs, then the native runtime, on this CPU), emulation (then the compiled graphs on the x86 HTP simulator), adb (then the runtime on a phone)').choices([...TARGETS]).default('host'))
+  .option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')}); required unless --from names it`)
+  .addOption(new Option('--target <where>', 'where the chain is run: host (the ONNX graphs, then the native runtime, on this CPU; the default), emulation (then the compiled graphs on the x86 HTP simulator; the default --from a build whose emulation gate alone failed), adb (then the runtime on a phone)').choices([...TARGETS]))
   .option('--serial <serial>', 'adb device serial (with --target adb)')
   .option('--runner <path>', 'qhx_generate built for Android arm64 (with --target adb; docs/DEVICE.md)')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
+  .option('--prompt <text>', "bisect on this prompt instead of the recipe's gates.prompts (repeatable; every build and fix trial traces them)", (v: string, all: string[] = []) => [...all, v])
+  .option('--from <file>', "start from a forge build's run record (out/<recipe>/<arch>/build/run.json: the recipe and arch come from it), or from a qhx_generate --json result (its prompt ids traced, its tokens checked against HF's)")
   .option('--apply', "write the chosen fix into the recipe file as override lines")
   .option('--out <dir>', 'report directory (default out/<recipe>/<arch>/bisect)')
   .option('--json', 'print bisect.json as the last line of stdout')
-  .action(async (id: string, o: { arch: string; target: string; serial?: string; runner?: string; deviceLibs?: string; apply?: boolean; out?: string; json?: boolean }) => {
+  .action(async (id: string | undefined, o: { arch?: string; target?: string; serial?: string; runner?: string; deviceLibs?: string; prompt?: string[]; from?: string; apply?: boolean; out?: string; json?: boolean }) => {
     const device = { ...(o.serial ? { serial: o.serial } : {}), ...(o.runner ? { runner: o.runner } : {}), ...(o.deviceLibs ? { libDir: o.deviceLibs } : {}) };
-    const r = await bisect({ recipe: id, arch: o.arch, target: o.target, device, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
+    const r = await bisect({ recipe: id, arch: o.arch, target: o.target, device, prompts: o.prompt, from: o.from, apply: Boolean(o.apply), out: o.out, verbose, log: (m) => process.stderr.write(`[forge] bisect: ${m}\n`) });
     console.log(summaryText(r));
     if (o.apply && !r.applied) console.log(`--apply: nothing written to the recipe: ${r.verdict === 'no-fault' ? 'there is no fault to fix' : 'no fix restored the gate'}`);
     if (o.json) console.log(JSON.stringify(r));

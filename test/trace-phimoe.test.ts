@@ -1,7 +1,7 @@
 // The trace's named MoE captures on the PhiMoE twin (oracles/trace.py LAYER_CAPTURES), checked by
 // oracles/check_trace.py, which imports nothing from the tracer: per layer and step the attention
 // residual, the router logits, the two experts and weights HF's sparsemixer chose, and the MoE
-// block output. Also the typed trace inputs (text only so far).
+// block output. Also the typed trace inputs (text; token ids are traced in test/bisect-from.test.ts).
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -79,6 +79,6 @@ describe('the PhiMoE trace', () => {
   it('refuses an input type it cannot feed yet, naming the entry', async () => {
     const r = await trace(['ok', { type: 'pixels', pixels: [0, 1] }], join(dir, 'refused'));
     expect(r.exitCode).toBe(1);
-    expect(r.stderr.trim()).toMatch(/^trace: error: .*inputs-\w+\.json: \[1\]\.type is 'pixels'; supported: text$/);
+    expect(r.stderr.trim()).toMatch(/^trace: error: .*inputs-\w+\.json: \[1\]\.type is 'pixels'; supported: text, ids$/);
   }, 60_000);
 });

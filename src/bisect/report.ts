@@ -9,6 +9,8 @@ import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
 import type { DriftStep } from './drift.js';
 import { divergenceText, verdictText } from './runtime.js';
+import { fromText } from './from.js';
+import { runDivergenceText } from './runtime-run.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -28,10 +30,18 @@ function probeRows(r: BisectResult): OpFigure[] {
   const i = p.first ? p.ops.indexOf(p.first) : 0;
   return p.ops.filter((o, k) => (p.first && o.scope === p.first.scope) || (k >= i - 3 && k <= i + 3));
 }
+/** Which prompts the builds traced, in one line: the recipe's, or --prompt's quoted. */
+export const promptsText = (r: BisectResult) => r.prompts.source === 'recipe'
+  ? `the recipe's gates.prompts (${r.prompts.texts.length})`
+  : r.prompts.source === '--from'
+    ? `the run's prompt ids (${r.prompts.ids!.map((i) => `${i.length} ids`).join(', ')}), decoded ${r.prompts.texts.map((t) => JSON.stringify(t)).join(', ')}`
+    : `--prompt ${r.prompts.texts.map((t) => JSON.stringify(t)).join(', ')}`;
 const num = (v: number) => (v >= 1e4 || (v !== 0 && v < 1e-3) ? v.toExponential(3) : v.toFixed(3));
 
 export function summaryText(r: BisectResult): string {
-  const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`];
+  const lines = [`forge bisect ${r.recipe} --arch ${r.arch} (target ${r.target}): ${r.message}`, `  prompts:     ${promptsText(r)}`];
+  if (r.from) lines.push(`  from:        ${fromText(r.from)}`);
+  if (r.run) lines.push(`  the run:     ${runDivergenceText(r.run)}`);
   const f = r.fault;
   if (f) {
     lines.push(`  first miss:  ${f.variant} ${f.graph} ${f.layer !== null ? `layer ${f.layer} ` : ''}${f.output} (${f.what}) ${f.nonFinite ?? (f.top1 ? `top-1 ${f.top1}` : `cosine ${cos(f.cosine)} < ${f.threshold}`)}`);
@@ -178,7 +188,9 @@ export function bisectHtml(r: BisectResult): string {
 </head><body>
 <h1>forge bisect: ${esc(r.recipe)} for ${esc(r.arch)} (target ${esc(r.target)})</h1>
 <p id="verdict" class="${good ? 'ok' : 'bad'}">${esc(r.message)} — ${r.seconds.toFixed(1)} s</p>
-${parts.join('\n')}
+<p id="prompts">Traced prompts: ${r.prompts.source === 'recipe' ? `the recipe's gates.prompts (${r.prompts.texts.length})` : r.prompts.source === '--from' ? "the run's prompt ids, as given (shown decoded)" : '--prompt'}:</p>
+<ol>${r.prompts.texts.map((t, i) => `<li>${esc(t)}${r.prompts.ids?.[i] ? ` <small>(ids ${esc(r.prompts.ids[i].join(' '))})</small>` : ''}</li>`).join('')}</ol>
+${r.from ? `<p id="from">Started from ${esc(fromText(r.from))}.</p>\n` : ''}${r.run ? `<p id="run">The run against HF: ${esc(runDivergenceText(r.run))}.</p>\n` : ''}${parts.join('\n')}
 </body></html>
 `;
 }

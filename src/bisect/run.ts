@@ -8,7 +8,7 @@ import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { build, defaultOut } from '../build.js';
+import { build, checkPrompts, defaultOut } from '../build.js';
 import { archSettings, loadRecipe } from '../recipe/load.js';
 import { baseScheme, shippedMinCosine, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
 import type { EmulationResult } from '../gates/emulation.js';
@@ -36,13 +36,22 @@ import type { DriftResult } from './drift.js';
 import type { TargetSpec } from '../gates/parity.js';
 import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';
 import { deviceFindings, deviceSpec, promptLengths, runtimeHealthy, runtimeLink } from './runtime-link.js';
+import { defaultTarget, fromText, readFromFile, resolveStart, type FromFile } from './from.js';
+import { firstRunDivergence, runDivergenceText, type RunDivergence } from './runtime-run.js';
+import { readTraceMeta } from '../gates/trace.js';
+import type { TraceInput } from '../gates/trace-stage.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
 export interface BisectRequest {
-  recipe: string;
-  arch: string;
+  /** The recipe id; optional with `from` a run record (which names it). */
+  recipe?: string;
+  arch?: string;
   target?: string;
+  /** --prompt: the porter's prompts instead of the recipe's gates.prompts, for every build bisect makes. */
+  prompts?: string[];
+  /** --from: a forge build's run.json (recipe and arch from it) or a qhx_generate --json result (its prompt ids traced). */
+  from?: string;
   /** Write the chosen fix into the recipe file as override lines. */
   apply?: boolean;
   /** Default out/<recipe>/<arch>/bisect. */
@@ -63,11 +72,20 @@ export interface BisectResult {
   recipeFile: string;
   /** The first link of the chain that breaks (firstBrokenLink over what was run); absent when every link run holds. */
   link?: Link;
+  /**
+   * The prompts every build of this bisect traced: the recipe's gates.prompts, --prompt's, or (--from
+   * a qhx_generate result) the run's prompt ids, with their text as the tokenizer decodes them.
+   */
+  prompts: { source: 'recipe' | '--prompt' | '--from'; texts: string[]; ids?: number[][] };
+  /** --from: the build (or runtime run) bisect started from, as the file says. */
+  from?: FromFile;
+  /** --from a qhx_generate result: where the run's own tokens leave HF's greedy continuation. */
+  run?: RunDivergence;
   verdict: 'no-fault' | 'fixed' | 'unfixed' | 'export';
   message: string;
   thresholds: { fp32: number; shipped: number; quant: string };
   /** The oracle build bisect read: its status and stages (cached or ran). */
-  build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number }> };
+  build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number; key?: string }> };
   fault?: Miss;
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
   steps?: StepScan;
@@ -110,11 +128,11 @@ export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulatio
  * gate with `until: 'parity'` on `target` (default host) (cached stages), into a throwaway output dir
  * and returns the record with the gates' results (a failed gate's result is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; prompts?: TraceInput[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
     const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
@@ -143,11 +161,22 @@ export async function chainBuild(recipe: string, arch: string, o: { overrides?: 
 export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const t0 = performance.now();
   const log = req.log ?? (() => {});
-  const target = req.target ?? 'host';
+  const from = req.from ? readFromFile(req.from) : undefined;
+  const start = resolveStart({ recipe: req.recipe, arch: req.arch, from });
+  if (from?.kind === 'qhx' && req.prompts) throw new Error(`forge bisect: --prompt and --from ${from.file} (a qhx_generate result, whose prompt ids are traced): give one of them`);
+  const target = req.target ?? defaultTarget(from);
   if (target !== 'host' && target !== 'emulation' && target !== 'adb') throw new Error(`forge bisect --target ${target}: unknown; --target host (the ONNX graphs and the native runtime on this machine's CPU), emulation (then the compiled graphs on the x86 HTP simulator) or adb (then the runtime on a phone)`);
   const device = deviceSpec(target, req.device);
-  const { recipe, file } = loadRecipe(req.recipe);
-  const { arch, settings } = archSettings(recipe, req.arch, file);
+  const { recipe, file } = loadRecipe(start.recipe);
+  const { arch, settings } = archSettings(recipe, start.arch, file);
+  if (from) log(`starting from ${fromText(from)}`);
+  if (from?.kind === 'run-record' && from.toolchain) log(`note: that build compiled with the pinned toolchain ${from.toolchain}; bisect has no --toolchain yet and builds with this environment's`);
+  // Checked before any build: an empty --prompt is one error, not a trace failure minutes later.
+  const traced: TraceInput[] | undefined = from?.kind === 'qhx' ? [{ type: 'ids', ids: from.promptIds }] : req.prompts ? checkPrompts(req.prompts) : undefined;
+  const prompts: BisectResult['prompts'] = from?.kind === 'qhx' ? { source: '--from', texts: [], ids: [from.promptIds] }
+    : req.prompts ? { source: '--prompt', texts: req.prompts } : { source: 'recipe', texts: recipe.gates.prompts };
+  // Every build bisect makes (the base one and each fix trial) traces the same prompts.
+  const chain = (o: Omit<Parameters<typeof chainBuild>[2], 'prompts'>) => chainBuild(recipe.id, arch.id, { ...o, ...(traced ? { prompts: traced } : {}) });
   const o = recipe.gates.oracle;
   const thresholds = { fp32: o.fp32MinCosine, shipped: shippedMinCosine(o, settings.quant), quant: settings.quant };
   const outDir = req.out ? resolve(req.out) : join(defaultOut(recipe.id, arch.id), 'bisect');
@@ -159,12 +188,20 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   // --target adb runs the emulation chain first: the simulator is the device's reference.
   const until = target === 'host' ? 'oracle' : 'emulation';
   log(`building ${recipe.id} for ${arch.id} through the ${until} gate (cached stages)`);
-  const base = await chainBuild(recipe.id, arch.id, { until, verbose: req.verbose, quiet: false });
-  const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })) };
+  const base = await chain({ until, verbose: req.verbose, quiet: false });
+  const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.key ? { key: s.key } : {}) })) };
   if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
   const layers = layerFigures(base.oracle.rows);
+  let run: RunDivergence | undefined;
+  if (from?.kind === 'qhx') {
+    // HF's continuation of the run's own prompt ids: where the run's tokens first leave it.
+    const hf = readTraceMeta(base.dirs.trace!).prompts;
+    prompts.texts = hf.map((p) => p.text);
+    run = firstRunDivergence(hf[0], from.generatedIds);
+    log(runDivergenceText(run));
+  }
   const result: BisectResult = {
-    recipe: recipe.id, arch: arch.id, target, recipeFile: file, verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
+    recipe: recipe.id, arch: arch.id, target, recipeFile: file, prompts, ...(from ? { from } : {}), ...(run ? { run } : {}), verdict: 'no-fault', message: '', thresholds, build: buildInfo, layers, trials: [], fixes: [], seconds: 0,
   };
   // What each link gave, in chain order: the link named in bisect.json is the first that broke.
   const verdicts: LinkVerdicts = { oracle: null };
@@ -172,6 +209,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     const link = firstBrokenLink(verdicts);
     if (link) result.link = link;
     result.seconds = (performance.now() - t0) / 1000;
+    if (run) result.message = `${runDivergenceText(run)}; the chain on that prompt: ${result.message}`;
     writeBisectOutput(outDir, result);
     return result;
   };
@@ -189,7 +227,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
         family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
         scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
         rebuild: async (overrides) => {
-          const r = await chainBuild(recipe.id, arch.id, { overrides, verbose: req.verbose, quiet: true });
+          const r = await chain({ overrides, verbose: req.verbose, quiet: true });
           return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
         },
       }, result.drift);
@@ -210,7 +248,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   if (!miss) {
     // The ONNX chain holds: the native runtime on this CPU, with its own KV cache and host code.
     log('the ONNX chain holds: building through the parity gate (the native runtime on this CPU, cached stages)');
-    host = await chainBuild(recipe.id, arch.id, { until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
+    host = await chain({ until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
     if (!host.parity) throw new Error(`forge bisect: the build of ${recipe.id} for ${arch.id} stopped before the parity gate gave a verdict: ${host.record.error ?? 'no parity stage ran'}`);
     result.runtime = { parity: paritySnapshot(host.parity) };
     verdicts.runtime = parityHolds(host.parity);
@@ -219,7 +257,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       await runtimeLink(result, host.parity, {
         traceDir: base.dirs.trace!, ckpt: readCheckpointRef(base.dirs.fetch!).absDir, quantizeDir: base.dirs.quantize!, family: recipe.family, settings, ...(precision ? { precision } : {}), log,
         rebuild: async (overrides) => {
-          const r = await chainBuild(recipe.id, arch.id, { overrides, until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
+          const r = await chain({ overrides, until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
           const holds = r.parity ? parityHolds(r.parity) : undefined;
           const d = r.parity && !holds ? firstDivergence(r.parity, promptLengths(base.dirs.trace!)) : undefined;
           return { oracleOk: !!r.oracle?.ok, ...(r.dirs.quantize ? { quantizeDir: r.dirs.quantize } : {}), ...(r.record.error && !r.parity ? { error: r.record.error } : {}),
@@ -238,7 +276,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       recipe: recipe.id, arch: arch.id, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
       probeCache: join(cacheRoot(), 'bisect-probe'), log,
       rebuild: async (rescale) => {
-        const r = await chainBuild(recipe.id, arch.id, { rescale, until: 'emulation', verbose: req.verbose, quiet: true });
+        const r = await chain({ rescale, until: 'emulation', verbose: req.verbose, quiet: true });
         return { ...(r.emulation ? { emulation: r.emulation } : {}), ...(r.oracle ? { oracleOk: r.oracle.ok } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
       },
     });
@@ -246,7 +284,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     if (verdicts.simulator && device) {
       // Host and simulator hold: the same runtime on the phone's HTP, teacher-forced over adb.
       log(`the simulator holds: building through the parity gate on ${device.serial} (adb)`);
-      const dev = await chainBuild(recipe.id, arch.id, { until: 'parity', target: device, verbose: req.verbose, quiet: true });
+      const dev = await chain({ until: 'parity', target: device, verbose: req.verbose, quiet: true });
       if (!dev.parity) throw new Error(`forge bisect --target adb: the device parity on ${device.serial} gave no verdict: ${dev.record.error ?? 'no parity stage ran'}`);
       result.simulator = found.simulator;
       result.device = deviceFindings(dev.parity, base.emulation, host!.parity!, base.dirs.trace!, result.drift);
@@ -290,7 +328,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   // One candidate rebuilt through the oracle gate (cached stages) and judged.
   const tryOne = async (c: Candidate): Promise<Trial> => {
     const t = performance.now();
-    const r = await chainBuild(recipe.id, arch.id, { overrides: c.overrides, verbose: req.verbose, quiet: true });
+    const r = await chain({ overrides: c.overrides, verbose: req.verbose, quiet: true });
     const seconds = (performance.now() - t) / 1000;
     const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
     log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);

@@ -13,8 +13,14 @@ import { readTraceMeta } from './trace.js';
 // key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
 const [TRACER] = [new URL('../../oracles/trace.py', import.meta.url), new URL('../../oracles/trace_families.py', import.meta.url)];
 
+/**
+ * One traced input: text (tokenized by the checkpoint's tokenizer), or token ids traced exactly as
+ * given (forge bisect --from a qhx_generate run: the ids the runtime was fed).
+ */
+export type TraceInput = string | { type: 'ids'; ids: number[] };
+
 export interface TraceParams {
-  prompts: string[];
+  prompts: TraceInput[];
   newTokens: number;
   maxContext: number;
 }
