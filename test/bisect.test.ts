@@ -1,7 +1,8 @@
 // forge bisect (issue 17, step 1: host target, quantization faults) on twins: a planted fault — the
 // tiny-qwen3 twin with layer 2 made W4-hostile (test/helpers/w4-hostile.ts: its function unchanged,
 // one outlier per W4 block of o_proj and down_proj) built at w4 — is found, named (layer, link) and
-// fixed by a single matrix at w8, which --apply writes into the recipe and a plain build then passes;
+// fixed by a single matrix at w8, which --apply writes into the recipe and a plain build then passes,
+// and the op inside the layer where the cosine drops is that kind of matrix's matmul;
 // a healthy twin is reported as such from the cache. Plus the pure parts: the first miss in model
 // order and the candidate overrides with their bytes.
 import { describe, it, expect, beforeAll } from 'vitest';
@@ -78,7 +79,22 @@ describe('forge bisect', () => {
     expect(chosen.addedBytes).toBeGreaterThan(0);
     expect(b.fixes.map((f) => f.addedBytes)).toEqual([...b.fixes.map((f) => f.addedBytes)].sort((x, y) => x - y));
     for (const t of b.trials) expect(t.tensors.every((x) => x.name.startsWith(`model.layers.${HOSTILE_LAYER}.`))).toBe(true);
-    console.log(`[measured] bisect on the W4-hostile twin: first miss ${b.fault!.graph} layer ${b.fault!.layer} ${b.fault!.output} ${b.fault!.cosine.toFixed(5)} < ${b.thresholds.shipped}, first at prompt ${b.steps!.first!.prompt} step ${b.steps!.first!.step} (${b.steps!.failing}/${b.steps!.cases.length} steps under); layers alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+    // The op: layer 2 alone at fp32 and w4, op by op; where the cosine drops is the matmul of a
+    // hostile matrix, its output well under its input's, and promoting that matrix alone is a fix.
+    const q = b.quantOp!;
+    expect(q, b.quantOpError).toBeDefined();
+    expect(q).toMatchObject({ layer: HOSTILE_LAYER, scheme: 'w4', unpaired: 0 });
+    expect(q.cases).toBeGreaterThan(0);
+    const op = q.drop!;
+    expect(op.layer).toBe(HOSTILE_LAYER);
+    expect(['MatMulNBits', 'Gemm', 'MatMul']).toContain(op.op);
+    expect(['self_attn.o_proj', 'mlp.down_proj']).toContain(shortName(op.matrix!, HOSTILE_LAYER));
+    expect(op.cosine).toBeLessThan(op.inputsCosine - 0.1);
+    // Every other op loses less of its own.
+    for (const o of q.ops) if (o.value !== op.value) expect(o.inputsCosine - o.cosine).toBeLessThan(op.inputsCosine - op.cosine);
+    expect(b.fixes.some((f) => f.tensors.length === 1 && f.tensors[0].name === op.matrix)).toBe(true);
+    expect(b.message).toContain(`op ${op.node} (${shortName(op.matrix!, HOSTILE_LAYER)}, ${op.op}) cosine ${op.cosine.toFixed(5)} from inputs at ${op.inputsCosine.toFixed(5)}`);
+    console.log(`[measured] bisect on the W4-hostile twin: first miss ${b.fault!.graph} layer ${b.fault!.layer} ${b.fault!.output} ${b.fault!.cosine.toFixed(5)} < ${b.thresholds.shipped}, first at prompt ${b.steps!.first!.prompt} step ${b.steps!.first!.step} (${b.steps!.failing}/${b.steps!.cases.length} steps under); layers alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; op ${op.node} (${op.matrix}) ${op.cosine.toFixed(5)} from ${op.inputsCosine.toFixed(5)}, first under ${q.firstUnder?.node ?? '-'}, ${q.ops.length} ops × ${q.cases} cases in ${q.seconds.toFixed(1)} s; ${b.seconds.toFixed(1)} s`);
 
     // --apply wrote the chosen override into the recipe, first in the list; the plain build now passes the gate.
     expect(b.applied!.file).toBe(recipeFile);
@@ -100,6 +116,8 @@ describe('forge bisect', () => {
     expect(dom).toContain('link quantization');
     expect(dom).toMatch(/<svg[^>]*aria-label="cosine per traced step"/);
     expect(dom).toContain(chosen.label);
+    expect(dom).toContain(`Op by op: layer ${HOSTILE_LAYER}, fp32 vs w4`);
+    expect(dom).toContain(op.node);
   }, 900_000); // the twin (cold cache ~50 s), its w4 build through the oracle, 7 single-matrix trial builds (~10–15 s each here), the rebuild
 
   it('says "no fault" on a healthy twin, from the cache', async () => {

@@ -72,7 +72,7 @@ const FLOAT = onnx.TensorProto.DataType.FLOAT;
 const FIXED: Record<string, number> = { Shape: 7, Size: 7, ArgMax: 7, ArgMin: 7, NonZero: 7, Equal: 9, Less: 9, LessOrEqual: 9, Greater: 9, GreaterOrEqual: 9, Not: 9, And: 9, Or: 9, Xor: 9, IsNaN: 9, IsInf: 9 };
 
 /** Element types of every node output, propagated as the builder types them (its graphs carry no value_info). */
-function valueTypes(g: onnx.IGraphProto): Map<string, number> {
+export function valueTypes(g: onnx.IGraphProto): Map<string, number> {
   const t = new Map<string, number>();
   for (const i of g.input ?? []) t.set(i.name!, i.type?.tensorType?.elemType ?? 0);
   for (const i of g.initializer ?? []) t.set(i.name!, i.dataType ?? 0);

@@ -11,6 +11,7 @@ import type { DriftStep } from './drift.js';
 import { divergenceText, verdictText } from './runtime.js';
 import { fromText } from './from.js';
 import { runDivergenceText } from './runtime-run.js';
+import { opText } from './quant-op.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -54,6 +55,12 @@ export function summaryText(r: BisectResult): string {
   const sf = r.simFault;
   if (sf) lines.push(`  first miss:  ${sf.graph} ${sf.output} on the simulator ${sf.nonFinite ?? `cosine ${cos(sf.cosine)} < ${sf.threshold}`} (the CPU holds)`, `  link:        ${sf.link}`);
   if (r.op) lines.push(`  op:          ${r.op.node} (${r.op.op}), layer ${r.op.layer ?? '-'}: ${r.op.why}`, `  probe:       ${r.probe!.ops.length} op outputs of ${r.probe!.graph}, ${r.probe!.cases.length} cases, ${r.probe!.cached ? 'cached' : `${r.probe!.seconds.toFixed(1)} s`}`);
+  const q = r.quantOp;
+  if (q) {
+    lines.push(`  op:          ${q.drop ? opText(q.drop) : 'none: no op of the layer loses cosine'} (where the cosine drops most)`);
+    if (q.firstUnder && q.firstUnder.value !== q.drop?.value) lines.push(`  first under: ${opText(q.firstUnder)} (< ${q.threshold})`);
+    lines.push(`  op probe:    layer ${q.layer} alone, fp32 vs ${q.scheme}: ${q.ops.length} ops${q.unpaired ? ` (${q.unpaired} unpaired)` : ''}, ${q.cases} traced cases, ${q.seconds.toFixed(1)} s`);
+  } else if (r.quantOpError) lines.push(`  op probe:    failed: ${r.quantOpError}`);
   const d = r.drift;
   if (d?.first) {
     lines.push(`  drift:       first divergent token at prompt ${d.first.prompt} step ${d.first.step}: HF ${d.first.hf.token} (margin ${d.first.hf.margin.toFixed(4)} over ${d.first.hf.runnerUp}), shipped ${d.first.shippedToken} (margin for HF's ${d.first.shippedMargin.toFixed(4)})`);
@@ -122,6 +129,17 @@ function marginPlot(steps: DriftStep[], first: DriftStep): string {
     + `<text x="${L}" y="${H - 4}" font-size="11">blue: HF's margin; red: the shipped chain's margin for HF's token (${lo.toFixed(2)} … ${hi.toFixed(2)})</text></svg>`;
 }
 
+/** The named layer op by op (quantization link): every paired op in graph order, the one where the cosine drops marked. */
+function quantOpHtml(q: NonNullable<BisectResult['quantOp']>): string[] {
+  const drop = (o: { cosine: number; inputsCosine: number }) => o.inputsCosine - o.cosine;
+  return [`<h2 id="quant-op">Op by op: layer ${q.layer}, fp32 vs ${esc(q.scheme)}</h2>`,
+    `<p>Layer ${q.layer} exported alone at fp32 and at the shipped precision, every op's output made a graph output, both fed HF's inputs for the layer on ${q.cases} traced cases; per op the smallest cosine of the shipped output with the fp32 one, and the lowest of its inputs' (a graph input is HF's: 1). A quantized matrix's error enters at its matmul and every later op carries it: the op named is where the cosine drops most below its inputs'${q.drop ? `: <b>${esc(opText(q.drop))}</b>` : ' (none drops)'}.${q.unpaired ? ` ${q.unpaired} ops of the shipped graph have no fp32 counterpart and are not shown.` : ''}</p>`,
+    table({
+      head: ['node', 'op', 'matrix', 'fp32 node', "inputs' cosine", 'cosine', 'drop', ''],
+      rows: q.ops.map((o) => [o.node, o.op, o.matrix ?? '', o.fp32Node, cos(o.inputsCosine), cos(o.cosine), drop(o) > 0 ? drop(o).toFixed(5) : '-', o.value === q.drop?.value ? '✗' : o.cosine < q.threshold ? 'under' : '']),
+    })];
+}
+
 export function bisectHtml(r: BisectResult): string {
   const parts: string[] = [];
   const f = r.fault;
@@ -149,6 +167,8 @@ export function bisectHtml(r: BisectResult): string {
       rows: probeRows(r).map((o) => [o.node, o.op, num(o.inputMaxAbs), num(o.cpuMaxAbs), num(o.simMaxAbs), String(o.simNonFinite), String(o.simSaturated), cos(o.cosine), o === r.probe!.first || o.node === r.op!.node ? '✗' : '']),
     }));
   }
+  if (r.quantOp) parts.push(...quantOpHtml(r.quantOp));
+  else if (r.quantOpError) parts.push('<h2 id="quant-op">Op by op</h2>', `<p class="bad">The op probe failed: ${esc(r.quantOpError)}</p>`);
   if (r.drift?.first) {
     const d = r.drift, f = d.first!;
     parts.push('<h2 id="drift">Free-running drift</h2>', `<p>The shipped decode graphs chained on the CPU (each shard feeding the next, then the lm-head), fed HF's tokens: until the first step where its choice differs, that is the free-running chain. First divergent token: prompt ${f.prompt} step ${f.step}, HF picks ${f.hf.token} by ${f.hf.margin.toFixed(4)} over ${f.hf.runnerUp}; the shipped chain picks ${f.shippedToken}.</p>`,

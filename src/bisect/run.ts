@@ -32,6 +32,8 @@ import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import { searchLmHead } from './lm-head.js';
+import { opText, probeQuantOps, type QuantOpProbe } from './quant-op.js';
+import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import type { DriftResult } from './drift.js';
 import type { TargetSpec } from '../gates/parity.js';
 import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';
@@ -110,6 +112,12 @@ export interface BisectResult {
   simFault?: SimulatorFindings['simFault'];
   probe?: SimulatorFindings['probe'];
   op?: SimulatorFindings['op'];
+  /**
+   * --target host, link quantization: the named layer op by op, fp32 vs the shipped precision, and
+   * the op where the cosine drops (quant-op.ts); `quantOpError` when the probe itself failed.
+   */
+  quantOp?: QuantOpProbe;
+  quantOpError?: string;
   /** The shipped graphs chained on the CPU against HF's greedy continuations (when the teacher-forced gates hold). */
   drift?: DriftResult;
   /** The native runtime on the host, teacher-forced with its own KV cache (the parity gate), when the ONNX chain holds. */
@@ -392,7 +400,27 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   result.chosen = result.fixes[0];
   result.layer = result.chosen?.layer ?? suspects[0]?.layer;
   const alone = result.alone.find((a) => a.layer === result.layer);
-  const damage = result.layer === undefined || !alone ? '' : `; layer ${result.layer} (alone at ${settings.quant} ${fmt(alone.cosine)}) is where ${result.chosen ? 'a fix restores it' : 'the search looked'}${result.layer < miss.layer ? `, its error carried by the later layers to layer ${miss.layer}` : ''}`;
+  if (result.layer !== undefined) {
+    // Which op of that layer loses the numbers: the layer alone at fp32 and shipped, op by op.
+    log(`probing layer ${result.layer} op by op (fp32 vs ${settings.quant})`);
+    const opWork = mkdtempSync(join(tmpdir(), 'forge-bisect-ops-'));
+    try {
+      const manifest = readJson<ExportManifest>(join(base.dirs.quantize!, GRAPHS_JSON));
+      result.quantOp = await probeQuantOps({
+        family: recipe.family, layer: result.layer, scheme, lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides, ...(precision ? { precision } : {}),
+        w8Form: manifest.w8Form, maxContext: settings.maxContext, threshold: thresholds.shipped,
+      }, ckpt, base.dirs.trace!, opWork);
+      if (result.quantOp.drop) log(`op: ${opText(result.quantOp.drop)} (${result.quantOp.ops.length} ops, ${result.quantOp.cases} cases, ${result.quantOp.seconds.toFixed(1)} s)`);
+    } catch (e) {
+      // The op is a finer picture of a layer already named: its failure is said, not fatal to the fix found.
+      result.quantOpError = (e as Error).message;
+      log(`op probe of layer ${result.layer} failed: ${result.quantOpError}`);
+    } finally {
+      rmSync(opWork, { recursive: true, force: true });
+    }
+  }
+  const opPart = result.quantOp?.drop ? `, op ${opText(result.quantOp.drop)}` : '';
+  const damage = result.layer === undefined || !alone ? '' : `; layer ${result.layer} (alone at ${settings.quant} ${fmt(alone.cosine)}) is where ${result.chosen ? 'a fix restores it' : 'the search looked'}${result.layer < miss.layer ? `, its error carried by the later layers to layer ${miss.layer}` : ''}${opPart}`;
   const link = `link quantization: the shipped ${settings.quant} graphs leave tolerance first at ${where}, ${seen}${at}, while fp32 holds (≥ ${thresholds.fp32})${damage}`;
   if (!result.chosen) {
     result.verdict = 'unfixed';
