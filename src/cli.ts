@@ -124,10 +124,10 @@ function summaryLine(r: RunRecord): string {
 }
 
 program.command('bisect <recipe>')
-  .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift) and which override (precision, fp16 rescale) brings them back; report under out/<recipe>/<arch>/bisect/')
+  .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift; an f16 hand-off between contexts) and which override (precision, fp16 rescale, hand-off dtype) brings them back; report under out/<recipe>/<arch>/bisect/')
   .addOption(archOption())
   .addOption(new Option('--target <where>', 'where the chain is run: host (CPU), emulation (then the compiled graphs on the x86 HTP simulator); adb not yet').choices([...TARGETS]).default('host'))
-  .option('--apply', "write the chosen fix into the recipe file as override lines")
+  .option('--apply', "write the chosen fix into the recipe file (override or rescale lines, or the arch's handoff)")
   .option('--out <dir>', 'report directory (default out/<recipe>/<arch>/bisect)')
   .option('--json', 'print bisect.json as the last line of stdout')
   .action(async (id: string, o: { arch: string; target: string; apply?: boolean; out?: string; json?: boolean }) => {

@@ -139,7 +139,7 @@ export function bisectHtml(r: BisectResult): string {
   if (h) {
     parts.push('<h2 id="handoff">Residual hand-offs between contexts</h2>', `<p>Link <b>${h.link}</b>: every graph holds teacher-forced, but the recipe requires f16 hand-offs and the gate refused them for ${esc(h.variant)} (${esc(h.choice.why)}). The shipped one-token graphs chained with float32 and with f16 hand-offs: ${h.boundary ? `the hand-off named is <b>${esc(boundaryText(h.boundary))}</b>` : esc(h.unnamed ?? '')}${h.first ? `; the f16 chain first leaves HF at ${esc(stepText(h.first))}` : ''}.</p>`, table({
       head: ['hand-off', 'from', 'to', 'after layer', 'max |value| (float32 chain)', 'at', 'steps past 65504', ''],
-      rows: h.boundaries.map((b) => [b.value, b.from, b.to, b.afterLayer === null ? '-' : String(b.afterLayer), num(b.maxAbs), b.maxAt, `${b.overflowSteps} of ${b.steps}`, b === h.boundary || b.value === h.boundary?.value ? '✗' : '']),
+      rows: h.boundaries.map((b) => [b.value, b.from, b.to, b.afterLayer === null ? '-' : String(b.afterLayer), num(b.maxAbs), b.maxAt, `${b.overflowSteps} of ${b.steps}`, b.value === h.boundary?.value ? '✗' : '']),
     }));
   }
   if (r.drift?.first) {
