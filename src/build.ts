@@ -19,7 +19,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings, pinnedRecipe, RecipeError } from './recipe/load.js';
-import { builtRevision, type PinnedRecipe, type PrecisionOverride, type Rescale } from './recipe/schema.js';
+import { builtRevision, type PinnedRecipe, type PrecisionOverride, type Rescale, type ArchSettings } from './recipe/schema.js';
 import { buildPipeline, compileToolchain, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
@@ -80,6 +80,8 @@ export interface BuildRequest {
   toolchain?: string;
   /** Op rescalings tried on top of the recipe's (forge bisect's fp16 fixes), first as overrides are. */
   rescale?: Rescale[];
+  /** The residual hand-off dtype tried instead of the recipe's (forge bisect's hand-off fix). */
+  handoff?: ArchSettings['handoff'];
   /**
    * Inputs traced instead of the recipe's gates.prompts (forge bisect --prompt, or a runtime run's
    * token ids): the trace runs on them, so its cache key and every gate that reads it follow; no
@@ -120,6 +122,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   if (req.rescale?.length) forArch.settings = { ...forArch.settings, rescale: [...req.rescale, ...forArch.settings.rescale] };
+  if (req.handoff) forArch.settings = { ...forArch.settings, handoff: req.handoff };
   const { arch } = forArch;
   const toolchain = req.toolchain ? resolveToolchain(req.toolchain) : null;
   if (toolchain && compileToolchain().kind === 'qairt') {

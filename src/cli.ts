@@ -124,7 +124,7 @@ function summaryLine(r: RunRecord): string {
 }
 
 program.command('bisect [recipe]')
-  .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift) and which override (precision, fp16 rescale) brings them back; report under out/<recipe>/<arch>/bisect/')
+  .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift; an f16 hand-off between contexts; the runtime, a phone) and which override (precision, fp16 rescale, hand-off dtype) brings them back; report under out/<recipe>/<arch>/bisect/')
   .option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')}); required unless --from names it`)
   .addOption(new Option('--target <where>', 'where the chain is run: host (the ONNX graphs, then the native runtime, on this CPU; the default), emulation (then the compiled graphs on the x86 HTP simulator; the default --from a build whose emulation gate alone failed), adb (then the runtime on a phone)').choices([...TARGETS]))
   .option('--serial <serial>', 'adb device serial (with --target adb)')
@@ -132,7 +132,7 @@ program.command('bisect [recipe]')
   .option('--device-libs <dir>', 'ORT + QNN libraries for the device (with --target adb; docs/DEVICE.md)')
   .option('--prompt <text>', "bisect on this prompt instead of the recipe's gates.prompts (repeatable; every build and fix trial traces them)", (v: string, all: string[] = []) => [...all, v])
   .option('--from <file>', "start from a forge build's run record (out/<recipe>/<arch>/build/run.json: the recipe and arch come from it), or from a qhx_generate --json result (its prompt ids traced, its tokens checked against HF's)")
-  .option('--apply', "write the chosen fix into the recipe file as override lines")
+  .option('--apply', "write the chosen fix into the recipe file (override or rescale lines, or the arch's handoff)")
   .option('--out <dir>', 'report directory (default out/<recipe>/<arch>/bisect)')
   .option('--json', 'print bisect.json as the last line of stdout')
   .action(async (id: string | undefined, o: { arch?: string; target?: string; serial?: string; runner?: string; deviceLibs?: string; prompt?: string[]; from?: string; apply?: boolean; out?: string; json?: boolean }) => {

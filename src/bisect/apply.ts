@@ -33,3 +33,23 @@ export function applyOverrides(file: string, archId: string, overrides: Precisio
   writeFileSync(file, JSON.stringify(raw, null, 2) + '\n');
   return { file, overrides, ...(rescale.length ? { rescale } : {}) };
 }
+
+/**
+ * `--apply` for a hand-off fix: `handoff` set in the arch's own block (made when the recipe has
+ * none), so the other archs keep theirs; checked as the loader checks it before it is written.
+ */
+export function applyHandoff(file: string, archId: string, handoff: 'f32'): { file: string; overrides: PrecisionOverride[]; handoff: 'f32' } {
+  try {
+    accessSync(file, constants.W_OK);
+  } catch (e) {
+    throw new Error(`forge bisect --apply: ${file} is not a recipe file this process may write (${(e as NodeJS.ErrnoException).code ?? (e as Error).message}); set arch.${archId}.handoff to "${handoff}" by hand`);
+  }
+  const raw = JSON.parse(readFileSync(file, 'utf8')) as { arch?: Record<string, { handoff?: string }> };
+  if (!raw.arch || typeof raw.arch !== 'object') throw new Error(`forge bisect --apply: ${file}: arch: missing, so there is no arch block to put the hand-off in`);
+  const block = (raw.arch[archId] ??= {});
+  if (block.handoff === handoff) throw new Error(`forge bisect --apply: ${file}: arch.${archId}.handoff is already "${handoff}" (this fix was applied before)`);
+  block.handoff = handoff;
+  parseRecipe(JSON.parse(JSON.stringify(raw)), file);
+  writeFileSync(file, JSON.stringify(raw, null, 2) + '\n');
+  return { file, overrides: [], handoff };
+}

@@ -29,6 +29,10 @@ export interface Candidate {
   rescale?: Rescale[];
   /** Ops the rescale adds to the graphs (its cost; weight bytes do not move). */
   addedOps?: number;
+  /** A hand-off fix: the recipe's residual hand-off dtype for the arch (`handoff: f32`) instead of precision pins. */
+  handoff?: 'f32';
+  /** Bytes it adds to the residual hand-offs per token (2 × hidden per hand-off going f16 → float32; weight bytes do not move). */
+  handoffBytesPerToken?: number;
 }
 
 export interface Trial extends Candidate {
@@ -100,9 +104,10 @@ export function judge(c: Candidate, result: OracleResult, seconds: number): Tria
   return { ...c, ok: result.ok, minCosine: shippedFloor(result.rows), seconds, ...(result.ok ? {} : { stillFails: still }) };
 }
 
-/** The restoring trials, cheapest first (added bytes, then the higher cosine, then the label). */
+/** The restoring trials, cheapest first (added weight bytes, then ops, then hand-off bytes per token, then the higher cosine, then the label). */
 export function rank(trials: Trial[]): Trial[] {
-  return trials.filter((t) => t.ok).sort((a, b) => a.addedBytes - b.addedBytes || (a.addedOps ?? 0) - (b.addedOps ?? 0) || (b.minCosine ?? -1) - (a.minCosine ?? -1) || a.label.localeCompare(b.label));
+  return trials.filter((t) => t.ok).sort((a, b) => a.addedBytes - b.addedBytes || (a.addedOps ?? 0) - (b.addedOps ?? 0) || (a.handoffBytesPerToken ?? 0) - (b.handoffBytesPerToken ?? 0)
+    || (b.minCosine ?? -1) - (a.minCosine ?? -1) || a.label.localeCompare(b.label));
 }
 
 /** A cached stage's output directory, from a run record's stage list. */

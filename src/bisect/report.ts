@@ -12,6 +12,8 @@ import { divergenceText, verdictText } from './runtime.js';
 import { fromText } from './from.js';
 import { runDivergenceText } from './runtime-run.js';
 import { opText } from './quant-op.js';
+import { boundaryText } from './handoff.js';
+import { stepText } from './handoff-bisect.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -20,9 +22,9 @@ const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replac
 const cos = (c: number | undefined) => (c === undefined ? '-' : c === Infinity ? '-' : c.toFixed(5));
 
 /** The override lines of the chosen fix, as they go into a recipe's `overrides`. */
-export const overrideLines = (r: BisectResult) => (r.chosen ? [...r.chosen.overrides, ...(r.chosen.rescale ?? [])].map((o) => JSON.stringify(o)) : []);
-const fixText = (t: Trial) => [...t.overrides.map((o) => `${o.match} → ${o.quant}`), ...(t.rescale ?? []).map((x) => `rescale ${x.match} × ${x.scale}`)].join('; ');
-const cost = (t: Trial) => (t.rescale ? `+${t.addedOps ?? 0} ops` : `+${t.addedBytes} B`);
+export const overrideLines = (r: BisectResult) => (r.chosen ? [...r.chosen.overrides, ...(r.chosen.rescale ?? [])].map((o) => JSON.stringify(o)).concat(r.chosen.handoff ? [`arch.${r.arch}.handoff: ${JSON.stringify(r.chosen.handoff)}`] : []) : []);
+const fixText = (t: Trial) => [...t.overrides.map((o) => `${o.match} → ${o.quant}`), ...(t.rescale ?? []).map((x) => `rescale ${x.match} × ${x.scale}`), ...(t.handoff ? [`handoff ${t.handoff}`] : [])].join('; ');
+const cost = (t: Trial) => (t.rescale ? `+${t.addedOps ?? 0} ops` : t.handoff ? `+${t.handoffBytesPerToken} B/token` : `+${t.addedBytes} B`);
 
 /** The probed ops shown: the named op's scope, with the ops just before and after it. */
 function probeRows(r: BisectResult): OpFigure[] {
@@ -79,6 +81,13 @@ export function summaryText(r: BisectResult): string {
   if (r.device?.divergence && !r.device.divergence.nonFinite) lines.push(`  there:       the x86 simulator gave ${verdictText(r.device.simulatorAt)}, the host runtime ${verdictText(r.device.hostAt)}`);
   if (r.device) lines.push(`  note:        ${r.device.note}`);
   if (r.link && !r.fault && !r.simFault) lines.push(`  link:        ${r.link}`);
+  const h = r.handoff;
+  if (h) {
+    lines.push(`  link:        ${h.link} (${h.variant}: the gate chose ${h.choice.dtype}: ${h.choice.why})`);
+    if (h.boundary) lines.push(`  hand-off:    ${boundaryText(h.boundary)}`);
+    if (h.first) lines.push(`  first step:  ${stepText(h.first)}`);
+    for (const b of h.boundaries) lines.push(`    ${b.value.padEnd(8)} ${b.from} → ${b.to}: max |value| ${num(b.maxAbs)} at ${b.maxAt}, past 65504 on ${b.overflowSteps} of ${b.steps} steps`);
+  }
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   if (r.trials.length) {
@@ -169,6 +178,13 @@ export function bisectHtml(r: BisectResult): string {
   }
   if (r.quantOp) parts.push(...quantOpHtml(r.quantOp));
   else if (r.quantOpError) parts.push('<h2 id="quant-op">Op by op</h2>', `<p class="bad">The op probe failed: ${esc(r.quantOpError)}</p>`);
+  const h = r.handoff;
+  if (h) {
+    parts.push('<h2 id="handoff">Residual hand-offs between contexts</h2>', `<p>Link <b>${h.link}</b>: every graph holds teacher-forced, but the recipe requires f16 hand-offs and the gate refused them for ${esc(h.variant)} (${esc(h.choice.why)}). The shipped one-token graphs chained with float32 and with f16 hand-offs: ${h.boundary ? `the hand-off named is <b>${esc(boundaryText(h.boundary))}</b>` : esc(h.unnamed ?? '')}${h.first ? `; the f16 chain first leaves HF at ${esc(stepText(h.first))}` : ''}.</p>`, table({
+      head: ['hand-off', 'from', 'to', 'after layer', 'max |value| (float32 chain)', 'at', 'steps past 65504', ''],
+      rows: h.boundaries.map((b) => [b.value, b.from, b.to, b.afterLayer === null ? '-' : String(b.afterLayer), num(b.maxAbs), b.maxAt, `${b.overflowSteps} of ${b.steps}`, b.value === h.boundary?.value ? '✗' : '']),
+    }));
+  }
   if (r.drift?.first) {
     const d = r.drift, f = d.first!;
     parts.push('<h2 id="drift">Free-running drift</h2>', `<p>The shipped decode graphs chained on the CPU (each shard feeding the next, then the lm-head), fed HF's tokens: until the first step where its choice differs, that is the free-running chain. First divergent token: prompt ${f.prompt} step ${f.step}, HF picks ${f.hf.token} by ${f.hf.margin.toFixed(4)} over ${f.hf.runnerUp}; the shipped chain picks ${f.shippedToken}.</p>`,
@@ -194,7 +210,7 @@ export function bisectHtml(r: BisectResult): string {
   }));
   if (r.suspects?.length) parts.push('<h2>Suspects</h2>', `<ul>${r.suspects.map((s) => `<li>layer ${s.layer}: ${esc(s.why)}</li>`).join('')}</ul>`);
   if (r.trials.length) {
-    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the gate that failed (oracle, or emulation for an fp16 fix) with the recipe\'s cached stages and the override below; ranked among those that restore it by cost: weight bytes added, then ops added.</p>', table({
+    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the gate that failed (oracle, or emulation for an fp16 fix) with the recipe\'s cached stages and the override below; ranked among those that restore it by cost: weight bytes added, then ops added, then hand-off bytes per token.</p>', table({
       head: ['rank', 'fix', 'override', 'cost', r.simulator ? 'simulator min cosine' : 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
       rows: r.trials.map((t) => [t.ok ? String(r.fixes.indexOf(t) + 1) : '-', t.label, fixText(t), cost(t), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
     }));

@@ -27,7 +27,8 @@ import { layerFigures, locateMiss, type LayerFigures, type Miss } from './locate
 import { scanSteps, type StepScan } from './steps.js';
 import { layersAlone, type AloneFigure } from './alone.js';
 import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial } from './fixes.js';
-import { applyOverrides } from './apply.js';
+import { applyHandoff, applyOverrides } from './apply.js';
+import { handoffBisect, handoffOnly, type HandoffFindings } from './handoff-bisect.js';
 import { writeBisectOutput } from './report.js';
 import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
@@ -106,7 +107,7 @@ export interface BisectResult {
   /** The trials that restore the gate, cheapest first. */
   fixes: Trial[];
   chosen?: Trial;
-  applied?: { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[] };
+  applied?: { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[]; handoff?: 'f32' };
   /** --target emulation: the simulator gate's figures, and when it failed, the graph, the op and link compile/fp16. */
   simulator?: SimulatorFindings['simulator'];
   simFault?: SimulatorFindings['simFault'];
@@ -124,6 +125,8 @@ export interface BisectResult {
   runtime?: RuntimeFindings;
   /** --target adb: the runtime on the phone (the parity gate over adb), when the host and the simulator hold. */
   device?: DeviceFindings;
+  /** Link hand-off: the gate failed only on the f16 residual hand-offs between contexts; which one, and the first step it leaves HF. */
+  handoff?: HandoffFindings;
   seconds: number;
 }
 
@@ -136,11 +139,11 @@ export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulatio
  * gate with `until: 'parity'` on `target` (default host) (cached stages), into a throwaway output dir
  * and returns the record with the gates' results (a failed gate's result is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; prompts?: TraceInput[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; handoff?: 'f32'; prompts?: TraceInput[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.handoff ? { handoff: o.handoff } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
     const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
@@ -221,6 +224,26 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     writeBisectOutput(outDir, result);
     return result;
   };
+  const handoffChoice = handoffOnly(base.oracle, settings.handoff);
+  if (handoffChoice) {
+    verdicts.oracle = 'hand-off';
+    const ckptDir = readCheckpointRef(base.dirs.fetch!).absDir;
+    const family = getFamily(recipe.family) as Family<unknown>;
+    const configFile = join(ckptDir, 'config.json');
+    const found = await handoffBisect({
+      family, config: family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile), traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, arch: arch.id, choice: handoffChoice, log,
+      rebuild: async () => {
+        const r = await chain({ handoff: 'f32', verbose: req.verbose, quiet: true });
+        return { ...(r.oracle ? { oracle: r.oracle } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
+      },
+    });
+    Object.assign(result, { handoff: found.handoff, trials: found.trials, fixes: rank(found.trials), message: found.message });
+    result.chosen = result.fixes[0];
+    result.layer = found.handoff.boundary?.afterLayer ?? undefined;
+    result.verdict = result.chosen ? 'fixed' : 'unfixed';
+    if (req.apply && result.chosen?.handoff) result.applied = applyHandoff(file, arch.id, result.chosen.handoff);
+    return finish();
+  }
   const miss = locateMiss(base.oracle, thresholds);
   verdicts.oracle = miss ? miss.link : null;
   if (!miss) {

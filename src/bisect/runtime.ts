@@ -9,15 +9,15 @@ import type { Mismatch, paritySummary, VariantResult } from '../gates/parity.js'
 import type { DriftResult } from './drift.js';
 
 /** The chain's links in order; bisect names the first that breaks. */
-export type Link = 'export' | 'quantization' | 'drift' | 'runtime' | 'compile/fp16' | 'device';
+export type Link = 'export' | 'quantization' | 'hand-off' | 'drift' | 'runtime' | 'compile/fp16' | 'device';
 
 /**
  * What bisect learnt of each link, in chain order: `undefined` where that link was not run (a later
  * link is only built when the earlier ones hold, or the target does not reach it).
  */
 export interface LinkVerdicts {
-  /** The oracle gate's first miss (its link), or null when every teacher-forced graph holds. */
-  oracle: 'export' | 'quantization' | null;
+  /** The oracle gate's first miss (its link; hand-off when only the f16 hand-off chain failed it), or null when it holds. */
+  oracle: 'export' | 'quantization' | 'hand-off' | null;
   /** The TypeScript-chained shipped graphs leave HF's greedy path. */
   drift?: boolean;
   /** The native runtime on the host CPU holds parity (no failure, no mismatch beyond the tie margin). */

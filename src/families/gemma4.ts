@@ -294,8 +294,10 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
   const { hidden: H, eps } = c;
   const { heads, kvHeads, headDim: d, ffn, type, kvFrom } = c.layer[i];
   const p = layerPrefix(i);
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1);
-  const norm = (x: string, name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]).then((wt) => rmsNorm(g, x, wt, eps));
+  // Ops named as the checkpoint's modules (`layers.3/self_attn.q_norm/Mul` under the caller's
+  // `layers.i` scope): forge bisect's probes name them, and recipe `rescale` lines reach the norms.
+  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(name, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1));
+  const norm = (x: string, name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]).then((wt) => rmsNorm(g, x, wt, eps, name));
   const rope = s.rope[type]!;
 
   const xn = await norm(x, 'input_layernorm', H);
@@ -305,7 +307,7 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
   if (kvFrom === i) {
     const k = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, 1), 'self_attn.k_norm', d), rope);
     // v_norm: RMSNorm without a weight.
-    const v = rmsNorm(g, splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, 1), g.constFloat32([1], []), eps);
+    const v = rmsNorm(g, splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, 1), g.constFloat32([1], []), eps, 'self_attn.v_norm');
     const row = [1, kvHeads, 1, d];
     kv = { k: g.output(k, newKv('k', i), { shape: row }), v: g.output(v, newKv('v', i), { shape: row }) };
     s.outputs.push(io(kv.k, row), io(kv.v, row));
@@ -407,10 +409,10 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
   let x = x0;
   for (const [k, i] of layers.entries()) {
     probes[ple[k]] = io(`ple.${i}`, [1, 1, P]);
-    x = await gemma4Layer(g, c, i, x, ple[k], w, sio);
+    x = await g.scoped(`layers.${i}`, () => gemma4Layer(g, c, i, x, ple[k], w, sio));
     if (i < s.last || s.isLast) probes[x] = io(`h.${i + 1}`, [1, 1, H]);
   }
-  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H]), c.eps);
+  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H]), c.eps, 'final_norm');
   const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
   const outputs = [io(hiddenOut, [1, 1, H]), ...sio.outputs];
   if (s.isLast && s.lmHeadInside) outputs.push(io(await logits(g, c, hiddenOut, w), [1, 1, c.vocab]));

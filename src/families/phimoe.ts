@@ -139,17 +139,30 @@ export const phimoe: Family<PhimoeConfig> = {
 const f32 = 'float32' as const;
 const io = (name: string, shape: number[], dtype: ElemType = f32): TensorIO => ({ name, dtype, shape });
 
+/**
+ * An op's name scope within its layer's (`self_attn.q_proj` for model.layers.3.self_attn.q_proj,
+ * `final_norm` for model.norm, as decoder.ts names it): with the caller's `layers.i` its nodes read `layers.3/self_attn.q_proj/Gemm`,
+ * as qwen3's do, which forge bisect's probes name.
+ */
+const opScope = (name: string) => (name === 'model.norm' ? 'final_norm' : name.replace(/^model\.(layers\.\d+\.)?/, ''));
+
 async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number): Promise<string> {
-  const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n);
-  return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]])]);
+  return g.scoped(opScope(name), async () => {
+    const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n);
+    return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]])]);
+  });
 }
 
 async function norm(g: GraphBuilder, w: GraphWeights, x: string, name: string, size: number, eps: number): Promise<string> {
-  return layerNorm(g, x, await w.store.small(g, `${name}.weight`, [size]), await w.store.small(g, `${name}.bias`, [size]), eps);
+  return g.scoped(opScope(name), async () => layerNorm(g, x, await w.store.small(g, `${name}.weight`, [size]), await w.store.small(g, `${name}.bias`, [size]), eps));
 }
 
 /** Layer l's attention and router over n tokens: h.l → attn_res (residual), moe_in (hand-off), router_logits, new K/V rows. */
 async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: number, n: number, w: GraphWeights): Promise<GraphInterface> {
+  return g.scoped(`layers.${l}`, () => attnRouterOps(g, c, l, ctx, n, w));
+}
+
+async function attnRouterOps(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: number, n: number, w: GraphWeights): Promise<GraphInterface> {
   const { hidden: H, heads, kvHeads, headDim: d } = c;
   const x = g.input('hidden_in', f32, [1, n, H]);
   const position = g.input('position', 'int32', [n]);
@@ -169,7 +182,8 @@ async function attnRouterGraph(g: GraphBuilder, c: PhimoeConfig, l: number, ctx:
   const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n);
   const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, n, H] });
   const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, n, H] });
-  const logits = g.output(await w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, n), 'router_logits', { shape: [1, n, c.experts] });
+  const router = await g.scoped('block_sparse_moe.gate', () => w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, n));
+  const logits = g.output(router, 'router_logits', { shape: [1, n, c.experts] });
   return {
     inputs: [io(x, [1, n, H]), io(position, [n], 'int32'), io(mask, [1, 1, n, ctx + n]), io(pastK, [1, kvHeads, ctx, d]), io(pastV, [1, kvHeads, ctx, d])],
     outputs: [io(attnRes, [1, n, H]), io(moeIn, [1, n, H]), io(logits, [1, n, c.experts]), io(newK, [1, kvHeads, n, d]), io(newV, [1, kvHeads, n, d])],
