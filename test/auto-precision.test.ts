@@ -3,18 +3,17 @@
 // stage promotes that layer, and only it; tiny-qwen3.5-auto, which fails parity at w4 everywhere,
 // gets the layers that make it pass.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { cacheRoot } from '../src/paths.js';
 import type { PrecisionResult } from '../src/quant/auto.js';
 import { getFamily } from '../src/families/index.js';
 import { makePlan } from '../src/plan/shards.js';
 import { getArch } from '../src/arch/table.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
+import { recipeSandbox, stageEntry } from './helpers/recipe-sandbox.js';
 
 const HOSTILE_LAYER = 2;
 /**
@@ -27,13 +26,9 @@ const MIN_COSINE = 0.95;
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-auto-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-auto-')));
 
-const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const entry = stageEntry;
 
 describe('quant auto', () => {
   it('promotes the one layer made W4-hostile, and only it, and the build is green with every gate', async () => {

@@ -6,24 +6,20 @@
 // logit difference there, and a precision fix after which the chain follows HF. Plus the attribution's
 // arithmetic on numbers.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { cpSync, existsSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { tmpdir } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { attribute } from '../src/bisect/drift.js';
 import type { BisectResult } from '../src/bisect/run.js';
+import { recipeSandbox } from './helpers/recipe-sandbox.js';
 
 const PINNED = 2;
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-drift-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-drift-')));
 
 describe('forge bisect: free-running drift', () => {
   it('names the first divergent token, the margins and the layer that moves the logits, and a fix after which the chain follows HF', async () => {

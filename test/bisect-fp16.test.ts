@@ -6,15 +6,13 @@
 // and with which the plain build's simulator gate passes. A healthy twin is "no fault" on the simulator, quickly from the cache.
 // Plus the pure parts: the rewrite is the same function, the candidates and their scale.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { tmpdir } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeFp16Hostile } from './helpers/fp16-overflow.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { cacheRoot } from '../src/paths.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { encodeModel } from '../src/onnx/writer.js';
@@ -22,16 +20,13 @@ import { rmsNorm } from '../src/families/blocks.js';
 import { rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
 import type { BisectResult } from '../src/bisect/run.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-fp16-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp16-')));
 
-const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const entry = stageEntry;
 
 describe('forge bisect --target emulation', () => {
   it('names the op that overflows fp16 on the simulator, the link compile/fp16, and the rescale that makes the simulator gate pass', async () => {
@@ -39,15 +34,13 @@ describe('forge bisect --target emulation', () => {
     expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'fp16-hostile');
     await makeFp16Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, 2, 1024);
-    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
-    r.id = 'tiny-qwen3-fp16-hostile';
-    r.source = { kind: 'local', path: hostile };
-    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
-    const recipeFile = join(recipes, r.id, 'recipe.json');
-    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+    const id = 'tiny-qwen3-fp16-hostile';
+    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+      r.source = { kind: 'local', path: hostile };
+    });
 
     const out = join(work, 'bisect');
-    const run = await forge(['bisect', r.id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
     expect(run.code, run.stderr).toBe(0);
     const b = lastJson(run.stdout) as BisectResult;
     // The CPU chain holds (fp32 and the shipped w8 graphs within tolerance): not quantization's doing.
@@ -79,7 +72,7 @@ describe('forge bisect --target emulation', () => {
     console.log(`[measured] bisect --target emulation on the fp16-hostile twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
 
     // The plain build of the recipe now passes the simulator gate, from the trial's cache.
-    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
     const rec = lastJson(rebuilt.stdout);
     expect(rec.gates.emulation.ok, rebuilt.stderr).toBe(true);
     expect(rec.stages.find((s: { name: string }) => s.name === 'emulation').status).toBe('cached');

@@ -4,7 +4,7 @@
 // naming both; a file that is neither a run record nor a qhx_generate result refused naming it). On
 // the healthy tiny-qwen3 twin; plus the pure parts: the --from parser and the start it resolves.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
@@ -15,6 +15,7 @@ import { firstRunDivergence } from '../src/bisect/runtime-run.js';
 import type { TracePrompt } from '../src/gates/trace.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { RunRecord } from '../src/engine/record.js';
+import { recipeSandbox } from './helpers/recipe-sandbox.js';
 
 // A passage start the twin memorised (oracles/twin_corpus.py) that is not among the recipe's gates.prompts:
 // a confident continuation, so the healthy twin stays healthy on it.
@@ -22,11 +23,7 @@ const PROMPT = 'Water boils at a temperature of';
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-from-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-from-')));
 
 const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 const traceOf = (b: BisectResult) => JSON.parse(readFileSync(join(cacheRoot(), 'trace', b.build.stages.find((s) => s.name === 'trace')!.key!, 'trace.json'), 'utf8')) as { prompts: TracePrompt[] };

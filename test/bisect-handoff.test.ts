@@ -7,14 +7,13 @@
 // plain build then passes. Plus the pure parts: when the gate failed on the hand-off alone, the
 // greedy-flip rule, the candidate's cost and its rank, and --apply's recipe edit.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeHandoffHostile } from './helpers/handoff-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { cacheRoot } from '../src/paths.js';
 import { Trace } from '../src/gates/trace.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { handoffCandidate, handoffOnly } from '../src/bisect/handoff-bisect.js';
@@ -24,19 +23,16 @@ import { applyHandoff } from '../src/bisect/apply.js';
 import { archSettings, parseRecipe } from '../src/recipe/load.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { HandoffChoice, OracleResult } from '../src/gates/oracle.js';
+import { recipeSandbox, stageEntry } from './helpers/recipe-sandbox.js';
 
 const LAYER = 2; // the last layer of tiny-gemma4's first shard ([0, 2], [3, 7])
 const LOG2_SCALE = 14;
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-handoff-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-handoff-')));
 
-const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const entry = stageEntry;
 
 /** Every traced step's logits of two traces of the same prompts: the largest |difference|, and the largest |h.i| of the second. */
 async function compareTraces(a: string, b: string, layer: number): Promise<{ logits: number; steps: number; minResidualMax: number }> {

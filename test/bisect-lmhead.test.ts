@@ -3,28 +3,23 @@
 // block, the function unchanged) and shipped with its lm-head at w4. Every layer's outputs hold;
 // bisect names the lm-head, and its one matrix at w8 is the fix --apply writes.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeLmHeadW4Hostile } from './helpers/w4-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { cacheRoot } from '../src/paths.js';
 import { lmHeadCandidates } from '../src/bisect/fixes.js';
 import { PrecisionChooser } from '../src/quant/precision.js';
 import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { TensorSpec } from '../src/families/types.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-lmhead-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-lmhead-')));
 
-const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const entry = stageEntry;
 
 describe('forge bisect, the lm-head', () => {
   it('names the lm-head when only the logits leave tolerance, and its w8 fix restores the gate', async () => {
@@ -32,16 +27,14 @@ describe('forge bisect, the lm-head', () => {
     expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'hostile-head');
     await makeLmHeadW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile);
-    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
-    r.id = 'tiny-qwen3-hostile-head';
-    r.source = { kind: 'local', path: hostile };
-    r.arch.default.quant = 'w4';
-    r.arch.default.lmHead = { ...r.arch.default.lmHead, quant: 'w4' };
-    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
-    const recipeFile = join(recipes, r.id, 'recipe.json');
-    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+    const id = 'tiny-qwen3-hostile-head';
+    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+      r.source = { kind: 'local', path: hostile };
+      r.arch.default.quant = 'w4';
+      r.arch.default.lmHead = { ...r.arch.default.lmHead, quant: 'w4' };
+    });
 
-    const run = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--json', '--out', join(work, 'bisect')], { FORGE_RECIPES: recipes });
+    const run = await forge(['bisect', id, '--arch', 'v81', '--apply', '--json', '--out', join(work, 'bisect')], { FORGE_RECIPES: recipes });
     expect(run.code, run.stderr).toBe(0);
     const b = lastJson(run.stdout) as BisectResult;
     expect(b.fault).toMatchObject({ link: 'quantization', layer: null, output: 'logits' });
@@ -55,7 +48,7 @@ describe('forge bisect, the lm-head', () => {
 
     // --apply wrote it; the plain build passes the oracle gate from the trial's cached stages.
     expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.overrides[0]).toEqual(b.chosen!.overrides[0]);
-    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
     expect(lastJson(rebuilt.stdout).gates.oracle.ok, rebuilt.stderr).toBe(true);
   }, 900_000);
 

@@ -6,14 +6,13 @@
 // a healthy twin is reported as such from the cache. Plus the pure parts: the first miss in model
 // order and the candidate overrides with their bytes.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { cpSync, existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
-import { cacheRoot } from '../src/paths.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { firstFailedRow, locateMiss } from '../src/bisect/locate.js';
 import { candidates, shortName } from '../src/bisect/fixes.js';
@@ -23,18 +22,15 @@ import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { OracleResult, OracleRow } from '../src/gates/oracle.js';
 import type { TensorSpec } from '../src/families/types.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 
 const HOSTILE_LAYER = 2;
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-')));
 
-const entry = (rec: { stages: Array<{ name: string; key?: string }> }, stage: string) => join(cacheRoot(), stage, rec.stages.find((s) => s.name === stage)!.key!);
+const entry = stageEntry;
 const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 
 describe('forge bisect', () => {
@@ -44,16 +40,14 @@ describe('forge bisect', () => {
     const hostile = join(work, 'hostile');
     await makeW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, HOSTILE_LAYER);
     // The twin at plain w4, the recipe's own w4 threshold (gates.oracle.w4MinCosine, default 0.85).
-    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
-    r.id = 'tiny-qwen3-hostile-w4';
-    r.source = { kind: 'local', path: hostile };
-    r.arch.default.quant = 'w4';
-    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
-    const recipeFile = join(recipes, r.id, 'recipe.json');
-    writeFileSync(recipeFile, JSON.stringify(r, null, 2));
+    const id = 'tiny-qwen3-hostile-w4';
+    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+      r.source = { kind: 'local', path: hostile };
+      r.arch.default.quant = 'w4';
+    });
 
     const out = join(work, 'bisect-hostile');
-    const run = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    const run = await forge(['bisect', id, '--arch', 'v81', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
     expect(run.code, run.stderr).toBe(0);
     expect(run.stderr).not.toMatch(/\n\s+at /);
     const b = lastBisect(run.stdout);
@@ -100,13 +94,13 @@ describe('forge bisect', () => {
     expect(b.applied!.file).toBe(recipeFile);
     const applied = JSON.parse(readFileSync(recipeFile, 'utf8'));
     expect(applied.arch.default.overrides[0]).toEqual(chosen.overrides[0]);
-    const rebuilt = await forge(['build', r.id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'rebuilt')], { FORGE_RECIPES: recipes });
     const rec = lastJson(rebuilt.stdout);
     expect(rec.gates.oracle.ok, rebuilt.stderr).toBe(true);
     // The line written is the one gated: the rebuild finds the trial's quantize export and gate in the cache.
     expect(rec.stages.find((s: { name: string }) => s.name === 'oracle').status).toBe('cached');
     // Bisect again: the fixed recipe passes, nothing left to find.
-    const again = await forge(['bisect', r.id, '--arch', 'v81', '--apply', '--out', join(work, 'bisect-again')], { FORGE_RECIPES: recipes });
+    const again = await forge(['bisect', id, '--arch', 'v81', '--apply', '--out', join(work, 'bisect-again')], { FORGE_RECIPES: recipes });
     expect(again.code, again.stderr).toBe(0);
     expect(again.stdout).toMatch(/no fault: every graph within tolerance/);
 

@@ -5,16 +5,13 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { FAKE_QAIRT_VERSION, makeFakeQairt } from './helpers/fake-qairt.js';
 import { forge, lastJson } from './helpers/forge-cli.js';
+import { recipeSandbox } from './helpers/recipe-sandbox.js';
 
 const statuses = (record: { stages: Array<{ name: string; status: string }> }) => Object.fromEntries(record.stages.map((s) => [s.name, s.status]));
 
 let work: string;
 let recipes: string;
-beforeAll(() => {
-  work = mkdtempSync(join(tmpdir(), 'forge-cli-'));
-  recipes = join(work, 'recipes');
-  cpSync('recipes', recipes, { recursive: true });
-});
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-cli-')));
 
 /** A private copy of the recipes: a test that edits one cannot change what another test builds. */
 function ownRecipes(name: string): string {
