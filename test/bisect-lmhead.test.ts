@@ -57,8 +57,10 @@ describe('forge bisect, the lm-head', () => {
     expect(lmHeadCandidates([head], 'w4', []).map((c) => [c.label, c.addedBytes])).toEqual([['lm-head lm_head w4→w8', storedBytes(head, 'w8') - storedBytes(head, 'w4')]]);
     const [c] = lmHeadCandidates([head], 'w8', []);
     expect(new PrecisionChooser(c.overrides).choose('lm_head.weight', 'w8').scheme).toBe('fp16');
-    // Pinned at fp16 already (or an fp16 lm-head): nothing to promote.
-    expect(lmHeadCandidates([head], 'w4', [{ match: 'lm_head\\.weight', quant: 'fp16' }])).toEqual([]);
-    expect(lmHeadCandidates([head], 'fp16', [])).toEqual([]);
+    // Pinned at fp16 (or an fp16 lm-head): fp32 next; at fp32 already: nothing to promote.
+    expect(lmHeadCandidates([head], 'w4', [{ match: 'lm_head\\.weight', quant: 'fp16' }]).map((c) => c.label)).toEqual(['lm-head lm_head fp16→fp32']);
+    expect(lmHeadCandidates([head], 'fp16', []).map((c) => c.addedBytes)).toEqual([storedBytes(head, 'fp32') - storedBytes(head, 'fp16')]);
+    expect(lmHeadCandidates([head], 'w4', [{ match: 'lm_head\\.weight', quant: 'fp32' }])).toEqual([]);
+    expect(lmHeadCandidates([head], 'fp32', [])).toEqual([]);
   });
 });

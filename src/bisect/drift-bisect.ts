@@ -93,7 +93,8 @@ export async function driftFixes(c: DriftContext, d: DriftResult): Promise<Trial
   const against = d.layers!.filter((l) => l.contribution < 0);
   const layer = (against[0] ?? d.layers![0]).layer;
   const at = d.attributedAt ?? d.first!;
-  const { single, whole } = candidates(layer, tensors[layer], c.scheme, c.overrides, c.precision, `the greedy ${d.attributedAt ? 'runtime' : 'chain'} flips at prompt ${at.prompt} step ${at.step}`);
+  const { single, whole } = candidates(layer, tensors[layer], c.scheme, c.overrides, c.precision, `the greedy ${d.attributedAt ? 'runtime' : 'chain'} flips at prompt ${at.prompt} step ${at.step}`,
+    d.attributedAt ? 'the parity gate (the runtime follows HF)' : "HF's greedy continuation (the chained shipped graphs follow it)");
   const trials: Trial[] = [];
   // The whole layer first (one rebuild answers whether precision fixes it at all), then single matrices while they are cheaper.
   for (const cand of [whole, ...single].filter((x): x is NonNullable<typeof x> => !!x)) {

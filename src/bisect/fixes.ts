@@ -1,5 +1,5 @@
 // forge bisect: the fix search. For the layer found, each matmul weight is tried alone at the next
-// precision up (w4 → w8, w8 → fp16) as a recipe override, rebuilt through the oracle gate with the
+// precision up (w4 → w8, w8 → fp16, fp16 → fp32) as a recipe override, rebuilt through the oracle gate with the
 // normal cached stages (only the stages the overrides reach re-run) and re-gated; when no single
 // matrix restores the gate, the whole layer one step up. The fixes that restore it are ranked by the
 // bytes they add (quant/bytes.ts, the plan's own count).
@@ -12,8 +12,11 @@ import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
 import type { OracleResult } from '../gates/oracle.js';
 import { firstFailedRow, shippedFloor, SHIPPED_VARIANT } from './locate.js';
 
-/** The precision a matrix is tried at next: one rung up the ladder the `auto` stage climbs. */
-export const NEXT: Partial<Record<QuantScheme, QuantScheme>> = { w4: 'w8', w8: 'fp16' };
+/**
+ * The precision a matrix is tried at next: one rung up (the `auto` stage climbs w4 → w8; fp16 → fp32
+ * is for a weight fp16 cannot hold: past 65504 it is Inf, under 6e-8 it is gone, where bf16 keeps both).
+ */
+export const NEXT: Partial<Record<QuantScheme, QuantScheme>> = { w4: 'w8', w8: 'fp16', fp16: 'fp32' };
 
 export interface Candidate {
   /** `layer 2 mlp.down_proj`, or `layer 2 (7 matrices)` for the whole layer, or `lm-head lm_head w4→w8`. */
@@ -54,12 +57,13 @@ export const shortName = (name: string, layer: number) => name.replace(new RegEx
 /**
  * The candidates for `layer`: each movable matmul weight alone, then the whole layer. A matrix's
  * precision now is what the shipped export gave it (the recipe's overrides, then auto's map, then
- * the scheme); one already at fp16 or fp32 has no rung up and is left out. `without`: what the gate
- * saw before, for the lines' `why` (written as gated, so --apply's recipe rebuilds from the cache).
+ * the scheme); one already at fp32 has no rung up and is left out. `without`: what the gate
+ * saw before, and `restores`: what judges the fix, for the lines' `why` (written as gated, so
+ * --apply's recipe rebuilds from the cache).
  */
-export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): { single: Candidate[]; whole?: Candidate } {
+export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = '', restores = 'the oracle gate'): { single: Candidate[]; whole?: Candidate } {
   const moves = rungUp(tensors, scheme, overrides, map);
-  const make = (label: string, ms: Move[]) => candidateOf(label, layer, ms, without);
+  const make = (label: string, ms: Move[]) => candidateOf(label, layer, ms, without, restores);
   const single = moves.map((m) => make(`layer ${layer} ${shortName(m.t.name, layer)} ${m.from}→${m.to}`, [m]));
   return { single, ...(moves.length > 1 ? { whole: make(`layer ${layer} whole (${moves.length} matrices)`, moves) } : {}) };
 }
@@ -70,7 +74,7 @@ export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantSc
  * the logits (every layer's probes within tolerance) is the lm-head's own.
  */
 export function lmHeadCandidates(tensors: TensorSpec[], lmHeadScheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = ''): Candidate[] {
-  return rungUp(tensors, lmHeadScheme, overrides, map).map((m) => candidateOf(`lm-head ${m.t.name.replace(/\.weight$/, '')} ${m.from}→${m.to}`, undefined, [m], without));
+  return rungUp(tensors, lmHeadScheme, overrides, map).map((m) => candidateOf(`lm-head ${m.t.name.replace(/\.weight$/, '')} ${m.from}→${m.to}`, undefined, [m], without, 'the oracle gate'));
 }
 
 interface Move { t: TensorSpec; from: QuantScheme; to: QuantScheme }
@@ -85,14 +89,14 @@ function rungUp(tensors: TensorSpec[], scheme: QuantScheme, overrides: Precision
   });
 }
 
-function candidateOf(label: string, layer: number | undefined, ms: Move[], without: string): Candidate {
+function candidateOf(label: string, layer: number | undefined, ms: Move[], without: string, restores: string): Candidate {
   // One quant per override line: matrices bound for different rungs (a whole layer whose matrices
   // stand on different ones) get a line per rung, each matrix one step up from where it is.
   const rungs = ms.map((m) => m.to).filter((x, i, a) => a.indexOf(x) === i);
   return {
     label, ...(layer !== undefined ? { layer } : {}),
     tensors: ms.map((m) => ({ name: m.t.name, from: m.from, to: m.to })),
-    overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores the oracle gate${without ? ` (${without} without it)` : ''}` })),
+    overrides: rungs.map((to) => ({ match: ms.filter((m) => m.to === to).map((m) => escapeRe(m.t.name)).join('|'), quant: to, why: `forge bisect: ${label} restores ${restores}${without ? ` (${without} without it)` : ''}` })),
     addedBytes: ms.reduce((a, m) => a + storedBytes(m.t, m.to) - storedBytes(m.t, m.from), 0),
   };
 }

@@ -1,6 +1,6 @@
 // forge bisect, when the oracle gate is first left at the logits while every layer's outputs (the
 // residual probes h.i, the K/V rows) hold: the lm-head's own matrices. Each is tried one rung up
-// (w4 → w8, w8 → fp16) as a recipe override, rebuilt through the oracle gate and judged, as the
+// (w4 → w8 → fp16 → fp32) as a recipe override, rebuilt through the oracle gate and judged, as the
 // layers' matrices are (fixes.ts).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -24,7 +24,7 @@ export interface LmHeadSearch {
   tryOne: (c: Candidate) => Promise<Trial>;
 }
 
-/** Tries every lm-head candidate; false when there was none to try (every matrix at fp16 or above). */
+/** Tries every lm-head candidate; false when there was none to try (every matrix at fp32 already). */
 export async function searchLmHead(s: LmHeadSearch): Promise<boolean> {
   const family = getFamily(s.family as never) as Family<unknown>;
   const configFile = join(s.checkpointDir, 'config.json');

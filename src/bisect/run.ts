@@ -382,7 +382,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     result.verdict = result.chosen ? 'fixed' : 'unfixed';
     result.message = result.chosen
       ? `${link}; ${result.fixes.length} of ${result.trials.length} candidates restore the gate, the cheapest: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)`
-      : `${link}; ${found ? `no candidate restores the gate (tried ${result.trials.map((t) => t.label).join(', ')})` : 'its matrices are already at fp16 or above: nothing to promote'}`;
+      : `${link}; ${found ? `no candidate restores the gate (tried ${result.trials.map((t) => t.label).join(', ')})` : 'its matrices are already at fp32: nothing to promote'}`;
     if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
     return finish();
   }
@@ -410,7 +410,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     result.suspects.push({ layer: s.layer, why: why(s, i) });
     const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, `${miss.graph} ${miss.output} ${seen}`);
     if (!single.length) {
-      log(`layer ${s.layer}: every matrix already at fp16 or above: nothing to promote`);
+      log(`layer ${s.layer}: every matrix already at fp32: nothing to promote`);
       continue;
     }
     log(`layer ${s.layer} (alone ${fmt(s.cosine)}): each matrix one precision up`);
