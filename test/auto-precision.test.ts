@@ -13,7 +13,7 @@ import { getFamily } from '../src/families/index.js';
 import { makePlan } from '../src/plan/shards.js';
 import { getArch } from '../src/arch/table.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
-import { recipeSandbox, stageEntry } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, stageEntry, twinCheckpoint } from './helpers/recipe-sandbox.js';
 
 const HOSTILE_LAYER = 2;
 /**
@@ -32,10 +32,8 @@ const entry = stageEntry;
 
 describe('quant auto', () => {
   it('promotes the one layer made W4-hostile, and only it, and the build is green with every gate', async () => {
-    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
-    expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'hostile');
-    await makeW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, HOSTILE_LAYER);
+    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, HOSTILE_LAYER);
 
     const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
     r.id = 'tiny-qwen3-hostile';

@@ -12,7 +12,6 @@ import { pathToFileURL } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeFp16Hostile } from './helpers/fp16-overflow.js';
-import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { encodeModel } from '../src/onnx/writer.js';
@@ -20,20 +19,16 @@ import { rmsNorm } from '../src/families/blocks.js';
 import { rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
 import type { BisectResult } from '../src/bisect/run.js';
-import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
 
 let work: string;
 let recipes: string;
 beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp16-')));
 
-const entry = stageEntry;
-
 describe('forge bisect --target emulation', () => {
   it('names the op that overflows fp16 on the simulator, the link compile/fp16, and the rescale that makes the simulator gate pass', async () => {
-    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
-    expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'fp16-hostile');
-    await makeFp16Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, 2, 1024);
+    await makeFp16Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, 2, 1024);
     const id = 'tiny-qwen3-fp16-hostile';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

@@ -8,8 +8,7 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
-import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
-import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
 import type { BisectResult } from '../src/bisect/run.js';
 
 const LAYER = 2;
@@ -19,10 +18,8 @@ beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp32-')));
 
 describe('forge bisect, fp16 → fp32', () => {
   it('finds the layer whose weights fp16 cannot hold and puts it at fp32', async () => {
-    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
-    expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'fp16-range-hostile');
-    await makeW4Hostile(readCheckpointRef(stageEntry(lastJson(twin.stdout), 'fetch')).absDir, hostile, LAYER, 2 ** 20);
+    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, LAYER, 2 ** 20);
     const id = 'tiny-qwen3-fp16-range';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

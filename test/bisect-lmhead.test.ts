@@ -7,26 +7,21 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeLmHeadW4Hostile } from './helpers/w4-hostile.js';
-import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { lmHeadCandidates } from '../src/bisect/fixes.js';
 import { PrecisionChooser } from '../src/quant/precision.js';
 import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { TensorSpec } from '../src/families/types.js';
-import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
 
 let work: string;
 let recipes: string;
 beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-lmhead-')));
 
-const entry = stageEntry;
-
 describe('forge bisect, the lm-head', () => {
   it('names the lm-head when only the logits leave tolerance, and its w8 fix restores the gate', async () => {
-    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
-    expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'hostile-head');
-    await makeLmHeadW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile);
+    await makeLmHeadW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile);
     const id = 'tiny-qwen3-hostile-head';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

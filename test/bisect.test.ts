@@ -12,7 +12,6 @@ import { tmpdir } from 'node:os';
 import { pathToFileURL } from 'node:url';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
-import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { firstFailedRow, locateMiss } from '../src/bisect/locate.js';
 import { candidates, shortName } from '../src/bisect/fixes.js';
@@ -22,7 +21,7 @@ import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { OracleResult, OracleRow } from '../src/gates/oracle.js';
 import type { TensorSpec } from '../src/families/types.js';
-import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
 
 const HOSTILE_LAYER = 2;
 
@@ -30,15 +29,12 @@ let work: string;
 let recipes: string;
 beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-')));
 
-const entry = stageEntry;
 const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 
 describe('forge bisect', () => {
   it('finds the W4-hostile layer of a w4 twin, names the link, and the single-matrix W8 fix it applies makes the build pass', async () => {
-    const twin = await forge(['build', 'tiny-qwen3', '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, 'twin')], { FORGE_RECIPES: recipes });
-    expect(twin.code, twin.stderr).toBe(0);
     const hostile = join(work, 'hostile');
-    await makeW4Hostile(readCheckpointRef(entry(lastJson(twin.stdout), 'fetch')).absDir, hostile, HOSTILE_LAYER);
+    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, HOSTILE_LAYER);
     // The twin at plain w4, the recipe's own w4 threshold (gates.oracle.w4MinCosine, default 0.85).
     const id = 'tiny-qwen3-hostile-w4';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
