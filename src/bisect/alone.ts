@@ -7,11 +7,10 @@
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
-import { getFamily } from '../families/index.js';
-import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, runExport, type ExportManifest, type ExportPlan } from '../families/export-stage.js';
 import { runOracleGate } from '../gates/oracle.js';
 import type { PrecisionMap } from '../quant/precision.js';
+import { familyConfig } from './family-config.js';
 
 export interface AloneParams {
   family: FamilyId;
@@ -39,9 +38,8 @@ export const perLayerPlan = (n: number): ExportPlan => ({ shards: Array.from({ l
  * auto does) under `work`, gates each against the trace and removes the files.
  */
 export async function layersAlone(p: AloneParams, checkpointDir: string, traceDir: string, work: string): Promise<AloneFigure[]> {
-  const family = getFamily(p.family) as Family<unknown>;
-  const configFile = join(checkpointDir, 'config.json');
-  const n = family.numLayers(family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile));
+  const { family, config } = familyConfig(p.family, checkpointDir);
+  const n = family.numLayers(config);
   const dir = join(work, 'alone');
   mkdirSync(dir, { recursive: true });
   try {

@@ -6,8 +6,6 @@ import { mkdirSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { getFamily } from '../families/index.js';
-import type { Family } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
 import { openCheckpoint } from '../io/checkpoint.js';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
@@ -16,6 +14,7 @@ import { perLayerPlan, type AloneParams } from './alone.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { scanDrift, type AttributionStep, type DriftResult } from './drift.js';
 import { candidates, type Trial } from './fixes.js';
+import { familyConfig } from './family-config.js';
 
 export interface DriftContext {
   family: string;
@@ -55,9 +54,7 @@ async function lmNames(checkpointDir: string): Promise<{ finalNorm: string; lmHe
  * weighed layer by layer alone: each layer exported as its own graph (alone.ts's plan), fed HF's inputs.
  */
 export async function scanShipped(familyId: string, checkpointDir: string, traceDir: string, quantizeDir: string, alone?: Omit<AloneParams, 'family' | 'minTop1'>, at?: AttributionStep): Promise<DriftResult> {
-  const family = getFamily(familyId as never) as Family<unknown>;
-  const configFile = join(checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config } = familyConfig(familyId, checkpointDir);
   const names = await lmNames(checkpointDir);
   const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-drift-'));
   const first = await scanDrift(family, config, checkpointDir, traceDir, quantizeDir, join(scratch, 'chain'), { ...names, ...(at ? { at } : {}) });
@@ -86,9 +83,7 @@ export function driftMessage(d: DriftResult): string {
 
 /** The fix search: the layer contributing most (by size, pushing away from HF's token) gets its matrices one rung up. */
 export async function driftFixes(c: DriftContext, d: DriftResult): Promise<Trial[]> {
-  const family = getFamily(c.family as never) as Family<unknown>;
-  const configFile = join(c.checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config } = familyConfig(c.family, c.checkpointDir);
   const tensors = (await modelTensors(family, config)).layers;
   const against = d.layers!.filter((l) => l.contribution < 0);
   const layer = (against[0] ?? d.layers![0]).layer;

@@ -2,14 +2,12 @@
 // residual probes h.i, the K/V rows) hold: the lm-head's own matrices. Each is tried one rung up
 // (w4 → w8 → fp16 → fp32) as a recipe override, rebuilt through the oracle gate and judged, as the
 // layers' matrices are (fixes.ts).
-import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { getFamily } from '../families/index.js';
-import type { Family } from '../families/types.js';
 import { headTensors } from '../families/tensors.js';
 import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { lmHeadCandidates, type Candidate, type Trial } from './fixes.js';
+import { familyConfig } from './family-config.js';
 
 export interface LmHeadSearch {
   family: string;
@@ -26,9 +24,7 @@ export interface LmHeadSearch {
 
 /** Tries every lm-head candidate; false when there was none to try (every matrix at fp32 already). */
 export async function searchLmHead(s: LmHeadSearch): Promise<boolean> {
-  const family = getFamily(s.family as never) as Family<unknown>;
-  const configFile = join(s.checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config } = familyConfig(s.family, s.checkpointDir);
   const { lmHead } = await headTensors(family, config);
   const cands = lmHeadCandidates(lmHead, s.lmHeadScheme, s.overrides, s.precision, s.why);
   if (!cands.length) return false;

@@ -15,7 +15,6 @@ import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import * as ort from 'onnxruntime-node';
-import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, graphName, layoutOf, runExport, type ExportManifest, type ExportParams, type GraphEntry } from '../families/export-stage.js';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
@@ -29,6 +28,7 @@ import { perLayerPlan } from './alone.js';
 import { graphOps, OpKeys, pairOps, type GraphOp } from './op-match.js';
 import { layerOf, scopeOf } from './probe.js';
 import { shortName } from './fixes.js';
+import { familyConfig } from './family-config.js';
 
 export interface QuantOpFigure {
   /** The shipped graph's node and op type (`layers.2/MatMulNBits_6`, MatMulNBits), its scope and layer. */
@@ -125,9 +125,7 @@ async function exportLayer(p: ExportParams, family: Family<unknown>, config: unk
  */
 export async function probeQuantOps(p: QuantOpParams, checkpointDir: string, traceDir: string, work: string): Promise<QuantOpProbe> {
   const t0 = performance.now();
-  const family = getFamily(p.family) as Family<unknown>;
-  const configFile = join(checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config, configFile } = familyConfig(p.family, checkpointDir);
   const n = family.numLayers(config);
   if (!Number.isInteger(p.layer) || p.layer < 0 || p.layer >= n) throw new Error(`op probe: layer ${p.layer} is not one of ${configFile}'s ${n} layers`);
   const base = { family: p.family, maxContext: p.maxContext, prefillLength: 0, hostTables: false, ...(p.w8Form ? { w8Form: p.w8Form } : {}) };

@@ -4,7 +4,7 @@
 // stages, reads the gate's result (a failed gate still leaves its oracle.json in the cache: the
 // gate stays as strict as for `forge build`), names the first layer and step that leave tolerance,
 // weighs each layer alone to find the one doing the damage, and rebuilds with candidate overrides.
-import { existsSync, mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
@@ -19,7 +19,6 @@ import type { OracleResult } from '../gates/oracle.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { getFamily } from '../families/index.js';
 import { runtimeHostOps } from '../../pipelines/build.js';
-import type { Family } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
 import { PRECISION_JSON } from '../quant/precision.js';
 import type { PrecisionResult } from '../quant/auto.js';
@@ -43,6 +42,7 @@ import { defaultTarget, fromText, readFromFile, resolveStart, type FromFile } fr
 import { firstRunDivergence, runDivergenceText, type RunDivergence } from './runtime-run.js';
 import { readTraceMeta } from '../gates/trace.js';
 import type { TraceInput } from '../gates/trace-stage.js';
+import { familyConfig } from './family-config.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -203,6 +203,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const buildInfo = { status: base.record.status, seconds: base.record.seconds, stages: base.record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.key ? { key: s.key } : {}) })) };
   if (!base.oracle) throw new Error(`forge bisect: the build of recipe ${recipe.id} (${file}) for ${arch.id} stopped before the oracle gate gave a verdict: ${base.record.error ?? 'no oracle stage ran'}`);
   const layers = layerFigures(base.oracle.rows);
+  // What every later step reads: the checkpoint the build fetched, and auto's precision map when the recipe has one.
+  const ckpt = readCheckpointRef(base.dirs.fetch!).absDir;
+  const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
   let run: RunDivergence | undefined;
   if (from?.kind === 'qhx') {
     // HF's continuation of the run's own prompt ids: where the run's tokens first leave it.
@@ -227,11 +230,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const handoffChoice = handoffOnly(base.oracle, settings.handoff);
   if (handoffChoice) {
     verdicts.oracle = 'hand-off';
-    const ckptDir = readCheckpointRef(base.dirs.fetch!).absDir;
-    const family = getFamily(recipe.family) as Family<unknown>;
-    const configFile = join(ckptDir, 'config.json');
+    const { family, config } = familyConfig(recipe.family, ckpt);
     const found = await handoffBisect({
-      family, config: family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile), traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, arch: arch.id, choice: handoffChoice, log,
+      family, config, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, arch: arch.id, choice: handoffChoice, log,
       rebuild: async () => {
         const r = await chain({ handoff: 'f32', verbose: req.verbose, quiet: true });
         return { ...(r.oracle ? { oracle: r.oracle } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
@@ -248,14 +249,13 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   verdicts.oracle = miss ? miss.link : null;
   if (!miss) {
     // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
-    const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
-    result.drift = await scanShipped(recipe.family, readCheckpointRef(base.dirs.fetch!).absDir, base.dirs.trace!, base.dirs.quantize!,
+    result.drift = await scanShipped(recipe.family, ckpt, base.dirs.trace!, base.dirs.quantize!,
       { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
     verdicts.drift = !!result.drift.first;
     if (result.drift.first) {
       log(driftMessage(result.drift));
       result.trials = await driftFixes({
-        family: recipe.family, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
+        family: recipe.family, checkpointDir: ckpt, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!,
         scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), log,
         rebuild: async (overrides) => {
           const r = await chain({ overrides, verbose: req.verbose, quiet: true });
@@ -284,9 +284,8 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     result.runtime = { parity: paritySnapshot(host.parity) };
     verdicts.runtime = parityHolds(host.parity);
     if (!verdicts.runtime) {
-      const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
       await runtimeLink(result, host.parity, {
-        traceDir: base.dirs.trace!, ckpt: readCheckpointRef(base.dirs.fetch!).absDir, quantizeDir: base.dirs.quantize!, family: recipe.family, settings, ...(precision ? { precision } : {}), log,
+        traceDir: base.dirs.trace!, ckpt, quantizeDir: base.dirs.quantize!, family: recipe.family, settings, ...(precision ? { precision } : {}), log,
         rebuild: async (overrides) => {
           const r = await chain({ overrides, until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
           const holds = r.parity ? parityHolds(r.parity) : undefined;
@@ -304,7 +303,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     // The host chain holds: the next link is the compile for the HTP and its fp16 on the simulator.
     if (!base.emulation) throw new Error(`forge bisect --target ${target}: the build of ${recipe.id} for ${arch.id} stopped before the emulation gate gave a verdict: ${base.record.error ?? (recipe.gates.emulation ? 'no emulation stage ran' : 'the recipe does not ask for it (gates.emulation)')}`);
     const found = await simulatorBisect({
-      recipe: recipe.id, arch: arch.id, checkpointDir: readCheckpointRef(base.dirs.fetch!).absDir, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
+      recipe: recipe.id, arch: arch.id, checkpointDir: ckpt, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
       probeCache: join(cacheRoot(), 'bisect-probe'), log,
       rebuild: async (rescale) => {
         const r = await chain({ rescale, until: 'emulation', verbose: req.verbose, quiet: true });
@@ -343,7 +342,6 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const where = `${miss.variant} ${miss.graph}${miss.layer !== null ? ` layer ${miss.layer}` : ''} ${miss.output} (${miss.what})`;
   const seen = miss.nonFinite ? `a non-finite value (${miss.nonFinite})` : miss.top1 ? `top-1 ${miss.top1}` : `cosine ${fmt(miss.cosine)} < ${miss.threshold}`;
 
-  const ckpt = readCheckpointRef(base.dirs.fetch!).absDir;
   const exportDir = miss.link === 'export' ? base.dirs.export! : base.dirs.quantize!;
   // The outputs of the missed layer in the missed graph: the first step where any of them leaves tolerance.
   const variantRows = base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === miss.graph && (miss.layer === null ? r.output === miss.output : r.layer === String(miss.layer)));
@@ -366,7 +364,6 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     result.trials.push(trial);
     return trial;
   };
-  const precision = base.dirs.precision ? readJson<PrecisionResult>(join(base.dirs.precision, PRECISION_JSON)).matrices : undefined;
 
   if (miss.link === 'export') {
     result.verdict = 'export';
@@ -388,9 +385,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   }
 
   // Which layer does the damage: each one alone at the shipped precision, the worst first.
-  const family = getFamily(recipe.family) as Family<unknown>;
-  const configFile = join(ckpt, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config, configFile } = familyConfig(recipe.family, ckpt);
   const scheme = baseScheme(settings.quant);
   log(`weighing every layer alone at ${settings.quant}`);
   const work = mkdtempSync(join(tmpdir(), 'forge-bisect-alone-'));

@@ -5,8 +5,6 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { getFamily } from '../families/index.js';
-import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import { getArch } from '../arch/table.js';
 import { Trace } from '../gates/trace.js';
@@ -16,6 +14,7 @@ import type { Rescale } from '../recipe/schema.js';
 import { probeGraph, type ProbeResult } from './probe.js';
 import { rescaleCandidates, simulatorFigures, simulatorMiss, type SimulatorMiss } from './simulator.js';
 import type { Trial } from './fixes.js';
+import { familyConfig } from './family-config.js';
 
 export interface SimulatorPicture {
   graphs: ReturnType<typeof simulatorFigures>;
@@ -71,9 +70,7 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   const seen = miss.nonFinite ? `a non-finite value (${miss.nonFinite})` : `cosine ${fmt(miss.cosine)} < ${miss.threshold}`;
   c.log(`simulator: ${miss.graph} ${miss.output} ${seen} while the CPU holds: link compile/fp16; probing its ops`);
 
-  const family = getFamily(manifest.family) as Family<unknown>;
-  const configFile = join(c.checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config } = familyConfig(manifest.family, c.checkpointDir);
   const entry = entries.find((g) => g.name === miss.graph)!;
   const arch = getArch(c.arch);
   const python = await ensureVenv();

@@ -7,13 +7,12 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { FamilyId } from '../recipe/schema.js';
-import { getFamily } from '../families/index.js';
-import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
 import { Trace } from '../gates/trace.js';
 import { gateSessionOptions, writeGateModel } from '../gates/cpu-form.js';
 import { formOptions, gateForm, GATE_COPIES, runGateCases } from '../gates/oracle.js';
 import { compare } from '../gates/compare.js';
+import { familyConfig } from './family-config.js';
 
 export interface StepCosine {
   prompt: number;
@@ -44,9 +43,7 @@ export interface StepScan {
 export async function scanSteps(
   familyId: FamilyId, checkpointDir: string, traceDir: string, exportDir: string, graphName: string, outputs: string[], threshold: number, scratch: string,
 ): Promise<StepScan> {
-  const family = getFamily(familyId) as Family<unknown>;
-  const configFile = join(checkpointDir, 'config.json');
-  const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
+  const { family, config } = familyConfig(familyId, checkpointDir);
   const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
   const entry = manifest.contexts.flatMap((c) => c.graphs).find((g) => g.name === graphName);
   if (!entry) throw new Error(`${join(exportDir, GRAPHS_JSON)} has no graph ${graphName}`);
