@@ -164,6 +164,8 @@ describe('the hand-off link, pure parts', () => {
     scan.boundary = scan.boundaries[0];
     const c = handoffCandidate(scan, 'v81');
     expect(c).toMatchObject({ label: 'handoff: f32 (arch v81)', layer: 2, handoff: 'f32', addedBytes: 0, handoffBytesPerToken: 2 * 2560 * 2, overrides: [] });
+    // No hand-off named (only all of them together flip a decision): no layer either.
+    expect(handoffCandidate({ ...scan, boundary: undefined }, 'v81').layer).toBeUndefined();
     const trial = (x: Partial<Trial>): Trial => ({ ...c, ok: true, seconds: 1, minCosine: 0.999, ...x });
     const w8 = trial({ label: 'layer 2 mlp.down_proj w4→w8', handoff: undefined, handoffBytesPerToken: undefined, addedBytes: 4096 });
     const hand = trial({});

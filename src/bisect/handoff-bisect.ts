@@ -47,7 +47,7 @@ export function handoffCandidate(scan: HandoffScan, archId: string): Candidate {
   const n = scan.boundaries.length;
   return {
     label: `handoff: f32 (arch ${archId})`,
-    layer: scan.boundary?.afterLayer ?? -1,
+    ...(scan.boundary?.afterLayer != null ? { layer: scan.boundary.afterLayer } : {}),
     tensors: [],
     overrides: [],
     addedBytes: 0,
@@ -56,7 +56,10 @@ export function handoffCandidate(scan: HandoffScan, archId: string): Candidate {
   };
 }
 
-export const handoffCost = (c: Candidate, hidden: number) => `+${c.handoffBytesPerToken} B per token hand-off (2 bytes × ${hidden} hidden × ${c.handoffBytesPerToken! / (2 * hidden)} hand-off${c.handoffBytesPerToken! / (2 * hidden) === 1 ? '' : 's'})`;
+export function handoffCost(c: Candidate, hidden: number): string {
+  const n = c.handoffBytesPerToken! / (2 * hidden);
+  return `+${c.handoffBytesPerToken} B per token hand-off (2 bytes × ${hidden} hidden × ${n} hand-off${n === 1 ? '' : 's'})`;
+}
 
 export async function handoffBisect<C>(a: {
   family: Family<C>; config: C; traceDir: string; quantizeDir: string; arch: string; choice: HandoffChoice;

@@ -18,9 +18,7 @@ import { formOptions, gateForm, runGateCases, GATE_COPIES } from '../gates/oracl
 import { greedySteps, StepChain } from '../gates/step-chain.js';
 import { roundToF16 } from '../io/dtype.js';
 
-/** The largest finite f16 value: a residual entry beyond it (by more than half an ulp) is Inf once handed over as f16. */
-export const F16_MAX = 65504;
-/** A finite float32 |value| that a hand-off as f16 turns into Inf (roundToF16's own rounding decides the edge). */
+/** A finite float32 |value| that a hand-off as f16 turns into Inf (past 65504 by more than half an ulp: roundToF16's own rounding decides the edge). */
 export const pastF16 = (m: number) => Number.isFinite(m) && !Number.isFinite(roundToF16(Float32Array.of(m))[0]);
 
 /** One hand-off between contexts: the residual `value` that graph `from` gives graph `to`. */
