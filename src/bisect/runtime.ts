@@ -41,9 +41,12 @@ export function firstBrokenLink(v: LinkVerdicts): Link | null {
 /** parity.json as the parity stage writes it. */
 export type ParityJson = ReturnType<typeof paritySummary> & { ok: boolean; detail: Record<string, VariantResult> };
 
+/** A variant's run stays on HF's path: every mismatch within the tie margin, no refused logits. */
+const variantHolds = (v: VariantResult) => v.mismatchCount === v.ties && !v.nonFinite;
+
 /** A run holds when its gate passed and no step left HF beyond the tie margin (a recipe with minMatch < 1 may pass with such steps). */
 export function parityHolds(p: Pick<ParityJson, 'ok' | 'detail'>): boolean {
-  return p.ok && Object.values(p.detail).every((v) => v.mismatchCount === v.ties && !v.nonFinite);
+  return p.ok && Object.values(p.detail).every(variantHolds);
 }
 
 /** What one runtime did at one step: HF's token, a token within the tie margin, another, or unknown (past the listed mismatches). */
@@ -96,7 +99,7 @@ export function firstDivergence(p: Pick<ParityJson, 'detail' | 'variants'>, prom
   for (const variant of order) {
     const v = p.detail[variant];
     // A variant that holds (no failure, nothing beyond the tie margin) is not the one to name.
-    if (p.variants[variant]?.ok !== false && v.mismatchCount === v.ties && !v.nonFinite) continue;
+    if (p.variants[variant]?.ok !== false && variantHolds(v)) continue;
     const m: Mismatch | undefined = v.mismatches.find((x) => !x.tie) ?? v.mismatches[0];
     if (!m) {
       if (v.nonFinite) return { variant, prompt: -1, step: -1, position: -1, hf: { token: -1 }, runtime: { token: -1, hfMargin: NaN, tie: false, tieMargin: v.tieMargin }, nonFinite: v.nonFinite };
