@@ -100,15 +100,18 @@ export function unholdable(progress: unknown, connected: string[]): string | nul
  * are BullMQ's (30 s); FORGE_QUEUE_LOCK_MS / FORGE_QUEUE_STALLED_MS shorten them (tests).
  */
 export function queueTimings(env = process.env): { lockMs: number; stalledMs: number; maxStalled: number } {
-  const ms = (name: string, dflt: number) => {
-    const v = env[name];
-    if (v === undefined || v === '') return dflt;
-    if (!/^\d+$/.test(v) || Number(v) < 100) throw new Error(`${name} wants a whole number of milliseconds of at least 100, got '${v}'`);
-    return Number(v);
-  };
+  const ms = (name: string, dflt: number) => envMs(name, dflt, env);
   // A job whose worker died twice goes back twice; a third death fails it (a build that kills its
   // machine each time should show up as failed, not loop through the farm).
   return { lockMs: ms('FORGE_QUEUE_LOCK_MS', 30_000), stalledMs: ms('FORGE_QUEUE_STALLED_MS', 30_000), maxStalled: 2 };
+}
+
+/** A millisecond setting from the environment (tests shorten the queue's waits), else `dflt`; anything but a whole number ≥ 100 is refused naming it. */
+export function envMs(name: string, dflt: number, env = process.env): number {
+  const v = env[name];
+  if (v === undefined || v === '') return dflt;
+  if (!/^\d+$/.test(v) || Number(v) < 100) throw new Error(`${name} wants a whole number of milliseconds of at least 100, got '${v}'`);
+  return Number(v);
 }
 
 /** The URL as it may be printed: a password (or a lone user token) replaced by '***'. */

@@ -4,7 +4,7 @@
 import { Queue, QueueEvents, type Job } from 'bullmq';
 import { buildId, type Matrix } from './matrix.js';
 import { BuildSummarySchema, failedSummary, type BuildSummary } from './summary.js';
-import { connectedWorkers, connectRedis, jobIdOf, QUEUE_NAME, redactUrl, unholdable, type BuildJob } from './queue.js';
+import { connectedWorkers, connectRedis, envMs, jobIdOf, QUEUE_NAME, redactUrl, unholdable, type BuildJob } from './queue.js';
 
 export interface QueuedRequest {
   matrix: Matrix;
@@ -19,20 +19,14 @@ export interface QueuedRequest {
  * twice, or three workers died under it) is a failed build of the nightly, like a build that throws.
  */
 /** How often the waiting nightly looks for jobs nobody can run (FORGE_QUEUE_WATCH_MS; tests shorten it). */
-const watchMs = () => {
-  const v = process.env.FORGE_QUEUE_WATCH_MS;
-  if (v === undefined || v === '') return 30_000;
-  if (!/^\d+$/.test(v) || Number(v) < 100) throw new Error(`FORGE_QUEUE_WATCH_MS wants a whole number of milliseconds of at least 100, got '${v}'`);
-  return Number(v);
-};
+const watchMs = () => envMs('FORGE_QUEUE_WATCH_MS', 30_000);
 
-const said = new Set<string>();
 /**
  * A nightly would otherwise wait in silence for a job that no connected worker can hold (every one
  * has handed it back: its declared memory is over their budgets) or for workers that never came:
  * each is said once. It keeps waiting: a bigger worker may still join.
  */
-async function watchWaiting(queue: Queue<BuildJob>, ids: Set<string | undefined>, url: string, log: (line: string) => void): Promise<void> {
+async function watchWaiting(queue: Queue<BuildJob>, ids: Set<string | undefined>, url: string, log: (line: string) => void, said: Set<string>): Promise<void> {
   const connected = await connectedWorkers(queue);
   if (!connected.length) {
     if (!said.has('none')) log(`no worker is connected to ${redactUrl(url)}: start one with forge worker --queue ${redactUrl(url)}`);
@@ -77,7 +71,9 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
     const onEvent = (what: string) => ({ jobId }: { jobId: string }) => { if (ids.has(jobId)) log(`${jobId}: ${what}`); };
     events.on('active', onEvent('taken by a worker'));
     events.on('stalled', onEvent('stalled (its worker went away): back in the queue for another worker'));
-    watch = setInterval(() => void watchWaiting(queue, ids, url, log).catch(() => undefined), watchMs());
+    // What was said already, for this nightly: each waiting job (per set of connected workers) once.
+    const said = new Set<string>();
+    watch = setInterval(() => void watchWaiting(queue, ids, url, log, said).catch(() => undefined), watchMs());
 
     return await Promise.all(matrix.builds.map(async (b, n) => {
       const job = jobs[n];
