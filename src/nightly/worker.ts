@@ -80,9 +80,10 @@ export async function runWorker(req: WorkerRequest): Promise<void> {
     const refused = admission(data, req.memoryBudgetBytes, reserved);
     if (refused) {
       log(`handing back ${job.id}: ${refused}`);
-      // Recorded on the job, so --status and the waiting nightly can say why nobody runs it.
+      // Recorded on the job, so --status and the waiting nightly can say why nobody runs it. A lost
+      // record must not fail the job (that would use an attempt): the hand-back goes on without it.
       const before = isJobProgress(job.progress) ? job.progress : { stages: [] };
-      await job.updateProgress({ ...before, handedBack: { ...before.handedBack, [name]: refused } });
+      await job.updateProgress({ ...before, handedBack: { ...before.handedBack, [name]: refused } }).catch(() => undefined);
       await job.moveToDelayed(Date.now() + HAND_BACK_MS, token);
       throw new DelayedError();
     }
