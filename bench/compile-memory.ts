@@ -11,7 +11,7 @@ import { join } from 'node:path';
 import { compileContext } from '../src/toolchain/qnn/compile.js';
 import { getArch } from '../src/arch/table.js';
 import { sampleTree } from '../src/engine/memory.js';
-import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../src/export/graphs.js';
 import { COMPILE } from '../pipelines/memory.js';
 import { benchArgs, positiveInt } from './util.js';
 

@@ -21,7 +21,7 @@ import { spawnSync } from 'node:child_process';
 import { closeSync, ftruncateSync, openSync, readSync, statSync, statfsSync, truncateSync } from 'node:fs';
 import { join } from 'node:path';
 import { f16BitsToF32Bits, f32FromBits } from '../src/io/dtype.js';
-import { madeTableFile } from '../src/families/export-stage.js';
+import { madeTableFile } from '../src/export/graphs.js';
 import type { MadeTable } from '../src/families/types.js';
 import { median } from './util.js';
 

@@ -35,7 +35,7 @@ import { cpus, release, tmpdir, totalmem } from 'node:os';
 import { join } from 'node:path';
 import { assembleBundle, MANIFEST } from '../src/bundle/assemble.js';
 import type { Manifest } from '../src/bundle/manifest.js';
-import { GRAPHS_JSON, graphName, layoutOf, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, graphName, layoutOf, type ExportManifest, type GraphEntry } from '../src/export/graphs.js';
 import { getFamily } from '../src/families/index.js';
 import type { GraphBindings, MadeTable } from '../src/families/types.js';
 import { GraphBuilder } from '../src/onnx/builder.js';

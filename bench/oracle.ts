@@ -23,7 +23,7 @@ import * as ort from 'onnxruntime-node';
 import { benchArgs, positiveInt } from './util.js';
 import { getFamily } from '../src/families/index.js';
 import type { Family } from '../src/families/types.js';
-import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../src/export/graphs.js';
 import { Trace, type TraceMeta, type TracePrompt } from '../src/gates/trace.js';
 import { GateTally } from '../src/gates/compare.js';
 import { writeProbeModel } from '../src/gates/probe.js';

@@ -10,7 +10,7 @@
 // The copy writes ~16 GB for a 4B model: run it under /work/prompts/heavy.sh on a shared machine.
 import { mkdirSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { join } from 'node:path';
-import { runExport, type ExportParams } from '../src/families/export-stage.js';
+import { runExport, type ExportParams } from '../src/export/stage.js';
 import { getFamily } from '../src/families/index.js';
 import { getArch } from '../src/arch/table.js';
 import { makePlan } from '../src/plan/shards.js';

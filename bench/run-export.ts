@@ -8,7 +8,7 @@
 // --per-tensor the slowest tensors (time between consecutive tensors stored, graph building included).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { runExport, type ExportParams } from '../src/families/export-stage.js';
+import { runExport, type ExportParams } from '../src/export/stage.js';
 import { getFamily } from '../src/families/index.js';
 import { benchArgs } from './util.js';
 import { getArch } from '../src/arch/table.js';

@@ -11,8 +11,9 @@
 # libonnxruntime-dev (unstable) is the fallback: headers only, never installed, just unpacked.
 # Headers older than the library are fine (the C API table is append-only); newer are refused.
 #
-# Build tools (cmake, ninja, g++, GoogleTest, nlohmann/json) are installed with apt on Debian when
-# missing, and the script says so; elsewhere it names what is missing and stops.
+# Build tools and libraries (cmake, ninja, g++, GoogleTest, nlohmann/json; for image input
+# libjpeg-turbo, libpng and stb_image_resize) are installed with apt on Debian when missing, and the
+# script says so; elsewhere it names what is missing and stops.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,6 +29,10 @@ command -v ninja >/dev/null || missing+=(ninja-build)
 command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/gtest/gtest.h ] && { [ -f /usr/lib/x86_64-linux-gnu/libgtest.a ] || [ -f /usr/lib/libgtest.a ] || ls /usr/lib/*/libgtest.a >/dev/null 2>&1; } || missing+=(libgtest-dev)
 [ -f /usr/include/nlohmann/json.hpp ] || missing+=(nlohmann-json3-dev)
+# Image input (src/image_input.cpp): JPEG and PNG decoders, and the resampler (a header).
+[ -f /usr/include/jpeglib.h ] || missing+=(libjpeg62-turbo-dev)
+[ -f /usr/include/png.h ] || missing+=(libpng-dev)
+[ -f /usr/include/stb/stb_image_resize.h ] || missing+=(libstb-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ -f /etc/debian_version ]; then
     log "installing missing build dependencies with apt: ${missing[*]}"

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Independent check of a trace written by trace.py (and the documentation of its format).
 
-    python oracles/check_trace.py --model DIR --trace DIR [--tol 1e-5]
+    python oracles/check_trace.py --model DIR --trace DIR [--tol 1e-5] [--images DIR]
 
 Imports nothing from trace.py. Checks:
   0. format: trace.json fields; per step exactly the names token, position, h.0..h.L, final,
@@ -25,6 +25,19 @@ Imports nothing from trace.py. Checks:
      float64; moe_out.i recomputed in float64 from the two experts and weights, and equal to the
      weighted sum of expert_out.i within tol;
      k.i / v.i by hand (LayerNorm, biased k_proj / v_proj, RoPE over head_dim).
+  6. qwen3_vl: mrope at every step against the M-RoPE rule written here from its description (not
+     HF's get_rope_index), from the image record's grid and start; an image prompt's record
+     (grid from size and patch, tokens, <|vision_start|> T x <|image_pad|> <|vision_end|> at start)
+     and tensors (pixels, vision.embed, vision.block.j, vision.merged, vision.deepstack.k); the
+     full-sequence forward and generate get the processor's inputs (pixel_values, image_grid_thw,
+     mm_token_type_ids; Qwen3VLProcessor itself needs torchvision for its video half), and h.i is
+     compared with what ENTERS layer i there; at every image token h.0 == vision.merged's row and
+     h.{i+1} - layer i's raw output == vision.deepstack.i's row (reported: deepstack_min_abs, the
+     smallest such addition, > 0); HF's vision tower rerun on the trace's pixels; vision.embed by
+     hand (Conv3d as a matmul + the position table resized by F.interpolate, merge-block order);
+     k.i by hand with interleaved M-RoPE at the step's mrope, every prompt. With --images DIR: each
+     image file's sha256 and its pixels by hand (PIL RGB, bicubic stretch, rescale, normalise,
+     patchify in merge-block order, float64).
   4. qwen3_5: the state the trace holds after step s (one token at a time: HF's recurrent delta
      rule) against the cache of ONE forward over tokens 0..s (HF's chunked prefill kernel, another
      code path): conv.i, rec.i of the linear layers and k.i, v.i rows of the full ones, at a few
@@ -75,7 +88,7 @@ def load_model(model_dir):
     return auto.from_pretrained(model_dir, dtype=torch.float32).eval()
 
 
-def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None, layer_extra=None):
+def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=None, layer_extra=None, vl=None):
     for key in ("family", "layers", "hidden", "vocab", "kv_heads", "head_dim", "max_context", "new_tokens",
                 "prompts", "margins", "tensors", "torch", "transformers"):
         expect(key in meta, f"trace.json lacks {key}")
@@ -84,6 +97,12 @@ def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=N
     names = set()
     for p, pr in enumerate(meta["prompts"]):
         ids, gen = pr["prompt_tokens"], pr["generated"]
+        mrope = None
+        if vl is not None:  # qwen3_vl: the image's tensors, and every step's M-RoPE row by the rule
+            names.update(check_image_format(pr, p, t, vl))
+            mrope = mrope_rule(pr, vl)
+        else:
+            expect("image" not in pr, f"p{p}: an image prompt in a {meta['family']} trace")
         expect(len(gen) == n, f"p{p}: {len(gen)} generated, want {n}")
         expect(pr["steps"] == len(ids) + n - 1, f"p{p}: steps {pr['steps']}")
         expect(len(ids) + n <= meta["max_context"], f"p{p}: exceeds max_context")
@@ -101,11 +120,15 @@ def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=N
                 want[f"rec.{i}"] = (linear_shapes["rec"], torch.float32)
             for i in range(n_layers):
                 want.update({f"{w}.{i}": spec for w, spec in (layer_extra or {}).items()})
+            if mrope is not None:
+                want["mrope"] = ([3], torch.int64)
             for w, (shape, dt) in want.items():
                 x = t.get(pre + w)
                 expect(x is not None and list(x.shape) == shape and x.dtype == dt, f"{pre}{w}: bad or missing")
             names.update(pre + w for w in want)
             expect(t[pre + "token"].item() == seq[s] and t[pre + "position"].item() == s, f"{pre}: token/position")
+            if mrope is not None and pre + "mrope" in t:
+                expect(t[pre + "mrope"].tolist() == mrope[s], f"{pre}: mrope {t[pre + 'mrope'].tolist()} != {mrope[s]} (the M-RoPE rule)")
             if s >= len(ids) - 1:
                 j = s - len(ids) + 1
                 expect(int(t[pre + "logits"].argmax()) == gen[j], f"{pre}: argmax != generated")
@@ -113,6 +136,62 @@ def check_format(meta, t, n_layers, kv_layers, linear_layers=(), linear_shapes=N
     extra = set(t) - names
     expect(not extra, f"unexpected tensors, e.g. {sorted(extra)[:3]}")
     check_margin_summary(meta)
+
+
+def check_image_format(pr, p, t, vl):
+    """An image prompt's record and per-prompt tensors (a text prompt has neither). Returns the
+    tensor names it expects."""
+    im = pr.get("image")
+    if im is None:
+        extra = [k for k in t if k.startswith(f"p{p}/") and "/s" not in k[len(f"p{p}"):]]
+        expect(not extra, f"p{p}: a text prompt with image tensors {extra[:3]}")
+        return set()
+    ids = pr["prompt_tokens"]
+    H, W = im["size"]
+    P, m = vl["patch"], vl["merge"]
+    gh, gw = H // P, W // P
+    count = gh * gw // (m * m)
+    expect(im["grid"] == [1, gh, gw] and H % (P * m) == 0 and W % (P * m) == 0,
+           f"p{p}: image grid {im['grid']} for size {im['size']} (patch {P}, merge {m})")
+    expect(im["tokens"] == count, f"p{p}: image tokens {im['tokens']}, the grid gives {count}")
+    s = im["start"]
+    expect(ids[:s + count + 1][s - 1:] == [vl["start_id"]] + [vl["image_id"]] * count + [vl["end_id"]]
+           and ids.count(vl["image_id"]) == count,
+           f"p{p}: prompt_tokens do not hold <|vision_start|>, {count} <|image_pad|> from {s}, <|vision_end|>")
+    expect(isinstance(im.get("sha256"), str) and len(im["sha256"]) == 64 and im.get("file"), f"p{p}: image file/sha256")
+    want = {"pixels": [gh * gw, vl["patch_dim"]], "vision.embed": [gh * gw, vl["hv"]],
+            "vision.merged": [count, vl["out"]]}
+    want.update({f"vision.block.{j}": [gh * gw, vl["hv"]] for j in range(vl["depth"])})
+    want.update({f"vision.deepstack.{k}": [count, vl["out"]] for k in range(vl["deepstack"])})
+    for w, shape in want.items():
+        x = t.get(f"p{p}/{w}")
+        expect(x is not None and list(x.shape) == shape and x.dtype == torch.float32, f"p{p}/{w}: bad or missing")
+    return {f"p{p}/{w}" for w in want}
+
+
+def mrope_rule(pr, vl):
+    """Qwen3-VL's M-RoPE (t, h, w) per step, from the description (not HF's get_rope_index): a text
+    token's three are its position p (then p + 1 follows); an image's tokens at s = the position of
+    its first token are (s, s + row, s + col) over the merged grid, and the text after it resumes at
+    s + max(rows, cols) (= the image's largest + 1); a generated token at step t has t + delta, delta
+    = (the prompt's largest position + 1) - the prompt's length."""
+    ids, im = pr["prompt_tokens"], pr.get("image")
+    rows = cols = 0
+    if im is not None:
+        rows, cols = im["grid"][1] // vl["merge"], im["grid"][2] // vl["merge"]
+    out, pos, i = [], 0, 0
+    while i < len(ids):
+        if im is not None and i == im["start"]:
+            out += [[pos, pos + k // cols, pos + k % cols] for k in range(rows * cols)]
+            pos += max(rows, cols)
+            i += rows * cols
+        else:
+            out.append([pos] * 3)
+            pos += 1
+            i += 1
+    delta = max(max(r) for r in out) + 1 - len(ids)
+    out += [[s + delta] * 3 for s in range(len(ids), pr["steps"])]
+    return out
 
 
 def check_margin(logits, pr, j, pre):
@@ -156,6 +235,51 @@ def rope_by_hand(x, pos, theta):  # x [heads, d] float64; HF rotate_half convent
     ang = torch.cat([pos * inv, pos * inv])
     rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
     return x * ang.cos() + rot * ang.sin()
+
+
+def mrope_by_hand(x, thw, theta, section):
+    """Interleaved M-RoPE (Qwen3-VL), float64: frequency j of head_dim/2 turns by t, except j = 1, 4, ...
+    (j < 3*section[1]) by h and j = 2, 5, ... (j < 3*section[2]) by w; HF rotate_half convention."""
+    d = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    pos = torch.full((d // 2,), float(thw[0]), dtype=torch.float64)
+    for axis in (1, 2):
+        pos[axis:3 * section[axis]:3] = float(thw[axis])
+    ang = torch.cat([pos * inv, pos * inv])
+    rot = torch.cat([-x[..., d // 2:], x[..., : d // 2]], dim=-1)
+    return x * ang.cos() + rot * ang.sin()
+
+
+def pixels_by_hand(path, height, width, proc):
+    """Qwen2-VL's pixels from the description, in float64: PIL RGB, bicubic stretch to the recipe's
+    size, x / 255, (x - mean) / std, patches in merge-block order (block row, block col, row in
+    block, col in block), each flattened as [C, T, P, P] with the still image repeated over T."""
+    import numpy as np
+    from PIL import Image
+    img = Image.open(path).convert("RGB")
+    if img.size != (width, height):
+        img = img.resize((width, height), Image.BICUBIC)
+    x = np.asarray(img, dtype=np.float64).transpose(2, 0, 1) / 255.0
+    x = (x - np.array(proc.image_mean)[:, None, None]) / np.array(proc.image_std)[:, None, None]
+    P, m, T = proc.patch_size, proc.merge_size, proc.temporal_patch_size
+    C, gh, gw = 3, height // P, width // P
+    x = x.reshape(C, gh // m, m, P, gw // m, m, P).transpose(1, 4, 2, 5, 0, 3, 6)  # bh bw mh mw C P P
+    x = np.repeat(x[:, :, :, :, :, None], T, axis=5)
+    return torch.from_numpy(x.reshape(gh * gw, C * T * P * P).copy())
+
+
+def vision_embed_by_hand(visual, pv, grid):
+    """Block 0's input by hand in float64: the Conv3d patch embed as the matmul it is (kernel =
+    stride = one patch) plus the learned position table bilinearly resized (F.interpolate,
+    align_corners) to the patch grid, in merge-block order."""
+    w = visual.patch_embed.proj.weight.double()
+    x = pv.double() @ w.reshape(w.shape[0], -1).T + visual.patch_embed.proj.bias.double()
+    side, m = visual.num_grid_per_side, visual.spatial_merge_size
+    _, gh, gw = grid
+    table = visual.pos_embed.weight.double().T.reshape(1, -1, side, side)
+    pos = torch.nn.functional.interpolate(table, size=(gh, gw), mode="bilinear", align_corners=True)[0]
+    pos = pos.permute(1, 2, 0).reshape(gh // m, m, gw // m, m, -1).permute(0, 2, 1, 3, 4).reshape(gh * gw, -1)
+    return x + pos
 
 
 def rms_by_hand(x, w, eps):
@@ -229,11 +353,39 @@ def check_phimoe(model, meta, t):
     return e
 
 
+def check_vision(model, model_dir, t, p, pr, images_dir, e):
+    """An image prompt's vision tensors: the pixels (with images_dir: the file's sha256, and its
+    pixels by hand), HF's vision tower rerun on the trace's pixels (block 0's input, every block's
+    output, the merger's and DeepStack mergers' outputs), and block 0's input by hand."""
+    visual, im = model.model.visual, pr["image"]
+    pv, grid = t[f"p{p}/pixels"], torch.tensor([im["grid"]])
+    if images_dir:
+        import hashlib
+        path = os.path.join(images_dir, im["file"])
+        with open(path, "rb") as f:
+            expect(hashlib.sha256(f.read()).hexdigest() == im["sha256"], f"p{p}: {path}: sha256 differs from the trace's")
+        proc = transformers.AutoImageProcessor.from_pretrained(model_dir)
+        e["pixels_by_hand"].add(pv, pixels_by_hand(path, *im["size"], proc))
+    got = {}
+    hooks = [visual.blocks[0].register_forward_pre_hook(lambda _m, a: got.__setitem__("vision.embed", a[0]))]
+    hooks += [b.register_forward_hook(lambda _m, _a, o, j=j: got.__setitem__(f"vision.block.{j}", o)) for j, b in enumerate(visual.blocks)]
+    out = visual(pv, grid_thw=grid, return_dict=True)
+    for h in hooks:
+        h.remove()
+    got["vision.merged"] = out.pooler_output
+    got.update({f"vision.deepstack.{k}": f for k, f in enumerate(out.deepstack_features)})
+    for name, ref in got.items():
+        e["vision_vs_hf"].add(t[f"p{p}/{name}"], ref)
+    e["vision_embed_by_hand"].add(t[f"p{p}/vision.embed"], vision_embed_by_hand(visual, pv, im["grid"]))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--trace", required=True)
     ap.add_argument("--tol", type=float, default=1e-5, help="max relative error allowed")
+    ap.add_argument("--images", help="directory holding the traced image files (by their trace.json names): "
+                    "their sha256 is checked and their pixels recomputed by hand")
     args = ap.parse_args()
     with open(os.path.join(args.trace, "trace.json")) as f:
         meta = json.load(f)
@@ -262,44 +414,83 @@ def main():
     if meta["family"] == "gemma4":
         P = tc.hidden_size_per_layer_input
         layer_extra = {"ple_in": ([P], torch.float32), "ple": ([P], torch.float32)}
-    check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra)
+    vl = None
+    if meta["family"] == "qwen3_vl":
+        vc, cfg = model.config.vision_config, model.config
+        vl = {"patch": vc.patch_size, "merge": vc.spatial_merge_size, "hv": vc.hidden_size, "out": vc.out_hidden_size,
+              "depth": vc.depth, "deepstack": len(vc.deepstack_visual_indexes),
+              "patch_dim": vc.in_channels * vc.temporal_patch_size * vc.patch_size ** 2,
+              "image_id": cfg.image_token_id, "start_id": cfg.vision_start_token_id, "end_id": cfg.vision_end_token_id}
+    check_format(meta, t, L, kv_layers, linear_layers, linear_shapes, layer_extra, vl)
 
     e_h, e_final, e_logits, e_k, e_v = Err(), Err(), Err(), Err(), Err()
     e_conv, e_rec, e_kv = Err(), Err(), Err()
+    e_vis = {n: Err() for n in ("pixels_by_hand", "vision_vs_hf", "vision_embed_by_hand", "image_rows_spliced", "deepstack_added")}
+    deepstack_seen = []
     gen_ok = []
+    # Each layer's input and raw output in the full-sequence forward: for Qwen3-VL, h.{i} is what
+    # enters layer i, which at image positions is layer i-1's output plus DeepStack feature i-1.
+    layer_in, layer_out = {}, {}
+    for i, layer in enumerate(layers):
+        layer.register_forward_pre_hook(
+            lambda _m, a, kw, i=i: layer_in.__setitem__(i, (a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
+        layer.register_forward_hook(lambda _m, _a, o, i=i: layer_out.__setitem__(i, (o[0] if isinstance(o, tuple) else o).detach().clone()))
     with torch.no_grad():
         for p, pr in enumerate(meta["prompts"]):
             seq = pr["prompt_tokens"] + pr["generated"][:-1]  # the tokens the steps fed
-            out = model(input_ids=torch.tensor([seq]), output_hidden_states=True, use_cache=False)
+            extra = {}  # an image prompt's inputs, as Qwen3VLProcessor would give them
+            if pr.get("image") is not None and f"p{p}/pixels" in t:
+                extra = {"pixel_values": t[f"p{p}/pixels"], "image_grid_thw": torch.tensor([pr["image"]["grid"]])}
+                check_vision(model, args.model, t, p, pr, args.images, e_vis)
+            def with_image(ids):  # noqa: E306
+                return {**extra, "mm_token_type_ids": (ids == vl["image_id"]).int()} if extra else {}
+            x = torch.tensor([seq])
+            layer_in.clear()
+            layer_out.clear()
+            out = model(input_ids=x, output_hidden_states=True, use_cache=False, **with_image(x))
             hs = out.hidden_states
             for s in range(pr["steps"]):
                 pre = f"p{p}/s{s}/"
                 for i in range(L):
-                    e_h.add(t[f"{pre}h.{i}"], hs[i][0, s])
+                    e_h.add(t[f"{pre}h.{i}"], layer_in[i][0, s] if vl else hs[i][0, s])
                 e_final.add(t[pre + "final"], hs[L][0, s])
                 e_logits.add(t[pre + "logits"], out.logits[0, s])
+            if extra:  # DeepStack: h.{i+1} - layer i's raw output = feature i's row, at the image's tokens
+                im = pr["image"]
+                for k in range(im["tokens"]):
+                    s = im["start"] + k
+                    e_vis["image_rows_spliced"].add(t[f"p{p}/s{s}/h.0"], t[f"p{p}/vision.merged"][k])
+                    for i in range(vl["deepstack"]):
+                        added = t[f"p{p}/s{s}/h.{i + 1}"].double() - layer_out[i][0, s].double()
+                        e_vis["deepstack_added"].add(added, t[f"p{p}/vision.deepstack.{i}"][k])
+                        deepstack_seen.append(added.abs().max().item())
             # EOS off: greedy through N tokens exactly like the trace.
             gc = copy.deepcopy(model.generation_config)
             gc.eos_token_id, gc.do_sample = [], False
             ids = torch.tensor([pr["prompt_tokens"]])
             g = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=gc,
-                               max_new_tokens=n, do_sample=False)
+                               max_new_tokens=n, do_sample=False, **with_image(ids))
             hf_gen = g[0, ids.shape[1]:].tolist()
             gen_ok.append(hf_gen == pr["generated"])
             expect(gen_ok[-1], f"p{p}: generate {hf_gen} != trace {pr['generated']}")
+        if vl and any(pr.get("image") for pr in meta["prompts"]):
+            expect(deepstack_seen and min(deepstack_seen) > 0, "DeepStack: h.{i+1} equals layer i's raw output at an image token")
 
         if meta["family"] in ("qwen3", "qwen3_vl"):
             theta, eps = tc.rope_parameters["rope_theta"], tc.rms_norm_eps
             kvh, d = meta["kv_heads"], meta["head_dim"]
-            for s in range(meta["prompts"][0]["steps"]):
-                pre = f"p0/s{s}/"
-                for i in range(L):
-                    a = layers[i].self_attn
-                    x = rms_by_hand(t[f"{pre}h.{i}"].double(), layers[i].input_layernorm.weight, eps)
-                    k = (a.k_proj.weight.double() @ x).view(kvh, d)
-                    k = rope_by_hand(rms_by_hand(k, a.k_norm.weight, eps), s, theta)
-                    e_k.add(t[f"{pre}k.{i}"], k)
-                    e_v.add(t[f"{pre}v.{i}"], (a.v_proj.weight.double() @ x).view(kvh, d))
+            section = tc.rope_parameters.get("mrope_section")
+            # qwen3: prompt 0; qwen3_vl: every prompt (image prompts' rows turn by M-RoPE's three positions)
+            for p in range(len(meta["prompts"]) if vl else 1):
+                for s in range(meta["prompts"][p]["steps"]):
+                    pre = f"p{p}/s{s}/"
+                    for i in range(L):
+                        a = layers[i].self_attn
+                        x = rms_by_hand(t[f"{pre}h.{i}"].double(), layers[i].input_layernorm.weight, eps)
+                        k = rms_by_hand((a.k_proj.weight.double() @ x).view(kvh, d), a.k_norm.weight, eps)
+                        k = mrope_by_hand(k, t[pre + "mrope"].tolist(), theta, section) if vl else rope_by_hand(k, s, theta)
+                        e_k.add(t[f"{pre}k.{i}"], k)
+                        e_v.add(t[f"{pre}v.{i}"], (a.v_proj.weight.double() @ x).view(kvh, d))
 
         if meta["family"] == "qwen3_5":
             pr = meta["prompts"][0]
@@ -338,11 +529,17 @@ def main():
             errs.update(check_phimoe(model, meta, t))
     if meta["family"] in ("qwen3", "qwen3_vl"):
         errs.update(k_by_hand=e_k, v_by_hand=e_v)
+    if vl and any(pr.get("image") for pr in meta["prompts"]):
+        errs.update({k: e for k, e in e_vis.items() if k != "pixels_by_hand" or args.images})
     if meta["family"] == "qwen3_5":
         errs.update(conv_vs_prefill=e_conv, rec_vs_prefill=e_rec, kv_vs_prefill=e_kv)
     for name, e in errs.items():
         expect(e.rel <= args.tol, f"{name}: relative error {e.rel:.3g} > {args.tol}")
-    report = {"family": meta["family"], "errors": {k: e.json() for k, e in errs.items()},
+    if deepstack_seen:  # the smallest DeepStack addition seen at an image token (0: DeepStack missing)
+        report_extra = {"deepstack_min_abs": float(f"{min(deepstack_seen):.3g}")}
+    else:
+        report_extra = {}
+    report = {"family": meta["family"], "errors": {k: e.json() for k, e in errs.items()}, **report_extra,
               "generate_matches": gen_ok, "problems": problems, "ok": not problems}
     print(json.dumps(report, sort_keys=True))
     sys.exit(0 if not problems else 1)

@@ -6,6 +6,8 @@
 A twin has the real family's config layout, weight names, dtype (bf16), tokenizer files and
 special tokens, at toy size (hidden 64), so forge can be tested end to end against HF in seconds.
 Each twin switches on every feature its family's real checkpoint uses (see the per-family dicts).
+A vision twin (qwen3_vl) also ships its image processor (preprocessor_config.json) and is trained
+to caption twin_images.py's pictures, so an image changes its answer.
 Output is byte-identical across runs: fixed seeds, deterministic BPE training, sorted JSON.
 """
 import argparse
@@ -226,6 +228,30 @@ FAMILIES = {
 }
 
 
+# The image processor a vision twin ships (preprocessor_config.json, what AutoImageProcessor
+# loads): Qwen3-VL's (Qwen2VLImageProcessor: smart_resize to multiples of patch x merge, bicubic,
+# rescale 1/255, mean = std = 0.5, patchify) at the twin's patch 16 / temporal 2 / merge 2, with
+# pixel bounds scaled down from the real 65,536..16,777,216 to a tiny twin's pictures (64x64 ..
+# 256x256; the tiny recipe's 96x128 lies inside).
+PREPROCESSORS = {
+    "qwen3_vl": {"image_processor_type": "Qwen2VLImageProcessor", "do_resize": True, "resample": 3,
+                 "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "do_convert_rgb": True,
+                 "patch_size": 16, "temporal_patch_size": 2, "merge_size": 2,
+                 "size": {"shortest_edge": 64 * 64, "longest_edge": 256 * 256}},
+}
+
+
+def write_preprocessor(family, out_dir):
+    """The family's preprocessor_config.json into out_dir and the image processor it loads as
+    (None for a twin without one)."""
+    if family not in PREPROCESSORS:
+        return None
+    with open(os.path.join(out_dir, "preprocessor_config.json"), "w") as f:
+        f.write(json.dumps(PREPROCESSORS[family], indent=2, sort_keys=True) + "\n")
+    return transformers.AutoImageProcessor.from_pretrained(out_dir)
+
+
 # Fields the real hub config.json carries but transformers 5.23 folds into per_layer_config and
 # no longer writes; added back so readers written against the real checkpoint find them.
 CONFIG_FIXUPS = {"gemma4": {"text_config": {"global_head_dim": 64}}}
@@ -275,7 +301,8 @@ def build(family, tmp, steps):
     perturb(model, seed + 1)
     if family in DYNAMICS:
         DYNAMICS[family](model, seed + 2)
-    training = train(model, tok, family, seed + 3, steps)
+    processor = write_preprocessor(family, tmp)  # before training: the vision twin learns from its pixels
+    training = train(model, tok, family, seed + 3, steps, image_processor=processor)
     features = check_features(model)
     print(f"[{family}] trained: {training}; features: {features}", file=sys.stderr)
     gc = model.generation_config
@@ -314,7 +341,8 @@ def verify(family, tmp, saved_state):
             raise RuntimeError(f"reloaded tensor {name} differs from the saved one")
     model.eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp)
-    confidence = measure_confidence(model, tok, model.generation_config)
+    processor = transformers.AutoImageProcessor.from_pretrained(tmp) if family in PREPROCESSORS else None
+    confidence = measure_confidence(model, tok, model.generation_config, processor)
     m = confidence["margins"]
     print(f"[{family}] margins over {m['count']} greedy steps: min {m['min']} p5 {m['p5']} p50 {m['p50']}; "
           f"memorised {sum(p['memorised'] for p in confidence['prompts'])}/{m['count']}", file=sys.stderr)
@@ -322,6 +350,21 @@ def verify(family, tmp, saved_state):
         worst = min(confidence["prompts"], key=lambda p: p["min_margin"])
         raise RuntimeError(f"the trained twin is not confident: smallest top-1/top-2 margin {m['min']} "
                            f"(after {worst['prompt'][:40]!r}) is under the floor {confidence['margin_floor']}")
+    if processor is not None:  # a vision twin: confident image prompts, and each image its own answer
+        im = confidence["image_margins"]
+        for r in confidence["image_prompts"]:
+            print(f"[{family}] {r['image']}: {r['continuation']!r} (min margin {r['min_margin']}, "
+                  f"memorised {r['memorised']}/{confidence['image_new_tokens']})", file=sys.stderr)
+        if im["min"] < confidence["margin_floor"]:
+            worst = min(confidence["image_prompts"], key=lambda r: r["min_margin"])
+            raise RuntimeError(f"the trained twin is not confident on its test images: smallest top-1/top-2 margin "
+                               f"{im['min']} (after {worst['image']}) is under the floor {confidence['margin_floor']}")
+        seen = {}
+        for r in confidence["image_prompts"]:
+            if tuple(r["tokens"]) in seen:
+                raise RuntimeError(f"the twin does not see its images: test images {seen[tuple(r['tokens'])]} and "
+                                   f"{r['image']} give the same continuation {r['continuation']!r}")
+            seen[tuple(r["tokens"])] = r["image"]
     for which, g in confidence.get("router_gaps", {}).items():
         if g["min"] < confidence["router_gap_floor"]:
             raise RuntimeError(f"the MoE twin's routing is on a knife edge: smallest router {which} logit gap "

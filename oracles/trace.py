@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
 
-    python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C [--whole-model]
+    python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
+                            [--image-size HxW] [--whole-model]
 
 Weights are streamed (see "streamed weights" below): the checkpoint stays memory-mapped in its own
 dtype and each decoder layer, embedding, norm and lm_head gets its fp32 weights just for its own
@@ -40,10 +41,31 @@ Writes, into a temp dir beside --out renamed at the end:
                      output, unweighted, slot-major), moe_out.{i} [H] (h.{i+1} = attn_res + moe_out).
                      gemma4 ple_in.{i} [P] (layer i's scaled PLE token row), ple.{i} [P] (its mixed
                      per-layer input); KV-shared layers have no k/v rows (they read their donor's).
+                     qwen3_vl, every step (text prompts too): mrope int64[3], the (t, h, w) M-RoPE
+                     position ids the step was fed (text: t = h = w; k.{i} rows are after M-RoPE);
+                     h.{i} for 0 < i < L is the hidden state ENTERING layer i, i.e. after DeepStack
+                     added feature i-1 at an image token (HF's forward hook on layer i-1 sees it before
+                     the addition); h.L is the last layer's output (DeepStack never reaches it).
+                     qwen3_vl image prompt p, once (no step): p{p}/pixels [patches, C*T*P*P] (pixels.py),
+                     p{p}/vision.embed [patches, Hv] (patch embed + interpolated position embedding:
+                     the input of vision block 0), p{p}/vision.block.{j} [patches, Hv] (block j's
+                     output), p{p}/vision.merged [T, out_hidden] (the merger's output: the rows fed at
+                     the T image tokens) and p{p}/vision.deepstack.{k} [T, out_hidden] (DeepStack
+                     merger k's output, added after decoder layer k at the image tokens).
 --prompts holds typed inputs: a JSON list of {"type": "text", "text": ...} or plain strings (text),
-or {"type": "ids", "ids": [...]}: token ids traced exactly as given (a runtime's prompt_ids, e.g.
+{"type": "ids", "ids": [...]}: token ids traced exactly as given (a runtime's prompt_ids, e.g.
 qhx_generate --json's), no tokenizer; its record's text is the ids decoded. Ids outside the
-config's vocabulary are refused.
+config's vocabulary are refused. Or, for a family with a vision tower (qwen3_vl), {"type": "image",
+"image": FILE, "text": ...} with --image-size HxW (the recipe's size): pixels.reference_pixels
+(PIL RGB, bicubic stretch to HxW, the checkpoint's own image processor); prompt ids =
+<|vision_start|> + T x <|image_pad|> + <|vision_end|> + the text's ids (T = grid h*w / merge^2); the
+vision tower runs once, then one token per step as for text: the language model gets the token's
+embedding row or, at the k-th image token, merged row k (inputs_embeds), M-RoPE position_ids
+[3, 1, 1] from HF's get_rope_index over the prompt (generated tokens: t + rope_delta, as HF's
+generate) and, at an image token, DeepStack's rows for it (visual_pos_masks / deepstack_visual_embeds).
+Its record adds "image": {file (basename), sha256, size [H, W], grid [1, gh, gw], tokens T, start
+(index of the first <|image_pad|>)}; its text is the text. An unreadable image file is one error
+naming it.
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
@@ -51,6 +73,7 @@ Format checked by check_trace.py.
 """
 import argparse
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -73,6 +96,7 @@ from transformers.integrations.heterogeneity.configuration_utils import (  # noq
 # What each family captures beyond the residual stream (after the environment above is set).
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
 from trace_families import FAMILIES, LAYER_CAPTURES, Unsupported  # noqa: E402  (beside this file)
+import pixels  # noqa: E402  (beside this file: HF's pixels for an image file at the recipe's size)
 
 
 class NonFiniteReference(Exception):
@@ -251,7 +275,7 @@ def load_streamed(auto, model_dir, units_of):
 
 class Ctx:
     def __init__(self, model, layers):
-        self.model, self.layers, self.cache, self.step = model, layers, None, {}
+        self.model, self.layers, self.cache, self.step, self.vision = model, layers, None, {}, None
 
     def put(self, name, t):
         if name in self.step:
@@ -290,19 +314,25 @@ def load(model_dir, whole_model):
     return cfg.model_type, model, streamed
 
 
-def install_hooks(ctx, n_layers):
+def install_hooks(ctx, n_layers, layer_inputs=False):
+    """h.0 (input of layer 0), h.{i+1} (output of layer i), final (input of lm_head). layer_inputs:
+    h.{i} for 0 < i < L is what enters layer i (a forward pre-hook), for a model that changes the
+    residual between layers (Qwen3-VL's DeepStack adds image features after the first layers)."""
     layers = ctx.layers
 
-    def first_in(_mod, args, kwargs):
-        ctx.put("h.0", args[0] if args else kwargs["hidden_states"])
+    def layer_in(i):
+        def hook(_mod, args, kwargs):
+            ctx.put(f"h.{i}", args[0] if args else kwargs["hidden_states"])
+        return hook
 
     def layer_out(i):
         def hook(_mod, _args, out):
             ctx.put(f"h.{i + 1}", out[0] if isinstance(out, tuple) else out)
         return hook
 
-    layers[0].register_forward_pre_hook(first_in, with_kwargs=True)
-    for i in range(n_layers):
+    for i in range(n_layers if layer_inputs else 1):
+        layers[i].register_forward_pre_hook(layer_in(i), with_kwargs=True)
+    for i in range(n_layers - 1 if layer_inputs else 0, n_layers):
         layers[i].register_forward_hook(layer_out(i))
     ctx.model.get_output_embeddings().register_forward_pre_hook(
         lambda _mod, args: ctx.put("final", args[0]))
@@ -319,16 +349,41 @@ def top_two(logits):
     return top, second, float(logits[top]) - float(logits[second])
 
 
-def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
+def plain_step(ctx):
+    """A text model's step: the token through the model's own forward, with its cache."""
+    def step(_t, token, cache):
+        out = ctx.model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], out.past_key_values
+    return step
+
+
+def check_finite_vision(vision, p, text):
+    for name, v in vision.items():  # in the order the vision tower computed them
+        bad = ~torch.isfinite(v.reshape(-1))
+        if bad.any():
+            raise NonFiniteReference(f"prompt {p} ({text!r}): the vision tower's {name} holds {int(bad.sum())} "
+                                     f"non-finite values of {v.numel()}")
+
+
+def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps=None, image=None):
     """Traces one prompt; returns the greedy tokens and, per generated token, the runner-up token and
-    HF's top-1 - top-2 margin at that step."""
+    HF's top-1 - top-2 margin at that step. steps: the family's own step maker (trace_families), which
+    also takes the prompt's image (pixel_values, image_grid_thw) and runs its vision tower once."""
     cache, generated, runner_up, margins = None, [], [], []
     seq = list(ids)
+    if steps is None:
+        step = plain_step(ctx)
+    else:
+        vision, step = steps(ctx, ids, image)
+        if image is not None:
+            tensors[f"p{p}/pixels"] = image[0].detach().clone()
+            check_finite_vision(vision, p, text)
+            for name, v in vision.items():
+                tensors[f"p{p}/{name}"] = v
     for t in range(len(ids) + n_new - 1):
         ctx.step = {}
-        out = ctx.model(input_ids=torch.tensor([[seq[t]]]), past_key_values=cache, use_cache=True)
-        cache = ctx.cache = out.past_key_values
-        logits = out.logits[0, -1]
+        logits, cache = step(t, seq[t], cache)
+        ctx.cache = cache
         if logits.shape[0] != vocab:
             raise Unsupported(f"logits have {logits.shape[0]} entries, config vocab is {vocab}")
         ctx.put("logits", logits)
@@ -350,23 +405,32 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab):
     return generated, runner_up, margins
 
 
-# Trace inputs are typed: "text", or "ids" (token ids as a runtime was fed them); pixels and audio
-# samples come with the families that take them.
-INPUT_TYPES = {"text": str, "ids": list}
+# Trace inputs are typed: "text", "ids" (token ids as a runtime was fed them), or "image" (an image
+# file and the text after it, for a family with a vision tower); audio samples come with the
+# families that take them.
+INPUT_TYPES = {"text": str, "ids": list, "image": str}
 
 
-def typed_inputs(items):
+def typed_inputs(items, kinds=INPUT_TYPES):
     """A trace's inputs as (kind, value) pairs: a JSON list whose entries are {"type": "text", "text":
-    "..."}, a plain string (a text input) or {"type": "ids", "ids": [non-negative ints]}. Any other
-    type is refused, naming the entry."""
+    "..."}, a plain string (a text input), {"type": "ids", "ids": [non-negative ints]} or
+    {"type": "image", "image": "<file>", "text": "..."} (value: (file, text)). A type not in kinds
+    (the model's: image only for a family with a vision tower) is refused, naming the entry."""
     if not isinstance(items, list) or not items:
         raise ValueError("must hold a non-empty JSON list of inputs (strings or {\"type\": \"text\", \"text\": ...})")
     inputs = []
     for n, item in enumerate(items):
         if isinstance(item, dict):
             kind = item.get("type")
-            if kind not in INPUT_TYPES:
-                raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(INPUT_TYPES)}")
+            if kind not in kinds:
+                raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(kinds)}")
+            if kind == "image":
+                if set(item) != {"type", "image", "text"} or not isinstance(item["image"], str) \
+                        or not isinstance(item["text"], str) or not item["image"]:
+                    raise ValueError(f"[{n}]: an input of type image is {{\"type\": \"image\", \"image\": <file>, "
+                                     f"\"text\": <string>}}, got keys {sorted(item)}")
+                inputs.append(("image", (item["image"], item["text"])))
+                continue
             if set(item) != {"type", kind} or not isinstance(item[kind], INPUT_TYPES[kind]):
                 what = "<string>" if kind == "text" else "[token ids]"
                 raise ValueError(f"[{n}]: an input of type {kind} is {{\"type\": \"{kind}\", \"{kind}\": {what}}}, got keys {sorted(item)}")
@@ -418,6 +482,8 @@ def main():
     ap.add_argument("--prompts", required=True, help="JSON list of prompt strings")
     ap.add_argument("--new-tokens", type=int, required=True)
     ap.add_argument("--max-context", type=int, required=True)
+    ap.add_argument("--image-size", metavar="HxW",
+                    help="the recipe's image size: every image input is stretched to it (pixels.py); required with image inputs")
     ap.add_argument("--whole-model", action="store_true",
                     help="load every weight in fp32 up front (HF's plain from_pretrained): the reference the "
                          "streamed default is tested against byte for byte; needs ~4 bytes per parameter")
@@ -438,21 +504,55 @@ def main():
             prompts = json.load(f)
     except (OSError, ValueError) as e:
         fail(f"reading {args.prompts}: {e}")
+    try:  # the model's input kinds: images only where its family traces them (trace_families steps)
+        family_of = transformers.AutoConfig.from_pretrained(args.model).model_type
+    except Exception:  # noqa: BLE001  (a bad --model is reported below, by the loader)
+        family_of = None
+    takes_images = family_of in FAMILIES and FAMILIES[family_of].steps is not None
     try:
-        inputs = typed_inputs(prompts)
+        inputs = typed_inputs(prompts, INPUT_TYPES if takes_images else {k: v for k, v in INPUT_TYPES.items() if k != "image"})
     except ValueError as e:
         fail(f"{args.prompts}: {e}")
 
     tok = transformers.AutoTokenizer.from_pretrained(args.model)
     # Text: the tokenizer's default special tokens, no template. Ids: as given, checked against the
     # config's vocabulary here, before the model loads (an embedding lookup would fail obscurely).
-    vocab_size = transformers.AutoConfig.from_pretrained(args.model).get_text_config().vocab_size
-    encoded = [tok(v)["input_ids"] if kind == "text" else v for kind, v in inputs]
+    config = transformers.AutoConfig.from_pretrained(args.model)
+    vocab_size = config.get_text_config().vocab_size
+    images = {}  # input index -> (pixel_values, image_grid_thw), and its record
+    if any(kind == "image" for kind, _ in inputs):
+        if not args.image_size:
+            fail(f"{args.prompts}: image inputs need --image-size HxW (the recipe's image size)")
+        try:
+            image_hw = pixels.parse_size(args.image_size)
+        except ValueError as e:
+            fail(f"--image-size: {e}")
+    encoded = []
+    for n, (kind, v) in enumerate(inputs):
+        if kind == "text":
+            encoded.append(tok(v)["input_ids"])
+        elif kind == "ids":
+            encoded.append(v)
+        else:  # an image: its pixels (the HF reference, pixels.py) and its tokens before the text's
+            path, text = v
+            try:
+                pv, grid = pixels.reference_pixels(args.model, path, *image_hw)
+                with open(path, "rb") as f:
+                    digest = hashlib.sha256(f.read()).hexdigest()
+            except (OSError, ValueError) as e:
+                fail(f"{args.prompts}: input {n}: {e}")
+            merge = config.vision_config.spatial_merge_size
+            count = int(grid[0].prod()) // (merge * merge)
+            ids = ([config.vision_start_token_id] + [config.image_token_id] * count + [config.vision_end_token_id]
+                   + tok(text)["input_ids"])
+            encoded.append(ids)
+            images[n] = ((pv, grid), {"file": os.path.basename(path), "sha256": digest, "size": list(image_hw),
+                                      "grid": grid[0].tolist(), "tokens": count, "start": ids.index(config.image_token_id)})
     for n, ((kind, _), ids) in enumerate(zip(inputs, encoded)):
         bad = [i for i in ids if i >= vocab_size] if kind == "ids" else []
         if bad:
             fail(f"{args.prompts}: input {n}: token id {bad[0]} is outside the vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
-    prompts = [v if kind == "text" else tok.decode(v) for kind, v in inputs]
+    prompts = [v if kind == "text" else v[1] if kind == "image" else tok.decode(v) for kind, v in inputs]
     for s, ids in zip(prompts, encoded):
         if not ids:
             fail(f"prompt {s!r} tokenizes to nothing")
@@ -464,7 +564,7 @@ def main():
     try:
         family, model, streamed = load(args.model, args.whole_model)
         loaded, loaded_cpu = time.monotonic(), time.process_time()
-        capture, hooks, pending = FAMILIES[family]
+        capture, hooks, pending, steps, layer_inputs = FAMILIES[family]
         tc = model.config.get_text_config()
         n_layers, vocab = tc.num_hidden_layers, tc.vocab_size
         dims = {"layers": n_layers, "hidden": tc.hidden_size, "vocab": vocab,
@@ -472,15 +572,17 @@ def main():
         ctx = Ctx(model, model.get_decoder().layers)
         if len(ctx.layers) != n_layers:
             raise Unsupported(f"{len(ctx.layers)} decoder layers, config says {n_layers}")
-        install_hooks(ctx, n_layers)
+        install_hooks(ctx, n_layers, layer_inputs)
         if hooks:
             hooks(ctx)
         tensors, records = {}, []
         with torch.no_grad():
             for p, (text, ids) in enumerate(zip(prompts, encoded)):
-                gen, second, margins = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab)
+                image, about = images.get(p, (None, None))
+                gen, second, margins = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps, image)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
-                                "runner_up": second, "margins": margins, "steps": len(ids) + n_new - 1})
+                                "runner_up": second, "margins": margins, "steps": len(ids) + n_new - 1,
+                                **({"image": about} if about else {})})
         traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")

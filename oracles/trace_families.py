@@ -31,7 +31,7 @@ def put_kv_rows(ctx):
             raise Unsupported(f"cache layer {i} is {kind.__name__}")
 
 
-def capture_attention(ctx):  # qwen3, qwen3_vl (text only): every layer is plain KV attention
+def capture_attention(ctx):  # qwen3, qwen3_vl: every layer is plain KV attention
     put_kv_rows(ctx)
 
 
@@ -133,6 +133,98 @@ def hooks_gemma4(ctx):
         layer.register_forward_pre_hook(put_input(i), with_kwargs=True)
 
 
+def hooks_qwen3_vl(ctx):
+    """The vision tower's tensors, for a prompt with an image, from HF's own modules while it runs
+    (ctx.vision is a dict then, None otherwise): vision.embed (the input of block 0: patch embed +
+    interpolated position embedding), vision.block.{j} (block j's output), vision.merged (the merger's
+    output: the image embeddings spliced into the prompt) and vision.deepstack.{k} (DeepStack merger
+    k's output, added after decoder layer k at the image positions). Refuses a config whose DeepStack
+    would reach the last decoder layer: the trace's h.{i+1} (the input of layer i+1, after the
+    addition) would then have no layer to enter."""
+    visual = ctx.model.model.visual
+    n_ds, n_layers = len(visual.deepstack_merger_list), len(ctx.layers)
+    if n_ds >= n_layers:
+        raise Unsupported(f"{n_ds} DeepStack features for {n_layers} decoder layers: the last layer's output would get one")
+    ctx.vision = None
+
+    def put(name, t):
+        if ctx.vision is None:
+            return
+        if name in ctx.vision:
+            raise Unsupported(f"{name} captured twice for one image")
+        ctx.vision[name] = t.detach().clone()
+
+    visual.blocks[0].register_forward_pre_hook(
+        lambda _m, args, kwargs: put("vision.embed", args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
+    for j, block in enumerate(visual.blocks):
+        block.register_forward_hook(lambda _m, _a, out, j=j: put(f"vision.block.{j}", out))
+    visual.merger.register_forward_hook(lambda _m, _a, out: put("vision.merged", out))
+    for k, merger in enumerate(visual.deepstack_merger_list):
+        merger.register_forward_hook(lambda _m, _a, out, k=k: put(f"vision.deepstack.{k}", out))
+
+
+def steps_qwen3_vl(ctx, ids, image):
+    """One prompt of Qwen3-VL, one token per step as HF's generate feeds it, through HF's own
+    modules: returns (vision, step) where vision holds the vision tower's tensors (hooks_qwen3_vl;
+    empty for a text prompt) and step(t, token, cache) -> (logits, cache) runs step t.
+
+    image: None (a text prompt) or (pixel_values [patches, C*T*P*P], image_grid_thw [1, 3]); the
+    prompt's <|image_pad|> tokens are then the image's (trace.py lays them out). The vision tower runs
+    once (model.model.visual). Each step calls the language model with inputs_embeds: the token's
+    embedding row, or at the k-th image token the k-th merged image row (what HF's masked_scatter puts
+    there); M-RoPE position_ids [3, 1, 1] from HF's get_rope_index over the whole prompt (image
+    tokens (s, s+row, s+col), text t = h = w, text after an image resumes at max + 1), and for a
+    generated token t + rope_delta (as HF's generate: the cache position plus get_rope_index's delta);
+    DeepStack: at an image token, visual_pos_masks [[True]] and that token's row of every DeepStack
+    feature (HF adds feature i to the output of layer i at image positions), at a text token none.
+    Puts mrope int64[3] (t, h, w) into every step."""
+    model = ctx.model
+    inner, cfg = model.model, model.config
+    prompt = torch.tensor([ids])
+    image_at = {}
+    vision = {}
+    if image is None:
+        mm = torch.zeros_like(prompt, dtype=torch.int32)
+        pos, delta = inner.get_rope_index(prompt, mm)
+        merged = deepstack = None
+    else:
+        pixel_values, grid = image
+        ctx.vision = {}
+        try:
+            out = inner.visual(pixel_values, grid_thw=grid, return_dict=True)
+            vision = ctx.vision
+        finally:
+            ctx.vision = None
+        merged, deepstack = out.pooler_output, list(out.deepstack_features)
+        positions = [i for i, x in enumerate(ids) if x == cfg.image_token_id]
+        if len(positions) != merged.shape[0]:
+            raise Unsupported(f"the prompt has {len(positions)} image tokens, the vision tower gave {merged.shape[0]} rows")
+        image_at = {i: k for k, i in enumerate(positions)}
+        mm = (prompt == cfg.image_token_id).int()
+        pos, delta = inner.get_rope_index(prompt, mm, image_grid_thw=grid)
+    embed = model.get_input_embeddings()
+    language = inner.language_model
+
+    def step(t, token, cache):
+        if t < len(ids):
+            p3 = pos[:, :, t:t + 1]
+        else:
+            p3 = (torch.tensor(t) + delta.reshape(())).reshape(1, 1, 1).expand(3, 1, 1)
+        k = image_at.get(t)
+        if k is None:
+            x, masks, features = embed(torch.tensor([[token]])), None, None
+        else:
+            x = merged[k].reshape(1, 1, -1)
+            masks, features = torch.ones(1, 1, dtype=torch.bool), [f[k:k + 1] for f in deepstack]
+        out = language(inputs_embeds=x, position_ids=p3, past_key_values=cache, use_cache=True,
+                       visual_pos_masks=masks, deepstack_visual_embeds=features)
+        logits = model.get_output_embeddings()(out.last_hidden_state)[0, -1]
+        ctx.put("mrope", p3.reshape(3).to(torch.int64))
+        return logits, out.past_key_values
+
+    return vision, step
+
+
 # Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
 # rank orders the finite check, so the first non-finite tensor named is where NaN/Inf entered.
 LAYER_CAPTURES = {
@@ -148,11 +240,15 @@ LAYER_CAPTURES = {
 
 # model_type -> Family: capture(ctx) runs after every step and puts that family's cache/state
 # tensors; hooks(ctx) (optional) runs once after loading and registers forward hooks that put
-# per-layer captures into ctx.step; pending: what is not captured yet (a warning).
-Family = collections.namedtuple("Family", "capture hooks pending")
+# per-layer captures into ctx.step; pending: what is not captured yet (a warning); steps (optional):
+# steps(ctx, ids, image) -> (vision tensors, step(t, token, cache) -> (logits, cache)), the family's
+# own way to feed one token (and its image inputs; a family without it takes no image); layer_inputs:
+# h.{i} for 0 < i < L is the input of layer i (a pre-hook), not the output of layer i-1, because the
+# model changes the residual between layers (Qwen3-VL's DeepStack).
+Family = collections.namedtuple("Family", "capture hooks pending steps layer_inputs", defaults=(None, False))
 FAMILIES = {
     "qwen3": Family(capture_attention, None, None),
-    "qwen3_vl": Family(capture_attention, None, None),
+    "qwen3_vl": Family(capture_attention, hooks_qwen3_vl, None, steps_qwen3_vl, True),
     "qwen3_5": Family(capture_qwen3_5, None, None),
     "phimoe": Family(put_kv_rows, hooks_phimoe, None),
     "gemma4": Family(capture_gemma4, hooks_gemma4, None),

@@ -4,21 +4,32 @@ A random model's next-token margins (top-1 minus top-2 logit) are smaller than t
 weights, so its greedy continuations flip under quantization and no parity gate can be N/N. Each
 twin's text model is therefore trained briefly on twin_corpus.PASSAGES until it has memorised them,
 deterministically on CPU (fixed seed and thread count, deterministic algorithms, full batch, fixed
-steps), and its confidence along every prompt's continuation is measured and enforced.
+steps), and its confidence along every prompt's continuation is measured and enforced. The
+qwen3_vl twin also learns, vision tower included, to caption twin_images' pictures behind an image
+prompt, and its answers to the test images are measured too.
 """
+import io
 import math
 
 import torch
 
+import pixels
 import twin_corpus
+import twin_images
 
 THREADS = 2  # fixed whatever the machine: the reduction order, hence the bytes, follows it
 # Full-batch AdamW with a short warmup and a cosine decay; the numbers are what memorises the
-# corpus on every family within the time budget (make_twin prints the final loss).
-STEPS = {"qwen3": 36, "qwen3_odd": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 36}
+# corpus on every family within the time budget (make_twin prints the final loss). qwen3_vl also
+# learns its pictures' captions, which takes the vision tower longer: at 100 steps two test images
+# were still named wrongly; at 120 all four are named, with margins >= 4.3 (140: >= 5.5; two
+# placements instead of three: one test image at 0.19-1.2).
+STEPS = {"qwen3": 36, "qwen3_odd": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 120}
 LR, WARMUP, WEIGHT_DECAY = 2e-2, 5, 0.01
 # Greedy continuation length measured per prompt: the longest a tiny recipe traces.
 NEW_TOKENS = 64
+# Greedy continuation length measured per test image (qwen3_vl): its caption's first sentence and
+# more (the captions run 32-40 tokens); a traced image prompt is confident this far.
+IMAGE_NEW_TOKENS = 24
 # An MoE router's top-1/top-2 and top-2/top-3 logit gaps are pushed to at least this during
 # training (hinge loss): plain LM training leaves some tokens' expert choices within 1e-5 of a flip,
 # where W8 or fp16 noise changes the routing (a real MoE's router is not on such knife edges).
@@ -29,21 +40,26 @@ ROUTER_GAP_FLOOR = 0.1  # what make_twin enforces on the saved twin (measured mi
 MARGIN_FLOOR = 0.5
 
 
+def _groups(items, length):
+    """items longest first (stable), in groups that close when the next item is under 3/4 of the
+    group's longest."""
+    groups, cur = [], []
+    for it in sorted(items, key=lambda x: -length(x)):
+        if cur and length(it) < 0.75 * length(cur[0]):
+            groups.append(cur)
+            cur = []
+        cur.append(it)
+    groups.append(cur)
+    return groups
+
+
 def _batches(tok):
     """Every passage from position 0 (the tokenizer's own special tokens, as the trace encodes),
     longest first, in groups of similar length, right-padded: the models are causal, so padding
     never reaches a real token, and it is not a target. Groups keep padding (wasted CPU) small;
     their gradients are summed into one full-batch step."""
-    seqs = sorted((tok(p)["input_ids"] for p in twin_corpus.PASSAGES), key=lambda s: -len(s))
-    groups, cur = [], []
-    for s in seqs:  # a group closes when the next passage is under 3/4 of its longest
-        if cur and len(s) < 0.75 * len(cur[0]):
-            groups.append(cur)
-            cur = []
-        cur.append(s)
-    groups.append(cur)
     out = []
-    for g in groups:
+    for g in _groups([tok(p)["input_ids"] for p in twin_corpus.PASSAGES], len):
         ids = torch.full((len(g), len(g[0])), tok.pad_token_id, dtype=torch.long)
         labels = torch.full((len(g), len(g[0])), -100, dtype=torch.long)
         for i, s in enumerate(g):
@@ -53,14 +69,66 @@ def _batches(tok):
     return out
 
 
-def train(model, tok, family, seed, steps=None):
+def image_prompt_ids(config, tok, grid, text):
+    """The token ids of an image prompt as trace.py builds them: <|vision_start|>, one <|image_pad|>
+    per merged patch (grid t*h*w / merge^2), <|vision_end|>, then the text's own ids."""
+    merge = config.vision_config.spatial_merge_size
+    n = int(grid[0] * grid[1] * grid[2]) // (merge * merge)
+    return ([config.vision_start_token_id] + [config.image_token_id] * n + [config.vision_end_token_id]
+            + tok(text)["input_ids"])
+
+
+def _image_batches(model, tok, image_processor):
+    """The qwen3_vl twin's (image, caption) examples (twin_images.training_images): pixels
+    stretched to the tiny recipe's size and made by the checkpoint's own image processor (pixels.py,
+    as the trace makes them), ids = image prompt + IMAGE_PROMPT + caption, grouped by length like
+    the text and right-padded; the loss is on the caption tokens only. Returns [(inputs, targets)]:
+    inputs for _caption_loss, targets the number of caption tokens."""
+    cfg = model.config
+    h, w = twin_images.IMAGE_SIZE
+    examples = []
+    for img, cap, name in twin_images.training_images():
+        pv, grid = pixels.processor_pixels(image_processor, pixels.stretch(img.convert("RGB"), h, w), h, w, name)
+        prompt = image_prompt_ids(cfg, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)
+        examples.append((pv, grid, prompt, tok(cap)["input_ids"]))
+    out = []
+    for group in _groups(examples, lambda ex: len(ex[2]) + len(ex[3])):
+        width = max(len(p) + len(c) for _, _, p, c in group)
+        ids = torch.full((len(group), width), tok.pad_token_id, dtype=torch.long)
+        labels = torch.full((len(group), width), -100, dtype=torch.long)
+        for i, (_, _, p, c) in enumerate(group):
+            ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+            labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+        inputs = {"input_ids": ids, "labels": labels, "pixel_values": torch.cat([g[0] for g in group]),
+                  "image_grid_thw": torch.cat([g[1] for g in group]),
+                  "mm_token_type_ids": (ids == cfg.image_token_id).int()}
+        out.append((inputs, sum(len(c) for _, _, _, c in group)))
+    return out
+
+
+def _caption_loss(model, inputs):
+    """HF's causal-LM loss (mean cross-entropy of each labelled token given the ones before it),
+    with the lm_head run only where a label follows: an image prompt is 26 tokens of which none
+    is a target, and the logits over the vocabulary are most of a tiny model's cost."""
+    labels = inputs["labels"]
+    hidden = model.model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False).last_hidden_state
+    before = labels[:, 1:] != -100
+    logits = model.lm_head(hidden[:, :-1][before])
+    return torch.nn.functional.cross_entropy(logits.float(), labels[:, 1:][before])
+
+
+def train(model, tok, family, seed, steps=None, image_processor=None):
     """Train the text model in fp32 in place; returns {steps, tokens, first/final loss}. Towers the
-    text never reaches (vision, audio) get no gradient, so AdamW leaves them as initialised."""
+    text never reaches (vision, audio) get no gradient, so AdamW leaves them as initialised. With
+    image_processor (qwen3_vl), the whole model, vision tower included, also learns to caption
+    twin_images' pictures (IMAGE_PROMPT + caption after the image tokens)."""
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)  # PhiMoE's router jitter and Gumbel sampling draw from it
-    batches = _batches(tok)
-    targets = sum(n for _, _, n in batches)
+    batches = [(dict(input_ids=ids, labels=labels), n) for ids, labels, n in _batches(tok)]
+    if image_processor is not None:
+        batches += _image_batches(model, tok, image_processor)
+    targets = sum(n for _, n in batches)
     steps = STEPS[family] if steps is None else steps
     params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.98), weight_decay=WEIGHT_DECAY)
@@ -73,9 +141,10 @@ def train(model, tok, family, seed, steps=None):
     for _ in range(steps):
         opt.zero_grad(set_to_none=True)
         loss = 0.0
-        for ids, labels, n in batches:  # HF's loss is a mean over the group's targets
+        for inputs, n in batches:  # HF's loss is a mean over the group's targets
             router_logits.clear()
-            part = model(input_ids=ids, labels=labels, use_cache=False).loss * (n / targets)
+            loss_of = _caption_loss if "pixel_values" in inputs else lambda m, x: m(**x, use_cache=False).loss
+            part = loss_of(model, inputs) * (n / targets)
             for logits in router_logits:  # mean hinge over this group's tokens, weighted like its loss
                 s = torch.sort(logits.reshape(-1, logits.shape[-1]), dim=-1, descending=True).values
                 gaps = torch.cat([s[:, 0] - s[:, 1], s[:, 1] - s[:, 2]])
@@ -105,12 +174,49 @@ def _routers(model):
     return [m for n, m in sorted(model.named_modules()) if type(m).__name__ == "PhimoeTopKRouter"]
 
 
+def image_inputs(model, tok, image_processor, name):
+    """HF's inputs for twin_images test image name behind IMAGE_PROMPT, as the processor would make
+    them (Qwen3VLProcessor itself needs torchvision for its video half): the file's bytes decoded,
+    stretched to IMAGE_SIZE and made into pixels by the checkpoint's image processor (pixels.py),
+    the image prompt's ids (trace.py's layout), mm_token_type_ids 1 at the image tokens."""
+    h, w = twin_images.IMAGE_SIZE
+    img = pixels.stretch(pixels.open_rgb(io.BytesIO(twin_images.test_image_bytes(name))), h, w)
+    pv, grid = pixels.processor_pixels(image_processor, img, h, w, name)
+    ids = torch.tensor([image_prompt_ids(model.config, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pv, "image_grid_thw": grid,
+            "mm_token_type_ids": (ids == model.config.image_token_id).int()}
+
+
 @torch.no_grad()
-def measure_confidence(model, tok, generation_config):
+def measure_images(model, tok, generation_config, image_processor):
+    """The image prompts' greedy continuations (IMAGE_NEW_TOKENS, EOS not stopping them) and
+    their margins, one record per test image, and the margins' distribution."""
+    gc = generation_config.__class__.from_dict(generation_config.to_dict())
+    gc.eos_token_id, gc.max_new_tokens, gc.min_new_tokens = None, IMAGE_NEW_TOKENS, None
+    gc.return_dict_in_generate, gc.output_logits = True, True
+    records, margins = [], []
+    for name in twin_images.TEST_IMAGES:
+        enc = image_inputs(model, tok, image_processor, name)
+        out = model.generate(**enc, generation_config=gc)
+        top = [torch.topk(l[0].float(), 2).values for l in out.logits]
+        m = [float(t[0] - t[1]) for t in top]
+        margins += m
+        got = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
+        want = tok(twin_images.test_caption(name))["input_ids"]
+        records.append({"image": name, "prompt": twin_images.IMAGE_PROMPT, "continuation": tok.decode(got),
+                        "tokens": got, "min_margin": float(f"{min(m):.6g}"),
+                        "memorised": sum(a == b for a, b in zip(got, want))})
+    return {"image_prompts": records, "image_margins": _stats(margins), "image_new_tokens": IMAGE_NEW_TOKENS,
+            "image_size": list(twin_images.IMAGE_SIZE)}
+
+
+@torch.no_grad()
+def measure_confidence(model, tok, generation_config, image_processor=None):
     """Greedy-generate NEW_TOKENS after every prompt (fp32, cached decode as the trace does, EOS
     not stopping it) and collect top-1 minus top-2 logit margins at each generated step. For an MoE
     also the router's gaps over prompt and continuation: top-1 vs top-2 decides the first expert,
-    top-2 vs top-3 the second (HF's sparsemixer picks them by argmax in eval)."""
+    top-2 vs top-3 the second (HF's sparsemixer picks them by argmax in eval). With image_processor
+    (qwen3_vl) also the test images' prompts (measure_images)."""
     gc = generation_config.__class__.from_dict(generation_config.to_dict())
     gc.eos_token_id, gc.max_new_tokens, gc.min_new_tokens = None, NEW_TOKENS, None
     gc.return_dict_in_generate, gc.output_logits = True, True
@@ -139,6 +245,8 @@ def measure_confidence(model, tok, generation_config):
                 gaps["top2_top3"] += (s[:, 1] - s[:, 2]).tolist()
     result = {"margins": _stats(margins), "prompts": prompts, "new_tokens": NEW_TOKENS,
               "margin_floor": MARGIN_FLOOR}
+    if image_processor is not None:
+        result.update(measure_images(model, tok, generation_config, image_processor))
     if gaps["top1_top2"]:
         result["router_gaps"] = {k: _stats(v) for k, v in gaps.items()}
         result["router_gap_floor"] = ROUTER_GAP_FLOOR

@@ -9,7 +9,7 @@ import type { AutoParams } from '../src/quant/auto.js';
 import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
 import type { PlanParams } from '../src/plan/stage.js';
-import type { ExportParams } from '../src/families/export-stage.js';
+import type { ExportParams } from '../src/export/stage.js';
 import type { TraceInput, TraceParams } from '../src/gates/trace-stage.js';
 import type { OracleParams } from '../src/gates/oracle.js';
 import type { HandoffParams } from '../src/quant/handoff.js';
@@ -53,7 +53,12 @@ function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageN
 }
 
 function traceNode(recipe: Recipe, s: ArchSettings, prompts?: TraceInput[]): StageNode {
-  const params: TraceParams = { prompts: prompts ?? recipe.gates.prompts, newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext };
+  // Image prompts follow the text ones (a --prompt or --from run traces only what it was given).
+  const images: TraceInput[] = recipe.gates.imagePrompts.map((p) => ({ type: 'image', text: p.text, made: p.image.made }));
+  const params: TraceParams = {
+    prompts: prompts ?? [...recipe.gates.prompts, ...images], newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext,
+    ...(s.image && !prompts && images.length ? { image: s.image } : {}),
+  };
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
 }
 
@@ -205,6 +210,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     lmHeadScheme,
     maxContext: s.maxContext,
     prefillLength: s.prefillLength,
+    ...(s.image ? { image: s.image } : {}),
     hostTables: id === 'quantize',
     // W8 and W4 in the form the compile toolchain reads as quantized weights (see quant/weights.ts):
     // QDQ for the QAIRT converter (W4's checked against the stand-in SDK only, quant/w4-qdq.ts).
@@ -217,7 +223,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     ...(id === 'quantize' && s.rescale.length ? { rescale: s.rescale.map(({ match, scale }) => ({ match, scale })) } : {}),
   };
   const precision: Record<string, string> = id === 'quantize' && s.quant === 'auto' ? { precision: 'precision' } : {};
-  return { id, module: src('families/export-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
+  return { id, module: src('export/stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
 }
 
 export interface PipelineOptions {

@@ -13,7 +13,7 @@ import { fixedMemory, workingSet, type MemoryPrediction, type StageMemory } from
 import { machineFor } from '../src/engine/scheduler.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ShardPlan } from '../src/plan/shards.js';
-import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../src/export/graphs.js';
 import { formatBytes as gb } from '../src/units.js';
 
 const GB = 1e9;

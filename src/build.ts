@@ -11,7 +11,7 @@ import type { OracleResult } from './gates/oracle.js';
 import type { TraceMeta } from './gates/trace.js';
 import { buildConfidence } from './bundle/confidence.js';
 import type { ShardPlan } from './plan/shards.js';
-import { GRAPHS_JSON, type ExportManifest } from './families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from './export/graphs.js';
 import { exportMatrices, precisionRows, type PrecisionRow } from './bundle/precision-map.js';
 import { PRECISION_JSON } from './quant/precision.js';
 import type { PrecisionResult } from './quant/auto.js';
@@ -93,7 +93,7 @@ export interface BuildRequest {
 /** Prompts that replace a recipe's gates.prompts, checked: an empty list, prompt or id list is refused, naming which. */
 export function checkPrompts<P extends TraceInput>(prompts: P[]): P[] {
   if (!prompts.length) throw new RecipeError('--prompt: no prompts given');
-  const empty = prompts.findIndex((p) => (typeof p === 'string' ? !p.trim() : !p.ids.length));
+  const empty = prompts.findIndex((p) => (typeof p === 'string' ? !p.trim() : p.type === 'ids' ? !p.ids.length : !p.text.trim()));
   if (empty >= 0) throw new RecipeError(`--prompt: prompt ${empty + 1} of ${prompts.length} is empty`);
   return prompts;
 }

@@ -34,11 +34,14 @@ function vitestFailures(r: VitestJson): string[] {
 
 const log = (m: string) => process.stderr.write(`${m}\n`);
 
+/** The stage cache one `forge test` run shares between its vitest files and the native suite's bundles. */
+const testCache = (dir: string) => join(dir, 'cache');
+
 async function vitest(args: string[], dir: string): Promise<Counts & { code: number }> {
   const report = join(dir, 'vitest.json');
   const bin = join(repoRoot(), 'node_modules', 'vitest', 'vitest.mjs');
   const code = await new Promise<number>((resolve) => {
-    const p = spawn(process.execPath, [bin, 'run', '--reporter=default', '--reporter=json', `--outputFile.json=${report}`, ...args], { cwd: repoRoot(), stdio: 'inherit' });
+    const p = spawn(process.execPath, [bin, 'run', '--reporter=default', '--reporter=json', `--outputFile.json=${report}`, ...args], { cwd: repoRoot(), stdio: 'inherit', env: { ...process.env, FORGE_TEST_CACHE: testCache(dir) } });
     p.on('exit', (c) => resolve(c ?? 1));
   });
   try {
@@ -54,7 +57,8 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
 /** The ctest suite needs real tiny bundles (every family's, fp32 and W8: make-bundle --all) and their HF traces. */
 async function ctest(dir: string): Promise<Counts & { code: number }> {
   const build = await ensureNative();
-  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: join(dir, 'cache') } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --all`;
+  // The vitest run's cache: the tiny twins' builds it made are the bundles' too.
+  const made = await $({ quiet: true, cwd: repoRoot(), env: { ...process.env, FORGE_CACHE: testCache(dir) } })`node --import tsx test/helpers/make-bundle.ts ${join(dir, 'bundles')} --all`;
   const bundles = JSON.parse(made.stdout.trim().split('\n').pop()!) as Parameters<typeof nativeTestEnv>[0];
   const r = await runNativeTests(build, nativeTestEnv(bundles));
   // A green run prints one line per test (and the parity figures); a red one prints everything.

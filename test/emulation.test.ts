@@ -11,7 +11,7 @@ import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
 import { getArch } from '../src/arch/table.js';
 import { getFamily } from '../src/families/index.js';
-import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../src/export/graphs.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
 import { compileContext } from '../src/toolchain/qnn/compile.js';

@@ -12,7 +12,7 @@ import { build } from '../src/build.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { silentProgress } from '../src/engine/progress.js';
 import { cacheRoot } from '../src/paths.js';
-import type { ExportManifest } from '../src/families/export-stage.js';
+import type { ExportManifest } from '../src/export/graphs.js';
 import type { OracleResult } from '../src/gates/oracle.js';
 import { gemma4, geluTanh, invFreq, parseGemma4Config, softcap, type Gemma4Config } from '../src/families/gemma4.js';
 import { ringMask } from '../src/families/gemma4-gates.js';

@@ -7,7 +7,10 @@ import { ensureVenv } from '../src/toolchain/venv.js';
 
 export default async function setup(): Promise<() => void> {
   await ensureVenv();
-  const cache = mkdtempSync(join(tmpdir(), 'forge-test-cache-'));
+  // `forge test` hands one private cache to vitest and then to the native suite's bundles (the same
+  // tiny builds, made once); it removes it itself. A plain vitest run makes and removes its own.
+  const shared = process.env.FORGE_TEST_CACHE;
+  const cache = shared ?? mkdtempSync(join(tmpdir(), 'forge-test-cache-'));
   process.env.FORGE_CACHE = cache;
-  return () => rmSync(cache, { recursive: true, force: true });
+  return () => { if (!shared) rmSync(cache, { recursive: true, force: true }); };
 }

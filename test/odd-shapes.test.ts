@@ -7,7 +7,7 @@ import { cpSync, mkdtempSync, readFileSync, readdirSync, statSync, writeFileSync
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { forge, lastJson } from './helpers/forge-cli.js';
-import { GRAPHS_JSON, type ExportManifest } from '../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../src/export/graphs.js';
 import { cacheRoot } from '../src/paths.js';
 
 let work: string;

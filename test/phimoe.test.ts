@@ -13,7 +13,7 @@ import { cacheRoot } from '../src/paths.js';
 import { readModel } from '../src/onnx/reader.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
-import type { ExportManifest } from '../src/families/export-stage.js';
+import type { ExportManifest } from '../src/export/graphs.js';
 import { runOracleGate, type OracleResult } from '../src/gates/oracle.js';
 import { Trace } from '../src/gates/trace.js';
 import { assembleBundle } from '../src/bundle/assemble.js';

@@ -36,11 +36,16 @@ struct DecoderGenerate::Pass {
   // f16 hand-offs: the shards write and the next graphs read these; the first shard still reads
   // the host's float32 embedding rows in residual[0].
   std::vector<Ort::Float16_t> half[2], lm_in_half;
-  // By window: 0 the absolute positions and the mask over the whole cache; w the ring slots
-  // (position mod w) and the mask over a ring of w slots.
-  std::map<int, std::vector<int32_t>> positions;
+  // By (window, rows): window 0 the absolute positions and the mask over the whole cache; w the ring
+  // slots (position mod w) and the mask over a ring of w slots. rows 3: multimodal RoPE [3, n].
+  std::map<std::pair<int, int>, std::vector<int32_t>> positions;
   std::map<int, std::unique_ptr<StepMask>> masks;
   std::map<std::pair<int, int>, RowsFeed> rows;  // by (table, layer or -1), shared by the graphs that read it
+  struct EncoderFeed {
+    int64_t width;
+    std::vector<float> buf;  // [n, width]
+  };
+  std::map<std::string, EncoderFeed> encoder;  // encoder-output inputs by output name, shared by the graphs that read it
   std::vector<Step> steps;
   std::vector<float> lm_in, logits;
   std::unique_ptr<GraphBinding> lm_head;  // null when the last shard gives the logits
@@ -78,7 +83,7 @@ DecoderGenerate::DecoderGenerate(const Manifest& manifest, Executor& executor, D
   bool all_prefill = true;
   int prefill_tokens = 0;
   for (const Context& c : m_.contexts) {
-    if (c.graph(role::lm_head)) continue;
+    if (c.graph(role::lm_head) || !c.graph(role::decode)) continue;  // the lm-head; an encoder (not a shard)
     const Graph* p = c.graph(role::prefill);
     if (!p || (prefill_tokens && p->tokens != prefill_tokens)) all_prefill = false;
     else prefill_tokens = p->tokens;
@@ -96,7 +101,6 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
   pass->residual[1].assign(size_t(n) * H, 0.0f);
   if (half_)
     for (auto& h : pass->half) h.assign(size_t(n) * H, Ort::Float16_t::FromBits(0));
-  pass->positions[0].assign(size_t(n), 0);
   pass->masks[0] = std::make_unique<StepMask>(int(C), n, m_.mask_masked);
   int shard = 0;
   for (size_t ci = 0; ci < m_.contexts.size(); ci++) {
@@ -120,6 +124,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
       continue;
     }
     const Graph* g = c.graph(variant);
+    if (!g) continue;  // not a shard: an encoder context, which its host-op runs
     Step step;
     float* in = pass->residual[shard % 2].data();
     float* out = pass->residual[(shard + 1) % 2].data();
@@ -142,8 +147,8 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
             else b->bind_input(i.name, in, i.shape);
             break;
           case InputBind::positions: {
-            auto& p = pass->positions[i.window.value_or(0)];
-            p.resize(size_t(n));
+            auto& p = pass->positions[{i.window.value_or(0), int(i.shape.size() == 2 ? i.shape[0] : 1)}];
+            p.resize(elements(i.shape));
             b->bind_input(i.name, p.data(), i.shape);
             break;
           }
@@ -164,6 +169,12 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
               r = RowsFeed{i.table, i.layer ? int64_t(*i.layer) * width : 0, width, scale == opts_.row_scale.end() ? 1.0f : scale->second, std::vector<float>(size_t(n) * size_t(width), 0.0f)};
             }
             b->bind_input(i.name, r.buf.data(), i.shape);
+            break;
+          }
+          case InputBind::encoder_output: {
+            auto& e = pass->encoder[i.output.empty() ? i.name : i.output];
+            if (e.buf.empty()) e = {i.shape.back(), std::vector<float>(elements(i.shape), 0.0f)};
+            b->bind_input(i.name, e.buf.data(), i.shape);
             break;
           }
           default: throw std::logic_error(i.path + ": not a binding of the decoder host-ops (their validator refuses it)");
@@ -196,8 +207,14 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   std::fill(x + size_t(valid) * H, x + size_t(p.n) * H, 0.0f);  // padding rows of a short chunk
   if (opts_.embed_scale != 1.0f)
     for (size_t e = 0; e < size_t(valid) * size_t(H); e++) x[e] *= opts_.embed_scale;
-  for (auto& [window, pos] : p.positions)
-    for (int r = 0; r < p.n; r++) pos[size_t(r)] = window ? (start + r) % window : std::min(start + r, C - 1);
+  input_rows(start, valid, x);
+  for (auto& [key, pos] : p.positions) {
+    const int window = key.first;
+    if (key.second == 3) position_rows(start, p.n, valid, pos.data());
+    else
+      for (int r = 0; r < p.n; r++) pos[size_t(r)] = window ? (start + r) % window : std::min(start + r, C - 1);
+  }
+  for (auto& [output, e] : p.encoder) encoder_rows(output, start, p.n, valid, e.width, e.buf.data());
   for (auto& [window, mask] : p.masks) mask->fill(start, valid);
   for (auto& [key, r] : p.rows) {
     const HostTable& t = m_.host_tables[size_t(r.table)];
@@ -242,6 +259,15 @@ void DecoderGenerate::reset() {
 }
 
 int DecoderGenerate::prefill_tokens() const { return prefill_ ? prefill_->n : 0; }
+
+void DecoderGenerate::position_rows(int start, int n, int /*valid*/, int32_t* rows) const {
+  for (int a = 0; a < 3; a++)
+    for (int r = 0; r < n; r++) rows[size_t(a) * size_t(n) + size_t(r)] = std::min(start + r, m_.max_context - 1);
+}
+
+void DecoderGenerate::encoder_rows(const std::string&, int, int n, int, int64_t width, float* rows) const {
+  std::fill(rows, rows + size_t(n) * size_t(width), 0.0f);
+}
 
 int DecoderGenerate::step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) {
   return run(prefill ? *prefill_ : *decode_, ids, start, valid, want_token, run_ms);

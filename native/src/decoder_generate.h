@@ -21,7 +21,9 @@
 //
 // Both are registered in host_ops.cpp with this one loop and a validator each: what the loop runs
 // (roles prefill/decode/lm_head; residual, positions, mask and state bindings; one f16 embedding
-// table) is all either accepts.
+// table) is all either accepts. qwen3_vl_generate (qwen3_vl_generate/) is this step with the hooks
+// below (positions [3, N], encoder-output rows, image rows in the residual) and its own vision
+// graph, whose context has no decode graph: contexts without one are not shards and are skipped here.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -39,6 +41,12 @@ namespace forge {
 
 /** The host-ops DecoderGenerate serves, each with the rules of what it runs (decoder_manifest.cpp). */
 void validate_decoder_generate(const Manifest& m);
+/**
+ * The decoder part of qwen3_vl_generate (the shards and the lm-head; its validator checks the vision
+ * graph and hostOpParams): as decoder_generate, with positions [3, N] in every graph that reads a KV
+ * cache, float32 [1, N, model.hidden] encoder-output inputs, and contexts of role `vision` left to it.
+ */
+void validate_qwen3_vl_decoder(const Manifest& m);
 void validate_qwen3_5_generate(const Manifest& m);
 void validate_gemma4_split_generate(const Manifest& m);
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
@@ -61,6 +69,16 @@ class DecoderGenerate : public GreedyGenerator {
   void reset() override;
   int prefill_tokens() const override;
   int step(const int* ids, int start, int valid, bool want_token, bool prefill, double* run_ms) override;
+
+  // What a host-op built on this step (qwen3_vl_generate) feeds differently; the defaults are the
+  // plain decoder's. Each gets the call's cache slots start.. (valid of its n rows real); they are
+  // called once per call, before the graphs run, and write into buffers bound once (no allocation).
+  /** Positions [3, n] (multimodal RoPE rows t, h, w, row-major) of the call's tokens; default: t = h = w = the slot. */
+  virtual void position_rows(int start, int n, int valid, int32_t* rows) const;
+  /** Rows [n, width] of the encoder-output `output` (the input's `output`, else its name) for the call's tokens; default: zeros. */
+  virtual void encoder_rows(const std::string& output, int start, int n, int valid, int64_t width, float* rows) const;
+  /** The first shard's residual rows [valid, model.hidden] after the embedding (and its scale): a host-op may replace some (image tokens). */
+  virtual void input_rows(int /*start*/, int /*valid*/, float* /*x*/) const {}
 
  private:
   struct Pass;

@@ -10,6 +10,8 @@
 // rows of the per-layer-embedding table, scaled by hostOpParams), ring caches with their windowed
 // mask and positions, and caches shared across contexts. Anything else a manifest may express
 // (routing, encoders, other roles) it would not execute, so it is refused here, not ignored.
+// qwen3_vl_generate's decoder (validate_qwen3_vl_decoder) adds positions [3, N], float32 [1, N, hidden]
+// encoder-output inputs (DeepStack rows) and leaves its vision context to qwen3_vl_manifest.cpp.
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -24,7 +26,11 @@ struct DecoderRules {
   const char* no_prefill;   // why a prefill graph is refused; nullptr: prefill graphs are run
   bool separate_lm_head;    // the logits come from an lm_head context, never from the last shard
   bool gemma4 = false;      // token host-rows (embedding, per-layer embedding), ring caches, K/V shared across contexts
+  bool vl = false;          // qwen3_vl_generate: positions [3, N], encoder-output rows, a vision context of its own
 };
+
+/** qwen3_vl_generate's encoder context: its own validator's (qwen3_vl_manifest.cpp), not a shard. */
+constexpr const char* kVisionRole = "vision";
 
 bool gives_logits(const Graph& g) {
   return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
@@ -123,9 +129,19 @@ void graph(const Manifest& m, const Graph& g, const DecoderRules& r) {
       token_rows(m, in);
       continue;
     }
+    if (in.bind == InputBind::encoder_output && r.vl) {
+      // Rows of the encoder's output at the call's image tokens, zeros elsewhere (the vision validator checks `output`).
+      const std::vector<int64_t> want{1, g.tokens, m.hidden};
+      if (in.dtype != "float32") m.fail(in.path + ".dtype", "'" + in.dtype + "' must be float32");
+      if (in.shape != want) m.fail(in.path + ".shape", shape_str(in.shape) + " must be [1, tokens, model.hidden] = " + shape_str(want));
+      continue;
+    }
     if (in.bind != InputBind::residual && in.bind != InputBind::positions && in.bind != InputBind::mask && in.bind != InputBind::state)
       m.fail(in.path + ".bind", op + " does not bind " + bind_name(in.bind) + " inputs");
     if (in.window && !r.gemma4) m.fail(in.path + ".window", op + " has no ring caches");
+    if (in.bind == InputBind::positions && (in.shape.size() == 2) != r.vl)
+      m.fail(in.path + ".shape", r.vl ? op + " feeds multimodal RoPE positions [3, tokens] (rows t, h, w), not " + shape_str(in.shape)
+                                      : shape_str(in.shape) + ": positions [3, tokens] (multimodal RoPE) need hostOp qwen3_vl_generate; " + op + " feeds [tokens]");
   }
   if (r.gemma4) rings(m, g);
   for (const GraphOutput& o : g.outputs)
@@ -154,6 +170,7 @@ void contexts(const Manifest& m, const DecoderRules& r) {
   int next_layer = 0;
   bool have_logits = false;
   for (const Context& c : m.contexts) {
+    if (r.vl && c.graph(kVisionRole)) continue;  // the encoder: checked by qwen3_vl_generate's validator
     std::set<std::string> roles;
     for (const Graph& g : c.graphs) {
       graph(m, g, r);
@@ -200,6 +217,9 @@ void contexts(const Manifest& m, const DecoderRules& r) {
  */
 void residual_dtype(const Manifest& m) {
   std::string first, where;
+  // The first shard: the first context with a decode graph (an encoder context may come before it).
+  size_t first_shard = 0;
+  while (first_shard + 1 < m.contexts.size() && !m.contexts[first_shard].graph(role::decode)) first_shard++;
   auto check = [&](const std::string& dtype, const std::string& path) {
     if (dtype != "float32" && dtype != "float16") m.fail(path + ".dtype", "'" + dtype + "': a residual is handed over as float32 or float16");
     if (first.empty()) {
@@ -215,7 +235,7 @@ void residual_dtype(const Manifest& m) {
         if (o.bind == OutputBind::residual) check(o.dtype, o.path);
       for (const GraphInput& in : g.inputs) {
         if (in.bind != InputBind::residual) continue;
-        if (c > 0) check(in.dtype, in.path);
+        if (c > first_shard) check(in.dtype, in.path);
         else if (in.dtype != "float32") m.fail(in.path + ".dtype", "'" + in.dtype + "' must be float32: the first shard's residual is the host's embedding rows, not a hand-off");
       }
     }
@@ -240,6 +260,9 @@ void validate_decoder_generate(const Manifest& m) { validate_decoder(m, {false, 
 void validate_gemma4_split_generate(const Manifest& m) {
   validate_decoder(m, {false, "decodes over the prompt (its graphs take one token per call)", false, true});
 }
+
+// Qwen3-VL's text decoder: dense shards with multimodal positions and DeepStack rows; batched prefill as decoder_generate.
+void validate_qwen3_vl_decoder(const Manifest& m) { validate_decoder(m, {false, nullptr, false, false, true}); }
 
 // Hybrids (Qwen3.5): recurrent state besides the KV caches, decoded over the prompt, a separate lm-head.
 void validate_qwen3_5_generate(const Manifest& m) {

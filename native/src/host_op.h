@@ -4,7 +4,10 @@
 //   validate: its manifest rules, run by load_manifest after the generic ones, refusing (with the
 //             field path, through Manifest::fail) every binding, role, state or table it would not
 //             execute, so nothing in a bundle is silently ignored;
-//   make:     its factory, called once the manifest has passed both.
+//   make:     its factory, called once the manifest has passed both;
+//   image:    for a host-op that reads an image, its pre-processing and prompt block (else nullptr);
+//   runs_without_encoder: whether its encoder-output inputs may name a component the manifest
+//             leaves out (the host-op feeds zeros; the loader refuses such an input otherwise).
 // qhx_generate dispatches through find_host_op; the list of built-in host-ops is in host_ops.cpp.
 #pragma once
 #include <cstdint>
@@ -13,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "image_input.h"
 #include "manifest.h"
 
 namespace forge {
@@ -71,12 +75,38 @@ class Generator {
   virtual GenerateResult generate(const std::vector<int>& prompt, const GenerateOptions& opts, const std::vector<int>& forced = {}) = 0;
   /** Whether a batched prefill is there to run (else the prompt is decoded token by token). */
   virtual bool has_prefill() const = 0;
+  /**
+   * Runs the host-op's image encoder over pre-processed pixels (HostOpSpec::image says how to make
+   * them) for the generate() calls after it, whose prompt then holds the image's tokens: they take
+   * its rows. Returns the encoder's wall milliseconds. A host-op without an image encoder refuses.
+   */
+  virtual double encode_image(const Pixels& pixels);
+};
+
+/** How a host-op that reads an image wants it: the pre-processing, and the prompt's ids that stand for it. */
+struct ImagePrompt {
+  ImageSpec spec;
+  /** The image's block of prompt ids (Qwen3-VL: vision_start, one image token per encoder output row, vision_end). */
+  std::vector<int> block;
+  int image_token = -1;  // the id of an image token
+  int tokens = 0;        // image tokens in the block (rows of the encoder's output)
 };
 
 struct HostOpSpec {
   const char* name;
   void (*validate)(const Manifest& m);
   std::unique_ptr<Generator> (*make)(const Manifest& m, Executor& exec);
+  /**
+   * nullptr: the host-op reads no image. Else the image input of a manifest (qhx_generate --image),
+   * from the manifest alone (no graph is loaded); throws ManifestError when this manifest carries no
+   * image encoder (a text manifest of a vision bundle).
+   */
+  ImagePrompt (*image)(const Manifest& m);
+  /**
+   * An encoder-output input whose component the manifest does not carry is fed by the host-op
+   * (zeros) instead of refused by the loader: a text manifest of a vision bundle over the same graphs.
+   */
+  bool runs_without_encoder;
 };
 
 /** The registered host-op of this name, or nullptr. */

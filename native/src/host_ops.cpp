@@ -5,18 +5,22 @@
 #include "decoder_generate.h"
 #include "host_op.h"
 #include "phimoe_generate/phimoe_generate.h"
+#include "qwen3_vl_generate/qwen3_vl_generate.h"
 
 namespace forge {
 namespace {
 
 // One decode loop (greedy_loop.h) serves all; each host-op gives its step and a validator admitting what it runs.
 const HostOpSpec kHostOps[] = {
-    {"decoder_generate", validate_decoder_generate, make_decoder_generate},
-    {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate},
+    {"decoder_generate", validate_decoder_generate, make_decoder_generate, nullptr, false},
+    {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate, nullptr, false},
     // Gemma 4: the same step with host rows (PLE), ring and shared caches, scales from hostOpParams.
-    {"gemma4_split_generate", validate_gemma4_split_generate, make_gemma4_split_generate},
+    {"gemma4_split_generate", validate_gemma4_split_generate, make_gemma4_split_generate, nullptr, false},
     // PhiMoE: its own step (attention+router, host top-2, shared experts graph) in the same loop.
-    {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate},
+    {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate, nullptr, false},
+    // Qwen3-VL: the decoder step with multimodal RoPE positions, the vision encoder's rows at the
+    // image tokens (residual and DeepStack inputs); its text manifest runs without the encoder.
+    {"qwen3_vl_generate", validate_qwen3_vl_generate, make_qwen3_vl_generate, qwen3_vl_image_prompt, true},
 };
 
 }  // namespace
@@ -32,6 +36,8 @@ std::vector<std::string> host_op_names() {
   for (const HostOpSpec& h : kHostOps) out.push_back(h.name);
   return out;
 }
+
+double Generator::encode_image(const Pixels&) { throw std::runtime_error("this host-op reads no image"); }
 
 std::unique_ptr<Generator> make_generator(const Manifest& m, Executor& exec) {
   const HostOpSpec* h = find_host_op(m.host_op);

@@ -75,7 +75,7 @@ struct Parser {
     else if (bind == "host-rows") in.object({"name", "dtype", "shape", "bind", "table", "index"}, {"layer", "slot"});
     else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind"}, {"layer"});
     else if (bind == "hand-off") in.object({"name", "dtype", "shape", "bind", "handoff"});
-    else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"});
+    else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"}, {"output"});
     else if (bind == "positions" || bind == "mask") in.object({"name", "dtype", "shape", "bind"}, {"window"});
     else in.object({"name", "dtype", "shape", "bind"});
     static_cast<TensorSpec&>(gi) = tensor(in);
@@ -89,7 +89,9 @@ struct Parser {
       expect_tensor(in, gi, gi.dtype == "float16" ? "float16" : "float32", {1, N, H}, "[1, tokens, model.hidden]");
     } else if (bind == "positions") {
       gi.bind = InputBind::positions;
-      expect_tensor(in, gi, "int32", {N}, "[tokens]");
+      // [3, tokens]: multimodal RoPE (Qwen3-VL), a row each for t, h and w; which host-op fills it is its validator's say.
+      expect_tensor(in, gi, "int32", gi.shape.size() == 2 ? std::vector<int64_t>{3, N} : std::vector<int64_t>{N},
+                    gi.shape.size() == 2 ? "[3, tokens]: multimodal RoPE rows t, h, w" : "[tokens]");
     } else if (bind == "mask") {
       gi.bind = InputBind::mask;
       if (gi.window) expect_tensor(in, gi, "float32", {1, 1, N, *gi.window + N}, "[1, 1, tokens, window + tokens], layout past-then-new");
@@ -111,6 +113,7 @@ struct Parser {
     } else if (bind == "encoder-output") {
       gi.bind = InputBind::encoder_output;
       gi.component = in.at("component").str();
+      if (in.has("output")) gi.output = in.at("output").str();
     } else if (bind == "hand-off") {
       gi.bind = InputBind::hand_off;
       gi.handoff = identifier(in.at("handoff"));
@@ -298,7 +301,12 @@ struct Parser {
     }
 
     // What bindings name beyond their own graph: an encoder component's output, a layer's router, a hand-off.
+    // An encoder-output input names a component that gives encoder-outputs and, with `output`, one
+    // of them. Under a host-op that runs without its encoder (HostOpSpec::runs_without_encoder,
+    // qwen3_vl_generate: zeros, as for every text token) the component may be absent: one bundle
+    // carries several manifests over the same graphs, and its text manifest leaves the encoder out.
     std::set<std::string> components, encoders;
+    std::map<std::string, std::vector<std::string>> encoder_outputs;  // component → its encoder-output names
     std::set<int> routed;
     std::map<std::string, const GraphOutput*> handed;
     for (const Context& c : m.contexts)
@@ -306,7 +314,10 @@ struct Parser {
         components.insert(g.component);
         for (const GraphOutput& o : g.outputs) {
           if (o.bind == OutputBind::router_logits) routed.insert(o.layer);
-          if (o.bind == OutputBind::encoder_output) encoders.insert(g.component);
+          if (o.bind == OutputBind::encoder_output) {
+            encoders.insert(g.component);
+            encoder_outputs[g.component].push_back(o.name);
+          }
           if (o.bind == OutputBind::hand_off) handed.emplace(o.handoff, &o);
         }
       }
@@ -316,9 +327,17 @@ struct Parser {
         for (size_t ii = 0; ii < g.inputs.size(); ii++) {
           const GraphInput& in = g.inputs[ii];
           Node at = cs[ci].at("graphs")[gi].at("inputs")[ii];
-          if (in.bind == InputBind::encoder_output && !encoders.count(in.component))
-            at.at("component").fail(components.count(in.component) ? "component '" + in.component + "' gives no encoder-output"
-                                                                 : "'" + in.component + "' is not a component of this manifest");
+          if (in.bind == InputBind::encoder_output && !components.count(in.component) && !find_host_op(m.host_op)->runs_without_encoder)
+            at.at("component").fail("'" + in.component + "' is not a component of this manifest");
+          if (in.bind == InputBind::encoder_output && components.count(in.component)) {
+            if (!encoders.count(in.component)) at.at("component").fail("component '" + in.component + "' gives no encoder-output");
+            const std::vector<std::string>& outs = encoder_outputs[in.component];
+            if (!in.output.empty() && std::find(outs.begin(), outs.end(), in.output) == outs.end()) {
+              std::string names;
+              for (const std::string& n : outs) names += (names.empty() ? "" : ", ") + n;
+              at.at("output").fail("'" + in.output + "' is not an encoder-output of component '" + in.component + "' (its encoder-outputs: " + names + ")");
+            }
+          }
           if (in.bind == InputBind::routing_weights && in.layer && !routed.count(*in.layer))
             at.at("layer").fail("no graph gives router-logits for layer " + std::to_string(*in.layer));
           if (in.bind == InputBind::routing_weights && !in.layer && routed.empty()) at.at("bind").fail("no graph gives router-logits");

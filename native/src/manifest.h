@@ -3,7 +3,8 @@
 // whose message names the offending field path, e.g.
 //   manifest.json: contexts[0].graphs[1].inputs[3].state: 'kv.9.k' is not a declared state
 // so a bad bundle is refused before any graph is loaded, never half-run. Version 2: open host-op
-// names and roles, typed bindings to host tables, routing and encoders, windowed and shared state.
+// names and roles, typed bindings to host tables, routing and encoders, windowed and shared state,
+// positions [N] or [3, N] (multimodal RoPE rows t, h, w).
 #pragma once
 #include <cstdint>
 #include <map>
@@ -48,7 +49,8 @@ struct GraphInput : TensorSpec {
   std::optional<int> layer;    // host_rows, routing_weights (optional: absent = the layer whose router ran last)
   std::optional<int> slot;     // host_rows: which of the selected experts
   std::optional<int> window;   // positions: ring slots (position mod window); mask: over a ring of window slots
-  std::string component;       // encoder_output: the encoder component
+  std::string component;       // encoder_output: the encoder component (absent from a manifest that runs without it: the host-op says what it feeds)
+  std::string output;          // encoder_output: which of the component's encoder-output outputs ("" = not named)
   std::string handoff;         // hand_off: what an earlier graph of the same step handed over
   std::string path;            // e.g. contexts[0].graphs[1].inputs[3], for a validator's complaint
 };

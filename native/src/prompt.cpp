@@ -32,20 +32,47 @@ void check_vocab(const Manifest& m, const std::vector<int>& ids, const std::stri
                                std::to_string(m.vocab) + ")");
 }
 
+namespace {
+
+/** The manifest's chat wrap, or the refusal of --chat. */
+const Manifest::ChatWrap& chat_wrap(const Manifest& m) {
+  if (!m.chat && m.chat_not_applied)
+    throw std::runtime_error("--chat: " + m.label + "'s chat template cannot be applied by the runtime (" + *m.chat_not_applied +
+                             "); give the ids transformers' apply_chat_template renders with --prompt-ids, or the prompt as plain text");
+  if (!m.chat)
+    throw std::runtime_error("--chat: " + m.label + " has no chat template (tokenizer.chat is null: the checkpoint's tokenizer_config.json has no chat_template); give the prompt as plain text");
+  return *m.chat;
+}
+
+}  // namespace
+
 std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat) {
   std::vector<int> ids;
   if (chat) {
-    if (!m.chat && m.chat_not_applied)
-      throw std::runtime_error("--chat: " + m.label + "'s chat template cannot be applied by the runtime (" + *m.chat_not_applied +
-                               "); give the ids transformers' apply_chat_template renders with --prompt-ids, or the prompt as plain text");
-    if (!m.chat)
-      throw std::runtime_error("--chat: " + m.label + " has no chat template (tokenizer.chat is null: the checkpoint's tokenizer_config.json has no chat_template); give the prompt as plain text");
-    ids = tok.encode(m.chat->prefix + text + m.chat->suffix);
+    const Manifest::ChatWrap& wrap = chat_wrap(m);
+    ids = tok.encode(wrap.prefix + text + wrap.suffix);
   } else {
     ids = tok.encode(text);
     if (m.bos) ids.insert(ids.begin(), *m.bos);
   }
   check_vocab(m, ids, "the tokenized prompt");
+  return ids;
+}
+
+std::vector<int> image_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::vector<int>& block, const std::string& text, bool chat) {
+  std::vector<int> ids;
+  if (!chat) {
+    ids = block;
+    std::vector<int> rest = text_prompt_ids(m, tok, text, false);
+    ids.insert(ids.end(), rest.begin(), rest.end());
+  } else {
+    const Manifest::ChatWrap& wrap = chat_wrap(m);
+    ids = tok.encode(wrap.prefix);
+    ids.insert(ids.end(), block.begin(), block.end());
+    std::vector<int> rest = tok.encode(text + wrap.suffix);
+    ids.insert(ids.end(), rest.begin(), rest.end());
+  }
+  check_vocab(m, ids, "the image prompt");
   return ids;
 }
 

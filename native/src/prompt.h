@@ -23,6 +23,16 @@ std::vector<int> parse_ids(const std::string& s, const std::string& flag = "--pr
  */
 std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat);
 
+/**
+ * The ids of a text prompt with an image: the image's block of ids (ImagePrompt::block: vision_start,
+ * its image tokens, vision_end) before the text. Plain: the block, then text_prompt_ids(text) (the
+ * ids forge's oracle traces: `[vision_start] + [image]×T + [vision_end] + tok(text)`). chat: the
+ * block inside the user turn, before the text: prefix, block, text + suffix, as HF's processor feeds
+ * the template's `<|vision_start|><|image_pad|><|vision_end|>` (its image token expanded to T): each
+ * is a special token, so tokenizing the pieces apart gives the ids of the whole.
+ */
+std::vector<int> image_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::vector<int>& block, const std::string& text, bool chat);
+
 /** Throws, naming the flag and entry, when an id is outside [0, model.vocab). */
 void check_vocab(const Manifest& m, const std::vector<int>& ids, const std::string& what);
 

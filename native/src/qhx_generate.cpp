@@ -1,5 +1,5 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
-//              [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
+//              [--image FILE] [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
 // Runs a forge bundle greedily with the host-op its manifest names (the registry, host_op.h).
 // backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a QNN backend library (QNN EP
 // plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
@@ -12,18 +12,25 @@
 // (k >= 1) is fed the k-th forced id instead of the token chosen at step k - 1 (at most max_new_tokens
 // ids, each in the vocabulary), and generated_ids is still the token the runtime chose at every step;
 // the parity gate forces HF's greedy tokens so a comparison goes on past a mismatch. The text and EOS
-// stop follow the sequence as fed. Prints the generated ids and text; --json prints
-// one JSON object instead:
+// stop follow the sequence as fed.
+// --image FILE (a host-op that reads an image: qwen3_vl_generate, its vision manifest): the file is
+// pre-processed as hostOpParams say (image_input.h), the vision graph runs once, and the prompt is
+// the image's block (vision_start, its T image tokens, vision_end) then the text's ids; with --chat
+// the block opens the user turn (prefix + block + text + suffix). With --prompt-ids the ids are fed
+// as given and must hold the image's T image tokens.
+// Prints the generated ids and text; --json prints one JSON object instead:
 //   {prompt_ids, generated_ids, text (null when it cannot be had), text_error (why, else null),
 //    stopped_at_eos, prefill, backend, verified,
 //    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps},
 //    weights: {mapped_files, mapped_bytes, shared_tensors, shared_tensor_uses} (CPU: weights mapped once, shared by the graphs),
-//    memory: {rss_anon_bytes, rss_file_bytes, vm_hwm_bytes} (this process, at the end; -1 where /proc has none)}
+//    memory: {rss_anon_bytes, rss_file_bytes, vm_hwm_bytes} (this process, at the end; -1 where /proc has none)
+//    [, image: {file, tokens, decode_ms, resize_ms, patchify_ms, vision_ms} with --image (pre-processing not in load_ms)]}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
 // the big context binaries and embedding table (sizes only): hashing those is most of start-up.
 // --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
 // Any error: one line on stderr, exit status 1; 3 when the logits to take the argmax of held NaN/Inf.
 // Environment: FORGE_ORT_THREADS (intra-op threads), FORGE_ORT_LOG (ORT's own log level), FORGE_QNN_EP_LIB (the QNN EP plugin library).
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -37,6 +44,7 @@
 #include <nlohmann/json.hpp>
 
 #include "executor.h"
+#include "image_input.h"
 #include "host_op.h"
 #include "manifest.h"
 #include "prompt.h"
@@ -46,7 +54,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
-    "(<prompt text> | --prompt-ids 1,2,3) [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
+    "(<prompt text> | --prompt-ids 1,2,3) [--image FILE] [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -56,7 +64,7 @@ std::string join_ids(const std::vector<int>& ids) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
-  std::optional<std::string> prompt_ids, force_ids;
+  std::optional<std::string> prompt_ids, force_ids, image;
   bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false, chat = false, print_prompt_ids = false;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
@@ -68,6 +76,10 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("--force-ids needs a value: the token ids to continue with, like 5,6,7");
       if (force_ids) throw std::runtime_error("--force-ids given twice");
       force_ids = argv[++i];
+    } else if (a == "--image") {
+      if (i + 1 >= argc) throw std::runtime_error("--image needs a value: an image file (JPEG or PNG)");
+      if (image) throw std::runtime_error("--image given twice: a prompt takes one image");
+      image = argv[++i];
     } else if (a == "--ids") throw std::runtime_error("--ids is gone: give token ids as --prompt-ids 1,2,3 in place of the prompt");
     else if (a == "--chat") chat = true;
     else if (a == "--print-prompt-ids") print_prompt_ids = true;
@@ -108,13 +120,35 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     tok_error = e.what();
   }
+  // An image: what its host-op makes of it (pre-processing, the prompt's block), from the manifest alone.
+  std::optional<forge::ImagePrompt> image_prompt;
+  if (image) {
+    const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
+    if (!op->image) {
+      std::string readers;
+      for (const std::string& n : forge::host_op_names())
+        if (forge::find_host_op(n)->image) readers += (readers.empty() ? "" : ", ") + n;
+      throw std::runtime_error("--image: hostOp " + m.host_op + " reads no image (a host-op that does: " + readers + ")");
+    }
+    try {
+      image_prompt = op->image(m);
+    } catch (const forge::ManifestError& e) {
+      throw std::runtime_error(std::string("--image: ") + e.what());
+    }
+  }
   std::vector<int> ids;
   if (prompt_ids) {
     ids = forge::parse_ids(*prompt_ids);
     forge::check_vocab(m, ids, "--prompt-ids");
+    if (image_prompt) {
+      const auto n = std::count(ids.begin(), ids.end(), image_prompt->image_token);
+      if (n != image_prompt->tokens)
+        throw std::runtime_error("--prompt-ids with --image: the ids hold " + std::to_string(n) + " image tokens (id " + std::to_string(image_prompt->image_token) +
+                                 "), the image is " + std::to_string(image_prompt->tokens) + " tokens");
+    }
   } else {
     if (!tok) throw std::runtime_error(tok_error);
-    ids = forge::text_prompt_ids(m, *tok, pos[5], chat);
+    ids = image_prompt ? forge::image_prompt_ids(m, *tok, image_prompt->block, pos[5], chat) : forge::text_prompt_ids(m, *tok, pos[5], chat);
   }
   forge::check_vocab(m, forced, "--force-ids");
   if (print_prompt_ids) {  // what the model would be fed; nothing is loaded or run
@@ -123,12 +157,23 @@ int run(int argc, char** argv) {
     return 0;
   }
 
+  // The image's pre-processing is timed on its own, not as part of load_ms.
+  std::optional<forge::Pixels> pixels;
+  double preprocess_ms = 0;
+  if (image_prompt) {
+    const auto t0 = std::chrono::steady_clock::now();
+    pixels = forge::preprocess_image(*image, image_prompt->spec);
+    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+
   // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
   const char* threads = std::getenv("FORGE_ORT_THREADS");
   forge::Executor exec(m, forge::ExecutorOptions{backend, system_lib, threads ? std::atoi(threads) : 0});
   // The manifest's host-op, from the registry (load_manifest has run its validator).
   std::unique_ptr<forge::Generator> gen = forge::make_generator(m, exec);
-  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count();
+  const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count() - preprocess_ms;
+  // The encoder runs once, before the prompt.
+  const double vision_ms = pixels ? gen->encode_image(*pixels) : 0;
   forge::GenerateResult r = gen->generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill}, forced);
   // The ids are the result; the text is a convenience. A model whose vocabulary is larger than its
   // tokenizer's (padded embeddings; forge's synthetic 4B checkpoints carry the tiny twin's
@@ -168,12 +213,18 @@ int run(int argc, char** argv) {
           {"shared_tensors", exec.shared_weights().tensors},
           {"shared_tensor_uses", exec.shared_weights().uses}}},
         {"memory", {{"rss_anon_bytes", mem.anon}, {"rss_file_bytes", mem.file}, {"vm_hwm_bytes", mem.hwm}}}};
+    if (pixels)
+      out["image"] = {{"file", *image},          {"tokens", image_prompt->tokens},     {"decode_ms", pixels->decode_ms},
+                      {"resize_ms", pixels->resize_ms}, {"patchify_ms", pixels->patchify_ms}, {"vision_ms", vision_ms}};
     // Generated text can hold U+FFFD from a split UTF-8 sequence: dump replaces, never throws.
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::cout << "prompt_ids: " << join_ids(ids) << "\n";
     std::cout << "generated_ids: " << join_ids(r.generated) << "\n";
     std::cout << "text: " << (text ? *text : "(" + std::string(tok ? "" : "no tokenizer: ") + tok_error + ")") << "\n";
+    if (pixels)
+      std::printf("image: %d tokens  decode_ms: %.3f  resize_ms: %.3f  patchify_ms: %.3f  vision_ms: %.3f\n", image_prompt->tokens, pixels->decode_ms,
+                  pixels->resize_ms, pixels->patchify_ms, vision_ms);
     std::printf("load_ms: %.1f  prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", load_ms, r.timings.prefill_ms,
                 r.timings.decode_ms_per_token, r.timings.host_overhead_ms_per_token);
   }

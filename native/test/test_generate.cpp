@@ -358,7 +358,7 @@ TEST(Tool, AnUnregisteredHostOpIsRefusedBeforeAnyGraphLoads) {
   int code = forge_test::run_command(std::string(QHX_GENERATE_PATH) + " " + (dir / "manifest.json").string() + " cpu - " + dir.string() + " 2 --prompt-ids 1,2", &out, &err);
   fs::remove_all(dir);
   EXPECT_EQ(code, 1) << err;
-  EXPECT_EQ(err, "qhx_generate: manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, gemma4_split_generate, phimoe_generate)\n");
+  EXPECT_EQ(err, "qhx_generate: manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, gemma4_split_generate, phimoe_generate, qwen3_vl_generate)\n");
 }
 
 TEST(Tool, GeneratedIdsTheTokenizerCannotDecodeGiveNullTextNotAFailure) {

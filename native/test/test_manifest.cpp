@@ -65,7 +65,7 @@ TEST(Manifest, TinyBundleLoads) {
 
 // The registry holds the built-in host-ops by name; anything else is not one.
 TEST(HostOps, RegistryFindsTheBuiltInsByName) {
-  EXPECT_EQ(forge::host_op_names(), (std::vector<std::string>{"decoder_generate", "qwen3_5_generate", "gemma4_split_generate", "phimoe_generate"}));
+  EXPECT_EQ(forge::host_op_names(), (std::vector<std::string>{"decoder_generate", "qwen3_5_generate", "gemma4_split_generate", "phimoe_generate", "qwen3_vl_generate"}));
   for (const std::string& n : forge::host_op_names()) {
     const forge::HostOpSpec* h = forge::find_host_op(n);
     ASSERT_NE(h, nullptr) << n;
@@ -133,7 +133,7 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
        "contexts[0].graphs[1].inputs[0].dtype: 'float16' must be float32: the first shard's residual is the host's embedding rows, not a hand-off"},
       {"missing field", [](json& j) { j.erase("tokenizer"); }, "manifest.json: tokenizer: missing"},
       {"hostOp not registered", [](json& j) { j["hostOp"] = "gemma4_generate"; },
-       "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, gemma4_split_generate, phimoe_generate)"},
+       "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op (registered: decoder_generate, qwen3_5_generate, gemma4_split_generate, phimoe_generate, qwen3_vl_generate)"},
       // The registry answers first: no file of the bundle is looked at for an unknown host-op.
       {"hostOp not registered, before any graph", [](json& j) { j["hostOp"] = "gemma4_generate"; j["contexts"][0]["graphs"][0]["file"] = "gone.onnx"; },
        "manifest.json: hostOp: 'gemma4_generate' is not a registered host-op"},

@@ -7,7 +7,8 @@
 import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
-import { GRAPHS_JSON, runExport, type ExportManifest, type ExportPlan } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type ExportPlan } from '../export/graphs.js';
+import { runExport } from '../export/stage.js';
 import { runOracleGate } from '../gates/oracle.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { familyConfig } from './family-config.js';

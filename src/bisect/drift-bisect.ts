@@ -9,7 +9,7 @@ import { performance } from 'node:perf_hooks';
 import { modelTensors } from '../families/tensors.js';
 import { openCheckpoint } from '../io/checkpoint.js';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
-import { runExport } from '../families/export-stage.js';
+import { runExport } from '../export/stage.js';
 import { perLayerPlan, type AloneParams } from './alone.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { scanDrift, type AttributionStep, type DriftResult } from './drift.js';

@@ -26,8 +26,8 @@ import { openSafetensors } from '../io/safetensors.js';
 import { toFloat32 } from '../io/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
 import type { Family } from '../families/types.js';
-import type { GateCase } from '../families/kv-decoder.js';
-import type { GraphEntry } from '../families/export-stage.js';
+import type { GateCase } from '../families/types.js';
+import type { GraphEntry } from '../export/graphs.js';
 import type { Trace } from '../gates/trace.js';
 
 /** The largest finite fp16 value. */

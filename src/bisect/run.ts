@@ -33,7 +33,7 @@ import { simulatorBisect, type SimulatorFindings } from './sim-bisect.js';
 import { driftFixes, driftMessage, scanShipped } from './drift-bisect.js';
 import { searchLmHead } from './lm-head.js';
 import { opText, probeQuantOps, type QuantOpProbe } from './quant-op.js';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import type { DriftResult } from './drift.js';
 import type { TargetSpec } from '../gates/parity.js';
 import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';

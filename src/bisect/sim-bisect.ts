@@ -5,7 +5,7 @@
 import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import { getArch } from '../arch/table.js';
 import { Trace } from '../gates/trace.js';
 import { qnnSimulateScript, type EmulationRan, type EmulationResult } from '../gates/emulation.js';

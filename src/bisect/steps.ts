@@ -7,7 +7,7 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import type { FamilyId } from '../recipe/schema.js';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import { Trace } from '../gates/trace.js';
 import { gateSessionOptions, writeGateModel } from '../gates/cpu-form.js';
 import { formOptions, gateForm, GATE_COPIES, runGateCases } from '../gates/oracle.js';

@@ -12,16 +12,18 @@ import { sha256OfFile, type FileDigest } from '../engine/hash.js';
 import { META } from '../engine/cache.js';
 import type { HexagonArch } from '../arch/table.js';
 import type { QuantScheme, Recipe } from '../recipe/schema.js';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import type { MatrixEntry } from '../quant/weights.js';
 import { getFamily } from '../families/index.js';
 import type { Family } from '../families/types.js';
 import { MASKED } from '../families/blocks.js';
 import { readSpecialTokens } from './special-tokens.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
-import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, NONDETERMINISTIC_QNN_BINARY, type Manifest } from './manifest.js';
+import { MANIFEST_FORMAT, MANIFEST_VERSION, ManifestSchema, NONDETERMINISTIC_QNN_BINARY, RUNS_WITHOUT_ENCODER, type Manifest } from './manifest.js';
 
 export const MANIFEST = 'manifest.json';
+/** A vision bundle's text-only manifest (the graphs without the encoder). */
+export const TEXT_MANIFEST = 'manifest.text.json';
 const TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json'];
 
 export interface AssembleInput {
@@ -138,7 +140,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     linkOrCopy(join(input.graphsDir, t.file), join(out, t.file));
     made.push({ name: t.name, use: t.use, file: t.file, sha256: await placedSha(t.file, input.dataDigestsDir ?? input.graphsDir), dtype: t.dtype, shape: t.shape });
   }
-  const hostOpParams = family.hostOpParams?.(config);
+  const hostOpParams = family.hostOpParams?.(config, { image: exp.image });
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
   const special = readSpecialTokens(input.checkpointDir);
   const [vocab, hidden] = emb.embedding.shape;
@@ -165,6 +167,13 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   };
   ManifestSchema.parse(manifest); // forge never writes a manifest the runtime would refuse
   writeFileSync(join(out, MANIFEST), JSON.stringify(manifest, null, 2) + '\n');
+  // A vision bundle also ships its text-only manifest: the same graphs and weights without the
+  // encoder's context, for text prompts on a runtime that need not load the encoder.
+  const encoders = contexts.filter((c) => c.graphs.some((g) => g.outputs.some((o) => o.bind === 'encoder-output')));
+  if (encoders.length && RUNS_WITHOUT_ENCODER.has(manifest.hostOp)) {
+    const text = ManifestSchema.parse({ ...manifest, contexts: contexts.filter((c) => !encoders.includes(c)) });
+    writeFileSync(join(out, TEXT_MANIFEST), JSON.stringify(text, null, 2) + '\n');
+  }
   return manifest;
 }
 

@@ -18,7 +18,7 @@ import { readTraceMeta } from '../gates/trace.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { Manifest } from './manifest.js';
 import type { ShardPlan } from '../plan/shards.js';
-import { GRAPHS_JSON, matrixFallbacks, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, matrixFallbacks, type ExportManifest } from '../export/graphs.js';
 import { exportMatrices, precisionRows } from './precision-map.js';
 import { PRECISION_JSON } from '../quant/precision.js';
 import { parityText, type PrecisionResult } from '../quant/auto.js';

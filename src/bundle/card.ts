@@ -12,6 +12,7 @@ import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
 import { planLines } from './plan-table.js';
 import { sizeText as mb } from '../units.js';
 import type { ShardPlan } from '../plan/shards.js';
+import type { PixelCheck } from '../gates/pixels.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -21,6 +22,10 @@ export interface ParityFacts {
   ok: boolean; target: string; matched: number; total: number; ties: number; maxTies: number; tiesWhy?: string; rule: string;
   variants: Record<string, { matched: number; total: number; ties: number; mismatches: number; tieMargin: number | null; timings: Record<string, number> }>;
   mismatches: { count: number; listed: ListedMismatch[] };
+  /** The runtime's image front-end against HF's processor, per image prompt (src/gates/pixels.ts). */
+  pixels?: PixelCheck[];
+  /** A vision bundle's text-only manifest, run on the text prompts. */
+  textManifest?: { file: string; variants: Record<string, { ok: boolean; total: number; mismatches: number; ties: number }> };
 }
 
 export interface CardFacts {
@@ -86,6 +91,7 @@ function precisionLines(p: ShippedPrecision): string[] {
 
 function role(file: string, f: CardFacts): string {
   if (file === 'manifest.json') return 'manifest: the runtime contract (graphs, bindings, state, limits)';
+  if (file === 'manifest.text.json') return 'the text-only manifest: the same graphs without the vision encoder';
   if (file === 'README.md') return 'this model card';
   if (file === 'SHA256SUMS') return 'checksums (`sha256sum -c SHA256SUMS`)';
   if (file.endsWith('_ctx.onnx')) return `EPContext wrapper of graph ${file.replace(/_ctx\.onnx$/, '')}`;
@@ -116,6 +122,22 @@ function mismatchLines(listed: ListedMismatch[], count: number): string[] {
   for (const m of listed) out.push(`| ${m.variant ?? 'shipped'} | ${m.prompt} | ${m.step} | ${m.hf.token} | ${m.runtime.token} | ${m.margin === null ? '-' : m.margin.toExponential(2)} | ${m.tie ? 'tie' : 'mismatch'} |`);
   if (count > listed.length) out.push('', `${count - listed.length} more mismatches are in build/parity.json's count, not listed.`);
   return out;
+}
+
+/** How an image reaches the model (a bundle with a vision encoder), and the front-end's figures against HF's processor. */
+function imageLines(f: CardFacts): string[] {
+  const p = f.manifest.hostOpParams ?? {};
+  if (p.image_height === undefined) return [];
+  const vision = f.manifest.contexts.flatMap((c) => c.graphs).find((g) => g.inputs.some((i) => i.bind === 'pixels'));
+  const tokens = vision?.outputs[0]?.shape[0];
+  const lines = ['## Images', '', `An image is passed to the runtime as a file (\`--image photo.jpg\`, JPEG or PNG). The runtime decodes it, stretches it to ${p.image_width}×${p.image_height} (the vision encoder's grid is fixed when the bundle is built; the aspect ratio is not kept), normalises it and cuts it into ${p.patch_size}-pixel patches in C++; the encoder runs once per image${tokens ? ` and gives ${tokens} image tokens` : ''}, which take the place of the image placeholder tokens in the prompt.`, ''];
+  const checks = f.parity.pixels ?? [];
+  if (!checks.length) return [...lines, '**Pre-processing against Hugging Face: not measured** (the recipe traces no image prompt).', ''];
+  lines.push("**Pre-processing against Hugging Face's processor** (the same file through both; HF stretched with PIL's bicubic first):", '', '| image | cosine | max abs error | mean abs error |', '|---|---|---|---|');
+  for (const c of checks) lines.push(`| \`${c.image}\` | ${c.cosine.toFixed(7)} | ${c.maxAbs.toExponential(2)} | ${c.meanAbs.toExponential(2)} |`);
+  // Times vary run to run: they stay in build/parity.json, so the card is the same for the same inputs.
+  lines.push('', "Pixel values lie in [−1, 1]; where the file is not already the encoder's size, the differences come from the two resamplers (the runtime's against PIL's bicubic). Pre-processing times per image are in build/parity.json.", '');
+  return lines;
 }
 
 export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
@@ -151,6 +173,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
     : manifest.tokenizer.chatNotApplied
       ? `The runtime cannot apply the model's chat template (${manifest.tokenizer.chatNotApplied.replace(/\.$/, '')}): the prompt above is plain text; feed the ids transformers' \`apply_chat_template\` gives with \`--prompt-ids\` to ask as its users do. \`--print-prompt-ids\` prints the ids fed.`
       : 'The model has no chat template: the prompt is plain text. `--print-prompt-ids` prints the ids fed, for `--prompt-ids` to repeat exactly.', '');
+  lines.push(...imageLines(f));
   lines.push('## Gates, as measured in this build', '');
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
   lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');
@@ -172,6 +195,11 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
       : `| ${name} | ${held} | ${ties} | ${margin} |`);
   }
   lines.push(...mismatchLines(f.parity.mismatches.listed, f.parity.mismatches.count));
+  const text = f.parity.textManifest;
+  if (text) {
+    const each = Object.entries(text.variants).map(([v, r]) => `${v === 'quantize' ? 'shipped' : 'fp32 reference'} ${r.total - r.mismatches}/${r.total} equal to HF${r.ties ? ` (${r.ties} ties)` : ''}`);
+    lines.push('', `**Text-only manifest** (\`${text.file}\`: the same graphs without the vision encoder) on the text prompts: ${each.join(', ')}${Object.values(text.variants).every((r) => r.ok) ? '' : ' — FAIL'}.`);
+  }
   if (f.parity.tiesWhy) lines.push('', `This recipe allows up to ${f.parity.maxTies} ties per variant: ${f.parity.tiesWhy}.`);
   lines.push('', onDevice
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`

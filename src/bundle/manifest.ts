@@ -5,6 +5,9 @@
 import { z } from 'zod';
 
 export const MANIFEST_FORMAT = 'forge-bundle';
+
+/** Host-ops that run a manifest without its encoder (a vision bundle's text-only manifest), as the runtime's registry says. */
+export const RUNS_WITHOUT_ENCODER = new Set(['qwen3_vl_generate']);
 /** v2: open host-op names, components, typed bindings to host tables/routing/encoders, windowed and shared state. */
 export const MANIFEST_VERSION = 2;
 
@@ -36,6 +39,7 @@ const index = z.number().int().nonnegative();
 const InputSchema = z.discriminatedUnion('bind', [
   z.object({ ...tensor, bind: z.literal('residual') }).strict(), // the running hidden state [1, N, H]
   // int32 [N]: absolute positions of the N tokens; with `window`, their ring slots (position mod window).
+  // int32 [3, N]: multimodal RoPE (Qwen3-VL), rows t, h, w: equal for text, (s, s+row, s+col) for an image's tokens.
   z.object({ ...tensor, bind: z.literal('positions'), window: z.number().int().positive().optional() }).strict(),
   // additive [1, 1, N, C+N]: see `mask` below; with `window`, over a ring cache of that many slots
   // ([1, 1, N, window+N]: a slot shows while its position is within the window).
@@ -53,7 +57,9 @@ const InputSchema = z.discriminatedUnion('bind', [
   // What the previous graph gave as hand-off `handoff` in the same layer step (PhiMoE's normed MoE input).
   z.object({ ...tensor, bind: z.literal('hand-off'), handoff: identifier }).strict(),
   // The output of an encoder component (vision, audio), fed to this graph.
-  z.object({ ...tensor, bind: z.literal('encoder-output'), component: z.string().min(1) }).strict(),
+  // `output`: which of the encoder's outputs, when it gives several (Qwen3-VL: image_embeds, deepstack_k);
+  // a decoder graph gets its rows at the prompt's image positions, zeros elsewhere.
+  z.object({ ...tensor, bind: z.literal('encoder-output'), component: z.string().min(1), output: z.string().min(1).optional() }).strict(),
   z.object({ ...tensor, bind: z.literal('pixels') }).strict(), // a preprocessed image
   z.object({ ...tensor, bind: z.literal('audio-samples') }).strict(), // preprocessed audio
 ]);
@@ -196,9 +202,16 @@ export const ManifestSchema = z.object({
     g.inputs.forEach((b, i) => {
       if (b.bind === 'state' && !states.has(b.state)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'state'), message: `'${b.state}' is not a declared state` });
       if (b.bind === 'host-rows' && !tables.has(b.table)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'table'), message: `'${b.table}' is not a declared host table` });
-      if (b.bind === 'encoder-output' && !encoders.has(b.component)) {
+      // A text-only manifest of a vision bundle leaves the encoder out: a host-op that runs without
+      // it feeds its inputs zeros (native: HostOpSpec::runs_without_encoder).
+      const absentOk = b.bind === 'encoder-output' && !components.has(b.component) && RUNS_WITHOUT_ENCODER.has(m.hostOp);
+      if (b.bind === 'encoder-output' && !encoders.has(b.component) && !absentOk) {
         const message = components.has(b.component) ? `component '${b.component}' gives no encoder-output` : `'${b.component}' is not a component of this manifest`;
         ctx.addIssue({ code: 'custom', path: at('inputs', i, 'component'), message });
+      }
+      if (b.bind === 'encoder-output' && b.output !== undefined && encoders.has(b.component)) {
+        const given = m.contexts.flatMap((c) => c.graphs.filter((x) => x.component === b.component).flatMap((x) => x.outputs.filter((o) => o.bind === 'encoder-output').map((o) => o.name)));
+        if (!given.includes(b.output)) ctx.addIssue({ code: 'custom', path: at('inputs', i, 'output'), message: `component '${b.component}' gives no encoder-output '${b.output}' (it gives ${given.join(', ')})` });
       }
       if (b.bind === 'routing-weights' && (b.layer === undefined ? routed.size === 0 : !routed.has(b.layer))) {
         ctx.addIssue({ code: 'custom', path: at('inputs', i, 'layer'), message: b.layer === undefined ? 'no graph gives router-logits' : `no graph gives router-logits for layer ${b.layer}` });

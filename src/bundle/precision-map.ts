@@ -2,7 +2,7 @@
 // export stored (graphs.json `matrices`) and, under quant 'auto', what the precision stage measured
 // (precision.json). The card, the report and the run record show it; the manifest lists the
 // matrices per context (the runtime does not read it).
-import type { ExportManifest } from '../families/export-stage.js';
+import type { ExportManifest } from '../export/graphs.js';
 import type { MatrixEntry } from '../quant/weights.js';
 import type { PrecisionResult } from '../quant/auto.js';
 

@@ -118,6 +118,19 @@ export function cachedAttention(g: GraphBuilder, q: string, k: string, v: string
   return g.op('Reshape', [ctx, g.constInt64([1, s.heads, s.n, s.headDim])]);
 }
 
+/** HF's gelu_pytorch_tanh: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (opset 17 has no Gelu). */
+export function geluTanh(g: GraphBuilder, x: string): string {
+  const x3 = g.op('Mul', [g.op('Mul', [x, x]), x]);
+  const inner = g.op('Mul', [g.op('Add', [x, g.op('Mul', [x3, g.constFloat32([0.044715], [])])]), g.constFloat32([Math.sqrt(2 / Math.PI)], [])]);
+  return g.op('Mul', [g.op('Mul', [x, g.constFloat32([0.5], [])]), g.op('Add', [g.op('Tanh', [inner]), g.constFloat32([1], [])])]);
+}
+
+/** GELU with erf, HF's nn.GELU(): 0.5·x·(1 + erf(x/√2)). */
+export function geluErf(g: GraphBuilder, x: string): string {
+  const e = g.op('Erf', [g.op('Mul', [x, g.constFloat32([Math.SQRT1_2], [])])]);
+  return g.op('Mul', [g.op('Mul', [x, g.constFloat32([0.5], [])]), g.op('Add', [e, g.constFloat32([1], [])])]);
+}
+
 /** silu(gate) · up, the gated half of a SwiGLU MLP (the projections are the caller's linear layers). */
 export function swiGate(g: GraphBuilder, gate: string, up: string): string {
   return g.op('Mul', [g.op('Mul', [gate, g.op('Sigmoid', [gate])]), up]);

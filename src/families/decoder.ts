@@ -82,21 +82,36 @@ export function attentionDecoderConfig(c: AttentionDecoderFields, tied: boolean,
   };
 }
 
+/**
+ * What a family changes in the dense shard's frame: how positions enter and become RoPE rows
+ * (default: int32 [N], one table row each), and what joins the residual after a layer (Qwen3-VL's
+ * DeepStack features).
+ */
+export interface ShardFrame {
+  rope?(g: GraphBuilder, n: number, tables: { cos: string; sin: string }): { input: TensorIO; rope: { cos: string; sin: string } };
+  afterLayer?(g: GraphBuilder, x: string, layer: number, n: number): { x: string; inputs: TensorIO[] };
+}
+
 /** The common frame of a dense decoder shard: hidden/position/mask inputs, layers, final norm. */
 export async function denseDecoderShard(
   g: GraphBuilder, c: { hidden: number; headDim: number; ropeTheta: number; eps: number; vocab: number }, s: ShardSpec, w: GraphWeights,
   names: { finalNorm: string; lmHead: string },
   layerFn: (x: string, layer: number, io: { rope: { cos: string; sin: string }; mask: string; n: number; ctx: number }) => Promise<{ out: string; inputs: TensorIO[]; outputs: TensorIO[] }>,
+  frame: ShardFrame = {},
 ): Promise<GraphInterface> {
   const { n, maxContext: ctx } = s;
   const H = c.hidden;
   const f32 = 'float32' as const;
   const x0 = g.input('hidden_in', f32, [1, n, H]);
-  const position = g.input('position', 'int32', [n]);
-  const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
   const tables = ropeTables(ctx, c.headDim, c.ropeTheta);
-  const rope = ropeGather(g, position, { cos: g.initializer('rope.cos', tables.cos, [ctx, c.headDim]), sin: g.initializer('rope.sin', tables.sin, [ctx, c.headDim]) }, n, c.headDim);
-  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, n, H] }, { name: position, dtype: 'int32', shape: [n] }, { name: mask, dtype: f32, shape: [1, 1, n, ctx + n] }];
+  const ropeTable = { cos: g.initializer('rope.cos', tables.cos, [ctx, c.headDim]), sin: g.initializer('rope.sin', tables.sin, [ctx, c.headDim]) };
+  const positions = frame.rope ? frame.rope(g, n, ropeTable) : (() => {
+    const position = g.input('position', 'int32', [n]);
+    return { input: { name: position, dtype: 'int32' as const, shape: [n] }, rope: ropeGather(g, position, ropeTable, n, c.headDim) };
+  })();
+  const rope = positions.rope;
+  const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
+  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, n, H] }, positions.input, { name: mask, dtype: f32, shape: [1, 1, n, ctx + n] }];
   const outputs: TensorIO[] = [];
   const probes: Record<string, TensorIO> = {};
   let x = x0;
@@ -106,6 +121,11 @@ export async function denseDecoderShard(
     inputs.push(...r.inputs);
     outputs.push(...r.outputs);
     x = r.out;
+    if (frame.afterLayer) {
+      const after = frame.afterLayer(g, x, i, n);
+      inputs.push(...after.inputs);
+      x = after.x;
+    }
     if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, n, H] };
   }
   if (s.isLast) {

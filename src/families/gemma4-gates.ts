@@ -1,8 +1,9 @@
 // Gemma 4's teacher-forced gate cases: what each decode graph is fed at each traced step and what it
 // must give back (the graphs are in gemma4.ts).
 import type { Trace } from '../gates/trace.js';
-import type { GraphEntry } from './export-stage.js';
-import { CacheBuilder, lmHeadCases, type Feed, type GateCase } from './kv-decoder.js';
+import type { GraphEntry } from './types.js';
+import { CacheBuilder, lmHeadCases } from './kv-decoder.js';
+import type { Feed, GateCase } from './types.js';
 import { MASKED, attentionMask } from './blocks.js';
 import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';

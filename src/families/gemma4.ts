@@ -25,9 +25,11 @@
 import { z } from 'zod';
 import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
-import type { GraphEntry } from './export-stage.js';
+import type { GraphEntry } from './types.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
-import { cachedAttention, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+import { cachedAttention, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+
+export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { gemma4Cases } from './gemma4-gates.js';
@@ -225,13 +227,6 @@ export const gemma4: Family<Gemma4Config> = {
 
 const f32 = 'float32' as const;
 const io = (name: string, shape: number[], dtype: TensorIO['dtype'] = f32): TensorIO => ({ name, dtype, shape });
-
-/** HF's gelu_pytorch_tanh: 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))) (opset 17 has no Gelu). */
-export function geluTanh(g: GraphBuilder, x: string): string {
-  const x3 = g.op('Mul', [g.op('Mul', [x, x]), x]);
-  const inner = g.op('Mul', [g.op('Add', [x, g.op('Mul', [x3, g.constFloat32([0.044715], [])])]), g.constFloat32([Math.sqrt(2 / Math.PI)], [])]);
-  return g.op('Mul', [g.op('Mul', [x, g.constFloat32([0.5], [])]), g.op('Add', [g.op('Tanh', [inner]), g.constFloat32([1], [])])]);
-}
 
 /** c·tanh(x/c): HF's final logit softcap. */
 export function softcap(g: GraphBuilder, x: string, c: number): string {

@@ -5,8 +5,9 @@ import { qwen3 } from './qwen3.js';
 import { qwen3_5 } from './qwen3_5.js';
 import { phimoe } from './phimoe.js';
 import { gemma4 } from './gemma4.js';
+import { qwen3_vl } from './qwen3_vl.js';
 
-const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5, phimoe, gemma4 };
+const FAMILIES: Partial<Record<FamilyId, Family<any>>> = { qwen3, qwen3_5, phimoe, gemma4, qwen3_vl };
 
 export function getFamily(id: FamilyId): Family<unknown> {
   const f = FAMILIES[id];

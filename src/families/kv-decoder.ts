@@ -2,32 +2,13 @@
 // graph is fed at each traced step (teacher forcing), and what it must give back.
 import { attentionMask } from './blocks.js';
 import type { Trace } from '../gates/trace.js';
-import type { GraphEntry } from './export-stage.js';
+import type { GraphEntry } from './types.js';
 import type { GraphBindings } from './types.js';
 import type { ManifestGraph } from '../bundle/manifest.js';
 import type { CompareMask } from '../gates/compare.js';
+import type { Feed, GateCase } from './types.js';
 import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
-
-export interface Feed {
-  /** int8 and float16 (raw bits): expert rows fed from host tables. */
-  dtype: 'float32' | 'int32' | 'int8' | 'float16';
-  data: Float32Array | Int32Array | Int8Array | Uint16Array;
-  dims: number[];
-}
-
-/** One teacher-forced call: feeds, and expected values. */
-export interface GateCase {
-  prompt: number;
-  step: number;
-  feeds: Record<string, Feed>;
-  expected: Record<string, Float32Array>;
-  /**
-   * Per expected output, which entries are compared (the rest are padding rows of a short prefill
-   * chunk, zeros in `expected`); an output without a mask is compared whole.
-   */
-  masks?: Record<string, CompareMask>;
-}
 
 /** One layer's KV cache shape: heads and head size may differ from layer to layer (sliding and full layers). */
 export interface KvHeads {
@@ -166,10 +147,10 @@ function paddingMasks(expected: Record<string, Float32Array>, layers: number[], 
 
 /**
  * The state layout of a KV-cache decoder: how each graph input/output binds for the runtime.
- * `recurrentShape` adds whole-tensor recurrent states (`<kind>_state_i` → `<kind>.i`, replaced
+ * `extra` binds a family's own inputs (Qwen3-VL's DeepStack features). `recurrentShape` adds whole-tensor recurrent states (`<kind>_state_i` → `<kind>.i`, replaced
  * after each call) for hybrids such as Qwen3.5; without it they have no binding.
  */
-export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: string, layer: number) => number[]): GraphBindings {
+export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShape?: (kind: string, layer: number) => number[], extra?: (t: GraphEntry['inputs'][number]) => ManifestGraph['inputs'][number] | undefined): GraphBindings {
   const state: GraphBindings['state'] = [];
   const cacheShape = (i: number) => [1, kv.layer(i).kvHeads, kv.layer(i).ring ?? kv.maxContext, kv.layer(i).headDim];
   const inputs = entry.inputs.map((t): ManifestGraph['inputs'][number] => {
@@ -181,6 +162,8 @@ export function kvDecoderBindings(entry: GraphEntry, kv: KvLayout, recurrentShap
         : { name, kind: 'kv-cache', dtype: 'float32', shape: cacheShape(io.layer), positionAxis: 2, ...(kv.layer(io.layer).ring ? { window: kv.layer(io.layer).ring } : {}) });
       return { ...t, bind: 'state', state: name };
     }
+    const own = extra?.(t);
+    if (own) return own;
     if (t.name === 'hidden_in' || t.name === 'hidden') return { ...t, bind: 'residual' };
     if (t.name === 'position') return { ...t, bind: 'positions' };
     if (t.name === 'attn_mask') return { ...t, bind: 'mask' };

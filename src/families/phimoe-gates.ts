@@ -12,11 +12,12 @@
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Trace } from '../gates/trace.js';
-import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from './export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
 import type { GraphBindings } from './types.js';
 import type { ManifestGraph } from '../bundle/manifest.js';
 import { attentionMask } from './blocks.js';
-import { CacheBuilder, promptCalls, rowMask, stackKv, stackRows, type Feed, type GateCase, type KvLayout } from './kv-decoder.js';
+import { CacheBuilder, promptCalls, rowMask, stackKv, stackRows, type KvLayout } from './kv-decoder.js';
+import type { Feed, GateCase } from './types.js';
 import { newKv, parseStateInput, parseStateOutput, pastKv, stateName } from './state-io.js';
 import { readExpertRows, scaleTable } from './expert-tables.js';
 import { EXPERT_TABLES, ROLES, expertInput, expertScaleInput, type PhimoeConfig } from './phimoe.js';

@@ -19,8 +19,9 @@ import { z } from 'zod';
 import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
-import type { GraphEntry } from './export-stage.js';
-import { CacheBuilder, kvDecoderBindings, lmHeadCases, type Feed, type GateCase } from './kv-decoder.js';
+import type { GraphEntry } from './types.js';
+import { CacheBuilder, kvDecoderBindings, lmHeadCases } from './kv-decoder.js';
+import type { Feed, GateCase } from './types.js';
 import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,

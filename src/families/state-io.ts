@@ -1,6 +1,6 @@
 // The graph input/output names of decoder state, written by the family graph builders and read back
 // by the bindings, the gate cases and the per-layer gate table: one place, so a renamed convention
-// cannot leave a reader behind. They are C identifiers (see export-stage's checkIoNames). Which
+// cannot leave a reader behind. They are C identifiers (see export/graphs.ts checkIoNames). Which
 // recurrent states exist (Qwen3.5's conv FIFO and delta-rule state …) is the family's business: any
 // lower-case kind name follows the same convention.
 export type KvKind = 'k' | 'v';

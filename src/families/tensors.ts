@@ -57,8 +57,17 @@ export async function componentTensors(c: Component, schemes: { scheme: QuantSch
  */
 const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0 });
 
+/** The decoder's components only: an encoder is grouped on its own (encoderTensors). */
 async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentLayout): Promise<TensorSpec[][]> {
-  return Promise.all(family.components(config, layout).map((c) => componentTensors(c)));
+  return Promise.all(family.components(config, layout).filter((c) => c.weights !== 'encoder').map((c) => componentTensors(c)));
+}
+
+/** What each encoder component reads (none for a text-only family). A dry build's image has no pixels: tensors do not depend on the grid. */
+export async function encoderTensors<C>(family: Family<C>, config: C, scheme: QuantScheme = 'fp32'): Promise<Array<{ name: string; tensors: TensorSpec[] }>> {
+  const n = family.numLayers(config);
+  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: { height: 0, width: 0 } };
+  const encoders = family.components(config, layout).filter((c) => c.weights === 'encoder');
+  return Promise.all(encoders.map(async (c) => ({ name: c.name, tensors: await componentTensors(c, { scheme, lmHeadScheme: scheme }) })));
 }
 
 const minus = (a: TensorSpec[], b: TensorSpec[]) => {
@@ -74,6 +83,8 @@ export interface ModelTensors {
   /** What the lm-head reads when it stands alone (its weight, the embedding's when tied). */
   lmHead: TensorSpec[];
   host: TensorSpec[];
+  /** Per encoder component (a vision tower), what it reads. */
+  encoders: Array<{ name: string; tensors: TensorSpec[] }>;
 }
 
 /** What a shard holding only layer `i` reads (one dry build). */
@@ -98,13 +109,13 @@ export const hostTensors = <C>(family: Family<C>, config: C): TensorSpec[] => [
 export async function modelTensors<C>(family: Family<C>, config: C): Promise<ModelTensors> {
   const layers: TensorSpec[][] = [];
   for (let i = 0; i < family.numLayers(config); i++) layers.push(await layerTensors(family, config, i));
-  return { layers, ...(await headTensors(family, config)), host: hostTensors(family, config) };
+  return { layers, ...(await headTensors(family, config)), host: hostTensors(family, config), encoders: await encoderTensors(family, config) };
 }
 
 /** Every distinct checkpoint tensor the model's graphs and host tables read. */
 export function allTensors(m: ModelTensors): TensorSpec[] {
   const out = new Map<string, TensorSpec>();
-  for (const t of [...m.host, ...m.layers.flat(), ...m.final, ...m.lmHead]) if (!out.has(t.name)) out.set(t.name, t);
+  for (const t of [...m.host, ...m.layers.flat(), ...m.final, ...m.lmHead, ...m.encoders.flatMap((e) => e.tensors)]) if (!out.has(t.name)) out.set(t.name, t);
   // The checkpoint's tensors, whole: a row range is what one component reads, not what the checkpoint holds.
   return [...out.values()].map(({ rows: _rows, ...t }) => t);
 }

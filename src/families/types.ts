@@ -6,8 +6,7 @@ import type { ElemType } from '../onnx/dtype.js';
 import type { WeightStore } from '../quant/weights.js';
 import type { Trace } from '../gates/trace.js';
 import type { Checkpoint } from '../io/checkpoint.js';
-import type { GraphEntry } from './export-stage.js';
-import type { GateCase } from './kv-decoder.js';
+import type { CompareMask } from '../gates/compare.js';
 import type { Manifest, ManifestGraph } from '../bundle/manifest.js';
 
 /**
@@ -89,7 +88,7 @@ export interface Family<C> {
    */
   madeTables?(config: C, scheme: QuantScheme): MadeTables;
   /** Numbers the host-op needs beyond the graphs (a router's jitter eps …), written into the manifest. */
-  hostOpParams?(config: C): Record<string, number | string | boolean>;
+  hostOpParams?(config: C, layout?: Pick<ComponentLayout, 'image'>): Record<string, number | string | boolean>;
   /**
    * Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs.
    * `dir` holds the export (graphs.json, its graphs and the made tables they are fed from).
@@ -147,6 +146,8 @@ export interface ComponentLayout {
   prefillLength: number;
   /** KV cache slots. */
   maxContext: number;
+  /** The size images are stretched to for a vision encoder; absent: the text path only (no encoder component). */
+  image?: { height: number; width: number };
 }
 
 /** One graph of a component; the variants of a component share its weights (one data file). */
@@ -170,8 +171,8 @@ export interface Component {
   name: string;
   /** Family-defined; only src/families/ reads it. */
   kind: string;
-  /** Which of the recipe's schemes stores its matmul weights. */
-  weights: 'layers' | 'lmHead';
+  /** Which of the recipe's schemes stores its matmul weights ('encoder': an encoder's context, in the layers' scheme). */
+  weights: 'layers' | 'lmHead' | 'encoder';
   variants: GraphVariant[];
   /** Fields every graph of it carries in graphs.json, for the family's gate cases and bindings. */
   entry: ComponentEntryFields;
@@ -234,3 +235,45 @@ export interface GraphInterface {
   /** Internal value name → what it is in the trace (e.g. 'h.3' = residual after layer 2). */
   probes: Record<string, TensorIO>;
 }
+
+/** One exported graph (graphs.json: src/export/graphs.ts): a variant of a component, with the interface its builder gave. */
+export interface GraphEntry extends GraphInterface, ComponentEntryFields {
+  name: string;
+  file: string;
+  /** The component (and context) it belongs to. */
+  component: string;
+  /** The component's family-defined kind: only src/families/ reads it. */
+  kind: string;
+  /** The variant's name within its component ('' when the component has one graph). */
+  variant: string;
+  /** Tokens per call. */
+  n: number;
+  /** The variant's role, when the family names one (GraphVariant.role). */
+  role?: string;
+  /** The quant scheme of its matmul weights. */
+  scheme: QuantScheme;
+}
+
+/** A graph input fed by a gate case. */
+export interface Feed {
+  /** int8 and float16 (raw bits): expert rows fed from host tables. */
+  dtype: 'float32' | 'int32' | 'int8' | 'float16';
+  data: Float32Array | Int32Array | Int8Array | Uint16Array;
+  dims: number[];
+}
+
+/** One teacher-forced call: feeds, and expected values. */
+export interface GateCase {
+  prompt: number;
+  step: number;
+  feeds: Record<string, Feed>;
+  expected: Record<string, Float32Array>;
+  /**
+   * Per expected output, which entries are compared (the rest are padding rows of a short prefill
+   * chunk, zeros in `expected`); an output without a mask is compared whole.
+   */
+  masks?: Record<string, CompareMask>;
+}
+
+/** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */
+export const graphName = (component: string, variant: string) => (variant ? `${component}.${variant}` : component);

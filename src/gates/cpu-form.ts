@@ -44,7 +44,7 @@ import type * as ort from 'onnxruntime-node';
 import { OnnxModel } from '../onnx/reader.js';
 import { onnx, toNumber } from '../onnx/proto.js';
 import { linkOrCopy } from '../io/files.js';
-import { GRAPHS_JSON, type ExportManifest } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import { writeProbeModel } from './probe.js';
 
 const DT = onnx.TensorProto.DataType;

@@ -8,19 +8,21 @@
 // `matched` is the free-running prefix: the tokens equal to HF's before the first mismatch (forced
 // decoding feeds the same tokens as a free run up to there). On a phone (adb) the bundle is the
 // device bundle: the compiled QNN contexts of the shipped graphs, as `forge build` ships them.
-import { readFileSync, rmSync } from 'node:fs';
+import { existsSync, readFileSync, rmSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import type { FamilyId } from '../recipe/schema.js';
-import { assembleBundle, readCompiled } from '../bundle/assemble.js';
+import { assembleBundle, readCompiled, TEXT_MANIFEST } from '../bundle/assemble.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { hostTarget } from '../targets/host.js';
 import { adbTarget } from '../targets/adb.js';
 import { NonFiniteLogitsError, type Target } from '../targets/target.js';
 import { getArch } from '../arch/table.js';
-import { Trace } from './trace.js';
+import { Trace, type TracePrompt } from './trace.js';
 import { writeCpuFormExport } from './cpu-form.js';
+import { TRACE_IMAGES } from './trace-stage.js';
+import { checkPixels, type PixelCheck } from './pixels.js';
 import type { NativeRecord } from './native-stage.js';
 
 export type TargetSpec = { kind: 'host' } | { kind: 'adb'; serial: string; runner: string; libDir: string };
@@ -108,7 +110,8 @@ function makeTarget(spec: TargetSpec, qhxGenerate: string, arch: string): Target
  * runtime's choice at every step with HF's; `logitError` is the precision's measured largest logit
  * error (the tie margin is twice it).
  */
-export async function checkParity(target: Target, bundleDir: string, trace: Trace, tokens: number, logitError: number | null): Promise<VariantResult> {
+export async function checkParity(target: Target, bundleDir: string, trace: Trace, tokens: number, logitError: number | null,
+  o: { manifest?: string; prompts?: (p: TracePrompt) => boolean } = {}): Promise<VariantResult> {
   const tieMargin = tieMarginFor(logitError);
   const r: VariantResult = {
     matched: 0, total: 0, perPrompt: [], firstDivergence: null, ties: 0, mismatchCount: 0, mismatches: [],
@@ -116,12 +119,16 @@ export async function checkParity(target: Target, bundleDir: string, trace: Trac
     timings: { load_ms: Infinity, prefill_ms: 0, decode_ms_per_token: 0, host_overhead_ms_per_token: 0 },
   };
   const prompts = trace.meta.prompts;
+  const runs = prompts.filter((x) => !o.prompts || o.prompts(x)).length;
   for (let p = 0; p < prompts.length; p++) {
+    if (o.prompts && !o.prompts(prompts[p])) continue;
     const want = prompts[p].generated.slice(0, tokens);
     if (want.length < tokens) throw new Error(`the trace has ${want.length} generated tokens for prompt ${p}, the gate wants ${tokens}`);
     let got;
     try {
-      got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens, forceIds: want });
+      // An image prompt runs on the file the oracle traced (the trace stage keeps it beside the trace).
+      const image = prompts[p].image ? { image: join(trace.dir, TRACE_IMAGES, prompts[p].image!.file) } : {};
+      got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens, forceIds: want, ...image, ...(o.manifest ? { manifest: o.manifest } : {}) });
     } catch (e) {
       if (!(e instanceof NonFiniteLogitsError)) throw e;
       const message = `prompt ${p}: ${e.message}`;
@@ -151,7 +158,7 @@ export async function checkParity(target: Target, bundleDir: string, trace: Trac
     r.matched += matched;
     r.total += tokens;
     r.timings.load_ms = Math.min(r.timings.load_ms, got.timings.load_ms);
-    for (const key of ['prefill_ms', 'decode_ms_per_token', 'host_overhead_ms_per_token'] as const) r.timings[key] += got.timings[key] / prompts.length;
+    for (const key of ['prefill_ms', 'decode_ms_per_token', 'host_overhead_ms_per_token'] as const) r.timings[key] += got.timings[key] / runs;
   }
   return r;
 }
@@ -211,6 +218,8 @@ export const stage: StageModule<ParityParams> = {
     const trace = await Trace.open(ctx.inputs.trace);
     const scratch = join(ctx.out, '.scratch');
     const variants: Record<string, VariantResult> = {};
+    let pixels: PixelCheck[] = [];
+    const textManifest: Record<string, VariantResult> = {};
     try {
       for (const v of p.variants) {
         ctx.log(`assembling and running the ${v} graphs on ${target.name}`);
@@ -222,6 +231,17 @@ export const stage: StageModule<ParityParams> = {
         if (!compiled.compiled) writeCpuFormExport(ctx.inputs[v], graphsDir);
         await assembleBundle({ recipe: p.recipe, arch, graphsDir, dataDigestsDir: ctx.inputs[v], embeddingDir: ctx.inputs.quantize, checkpointDir, maxNewTokens: p.tokens, ...compiled }, bundle);
         variants[v] = await checkParity(target, bundle, trace, p.tokens, logitErrors[v] ?? null);
+        // The runtime's image front-end against HF's processor, on the files the oracle traced (once: every variant shares it).
+        if (!pixels.length && trace.meta.prompts.some((x) => x.image)) {
+          pixels = await checkPixels(join(native.buildDir, 'qhx_pixels'), JSON.parse(readFileSync(join(bundle, 'manifest.json'), 'utf8')), trace);
+          for (const c of pixels) ctx.log(`pixels of ${c.image}: cosine ${c.cosine.toFixed(7)}, max |error| ${c.maxAbs.toExponential(2)} against Hugging Face's processor`);
+        }
+        // A vision bundle's text-only manifest (the encoder left out) on the text prompts: what a text app runs.
+        if (existsSync(join(bundle, TEXT_MANIFEST))) {
+          textManifest[v] = await checkParity(target, bundle, trace, p.tokens, logitErrors[v] ?? null, { manifest: TEXT_MANIFEST, prompts: (x) => !x.image });
+          const t = textManifest[v];
+          ctx.log(`${v} under ${TEXT_MANIFEST}: ${t.matched}/${t.total} before the first mismatch on the text prompts; ${t.mismatchCount} mismatches, ${t.ties} ties`);
+        }
         const r = variants[v];
         ctx.log(`${v}: ${r.matched}/${r.total} before the first mismatch; ${r.mismatchCount} mismatch${r.mismatchCount === 1 ? '' : 'es'} teacher-forced, ${r.ties} tie${r.ties === 1 ? '' : 's'} (tie margin ${r.tieMargin ?? 'none: no logit error measured'})`);
       }
@@ -229,8 +249,9 @@ export const stage: StageModule<ParityParams> = {
       await trace.close();
       rmSync(scratch, { recursive: true, force: true });
     }
-    const summary = paritySummary(target.name, variants, p);
-    const ok = Object.values(summary.variants).every((v) => v.ok);
+    const text = Object.keys(textManifest).length ? paritySummary(target.name, textManifest, p) : undefined;
+    const summary = { ...paritySummary(target.name, variants, p), ...(pixels.length ? { pixels } : {}), ...(text ? { textManifest: { file: TEXT_MANIFEST, ...text } } : {}) };
+    const ok = Object.values(summary.variants).every((v) => v.ok) && pixels.every((c) => c.ok) && (!text || Object.values(text.variants).every((v) => v.ok));
     if (summary.nonFinite) ctx.log(`${summary.nonFinite.variant} graphs: ${summary.nonFinite.message}`);
     await writeFile(join(ctx.out, 'parity.json'), JSON.stringify({ ok, ...summary, detail: variants }, null, 2));
     return { gate: { name: 'parity', ok }, summary: JSON.parse(JSON.stringify(summary)) };

@@ -5,8 +5,8 @@
 // own output as the runtime hands it along (and HF's caches and states for that step, as in the
 // gate); the last graph's logits are compared with HF's. The first shard's input is the embedding
 // row, the same in both, so its gate cases are the chain's first link.
-import type { GraphEntry } from '../families/export-stage.js';
-import type { GateCase } from '../families/kv-decoder.js';
+import type { GraphEntry } from '../export/graphs.js';
+import type { GateCase } from '../families/types.js';
 
 const key = (c: Pick<GateCase, 'prompt' | 'step'>) => `${c.prompt}:${c.step}`;
 

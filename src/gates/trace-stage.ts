@@ -2,7 +2,7 @@
 // decode, greedy; the tensors every gate compares against, and HF's top-1 − top-2 logit margins along
 // the greedy continuations (trace.json `margins`, also in the stage summary).
 import { fileURLToPath } from 'node:url';
-import { writeFileSync, renameSync, readdirSync } from 'node:fs';
+import { existsSync, writeFileSync, renameSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Json, StageModule } from '../engine/stage.js';
 import { runPython } from '../toolchain/python.js';
@@ -11,19 +11,28 @@ import { readTraceMeta } from './trace.js';
 
 // The tracer and the Python module it imports: named here as code (`new URL`) so the stage's cache
 // key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
-const [TRACER] = [new URL('../../oracles/trace.py', import.meta.url), new URL('../../oracles/trace_families.py', import.meta.url)];
+const [TRACER, , , IMAGES] = [new URL('../../oracles/trace.py', import.meta.url), new URL('../../oracles/trace_families.py', import.meta.url),
+  new URL('../../oracles/pixels.py', import.meta.url), new URL('../../oracles/twin_images.py', import.meta.url)];
 
 /**
  * One traced input: text (tokenized by the checkpoint's tokenizer), or token ids traced exactly as
  * given (forge bisect --from a qhx_generate run: the ids the runtime was fed).
  */
-export type TraceInput = string | { type: 'ids'; ids: number[] };
+export type TraceInput = string | { type: 'ids'; ids: number[] } | ImageInput;
+
+/** A prompt with an image drawn by oracles/twin_images.py (the name of one of its test images). */
+export interface ImageInput { type: 'image'; text: string; made: string }
 
 export interface TraceParams {
   prompts: TraceInput[];
   newTokens: number;
   maxContext: number;
+  /** The size images are stretched to (the recipe's `image`): required with image inputs. */
+  image?: { height: number; width: number };
 }
+
+/** Where the trace stage keeps the images it traced (the parity gate feeds the runtime the same files). */
+export const TRACE_IMAGES = 'images';
 
 export const stage: StageModule<TraceParams> = {
   name: 'trace',
@@ -31,11 +40,21 @@ export const stage: StageModule<TraceParams> = {
   async run(ctx) {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const promptsFile = join(ctx.out, 'prompts.json');
-    writeFileSync(promptsFile, JSON.stringify(ctx.params.prompts));
+    const images = ctx.params.prompts.filter((p): p is ImageInput => typeof p === 'object' && p.type === 'image');
+    if (images.length && !ctx.params.image) throw new Error(`${images.length} image prompt(s) but no image size: set the recipe's arch setting "image": {"height", "width"}`);
+    const imageDir = join(ctx.out, TRACE_IMAGES);
+    if (images.length) {
+      // The images are drawn by code into the stage's output, where the parity gate finds them too.
+      await runPython(fileURLToPath(IMAGES), ['--out', imageDir]);
+      for (const p of images) if (!existsSync(join(imageDir, p.made))) throw new Error(`image prompt ${JSON.stringify(p.text)}: oracles/twin_images.py draws no image named ${p.made} (it drew ${readdirSync(imageDir).join(', ')})`);
+    }
+    const traced = ctx.params.prompts.map((p) => (typeof p === 'object' && p.type === 'image' ? { type: 'image', text: p.text, image: join(imageDir, p.made) } : p));
+    writeFileSync(promptsFile, JSON.stringify(traced));
     const tmp = join(ctx.out, 'trace-out');
     const r = await runPython(fileURLToPath(TRACER), [
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
+      ...(ctx.params.image ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
     ]);
     ctx.notePeakRss(r.peakRssBytes);
     for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));

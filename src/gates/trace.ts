@@ -14,6 +14,11 @@ export interface TracePrompt {
   /** Per generated token: HF's top-1 − top-2 logit margin there (float32 logits subtracted in double). */
   margins: number[];
   steps: number;
+  /**
+   * An image prompt (oracles/trace.py's "image" input): the file, the size it was stretched to, the
+   * patch grid, its image tokens and where the first one sits in prompt_tokens.
+   */
+  image?: { file: string; sha256: string; size: [number, number]; grid: [number, number, number]; tokens: number; start: number };
 }
 
 /**
@@ -55,11 +60,12 @@ export function readTraceMeta(dir: string): TraceMeta {
 }
 
 export class Trace {
-  private constructor(readonly meta: TraceMeta, private readonly file: SafetensorsFile) {}
+  /** `dir`: the trace directory (its images/ holds the images an image prompt traced). */
+  private constructor(readonly meta: TraceMeta, private readonly file: SafetensorsFile, readonly dir: string) {}
 
   static async open(dir: string): Promise<Trace> {
     const meta = readTraceMeta(dir);
-    return new Trace(meta, await openSafetensors(join(dir, meta.tensors)));
+    return new Trace(meta, await openSafetensors(join(dir, meta.tensors)), dir);
   }
 
   has(p: number, t: number, what: string): boolean {
@@ -68,6 +74,14 @@ export class Trace {
 
   async get(p: number, t: number, what: string): Promise<Float32Array> {
     const name = `p${p}/s${t}/${what}`;
+    const info = this.file.tensors.get(name);
+    if (!info) throw new Error(`trace has no tensor ${name}`);
+    return toFloat32(info.dtype, await this.file.read(name));
+  }
+
+  /** A tensor of a whole prompt, not of one step (an image prompt's pixels and vision outputs: `p{p}/<what>`). */
+  async getPrompt(p: number, what: string): Promise<Float32Array> {
+    const name = `p${p}/${what}`;
     const info = this.file.tensors.get(name);
     if (!info) throw new Error(`trace has no tensor ${name}`);
     return toFloat32(info.dtype, await this.file.read(name));

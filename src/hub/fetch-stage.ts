@@ -29,8 +29,9 @@ export interface FetchParams {
 
 const MAKE_TWIN = new URL('../../oracles/make_twin.py', import.meta.url);
 // make_twin.py imports these; naming them here puts them in this stage's code hash, so an edit to
-// the corpus or the training re-makes the twins.
-export const TWIN_MODULES = [new URL('../../oracles/twin_corpus.py', import.meta.url), new URL('../../oracles/twin_training.py', import.meta.url)];
+// the corpus, the training or the vision twin's pictures re-makes the twins.
+export const TWIN_MODULES = [new URL('../../oracles/twin_corpus.py', import.meta.url), new URL('../../oracles/twin_training.py', import.meta.url),
+  new URL('../../oracles/twin_images.py', import.meta.url), new URL('../../oracles/pixels.py', import.meta.url)];
 
 /** The margins make_twin measured along a tiny twin's greedy continuations (its twin.json). */
 function twinMargins(modelDir: string): Json {

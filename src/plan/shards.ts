@@ -12,7 +12,7 @@ import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
 import { MADE_DTYPES, type Component, type Family } from '../families/types.js';
 import { sumBytes } from '../quant/bytes.js';
 import { modelTensors } from '../families/tensors.js';
-import { graphName } from '../families/export-stage.js';
+import { graphName } from '../families/types.js';
 
 export interface ShardPlan {
   arch: string;
@@ -25,6 +25,8 @@ export interface ShardPlan {
   shards: Array<{ index: number; first: number; last: number; weightBytes: number; graphs: string[] }>;
   lmHead: { placement: 'separate' | 'last-shard'; quant: ArchSettings['quant']; bytes: number; tied: boolean };
   hostTables: Array<{ name: string; dtype: 'f16' | 'f32' | 'i8'; bytes: number }>;
+  /** Encoder components (a vision tower), each a context of its own in the layers' scheme. */
+  encoders?: Array<{ name: string; weightBytes: number; graphs: string[] }>;
   contexts: number;
   totalContextBytes: number;
   /** Graphs the bundle sets up in one process, against the arch's maxGraphsPerProcess. */
@@ -112,7 +114,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
   const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant, chooser) + sumBytes(tensors.final, s.lmHead.quant, chooser);
   // A line that matches no matmul weight is a typo; one that matches weights an earlier line already
   // pins (forge bisect puts its fix first) is shadowed, not wrong: first match wins, as documented.
-  const matmuls = [...tensors.layers.flat(), ...tensors.lmHead, ...tensors.final].filter((t) => t.role === 'matmul').map((t) => t.name);
+  const matmuls = [...tensors.layers.flat(), ...tensors.lmHead, ...tensors.final, ...tensors.encoders.flatMap((e) => e.tensors)].filter((t) => t.role === 'matmul').map((t) => t.name);
   const unused = s.overrides.filter((o) => { const re = new RegExp(`^(?:${o.match})$`); return !matmuls.some((n) => re.test(n)); });
   if (unused.length) throw new PlanError(`overrides ${unused.map((o) => JSON.stringify(o.match)).join(', ')} match no matmul weight of this model (patterns match a whole tensor name, e.g. "model\\.layers\\.3\\..*")`);
   const inLast = s.lmHead.placement === 'last-shard' ? headBytes : 0;
@@ -153,8 +155,14 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     lmHeadInside: s.lmHead.placement === 'last-shard',
     prefillLength: s.prefillLength,
     maxContext: s.maxContext,
+    ...(s.image ? { image: s.image } : {}),
   };
   const components = family.components(config, layout);
+  const encoders = tensors.encoders.filter((e) => components.some((c) => c.name === e.name)).map((e) => {
+    const weightBytes = sumBytes(e.tensors, baseScheme(s.quant), chooser);
+    if (weightBytes > archCeiling) throw new PlanError(`the ${e.name} encoder stores ${mb(weightBytes)}, over the ${arch.id} ceiling of ${mb(archCeiling)}: quantize it (quant 'w8' or 'w4')`);
+    return { name: e.name, weightBytes };
+  });
   const contexts = components.length;
   if (contexts > arch.maxContexts) throw new PlanError(`the plan needs ${contexts} contexts, over the ${arch.id} limit of ${arch.maxContexts}`);
   const { kept, dropped } = fitGraphs(components, arch);
@@ -162,6 +170,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     const c = components.find((k) => k.entry.shard === x.index);
     return { ...x, graphs: c ? kept.filter((g) => g.component === c.name).map((g) => g.variant) : [] };
   });
+  const encoderPlans = encoders.map((e) => ({ ...e, graphs: kept.filter((g) => g.component === e.name).map((g) => g.graph) }));
   const host = family.hostTables(config);
   const hostNames = new Set(host.map((t) => t.tensor));
   return {
@@ -178,8 +187,9 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
       // Made tables (expert rows) in the layers' scheme.
       ...(family.madeTables?.(config, baseScheme(s.quant)).tables ?? []).map((t) => ({ name: t.name, dtype: MADE_DTYPES[t.dtype].short, bytes: numel(t.shape) * MADE_DTYPES[t.dtype].bytes })),
     ],
+    ...(encoderPlans.length ? { encoders: encoderPlans } : {}),
     contexts,
-    totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0),
+    totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0) + encoders.reduce((a, e) => a + e.weightBytes, 0),
     graphs: kept.length,
     ...(s.quant === 'auto' && !precision ? { precisionNote: "quant 'auto' planned with every layer at w4 (the least bytes): a build's precision stage promotes the layers the oracle needs to w8, which may take more bytes and contexts" } : {}),
     ...(dropped.length ? { dropped } : {}),

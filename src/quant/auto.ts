@@ -22,7 +22,8 @@ import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.
 import { getFamily } from '../families/index.js';
 import type { Family, TensorSpec } from '../families/types.js';
 import { modelTensors } from '../families/tensors.js';
-import { GRAPHS_JSON, runExport, type ExportManifest, type ExportPlan } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type ExportPlan } from '../export/graphs.js';
+import { runExport } from '../export/stage.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { runOracleGate, type OracleResult } from '../gates/oracle.js';
 import type { ChainDecisions } from '../gates/step-chain.js';

@@ -9,7 +9,7 @@ import { mkdirSync, readFileSync, readdirSync, statSync, writeFileSync } from 'n
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
 import { META } from '../engine/cache.js';
-import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
 import { OnnxModel } from '../onnx/reader.js';
 import { onnx } from '../onnx/proto.js';
 import { linkOrCopy } from '../io/files.js';

@@ -156,6 +156,11 @@ export const ArchSettingsPatchSchema = z.object({
    * every greedy decision, f32 otherwise), 'f16' requires it to hold, 'f32' keeps float32.
    */
   handoff: z.enum(['f32', 'f16', 'auto']),
+  /**
+   * The fixed size every image is stretched to before the vision encoder (families with one): the
+   * compiled encoder has a static grid, height/patch × width/patch patches. null: no image input.
+   */
+  image: z.object({ height: z.number().int().positive(), width: z.number().int().positive() }).strict().nullable(),
 }).strict().partial();
 
 export const ARCH_SETTING_DEFAULTS = {
@@ -167,6 +172,7 @@ export const ARCH_SETTING_DEFAULTS = {
   maxContext: 512,
   prefillLength: 32,
   handoff: 'f32',
+  image: null,
 } as const;
 
 /** The settings one arch builds with: defaults, then the recipe's `default` block, then the arch's. */
@@ -203,8 +209,20 @@ export function shippedMinCosine(o: { fp32MinCosine: number; w8MinCosine: number
   return scheme === 'fp32' ? o.fp32MinCosine : scheme === 'w4' || scheme === 'auto' ? o.w4MinCosine : o.w8MinCosine;
 }
 
+/**
+ * A prompt with an image (families with a vision encoder): the text after the image, and one of the
+ * images oracles/twin_images.py draws (made by code, so no photo is downloaded or committed).
+ */
+export const ImagePromptSchema = z.object({
+  text: z.string().min(1),
+  image: z.object({ made: z.string().regex(/^[\w.-]+\.(png|jpg)$/, 'a test image name such as red-circle.png (oracles/twin_images.py)') }).strict(),
+}).strict();
+export type ImagePrompt = z.infer<typeof ImagePromptSchema>;
+
 export const GateSettingsSchema = z.object({
   prompts: z.array(z.string().min(1)).min(1),
+  /** Prompts with an image, traced after the text prompts (needs the arch settings' `image` size). */
+  imagePrompts: z.array(ImagePromptSchema).default([]),
   oracle: z.object({
     fp32MinCosine: z.number().min(0).max(1).default(0.99999),
     w8MinCosine: z.number().min(0).max(1).default(0.999),

@@ -3,7 +3,7 @@
 // whose SoC is not the bundle's arch (a v81 context binary does not load on v79). Every adb call has
 // a timeout. See docs/DEVICE.md for the first real run.
 import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
-import { join } from 'node:path';
+import { basename, join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { runOwned } from '../engine/subprocess.js';
 import type { HexagonArch } from '../arch/table.js';
@@ -60,7 +60,14 @@ export function adbTarget(o: AdbOptions): Target {
         await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
         pushed = req.bundleDir;
       }
-      const args = [...qhxArgs(`${remote}/bundle/manifest.json`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, req), ...(verify ? ['--verify'] : [])];
+      // An image prompt's file goes beside the bundle, under its own name (the device sees that path).
+      let onDevice = req;
+      if (req.image) {
+        const remoteImage = `${remote}/image-${basename(req.image)}`;
+        await adb(['push', req.image, remoteImage], 'push image');
+        onDevice = { ...req, image: remoteImage };
+      }
+      const args = [...qhxArgs(`${remote}/bundle/${req.manifest ?? 'manifest.json'}`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, onDevice), ...(verify ? ['--verify'] : [])];
       const env = `LD_LIBRARY_PATH=${remote}/lib ADSP_LIBRARY_PATH=${remote}/lib FORGE_QNN_EP_LIB=${remote}/lib/libonnxruntime_providers_qnn.so`;
       await adb(['shell', `cd ${remote} && chmod 755 qhx_generate && ${env} ./qhx_generate ${args.join(' ')} > ${remote}/result.json 2> ${remote}/stderr.txt; echo $? > ${remote}/status`], 'run');
       const local = mkdtempSync(join(tmpdir(), 'forge-adb-'));

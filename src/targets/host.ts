@@ -7,7 +7,7 @@ export function hostTarget(qhxGenerate: string, timeoutSeconds = 600): Target {
   return {
     name: 'host',
     async generate(req: GenerateRequest) {
-      const args = qhxArgs(join(req.bundleDir, 'manifest.json'), 'cpu', '-', req.bundleDir, req);
+      const args = qhxArgs(join(req.bundleDir, req.manifest ?? 'manifest.json'), 'cpu', '-', req.bundleDir, req);
       const r = await runOwned(qhxGenerate, args, { timeoutSeconds, env: { FORGE_ORT_THREADS: process.env.FORGE_ORT_THREADS ?? '1' } });
       if (r.spawnError) throw new Error(`cannot run ${qhxGenerate}: ${r.spawnError}`);
       if (r.timedOut) throw new Error(`qhx_generate on host timed out after ${timeoutSeconds} s and was killed`);

@@ -11,6 +11,10 @@ export interface GenerateRequest {
    * maxNewTokens ids.
    */
   forceIds?: number[];
+  /** An image file for a vision bundle (qhx_generate --image): promptIds then hold its image tokens. */
+  image?: string;
+  /** The manifest to run, a file in bundleDir (default manifest.json; a vision bundle's manifest.text.json). */
+  manifest?: string;
 }
 
 export interface GenerateResult {
@@ -46,7 +50,8 @@ export function qhxFailure(where: string, status: number | string, stderr: strin
 /** qhx_generate's argv after the program, shared by every target (paths as the target sees them). */
 export function qhxArgs(manifest: string, backend: string, systemLib: string, root: string, req: GenerateRequest): string[] {
   const forced = req.forceIds?.length ? ['--force-ids', req.forceIds.join(',')] : [];
-  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), ...forced, '--json', '--ignore-eos'];
+  const image = req.image ? ['--image', req.image] : [];
+  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), ...image, ...forced, '--json', '--ignore-eos'];
 }
 
 export function parseQhxJson(stdout: string, where: string): GenerateResult {

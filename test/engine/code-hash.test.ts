@@ -19,11 +19,11 @@ describe("a stage's code, for its cache key", () => {
 
   it('covers the files stages run as code: the W8 kernels, and each oracle script', () => {
     const uses = (stage: string) => codeFiles(stage).map((f) => f.split('/').slice(-2).join('/')).filter((f) => /\.(wat|py)$/.test(f));
-    expect(uses('src/families/export-stage.ts')).toEqual(['quant/w8-simd.wat']);
-    // The twin factory with the corpus and training it imports; the NaN/Inf scan's kernel.
-    expect(uses('src/hub/fetch-stage.ts')).toEqual(['oracles/make_twin.py', 'oracles/twin_corpus.py', 'oracles/twin_training.py', 'quant/w8-simd.wat']);
-    // The tracer with the per-family captures it imports.
-    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/trace.py', 'oracles/trace_families.py']);
+    expect(uses('src/export/stage.ts')).toEqual(['quant/w8-simd.wat']);
+    // The twin factory with the corpus, training, pictures and pixels it imports; the NaN/Inf scan's kernel.
+    expect(uses('src/hub/fetch-stage.ts')).toEqual(['oracles/make_twin.py', 'oracles/pixels.py', 'oracles/twin_corpus.py', 'oracles/twin_images.py', 'oracles/twin_training.py', 'quant/w8-simd.wat']);
+    // The tracer with the per-family captures and the image reference it imports, and the pictures it draws.
+    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/pixels.py', 'oracles/trace.py', 'oracles/trace_families.py', 'oracles/twin_images.py']);
     expect(uses('src/toolchain/qnn/compile-stage.ts')).toContain('oracles/qnn_compile.py');
     expect(uses('src/gates/emulation.ts')).toEqual(expect.arrayContaining(['oracles/qnn_compile.py', 'oracles/qnn_simulate.py']));
   });

@@ -12,7 +12,7 @@ import { cacheRoot } from '../../src/paths.js';
 import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
 import { getFamily } from '../../src/families/index.js';
 import type { Family } from '../../src/families/types.js';
-import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../../src/export/graphs.js';
 import { Trace } from '../../src/gates/trace.js';
 import { writeProbeModel } from '../../src/gates/probe.js';
 import { CPU_GATE_SESSION_OPTIONS, gateSessionOptions, toCpuForm, windowRows, writeCpuFormExport, writeGateModel, WINDOW_GRANULE, type CpuFormStats } from '../../src/gates/cpu-form.js';

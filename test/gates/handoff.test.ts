@@ -13,8 +13,8 @@ import { roundToF16, f16BitsToF32 } from '../../src/io/dtype.js';
 import { toFloat16 } from '../../src/onnx/dtype.js';
 import { GraphBuilder, writeModel } from '../../src/onnx/index.js';
 import { OnnxModel } from '../../src/onnx/reader.js';
-import type { ExportManifest, GraphEntry } from '../../src/families/export-stage.js';
-import type { GateCase } from '../../src/families/kv-decoder.js';
+import type { ExportManifest, GraphEntry } from '../../src/export/graphs.js';
+import type { GateCase } from '../../src/families/types.js';
 
 const shard = { name: 'shard0.decode', n: 1, stream: { input: 'hidden_in', from: null, output: 'hidden_out', to: 'final' } } as unknown as GraphEntry;
 const stream1 = { input: 'hidden_in', from: 'h.2', output: 'hidden_out', to: 'final' };

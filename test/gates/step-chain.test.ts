@@ -2,8 +2,8 @@
 // one gave at the same step, the last one's logits measured against HF's.
 import { describe, expect, it } from 'vitest';
 import { StepChain } from '../../src/gates/step-chain.js';
-import type { GraphEntry } from '../../src/families/export-stage.js';
-import type { GateCase } from '../../src/families/kv-decoder.js';
+import type { GraphEntry } from '../../src/export/graphs.js';
+import type { GateCase } from '../../src/families/types.js';
 
 // The chain reads only the residual stream each graph declares (its component's), never its kind.
 const shard = (name: string, first: number, last: number, isLast = false) =>

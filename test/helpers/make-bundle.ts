@@ -1,7 +1,8 @@
 // Builds tiny-qwen3 and assembles runnable bundles (W8 and fp32 graphs) for runtime tests, with
 // --hybrid an fp32 and a W8 bundle of tiny-qwen3.5 (the hybrid host-op), with --phimoe an fp32 and a
-// W8 bundle of tiny-phimoe (phimoe_generate), with --gemma4 of tiny-gemma4 (gemma4_split_generate):
-//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--gemma4] [--all: every one]
+// W8 bundle of tiny-phimoe (phimoe_generate), with --gemma4 of tiny-gemma4 (gemma4_split_generate),
+// with --vl of tiny-qwen3-vl (qwen3_vl_generate):
+//   node --import tsx test/helpers/make-bundle.ts <out-dir> [--hybrid] [--phimoe] [--gemma4] [--vl] [--all: every one]
 // Prints {"w8": dir, "fp32": dir, "fp32Copy": dir, "trace": dir, "halfHandoffW8": dir[, "hybrid": dir, "hybridW8": dir, "hybridTrace": dir]
 // [, "phimoe": dir, "phimoeW8": dir, "phimoeTrace": dir][, "gemma4": dir, "gemma4W8": dir, "gemma4Trace": dir]} as JSON.
 // fp32Copy: tiny-qwen3's graphs with fp32 weights of their own (the export without `inPlace`, the
@@ -14,7 +15,7 @@ import { loadRecipe, archSettings } from '../../src/recipe/load.js';
 import { assembleBundle } from '../../src/bundle/assemble.js';
 import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
 import { mkdirSync, readFileSync } from 'node:fs';
-import { runExport } from '../../src/families/export-stage.js';
+import { runExport } from '../../src/export/stage.js';
 import { writeHandoffExport } from '../../src/quant/handoff.js';
 
 const out = process.argv[2];
@@ -63,4 +64,8 @@ const gemma4 = wants('--gemma4')
   // The shipped W8 graphs as the handoff stage gives them: the residual hand-offs in f16, as the oracle chose.
   ? { gemma4: join(out, 'gemma4'), gemma4W8: join(out, 'gemma4-w8'), gemma4Trace: (await bundles('tiny-gemma4', 'handoff', { gemma4: 'export', 'gemma4-w8': 'handoff' })).trace }
   : {};
-console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe, ...gemma4 }));
+const vl = wants('--vl')
+  // Qwen3-VL: the vision encoder, M-RoPE positions and DeepStack inputs (qwen3_vl_generate).
+  ? { vl: join(out, 'vl'), vlW8: join(out, 'vl-w8'), vlTrace: (await bundles('tiny-qwen3-vl', 'oracle', { vl: 'export', 'vl-w8': 'quantize' })).trace }
+  : {};
+console.log(JSON.stringify({ ...dense, ...hybrid, ...phimoe, ...gemma4, ...vl }));

@@ -8,7 +8,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { readModel } from '../../src/onnx/reader.js';
 import { cacheRoot } from '../../src/paths.js';
-import { GRAPHS_JSON, type ExportManifest } from '../../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../../src/export/graphs.js';
 import { compileQairtContext } from '../../src/toolchain/qnn/qairt-compile.js';
 import { QnnCompileError } from '../../src/toolchain/qnn/compile.js';
 import { qairtSdk } from '../../src/toolchain/qnn/qairt-sdk.js';

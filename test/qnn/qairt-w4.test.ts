@@ -10,7 +10,7 @@ import { cpSync, mkdtempSync, readFileSync, readdirSync, writeFileSync } from 'n
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { cacheRoot } from '../../src/paths.js';
-import { GRAPHS_JSON, type ExportManifest } from '../../src/families/export-stage.js';
+import { GRAPHS_JSON, type ExportManifest } from '../../src/export/graphs.js';
 import { compileQairtContext } from '../../src/toolchain/qnn/qairt-compile.js';
 import { qairtSdk } from '../../src/toolchain/qnn/qairt-sdk.js';
 import { readModel } from '../../src/onnx/reader.js';

@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { writeFile } from 'node:fs/promises';
 import { basename, join, relative } from 'node:path';
 import type { StageModule } from '../../engine/stage.js';
-import { GRAPHS_JSON, type ContextEntry, type ExportManifest } from '../../families/export-stage.js';
+import { GRAPHS_JSON, type ContextEntry, type ExportManifest } from '../../export/graphs.js';
 import { compileContext, QnnCompileError, type CompileReport } from './compile.js';
 import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';

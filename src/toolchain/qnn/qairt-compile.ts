@@ -3,7 +3,7 @@
 // has the layout of an onnxruntime-qnn compile: `<out>/<context>.bin` + `<out>/<graph>_ctx.onnx`.
 import { rm } from 'node:fs/promises';
 import { basename, join } from 'node:path';
-import type { GraphEntry } from '../../families/export-stage.js';
+import type { GraphEntry } from '../../export/graphs.js';
 import { QnnCompileError, type HtpTarget } from './compile.js';
 import { checkGraphIo, describeContextBinary, writeEpContextWrapper } from './ep-context.js';
 import { qairtPlan, runQairtPlan } from './qairt.js';

@@ -13,15 +13,16 @@ import { PrecisionChooser, PRECISION_JSON, type PrecisionMap } from '../quant/pr
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
 import { GraphBuilder, type RescaleRule } from '../onnx/builder.js';
 import { ExternalDataWriter } from '../onnx/external.js';
-import { CheckpointLinks, type LinkedFile } from '../onnx/linked-data.js';
+import { CheckpointLinks } from '../onnx/linked-data.js';
 import { writeModel } from '../onnx/writer.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
-import { F16Copy, WeightStore, type MatrixEntry, type W8Form } from '../quant/weights.js';
+import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import { W4_QDQ_OPSET } from '../quant/w4-qdq.js';
 import type { ShardPlan } from '../plan/shards.js';
-import { getFamily } from './index.js';
-import { MADE_DTYPES, type Component, type ComponentEntryFields, type ComponentLayout, type Family, type GraphInterface, type GraphVariant, type HostTable, type MadeTable } from './types.js';
-import { componentTensors } from './tensors.js';
+import { getFamily } from '../families/index.js';
+import type { Component, Family, GraphVariant, HostTable } from '../families/types.js';
+import { componentTensors } from '../families/tensors.js';
+import { checkIoNames, graphName, GRAPHS_JSON, layoutOf, madeTableFile, matrixFallbacks, type ContextEntry, type ExportManifest, type ExportPlan, type GraphEntry } from './graphs.js';
 
 export interface ExportParams {
   family: FamilyId;
@@ -29,6 +30,8 @@ export interface ExportParams {
   lmHeadScheme: QuantScheme;
   maxContext: number;
   prefillLength: number;
+  /** The size images are stretched to (a family with a vision encoder); absent: the text path only. */
+  image?: { height: number; width: number };
   /** The family's host tables (the embedding …) are written by the deployable export only. */
   hostTables: boolean;
   /** The ONNX form of W8 and W4 weights, fixed by the compile toolchain (default 'matmulnbits'). */
@@ -45,73 +48,6 @@ export interface ExportParams {
   rescale?: RescaleRule[];
 }
 
-/** One exported graph: a variant of a component, with the interface its builder gave. */
-export interface GraphEntry extends GraphInterface, ComponentEntryFields {
-  name: string;
-  file: string;
-  /** The component (and context) it belongs to. */
-  component: string;
-  /** The component's family-defined kind: only src/families/ reads it. */
-  kind: string;
-  /** The variant's name within its component ('' when the component has one graph). */
-  variant: string;
-  /** Tokens per call. */
-  n: number;
-  /** The variant's role, when the family names one (GraphVariant.role). */
-  role?: string;
-  /** The quant scheme of its matmul weights. */
-  scheme: QuantScheme;
-}
-
-export interface ContextEntry {
-  name: string;
-  /** The context's own weight file; absent when every weight is read in place from the checkpoint. */
-  data?: string;
-  dataBytes: number;
-  /** Checkpoint files (links in the export directory, see ExportManifest.linked) the context's graphs read in place. */
-  linked?: string[];
-  graphs: GraphEntry[];
-  /**
-   * The precision each matmul weight of the context got, in the order first stored; `why` where it
-   * is not the graphs' scheme's own form (in-features zero-padded to the block: quant/pad.ts).
-   */
-  matrices?: MatrixEntry[];
-}
-
-/** The matrices an export stored otherwise than its scheme's own form (padded in-features …), with why. */
-export function matrixFallbacks(m: ExportManifest): Array<{ tensor: string; scheme: string; why: string; paddedTo?: number }> {
-  return m.contexts.flatMap((c) => (c.matrices ?? []).flatMap((x) => (x.why ? [{ tensor: x.tensor, scheme: x.scheme, why: x.why, ...(x.paddedTo ? { paddedTo: x.paddedTo } : {}) }] : [])));
-}
-
-export interface HostTableEntry {
-  name: string;
-  file: string;
-  dtype: 'float16';
-  shape: number[];
-}
-
-export interface ExportManifest {
-  family: FamilyId;
-  scheme: QuantScheme;
-  lmHeadScheme: QuantScheme;
-  w8Form: W8Form;
-  maxContext: number;
-  contexts: ContextEntry[];
-  /** The family's host tables, in its order. */
-  hostTables?: HostTableEntry[];
-  /** Tables made in this export's scheme (expert rows …) that its graphs are fed from, in the family's order. */
-  madeTables?: Array<MadeTable & { file: string }>;
-  /** The first host table (the token embedding), as the v1 bundle assembly reads it. */
-  embedding?: { file: string; dtype: 'float16'; shape: [number, number] };
-  /** The checkpoint's files, linked (or, failing that, copied) into the export directory. */
-  linked?: LinkedFile[];
-}
-
-export const GRAPHS_JSON = 'graphs.json';
-
-/** A made table's file: its name and dtype (`experts.gate_up.i8.bin`). */
-export const madeTableFile = (t: MadeTable) => `${t.name}.${MADE_DTYPES[t.dtype].short}.bin`;
-
 /** A host table: the tensor's fp16 form, alone in its file. */
 async function writeHostTable(ckpt: Checkpoint, name: string, shape: number[], file: string): Promise<void> {
   const sink = new ExternalDataWriter(file, { align: 1 });
@@ -122,32 +58,6 @@ async function writeHostTable(ckpt: Checkpoint, name: string, shape: number[], f
     sink.abort();
     throw e;
   }
-}
-
-/**
- * Graph inputs and outputs are C identifiers: the QAIRT converter rewrites any other name (`a.0` →
- * `a_0`), and the runtime binds by the manifest's names, so a rewritten name would not bind.
- */
-export function checkIoNames(graph: string, iface: GraphInterface): void {
-  for (const t of [...iface.inputs, ...iface.outputs]) {
-    if (!/^[A-Za-z_][A-Za-z0-9_]*$/.test(t.name)) throw new Error(`${graph}: graph input/output '${t.name}' is not a C identifier ([A-Za-z_][A-Za-z0-9_]*), which every compile toolchain keeps unchanged`);
-  }
-}
-
-/** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */
-export const graphName = (component: string, variant: string) => (variant ? `${component}.${variant}` : component);
-
-/** What an export reads of a plan: the layer cut, where the lm-head goes, the graphs left out. */
-export type ExportPlan = { shards: Array<Pick<ShardPlan['shards'][number], 'first' | 'last'>>; lmHead: Pick<ShardPlan['lmHead'], 'placement'>; dropped?: ShardPlan['dropped'] };
-
-/** The cut of the layers the plan chose, as the family's components take it. */
-export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number }): ComponentLayout {
-  return {
-    shards: plan.shards.map((s, i) => ({ first: s.first, last: s.last, isLast: i === plan.shards.length - 1 })),
-    lmHeadInside: plan.lmHead.placement === 'last-shard',
-    prefillLength: p.prefillLength,
-    maxContext: p.maxContext,
-  };
 }
 
 /** Builds every kept graph of one component into `out`, sharing one data file. */
@@ -232,7 +142,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
     // A rule no op asked for is a typo or a family whose builder cannot rescale that op: said, not ignored.
     const unused = (p.rescale ?? []).filter((r) => !usedRescales.has(r));
     if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms are rescalable)`);
-    const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, contexts };
+    const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, ...(p.image ? { image: p.image } : {}), contexts };
     if (links?.files().length) manifest.linked = links.files();
     const made = family.madeTables?.(config, p.scheme);
     if (made?.tables.length) {
