@@ -1,40 +1,59 @@
-// Weight bytes one decode step reads, W8 against W4, per recipe and arch, from the planner's own
-// accounting (quant/bytes.ts storedBytes over families/tensors.ts modelTensors, the numbers the plan
-// cuts shards by) — no checkpoint, no timing. Decode on the NPU streams every weight of every layer
-// once per token (batch 1, no reuse), so these bytes over the memory bandwidth bound tokens per second.
+// Bytes one decode step moves, per recipe, arch, position and layout: the weights from the planner's
+// own accounting (quant/bytes.ts over families/tensors.ts modelTensors, checked against makePlan under
+// the recipe's settings), and everything else from the family's own graph interfaces and bindings
+// (bench/decode-traffic.ts): KV caches and recurrent state read and written, host-table rows (the
+// embedding row, Gemma's per-layer-embedding rows, PhiMoE's two selected experts' int8 rows and
+// scales per layer), masks, and the other graph inputs and outputs (residual hand-offs, positions,
+// routing weights, logits). No checkpoint, no timing: decode on the NPU is bound by these bytes over
+// the memory bandwidth.
 //
-//   node --import tsx bench/decode-bytes.ts [--recipes qwen3-4b,qwen3.5-4b] [--archs v79,v81]
-//                                           [--map precisions.json] [--markdown]
+//   node --import tsx bench/decode-bytes.ts [--recipes qwen3-4b,…] [--archs v79,v81]
+//       [--positions 128,512,2048,max] [--map precisions.json] [--markdown | --json]
 //
-// Counted, per decode step:
-// - every layer's matmul weights in the form shipped (codes + float32 block scales);
-// - every layer's float tensors (norms, conv taps, …: float32 in the graphs);
-// - the final norm and the lm-head matrix, in the lm-head's scheme: the recipe's (fp16 for both
-//   4B recipes) and, as a second figure, the layers' scheme;
-// - the embedding as one row of the f16 host table (the runtime looks the token's row up; the table
-//   is never read whole).
-// Not counted: KV caches and recurrent state (activations, growing with the position, not weights).
+// Layouts (one row each per position):
+// - hand-made: the hand-made bundles' documented layout counted conservatively as its weights alone
+//   (W8 layers in the QDQ form, one float32 scale a row; the lm-head fp16, or W8 where the hand-made
+//   bundle documents an int8 one: Qwen3-VL), no state, no host rows, no I/O: a lower bound on its bytes.
+// - forge-before: forge's layout as built today: the recipe's settings (W8 layers, its lm-head), caches
+//   and recurrent states crossing the graph boundary as float32, caches whole (maxContext slots, or the
+//   ring's window) every step, whatever the position.
+// - forge-w4-f16-projection: a PROJECTION, not a build: W4 layers and a W4 lm-head (planned), caches and
+//   states crossing the boundary as f16, caches and masks read only as far as filled. f16 state I/O and
+//   filled-only cache reads do not exist yet (the later steps of issue 34); other I/O as built.
+// - forge-before (w4 + map), with --map FILE (a JSON object {tensorName: 'w4' | 'w8' | 'fp16'}, e.g. a
+//   `quant: 'auto'` build's promotions): the layer matmuls in the map's scheme where it names them and
+//   W4 elsewhere (planned as quant 'auto' with that map), the recipe's lm-head, I/O as built.
+// Position p: p tokens already cached when the step runs (a ring reads min(p, window) in the
+// projection); `max` is the recipe's maxContext, the cache full.
 //
-// --map takes a JSON object {tensorName: 'w4' | 'w8' | 'fp16'} (e.g. a `quant: 'auto'` build's
-// promotions) and adds a column whose layer matmuls take the map's scheme where it names them and
-// W4 elsewhere (a matrix W4 cannot block keeps its fallback, as under plain W4). makePlan takes no
-// map, so that column has no shard count.
+// Default output: a table (MB = 10^6 bytes); --markdown: the same as a Markdown table; --json: rows
+// {recipe, arch, position, layout, bytesPerToken, parts, ratioToHandMade, hostRowsByTable, contexts}.
 import { readFileSync } from 'node:fs';
 import { getFamily } from '../src/families/index.js';
 import { modelTensors } from '../src/families/tensors.js';
-import type { TensorSpec } from '../src/families/types.js';
-import { makePlan } from '../src/plan/shards.js';
-import { storedBytes } from '../src/quant/bytes.js';
+import type { ComponentLayout, TensorSpec } from '../src/families/types.js';
+import { makePlan, type ShardPlan } from '../src/plan/shards.js';
+import { storedBytes, sumBytes } from '../src/quant/bytes.js';
+import { PrecisionChooser, type PrecisionMap } from '../src/quant/precision.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
-import type { QuantScheme } from '../src/recipe/schema.js';
+import { baseScheme, type ArchSettings, type QuantScheme } from '../src/recipe/schema.js';
 import { benchArgs } from './util.js';
+import { AS_BUILT, decodeGraphs, embeddingTable, emptyIo, familyTables, qdqW8Bytes, stepIo, type IoParts, type StateForm } from './decode-traffic.js';
 
 const { values: arg } = benchArgs({
-  recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b' },
+  recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b,gemma-4-e4b,phi-tiny-moe,qwen3-vl-2b' },
   archs: { type: 'string', default: 'v79,v81' },
+  positions: { type: 'string', default: '128,512,2048,max' },
   map: { type: 'string', default: '' },
   markdown: { type: 'boolean' },
+  json: { type: 'boolean' },
 });
+
+/**
+ * The hand-made bundles' lm-head, where it is documented as other than fp16: Qwen3-VL's int8 lm-head
+ * in the graph (shared/REFERENCE.md, "Hand-made v79 bundle").
+ */
+const HAND_MADE_LM_HEAD: Record<string, 'w8' | 'fp16'> = { 'qwen3-vl-2b': 'w8' };
 
 type MapScheme = 'w4' | 'w8' | 'fp16';
 const MAP_SCHEMES = new Set<string>(['w4', 'w8', 'fp16']);
@@ -51,28 +70,37 @@ function readMap(file: string): Map<string, MapScheme> | null {
   return m;
 }
 
-/** Bytes of `ts` with each matmul under `schemeOf(name)`. */
-const bytesOf = (ts: TensorSpec[], schemeOf: (t: TensorSpec) => QuantScheme) => ts.reduce((s, t) => s + storedBytes(t, schemeOf(t)), 0);
+interface Parts extends IoParts {
+  /** Every layer's weights (matmuls in the scheme shipped, float tensors float32). */
+  layerWeights: number;
+  /** The final norm and the lm-head matrix. */
+  lmHeadWeights: number;
+}
 
-interface Column {
-  label: string;
-  /** Layer matmuls: every matrix's bytes per step. */
-  layerMatmul: number;
-  /** Layer float tensors (norms, conv taps …), float32. */
-  layerFloat: number;
-  /** Final norm + lm-head matrix in the recipe's lm-head scheme, and in the layers' scheme. */
-  headRecipe: number;
-  headSameScheme: number | null;
-  embeddingRow: number;
-  /** Per step, with the recipe's lm-head / with the lm-head in the layers' scheme. */
-  totalRecipeHead: number;
-  totalSameHead: number | null;
-  shards: number | null;
+interface Row {
+  recipe: string;
+  arch: string;
+  position: number;
+  layout: string;
+  bytesPerToken: number;
+  parts: Parts;
+  ratioToHandMade: number;
+  hostRowsByTable: Record<string, number>;
+  /** Contexts of the plan the layout's graphs come from (null: the hand-made weights-only count). */
   contexts: number | null;
 }
 
+const sum = (p: Parts) => Object.values(p).reduce((a, b) => a + b, 0);
+
+function positionsFor(maxContext: number): number[] {
+  const ps = arg.positions.split(',').map((s) => (s.trim() === 'max' ? maxContext : Number(s)));
+  for (const p of ps) if (!Number.isInteger(p) || p < 0) throw new Error(`--positions: '${arg.positions}' holds something other than whole numbers and 'max'`);
+  return [...new Set(ps.filter((p) => p <= maxContext))].sort((a, b) => a - b);
+}
+
 const map = readMap(arg.map);
-const rows: Array<{ recipe: string; arch: string; lmHeadScheme: QuantScheme; columns: Column[]; ratios: Record<string, number> }> = [];
+const precisionMap: PrecisionMap | undefined = map ? Object.fromEntries([...map].map(([k, v]) => [k, { scheme: v, why: `--map ${arg.map}` }])) : undefined;
+const rows: Row[] = [];
 
 for (const id of arg.recipes.split(',')) {
   const { recipe, file } = loadRecipe(id);
@@ -81,64 +109,111 @@ for (const id of arg.recipes.split(',')) {
   const config = family.parseConfig(recipe.config, `${file} (config)`);
   const tensors = await modelTensors(family, config);
   const layer = tensors.layers.flat();
-  const matmuls = layer.filter((t) => t.role === 'matmul');
-  const floats = layer.filter((t) => t.role !== 'matmul');
+  const head: TensorSpec[] = [...tensors.final, ...tensors.lmHead];
   if (map) {
     const known = new Set(layer.map((t) => t.name));
     const unknown = [...map.keys()].filter((k) => !known.has(k));
     if (unknown.length) process.stderr.write(`[decode-bytes] ${id}: ${unknown.length} map entries name no layer tensor of this model (ignored), e.g. ${unknown.slice(0, 3).join(', ')}\n`);
   }
-  const hidden = tensors.host[0]?.shape[1] ?? 0;
+  const embedding = embeddingTable(family, config);
+
   for (const archId of arg.archs.split(',')) {
     const { arch, settings } = archSettings(recipe, archId, file);
-    const head = [...tensors.final, ...tensors.lmHead];
-    const column = async (label: string, scheme: QuantScheme, schemeOf: (t: TensorSpec) => QuantScheme, planned: boolean): Promise<Column> => {
-      const layerMatmul = bytesOf(matmuls, schemeOf);
-      const layerFloat = bytesOf(floats, () => scheme);
-      const headRecipe = bytesOf(head, () => settings.lmHead.quant);
-      const headSameScheme = scheme === settings.lmHead.quant ? headRecipe : bytesOf(head, () => scheme);
-      const plan = planned ? await makePlan(family, config, arch, { ...settings, quant: scheme }) : null;
-      if (plan) {
-        // The planner's shard bytes are these very sums: check, so the table cannot drift from the plan.
-        const planned = plan.shards.reduce((a, s) => a + s.weightBytes, 0) + (plan.lmHead.placement === 'separate' ? plan.lmHead.bytes : 0);
-        if (planned !== layerMatmul + layerFloat + headRecipe) throw new Error(`${id} ${archId} ${label}: plan says ${planned} B, this count ${layerMatmul + layerFloat + headRecipe} B`);
-      }
-      const embeddingRow = hidden * 2;
-      return {
-        label, layerMatmul, layerFloat, headRecipe, headSameScheme, embeddingRow,
-        totalRecipeHead: layerMatmul + layerFloat + headRecipe + embeddingRow,
-        totalSameHead: layerMatmul + layerFloat + headSameScheme + embeddingRow,
-        shards: plan ? plan.shards.length : null,
-        contexts: plan ? plan.contexts : null,
+
+    /** A forge layout: the plan under `s` gives the weights (checked against its own bytes) and the graphs. */
+    const forge = async (label: string, s: ArchSettings, form: StateForm, precision?: PrecisionMap) => {
+      const plan: ShardPlan = await makePlan(family, config, arch, s, undefined, precision);
+      const chooser = new PrecisionChooser(s.overrides, precision);
+      const layerWeights = sumBytes(layer, baseScheme(s.quant), chooser);
+      const lmHeadWeights = sumBytes(head, s.lmHead.quant, chooser);
+      // The planner's context bytes are these very sums: check, so the table cannot drift from the plan.
+      const planned = plan.totalContextBytes - (plan.encoders ?? []).reduce((a, e) => a + e.weightBytes, 0);
+      if (planned !== layerWeights + lmHeadWeights) throw new Error(`${id} ${archId} ${label}: the plan's contexts hold ${planned} B, this count ${layerWeights + lmHeadWeights} B`);
+      const layout: ComponentLayout = {
+        shards: plan.shards.map((x, i) => ({ first: x.first, last: x.last, isLast: i === plan.shards.length - 1 })),
+        lmHeadInside: s.lmHead.placement === 'last-shard',
+        prefillLength: s.prefillLength,
+        maxContext: s.maxContext,
+        ...(s.image ? { image: s.image } : {}),
+      };
+      const graphs = await decodeGraphs(family, config, layout, baseScheme(s.quant));
+      const tables = familyTables(family, config, baseScheme(s.quant));
+      return (position: number) => {
+        const { hostRowsByTable, ...io } = stepIo(graphs, tables, embedding, position, form);
+        return { parts: { layerWeights, lmHeadWeights, ...io }, hostRowsByTable, contexts: plan.contexts };
       };
     };
-    const columns = [
-      await column('w8', 'w8', () => 'w8', true),
-      await column('w4', 'w4', () => 'w4', true),
-      ...(map ? [await column('w4 + map', 'w4', (t) => map.get(t.name) ?? 'w4', false)] : []),
+
+    const handLmHead: QuantScheme = HAND_MADE_LM_HEAD[id] ?? 'fp16';
+    const handMade: Parts = {
+      layerWeights: layer.reduce((a, t) => a + qdqW8Bytes(t), 0),
+      lmHeadWeights: head.reduce((a, t) => a + (handLmHead === 'w8' ? qdqW8Bytes(t) : storedBytes(t, handLmHead)), 0),
+      ...emptyIo(),
+    };
+    // Later steps of issue 34 add their layouts here (f16 state I/O, caches read as far as filled) once built.
+    const layouts: Array<[string, (p: number) => { parts: Parts; hostRowsByTable: Record<string, number>; contexts: number | null }]> = [
+      ['hand-made', () => ({ parts: handMade, hostRowsByTable: {}, contexts: null })],
+      ['forge-before', await forge('forge-before', settings, AS_BUILT)],
     ];
-    const [w8, w4, mapped] = columns;
-    rows.push({
-      recipe: id, arch: archId, lmHeadScheme: settings.lmHead.quant, columns,
-      ratios: {
-        w4OverW8_recipeHead: w4.totalRecipeHead / w8.totalRecipeHead,
-        w4OverW8_sameSchemeHead: w4.totalSameHead! / w8.totalSameHead!,
-        w4OverW8_layerMatmuls: w4.layerMatmul / w8.layerMatmul,
-        ...(mapped ? { mapOverW8_recipeHead: mapped.totalRecipeHead / w8.totalRecipeHead, mapOverW8_sameSchemeHead: mapped.totalSameHead! / w8.totalSameHead! } : {}),
-      },
-    });
+    if (precisionMap) layouts.push(['forge-before (w4 + map)', await forge('w4 + map', { ...settings, quant: 'auto' }, AS_BUILT, precisionMap)]);
+    layouts.push(['forge-w4-f16-projection', await forge('projection', { ...settings, quant: 'w4', lmHead: { ...settings.lmHead, quant: 'w4' } }, { bytes: 2, cacheRead: 'filled' })]);
+    for (const position of positionsFor(settings.maxContext)) {
+      const base = sum(handMade);
+      for (const [layout, at] of layouts) {
+        const { parts, hostRowsByTable, contexts } = at(position);
+        const bytesPerToken = sum(parts);
+        rows.push({ recipe: id, arch: archId, position, layout, bytesPerToken, parts, ratioToHandMade: bytesPerToken / base, hostRowsByTable, contexts });
+      }
+    }
   }
 }
 
-if (arg.markdown) {
-  const mb = (b: number | null) => (b === null ? '–' : (b / 1e6).toFixed(1));
-  const out = ['| recipe | arch | scheme | layer matmuls MB | layer floats MB | head MB (recipe lm-head) | step MB (recipe lm-head) | step MB (lm-head in scheme) | shards | contexts |', '|---|---|---|---|---|---|---|---|---|---|'];
-  for (const r of rows) {
-    for (const c of r.columns) out.push(`| ${r.recipe} | ${r.arch} | ${c.label} | ${mb(c.layerMatmul)} | ${mb(c.layerFloat)} | ${mb(c.headRecipe)} (${r.lmHeadScheme}) | ${mb(c.totalRecipeHead)} | ${mb(c.totalSameHead)} | ${c.shards ?? '–'} | ${c.contexts ?? '–'} |`);
-    out.push(`| | | **W4/W8** | ${r.ratios.w4OverW8_layerMatmuls.toFixed(3)} | | | **${r.ratios.w4OverW8_recipeHead.toFixed(3)}** | **${r.ratios.w4OverW8_sameSchemeHead.toFixed(3)}** | | |`);
-    if (r.ratios.mapOverW8_recipeHead !== undefined) out.push(`| | | **(w4 + map)/W8** | | | | **${r.ratios.mapOverW8_recipeHead.toFixed(3)}** | **${r.ratios.mapOverW8_sameSchemeHead.toFixed(3)}** | | |`);
-  }
-  process.stdout.write(out.join('\n') + '\n');
+// ---- output ---------------------------------------------------------------------------------------
+
+if (arg.json) {
+  process.stdout.write(JSON.stringify({ benchmark: 'bytes one decode step moves, from the planner and the graph interfaces', date: new Date().toISOString(), rows }, null, 2) + '\n');
 } else {
-  process.stdout.write(JSON.stringify({ benchmark: 'decode weight bytes per token, from storedBytes / makePlan', rows, date: new Date().toISOString() }, null, 2) + '\n');
+  // Archs whose rows agree in every figure share one line ("v79, v81").
+  const byRecipe = new Map<string, Map<string, Row[]>>();
+  for (const r of rows) {
+    const recipeArchs = byRecipe.get(r.recipe) ?? new Map<string, Row[]>();
+    byRecipe.set(r.recipe, recipeArchs);
+    recipeArchs.set(r.arch, [...(recipeArchs.get(r.arch) ?? []), r]);
+  }
+  const shown: Array<Row & { archs: string }> = [];
+  for (const recipeArchs of byRecipe.values()) {
+    const groups = new Map<string, { archs: string[]; rows: Row[] }>();
+    for (const [a, rs] of recipeArchs) {
+      const key = JSON.stringify(rs.map((r) => [r.position, r.layout, r.parts]));
+      const g = groups.get(key) ?? { archs: [], rows: rs };
+      g.archs.push(a);
+      groups.set(key, g);
+    }
+    for (const g of groups.values()) for (const r of g.rows) shown.push({ ...r, archs: g.archs.join(', ') });
+  }
+  const mb = (b: number) => (b / 1e6).toLocaleString('en-US', { minimumFractionDigits: 1, maximumFractionDigits: 1 });
+  const kb = (b: number) => (b / 1e3).toLocaleString('en-US', { maximumFractionDigits: 0 });
+  const header = ['recipe', 'arch', 'position', 'layout', 'MB/token', '× hand-made', 'weights MB', 'KV read MB', 'KV write kB', 'state r+w MB', 'host rows MB', 'masks + other I/O kB'];
+  const cells = shown.map((r) => [
+    r.recipe, r.archs, String(r.position), r.layout, mb(r.bytesPerToken), r.ratioToHandMade.toFixed(3),
+    mb(r.parts.layerWeights + r.parts.lmHeadWeights), mb(r.parts.kvRead), kb(r.parts.kvWrite), mb(r.parts.stateRead + r.parts.stateWrite),
+    (r.parts.hostRows / 1e6).toFixed(3), kb(r.parts.masks + r.parts.graphIn + r.parts.graphOut),
+  ]);
+  if (arg.markdown) {
+    const line = (c: string[]) => `| ${c.join(' | ')} |`;
+    process.stdout.write([line(header), line(header.map((_, i) => (i < 4 ? '---' : '---:'))), ...cells.map(line)].join('\n') + '\n');
+  } else {
+    const width = header.map((h, i) => Math.max(h.length, ...cells.map((c) => c[i].length)));
+    const line = (c: string[]) => c.map((x, i) => (i < 4 ? x.padEnd(width[i]) : x.padStart(width[i]))).join('  ');
+    const out = [line(header), width.map((w) => '-'.repeat(w)).join('  ')];
+    let last = '';
+    for (const [i, c] of cells.entries()) {
+      const group = `${shown[i].recipe}|${shown[i].archs}|${shown[i].position}`;
+      if (last && group !== last) out.push('');
+      last = group;
+      out.push(line(c));
+    }
+    out.push('', 'MB = 10^6 B. forge-w4-f16-projection is a projection (f16 state I/O and filled-only cache reads are not built yet); hand-made counts its weights alone.');
+    process.stdout.write(out.join('\n') + '\n');
+  }
 }

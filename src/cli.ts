@@ -20,7 +20,7 @@ import { totalmem } from 'node:os';
 import { ARCH_IDS } from './arch/table.js';
 import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
-import type { RunRecord } from './engine/record.js';
+import { verdictLines } from './bundle/verdict.js';
 import { REMOTE_CACHE_ENV } from './engine/remote-cache.js';
 
 let verbose = process.argv.includes('--verbose');
@@ -46,7 +46,7 @@ const gbToBytes = (flag: string) => (v: string) => {
 
 const program = new Command('forge')
   .description('Hugging Face checkpoints → Qualcomm Hexagon NPU bundles, gated against the HF fp32 reference')
-  .option('--verbose', 'stack traces on errors and stage logs on the console')
+  .option('--verbose', 'stack traces on errors, stage logs on the console, and (build) the per-stage table and memory prediction misses')
   .showHelpAfterError()
   .hook('preAction', (cmd) => { verbose = Boolean(cmd.opts().verbose); });
 
@@ -101,27 +101,13 @@ program.command('build <recipe>')
       target = { kind: 'adb', serial: o.serial, runner: resolve(o.runner), libDir: resolve(o.deviceLibs) };
     }
     const record = await build({ recipe: id, arch: o.arch, out: o.out, revision: o.revision, until: o.until, force: o.force, remoteCache: o.cache, jobs: o.jobs, memoryBudgetBytes: o.memoryBudget, shardCeilingBytes: o.shardCeiling, verbose, target, toolchain: o.toolchain });
+    // The last screen is the verdict (per gate its figure against its threshold, the bundle, the
+    // report); the stage table and forge's own diagnostics only with --verbose.
     if (o.json) console.log(JSON.stringify(record));
-    else {
-      for (const s of record.stages) {
-        const status = s.source === 'remote' ? 'cached (remote)' : s.status;
-        console.log(`${s.name.padEnd(12)} ${status.padEnd(9)} ${s.seconds.toFixed(1)} s${s.remote ? `  remote: ${s.remote}` : ''}`);
-      }
-      console.log(summaryLine(record));
-    }
+    else console.log(verdictLines(record, { verbose }).join('\n'));
     if (record.status === 'interrupted') process.exit(130);
     if (!record.ok) process.exit(1);
   });
-
-function summaryLine(r: RunRecord): string {
-  const where = r.buildDir ? `run record: ${r.buildDir}/run.json` : 'the run record could not be written (it is printed by --json)';
-  if (r.status === 'ok') return `ok: ${r.bundle}`;
-  if (r.status === 'partial') {
-    const gates = Object.keys(r.gates);
-    return `partial: stopped after ${r.until} as asked; no bundle made, ${gates.length ? `only gates ${gates.join(', ')} ran` : 'no gate ran'}\n${where}`;
-  }
-  return `${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}\n${where}`;
-}
 
 program.command('bisect [recipe]')
   .description('where the shipped graphs first leave the HF reference (layer, op, step, link; free-running drift; an f16 hand-off between contexts; the runtime, a phone) and which override (precision, fp16 rescale, hand-off dtype) brings them back; report under out/<recipe>/<arch>/bisect/')

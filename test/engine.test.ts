@@ -1,7 +1,7 @@
 import { describe, it, expect, beforeEach } from 'vitest';
 import { mkdtempSync, readFileSync, writeFileSync, existsSync, readdirSync } from 'node:fs';
 import { join, resolve } from 'node:path';
-import { tmpdir } from 'node:os';
+import { hostname, tmpdir } from 'node:os';
 import { spawn } from 'node:child_process';
 import { StageCache } from '../src/engine/cache.js';
 import { Scheduler } from '../src/engine/scheduler.js';
@@ -160,14 +160,17 @@ describe('scheduler', () => {
 });
 
 // These run the engine in separate processes: one to be killed, two to race on one cache.
-function spawnPipeline(p: Pipeline, name: string) {
+/** extra: further spec fields for test/fixtures/run-pipeline.ts (progress: 'lines', lockNoticeMs). */
+function spawnPipeline(p: Pipeline, name: string, extra: Record<string, unknown> = {}) {
   const specFile = join(dir, `${name}.json`);
-  writeFileSync(specFile, JSON.stringify({ pipeline: p, cacheRoot }));
+  writeFileSync(specFile, JSON.stringify({ pipeline: p, cacheRoot, ...extra }));
   const child = spawn(process.execPath, ['--import', 'tsx', 'test/fixtures/run-pipeline.ts', specFile], { stdio: ['ignore', 'pipe', 'pipe'] });
   let out = '';
+  let err = '';
   child.stdout.on('data', (d) => (out += d));
-  const done = new Promise<{ code: number | null; result: any }>((res) =>
-    child.on('exit', (code) => res({ code, result: out.trim() ? JSON.parse(out.trim().split('\n').pop()!) : null })),
+  child.stderr.on('data', (d) => (err += d));
+  const done = new Promise<{ code: number | null; result: any; stderr: string }>((res) =>
+    child.on('close', (code) => res({ code, result: out.trim() ? JSON.parse(out.trim().split('\n').pop()!) : null, stderr: err })),
   );
   return { child, done };
 }
@@ -209,5 +212,27 @@ describe('crash safety and sharing', () => {
     expect(statuses).toEqual(['cached', 'ran']);
     const r = await run(p);
     expect(value(r, 'b')).toBe('A+B');
+  });
+
+  it("a build waiting on another's stage lock says whose it is and on which stage, and keeps saying so while it waits", async () => {
+    const p = twoStage({ sleepMs: 8000 });
+    const one = spawnPipeline(p, 'holder');
+    await waitFor(() => runs(join(dir, 'a.count')) === 1); // the holder has a's lock and is running it
+    const two = spawnPipeline(p, 'waiter', { progress: 'lines', lockNoticeMs: 500 });
+    const [r1, r2] = await Promise.all([one.done, two.done]);
+    expect(r1.code).toBe(0);
+    expect(r2.code, r2.stderr).toBe(0);
+    expect(r2.result.stages[0].status).toBe('cached'); // the waiter used the holder's entry
+    expect(runs(join(dir, 'a.count'))).toBe(1);
+    const holder = `build pid ${one.child.pid} on ${hostname()} (holding it since `;
+    const waits = r2.stderr.split('\n').filter((l) => l.startsWith('[forge] a: ') && l.includes('waiting'));
+    expect(waits[0], r2.stderr).toContain(`[forge] a: waiting for ${holder}`);
+    expect(waits[0]).toContain(`which holds the a stage's lock (${join(cacheRoot, 'a')}/`);
+    // Then again every lockNoticeMs while it waits (every 30 s by default), not once and then silence.
+    const again = waits.slice(1);
+    expect(again.length, r2.stderr).toBeGreaterThanOrEqual(2);
+    for (const l of again) expect(l).toMatch(new RegExp(`^\\[forge\\] a: still waiting \\(\\d+ s\\) for build pid ${one.child.pid} on .*, which holds the a stage's lock$`));
+    // The holder recorded itself beside the lock only while it held it.
+    expect(readdirSync(join(cacheRoot, 'a')).filter((n) => n.endsWith('.owner'))).toEqual([]);
   });
 });

@@ -76,11 +76,11 @@ describe('tiny-qwen3-vl', () => {
   it('matches HF N/N on the host in fp32 and W8 for every prompt, images included, and on the simulator', () => {
     const parity = json(join(bundle('v81'), 'build', 'parity.json'));
     for (const v of ['export', 'quantize']) expect(parity.variants[v], v).toMatchObject({ ok: true, mismatches: 0 });
-    expect(parity.detail.quantize.perPrompt.length).toBe(5);
+    expect(parity.detail.quantize.perPrompt.length).toBe(6);
     const emulation = json(join(bundle('v81'), 'build', 'emulation.json'));
     expect(Object.keys(emulation.oracle.graphs)).toEqual(expect.arrayContaining(['vision', 'shard0.prefill', 'shard0.decode', 'lm_head']));
     expect(emulation.oracle.graphs.vision).toMatchObject({ ok: true, cases: 2 });
-    expect(emulation.parity).toMatchObject({ ok: true, mismatchCount: 0, total: 80 });
+    expect(emulation.parity).toMatchObject({ ok: true, mismatchCount: 0, total: 96 });
   });
 
   it("puts the C++ front-end's figures against HF's processor on the card, per image", () => {
@@ -102,7 +102,7 @@ describe('tiny-qwen3-vl', () => {
     // The parity gate ran it on the host on the text prompts, in fp32 and W8 (the image prompts need the encoder).
     const parity = json(join(bundle('v81'), 'build', 'parity.json'));
     expect(parity.textManifest.file).toBe(TEXT_MANIFEST);
-    for (const v of ['export', 'quantize']) expect(parity.textManifest.variants[v], v).toMatchObject({ ok: true, mismatches: 0, total: 3 * 16 });
+    for (const v of ['export', 'quantize']) expect(parity.textManifest.variants[v], v).toMatchObject({ ok: true, mismatches: 0, total: 4 * 16 });
     expect(readFileSync(join(bundle('v81'), 'README.md'), 'utf8')).toContain('**Text-only manifest**');
   });
 });

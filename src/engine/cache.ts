@@ -5,19 +5,11 @@ import { existsSync } from 'node:fs';
 import { mkdir, readFile, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
-import lockfile from 'proper-lockfile';
+import { tryStageLock, withStageLock, type LockWaitOptions } from './lock.js';
 import { hashTree, type FileDigest } from './hash.js';
 import type { Json, MemoryPrediction } from './stage.js';
 
 export const META = 'meta.json';
-/** A lock its holder has not refreshed for this long belongs to a killed build. */
-const LOCK_STALE_MS = 10_000;
-/** A lock that waits for its holder (refreshed every 2 s, stale after LOCK_STALE_MS when the holder died). */
-export const WAITING_LOCK = {
-  stale: LOCK_STALE_MS,
-  update: 2_000,
-  retries: { retries: 100_000, minTimeout: 200, maxTimeout: 2_000, factor: 1.5 },
-} as const;
 
 export interface EntryMeta {
   stage: string;
@@ -56,26 +48,13 @@ export class StageCache {
 
   // proper-lockfile keeps one in-process record per locked path: each key is its own path (which
   // need not exist), so two keys of one stage locked by one process do not overwrite each other.
-  private lockTarget(stage: string, key: string) {
-    return { realpath: false, lockfilePath: join(this.root, stage, `${key}.lock`) };
-  }
-
   /**
-   * Holds the entry's lock while fn runs. Locks go stale when their holder stops refreshing them
-   * (a killed build), so a rerun takes over instead of waiting forever.
+   * Holds the entry's lock while fn runs (lock.ts: a waiting build says whose lock it waits for).
+   * Locks go stale when their holder stops refreshing them (a killed build), so a rerun takes over
+   * instead of waiting forever.
    */
-  async withLock<T>(stage: string, key: string, fn: () => Promise<T>): Promise<T> {
-    const dir = join(this.root, stage);
-    await mkdir(dir, { recursive: true });
-    const release = await lockfile.lock(join(dir, key), {
-      ...this.lockTarget(stage, key),
-      ...WAITING_LOCK,
-    });
-    try {
-      return await fn();
-    } finally {
-      await release().catch(() => undefined);
-    }
+  withLock<T>(stage: string, key: string, fn: () => Promise<T>, opts: LockWaitOptions = {}): Promise<T> {
+    return withStageLock(this.root, stage, key, fn, opts);
   }
 
   /** A fresh temporary directory for a stage run; leftovers of killed runs for this key are removed first. */
@@ -127,9 +106,7 @@ export class StageCache {
       const names = await readdir(tmpRoot).catch(() => [] as string[]);
       const keys = new Set(names.map((n) => n.split('.')[0]));
       for (const key of keys) {
-        const release = await lockfile
-          .lock(join(this.root, stage, key), { ...this.lockTarget(stage, key), stale: LOCK_STALE_MS, retries: 0 })
-          .catch(() => null);
+        const release = await tryStageLock(this.root, stage, key);
         if (!release) continue; // a live build is using it
         try {
           for (const n of names) {

@@ -5,13 +5,15 @@ export interface Progress {
   start(stage: string): void;
   update(stage: string, done: number, total: number, label?: string): void;
   log(stage: string, message: string): void;
-  /** Shown whatever the verbosity (a stage that used more memory than predicted …). */
+  /** Shown whatever the verbosity: something the user should act on (a shared-cache upload failed …). */
   warn(stage: string, message: string): void;
+  /** Shown whatever the verbosity, as it is: what the build is doing that the user would otherwise wonder about (waiting on another build's lock …). */
+  note(stage: string, message: string): void;
   end(stage: string, status: string, seconds: number): void;
   close(): void;
 }
 
-export const silentProgress: Progress = { start() {}, update() {}, log() {}, warn() {}, end() {}, close() {} };
+export const silentProgress: Progress = { start() {}, update() {}, log() {}, warn() {}, note() {}, end() {}, close() {} };
 
 /** One line per event on a stream (stderr by default, so `--json` keeps stdout clean). */
 export function lineProgress(stream: NodeJS.WritableStream = process.stderr, verbose = false): Progress {
@@ -27,6 +29,7 @@ export function lineProgress(stream: NodeJS.WritableStream = process.stderr, ver
     },
     log: (s, m) => verbose && stream.write(`[forge] ${s}: ${m}\n`),
     warn: (s, m) => stream.write(`[forge] ${s}: warning: ${m}\n`),
+    note: (s, m) => stream.write(`[forge] ${s}: ${m}\n`),
     end: (s, status, seconds) => stream.write(`[forge] ${s}: ${status} (${seconds.toFixed(1)} s)\n`),
     close: () => {},
   };
@@ -55,6 +58,7 @@ export function barProgress(verbose = false): Progress {
     },
     log: (s, m) => verbose && multi.log(`${s}: ${m}\n`),
     warn: (s, m) => multi.log(`${s}: warning: ${m}\n`),
+    note: (s, m) => multi.log(`${s}: ${m}\n`),
     end: (s, status, seconds) => {
       const b = bar(s);
       b.setTotal(1);

@@ -3,8 +3,23 @@
 // the lm-head graph, and the components of a decoder cut into layer shards (prefill and decode
 // variants sharing one weight set, then the lm-head). A family composes these with its own layer.
 import { checkElements, ConfigError, MAX_DIM, MAX_LAYERS, type Component, type ComponentLayout, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
+import { z } from 'zod';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { rmsNorm, ropeGather, ropeTables } from './blocks.js';
+
+/** The config fields of a Qwen3-style attention decoder, as zod reads them (Qwen3's top level, Qwen3-VL's text_config). */
+export const ATTENTION_DECODER_FIELDS = {
+  hidden_size: z.number().int().positive(),
+  intermediate_size: z.number().int().positive(),
+  num_hidden_layers: z.number().int().positive(),
+  num_attention_heads: z.number().int().positive(),
+  num_key_value_heads: z.number().int().positive(),
+  head_dim: z.number().int().positive().optional(),
+  vocab_size: z.number().int().positive(),
+  rms_norm_eps: z.number().positive(),
+  max_position_embeddings: z.number().int().positive(),
+  attention_bias: z.boolean().default(false),
+};
 
 /** Component kinds of a decoder cut into layer shards (read by the kv-decoder gate cases). */
 export const SHARD_KIND = 'shard';

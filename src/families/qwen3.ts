@@ -7,24 +7,15 @@ import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { applyRope, cachedAttention, mergeHeads, rmsNorm, splitHeads, swiGate } from './blocks.js';
-import { attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
+import { ATTENTION_DECODER_FIELDS, attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
 
 const ConfigSchema = z.object({
   model_type: z.literal('qwen3'),
-  hidden_size: z.number().int().positive(),
-  intermediate_size: z.number().int().positive(),
-  num_hidden_layers: z.number().int().positive(),
-  num_attention_heads: z.number().int().positive(),
-  num_key_value_heads: z.number().int().positive(),
-  head_dim: z.number().int().positive().optional(),
-  vocab_size: z.number().int().positive(),
-  rms_norm_eps: z.number().positive(),
+  ...ATTENTION_DECODER_FIELDS,
   tie_word_embeddings: z.boolean().default(false),
-  max_position_embeddings: z.number().int().positive(),
   // transformers >= 5 writes rope_parameters; older checkpoints write rope_theta at top level.
   rope_theta: z.number().positive().optional(),
   rope_parameters: z.object({ rope_theta: z.number().positive(), rope_type: z.string().default('default') }).passthrough().optional(),
-  attention_bias: z.boolean().default(false),
   use_sliding_window: z.boolean().default(false),
 }).passthrough();
 

@@ -12,27 +12,18 @@ import { ConfigError, parseConfigWith, type Component, type Family, type Feed, t
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import { kvDecoderBindings, kvDecoderCases, type KvLayout } from './kv-decoder.js';
-import { attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig, type ShardFrame } from './decoder.js';
+import { ATTENTION_DECODER_FIELDS, attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig, type ShardFrame } from './decoder.js';
 import { qwen3Layer } from './qwen3.js';
 import { deepstackOutput, IMAGE_EMBEDS, PIXELS, visionEncoderGraph, visionGrid, type VisionConfig } from './qwen-vit.js';
 
 const TextSchema = z.object({
-  hidden_size: z.number().int().positive(),
-  intermediate_size: z.number().int().positive(),
-  num_hidden_layers: z.number().int().positive(),
-  num_attention_heads: z.number().int().positive(),
-  num_key_value_heads: z.number().int().positive(),
-  head_dim: z.number().int().positive().optional(),
-  vocab_size: z.number().int().positive(),
-  rms_norm_eps: z.number().positive(),
-  max_position_embeddings: z.number().int().positive(),
+  ...ATTENTION_DECODER_FIELDS,
   rope_parameters: z.object({
     rope_theta: z.number().positive(),
     rope_type: z.string().default('default'),
     mrope_section: z.array(z.number().int().nonnegative()).length(3),
     mrope_interleaved: z.boolean().default(false),
   }).passthrough(),
-  attention_bias: z.boolean().default(false),
 }).passthrough();
 
 const VisionSchema = z.object({

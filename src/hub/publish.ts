@@ -93,9 +93,50 @@ export function gateProblems(record: RunRecord, requiredGates: string[] = ['orac
     problems.push(notRun[g] !== undefined ? `gate ${g} was not run (${notRun[g]}) but the recipe asks for it` : `gate ${g} is missing from ${RUN_RECORD} although the recipe asks for it`);
   }
   for (const [g, gate] of Object.entries(gates).sort()) {
-    if (gate?.ok !== true) problems.push(`gate ${g} failed`);
+    // A verdict inside the gate (a graph, a variant, the simulator's parity) counts as much as the
+    // gate's own flag: a record whose gate says ok over a failed graph is refused, naming the graph.
+    const inner = failedVerdicts(gate);
+    const named = inner.length ? ` (${inner.join('; ')})` : '';
+    if (gate?.ok !== true) problems.push(`gate ${g} failed${named}`);
+    else if (inner.length) problems.push(`gate ${g} says ok, but ${inner.length === 1 ? 'a verdict' : `${inner.length} verdicts`} inside it failed: ${inner.join('; ')}`);
   }
   return problems;
+}
+
+/** How a verdict's container names it: `graphs` hold graphs, `variants` variants; anything else by its path. */
+const KIND: Record<string, string> = { graphs: 'graph', variants: 'variant' };
+
+/**
+ * Every verdict below a gate's own that says ok: false (any object with `ok: false`, at any depth:
+ * `graphs[<variant/graph>]`, parity `variants[...]`, the simulator's `parity` and `oracle.graphs`),
+ * each named with its headline figure where it has one.
+ */
+export function failedVerdicts(gate: unknown): string[] {
+  const found: string[] = [];
+  const walk = (v: unknown, path: string[]) => {
+    if (!v || typeof v !== 'object') return;
+    if (path.length && (v as { ok?: unknown }).ok === false) found.push(`${verdictName(path)} failed${headline(v as Record<string, unknown>)}`);
+    for (const [k, child] of Object.entries(v)) if (child && typeof child === 'object') walk(child, [...path, k]);
+  };
+  walk(gate, []);
+  return found;
+}
+
+function verdictName(path: string[]): string {
+  const last = path.length - 1;
+  const kind = last > 0 ? KIND[path[last - 1]] : undefined;
+  if (!kind) return path.join('.');
+  const where = path.slice(0, last - 1).join('.');
+  return `${kind} ${path[last]}${where ? ` (${where})` : ''}`;
+}
+
+function headline(v: Record<string, unknown>): string {
+  const figures: string[] = [];
+  if (typeof v.minCosine === 'number') figures.push(`min cosine ${v.minCosine}`);
+  if (typeof v.top1 === 'string') figures.push(`top-1 ${v.top1}`);
+  if (typeof v.matched === 'number' && typeof v.total === 'number') figures.push(`${v.matched}/${v.total} matched`);
+  if (typeof v.ties === 'number' && v.ties > 0) figures.push(`${v.ties} ties`);
+  return figures.length ? `: ${figures.join(', ')}` : '';
 }
 
 /** The checks that need no network. Throws one error naming every problem found. */

@@ -39,6 +39,7 @@ function reporting(verbose: boolean): Progress {
     update: (s, done, total, label) => { lines.update(s, done, total, label); void send({ type: 'progress', stage: s, done, total, label }); },
     log: lines.log,
     warn: lines.warn,
+    note: lines.note,
     end: (s, status, seconds) => { lines.end(s, status, seconds); void send({ type: 'stage', stage: s, status }); },
     close: lines.close,
   };

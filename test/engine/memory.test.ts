@@ -84,16 +84,19 @@ describe('predicted stage memory', () => {
     expect(r.stages[0].overPrediction).toBeUndefined();
   });
 
-  it('flags and warns when the measured private peak exceeds its prediction by more than 25%', async () => {
+  it('flags in the record, and logs for --verbose only, when the measured private peak exceeds its prediction by more than 25%', async () => {
+    // A diagnostic for forge's developers (a stale constant in pipelines/memory.ts), not a warning to every user.
     const warnings: string[] = [];
-    const progress: Progress = { ...silentProgress, warn: (stage, m) => warnings.push(`${stage}: ${m}`) };
+    const logged: string[] = [];
+    const progress: Progress = { ...silentProgress, warn: (stage, m) => warnings.push(`${stage}: ${m}`), log: (stage, m) => logged.push(`${stage}: ${m}`) };
     const memory = fixedMemory(100 * MB, 'a figure that is too low', 500 * MB);
     const r = await run({ nodes: [memoryStage('m', { privateMb: 400, holdMs: 800 }, memory)], publish: [] }, { progress });
     expect(r.ok).toBe(true); // a warning, not a failure
     expect(r.stages[0].overPrediction).toMatch(/^measured peak over the prediction by more than 25%: private [\d.]+ MB vs 104\.9 MB predicted/);
     expect(r.stages[0].overPrediction).not.toMatch(/mapped/);
     expect(r.entries.get('m')!.meta.overPrediction).toBe(r.stages[0].overPrediction);
-    expect(warnings).toEqual([`m: ${r.stages[0].overPrediction}`]);
+    expect(logged).toContain(`m: ${r.stages[0].overPrediction}`);
+    expect(warnings).toEqual([]);
   });
 
   it('computes a prediction from an earlier stage\'s output', async () => {

@@ -7,8 +7,8 @@ import { dirname, join } from 'node:path';
 
 export interface FixtureOptions {
   ok?: boolean;
-  /** undefined: oracle and parity pass. */
-  gates?: Record<string, { ok: boolean }>;
+  /** undefined: oracle and parity pass. A gate may carry its figures and inner verdicts (graphs, variants …). */
+  gates?: Record<string, { ok: boolean; [figure: string]: unknown }>;
   /** Gates the build names as not run, with why. */
   gatesNotRun?: Record<string, string>;
   /** The gates the recipe asks for, as the run record keeps them; undefined: oracle and parity; null: left out. */

@@ -124,6 +124,19 @@ describe('publish', () => {
       /refusing to publish .*v81: the run was "partial", not a whole build \(build\/run.json status\); it is a partial build \(--until export\): it made no gated bundle$/],
     ['a build with a skipped stage', { record: { stages: [{ name: 'parity', status: 'skipped', seconds: 0, peakRssBytes: null }] } },
       /refusing to publish .*v81: stage parity was skipped, so this is not a whole build$/],
+    // A graph's own verdict counts even where the gate-level flag says ok (issue 36): the gate and the graph are named.
+    ['a failed graph verdict under an oracle gate that says ok',
+      { gates: { oracle: { ok: true, graphs: { 'quantize:w8/lm_head': { minCosine: 0.9999, ok: true, top1: '270/270' }, 'quantize:w8/shard0.decode': { minCosine: 0.5, ok: false } } }, parity: { ok: true } } },
+      /refusing to publish .*v81: gate oracle says ok, but a verdict inside it failed: graph quantize:w8\/shard0\.decode failed: min cosine 0\.5$/],
+    ['a failed parity variant under a parity gate that says ok',
+      { gates: { oracle: { ok: true }, parity: { ok: true, variants: { export: { ok: true, matched: 128, total: 128, ties: 0 }, quantize: { ok: false, matched: 90, total: 128, ties: 2 } } } } },
+      /refusing to publish .*v81: gate parity says ok, but a verdict inside it failed: variant quantize failed: 90\/128 matched, 2 ties$/],
+    ['failed simulator verdicts (graph and parity) under an emulation gate that says ok', {
+      gatesRequired: ['oracle', 'parity', 'emulation'],
+      gates: { oracle: { ok: true }, parity: { ok: true }, emulation: { ok: true, oracle: { ok: true, graphs: { lm_head: { minCosine: 0.9, ok: false, top1: '200/270' } } }, parity: { ok: false, matched: 100, total: 128 } } },
+    }, /refusing to publish .*v81: gate emulation says ok, but 2 verdicts inside it failed: graph lm_head \(oracle\) failed: min cosine 0\.9, top-1 200\/270; parity failed: 100\/128 matched$/],
+    ['a failed gate, naming the graph that failed it', { gates: { oracle: { ok: false, graphs: { 'export:fp32/shard0.prefill': { minCosine: 0.97, ok: false } } }, parity: { ok: true } } },
+      /refusing to publish .*v81: gate oracle failed \(graph export:fp32\/shard0\.prefill failed: min cosine 0\.97\)$/],
     ['a failed build', { ok: false }, /refusing to publish .*: the build did not pass/],
     ['no run record', { noRunRecord: true }, /refusing to publish .*: build\/run.json is missing/],
   ])('refuses %s before any request', async (_name, opts, msg) => {

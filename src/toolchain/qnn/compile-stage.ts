@@ -17,7 +17,7 @@ import { compileContext, QnnCompileError, type CompileReport } from './compile.j
 import { compileQairtContext } from './qairt-compile.js';
 import { qairtSdk, qairtSdkVersion, type QairtSdk } from './qairt-sdk.js';
 import { watchTreeMemory, type MemoryPeak } from '../../engine/memory.js';
-import { WAITING_LOCK } from '../../engine/cache.js';
+import { WAITING_LOCK } from '../../engine/lock.js';
 import { toolchainPython } from '../venv.js';
 
 /**
