@@ -20,6 +20,7 @@ The CLI writes pixel_values as raw little-endian float32 (row-major) and prints 
 {"patches", "patch_dim", "grid": [t, h, w]}.
 """
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -76,6 +77,27 @@ def reference_pixels(model_dir, image_path, height, width):
     height x width, as the module docstring says."""
     img = stretch(open_rgb(image_path), height, width)
     return processor_pixels(image_processor(model_dir), img, height, width, image_path)
+
+
+def image_prompt_ids(config, tok, grid, text):
+    """The token ids of an image prompt as forge traces and its runtime feeds them: <|vision_start|>,
+    one <|image_pad|> per merged patch (grid t*h*w / merge^2), <|vision_end|>, then the text's ids."""
+    merge = config.vision_config.spatial_merge_size
+    n = int(grid[0] * grid[1] * grid[2]) // (merge * merge)
+    return ([config.vision_start_token_id] + [config.image_token_id] * n + [config.vision_end_token_id]
+            + tok(text)["input_ids"])
+
+
+def image_prompt(model_dir, config, tok, image_path, text, height, width):
+    """An image input of trace.py: (pixel_values, image_grid_thw), its prompt ids, and the record
+    trace.json keeps of it {file, sha256, size, grid, tokens, start}. OSError/ValueError name the file."""
+    pv, grid = reference_pixels(model_dir, image_path, height, width)
+    with open(image_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    ids = image_prompt_ids(config, tok, grid[0].tolist(), text)
+    start = ids.index(config.image_token_id)
+    return (pv, grid), ids, {"file": os.path.basename(image_path), "sha256": digest, "size": [height, width],
+                             "grid": grid[0].tolist(), "tokens": ids.count(config.image_token_id), "start": start}
 
 
 def parse_size(text):

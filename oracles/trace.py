@@ -56,16 +56,10 @@ Writes, into a temp dir beside --out renamed at the end:
 {"type": "ids", "ids": [...]}: token ids traced exactly as given (a runtime's prompt_ids, e.g.
 qhx_generate --json's), no tokenizer; its record's text is the ids decoded. Ids outside the
 config's vocabulary are refused. Or, for a family with a vision tower (qwen3_vl), {"type": "image",
-"image": FILE, "text": ...} with --image-size HxW (the recipe's size): pixels.reference_pixels
-(PIL RGB, bicubic stretch to HxW, the checkpoint's own image processor); prompt ids =
-<|vision_start|> + T x <|image_pad|> + <|vision_end|> + the text's ids (T = grid h*w / merge^2); the
-vision tower runs once, then one token per step as for text: the language model gets the token's
-embedding row or, at the k-th image token, merged row k (inputs_embeds), M-RoPE position_ids
-[3, 1, 1] from HF's get_rope_index over the prompt (generated tokens: t + rope_delta, as HF's
-generate) and, at an image token, DeepStack's rows for it (visual_pos_masks / deepstack_visual_embeds).
-Its record adds "image": {file (basename), sha256, size [H, W], grid [1, gh, gw], tokens T, start
-(index of the first <|image_pad|>)}; its text is the text. An unreadable image file is one error
-naming it.
+"image": FILE, "text": ...} with --image-size HxW (the recipe's size): its pixels, prompt ids and
+record as pixels.image_prompt makes them; the vision tower runs once, then one token per step as for
+text, with HF's embedding or merged image row, M-RoPE positions and DeepStack rows (trace_families).
+Its record adds "image": {file, sha256, size, grid, tokens, start}; its text is the text.
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
@@ -73,7 +67,6 @@ Format checked by check_trace.py.
 """
 import argparse
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -533,21 +526,13 @@ def main():
             encoded.append(tok(v)["input_ids"])
         elif kind == "ids":
             encoded.append(v)
-        else:  # an image: its pixels (the HF reference, pixels.py) and its tokens before the text's
-            path, text = v
+        else:  # an image: its pixels (the HF reference) and its tokens before the text's (pixels.py)
             try:
-                pv, grid = pixels.reference_pixels(args.model, path, *image_hw)
-                with open(path, "rb") as f:
-                    digest = hashlib.sha256(f.read()).hexdigest()
+                image, ids, record = pixels.image_prompt(args.model, config, tok, *v, *image_hw)
             except (OSError, ValueError) as e:
                 fail(f"{args.prompts}: input {n}: {e}")
-            merge = config.vision_config.spatial_merge_size
-            count = int(grid[0].prod()) // (merge * merge)
-            ids = ([config.vision_start_token_id] + [config.image_token_id] * count + [config.vision_end_token_id]
-                   + tok(text)["input_ids"])
             encoded.append(ids)
-            images[n] = ((pv, grid), {"file": os.path.basename(path), "sha256": digest, "size": list(image_hw),
-                                      "grid": grid[0].tolist(), "tokens": count, "start": ids.index(config.image_token_id)})
+            images[n] = (image, record)
     for n, ((kind, _), ids) in enumerate(zip(inputs, encoded)):
         bad = [i for i in ids if i >= vocab_size] if kind == "ids" else []
         if bad:

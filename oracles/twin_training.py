@@ -69,14 +69,6 @@ def _batches(tok):
     return out
 
 
-def image_prompt_ids(config, tok, grid, text):
-    """The token ids of an image prompt as trace.py builds them: <|vision_start|>, one <|image_pad|>
-    per merged patch (grid t*h*w / merge^2), <|vision_end|>, then the text's own ids."""
-    merge = config.vision_config.spatial_merge_size
-    n = int(grid[0] * grid[1] * grid[2]) // (merge * merge)
-    return ([config.vision_start_token_id] + [config.image_token_id] * n + [config.vision_end_token_id]
-            + tok(text)["input_ids"])
-
 
 def _image_batches(model, tok, image_processor):
     """The qwen3_vl twin's (image, caption) examples (twin_images.training_images): pixels
@@ -89,7 +81,7 @@ def _image_batches(model, tok, image_processor):
     examples = []
     for img, cap, name in twin_images.training_images():
         pv, grid = pixels.processor_pixels(image_processor, pixels.stretch(img.convert("RGB"), h, w), h, w, name)
-        prompt = image_prompt_ids(cfg, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)
+        prompt = pixels.image_prompt_ids(cfg, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)
         examples.append((pv, grid, prompt, tok(cap)["input_ids"]))
     out = []
     for group in _groups(examples, lambda ex: len(ex[2]) + len(ex[3])):
@@ -182,7 +174,7 @@ def image_inputs(model, tok, image_processor, name):
     h, w = twin_images.IMAGE_SIZE
     img = pixels.stretch(pixels.open_rgb(io.BytesIO(twin_images.test_image_bytes(name))), h, w)
     pv, grid = pixels.processor_pixels(image_processor, img, h, w, name)
-    ids = torch.tensor([image_prompt_ids(model.config, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)])
+    ids = torch.tensor([pixels.image_prompt_ids(model.config, tok, grid[0].tolist(), twin_images.IMAGE_PROMPT)])
     return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pv, "image_grid_thw": grid,
             "mm_token_type_ids": (ids == model.config.image_token_id).int()}
 
