@@ -19,7 +19,8 @@ import { mergeBlockOrder, positionTaps } from '../src/families/qwen-vit.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
 import { loadRecipe } from '../src/recipe/load.js';
 import { getArch } from '../src/arch/table.js';
-import type { ExportManifest } from '../src/export/graphs.js';
+import type { ExportManifest, GraphEntry } from '../src/export/graphs.js';
+import type { Trace } from '../src/gates/trace.js';
 
 let dir = '';
 let ref: SafetensorsFile;
@@ -202,6 +203,13 @@ describe('qwen3_vl pieces', () => {
     expect(qwen3_vl.components(c, layout).map((x) => x.name)).toEqual(['shard0', 'lm_head']);
     expect(qwen3_vl.components(c, { ...layout, image: { height: 512, width: 512 } }).map((x) => x.name)).toEqual(['vision', 'shard0', 'lm_head']);
     expect(() => qwen3_vl.components(c, { ...layout, image: { height: 500, width: 512 } })).toThrow(/image height 500 is not a multiple of patch 16 × merge 2/);
+  });
+
+  it('refuses to gate the vision encoder on a trace without an image prompt, saying what is missing', async () => {
+    const c = parseQwen3VLConfig(loadRecipe('qwen3-vl-2b').recipe.config, 'config.json');
+    const trace = { meta: { prompts: [{ text: 'x', prompt_tokens: [1], generated: [2], steps: 1 }] } } as unknown as Trace;
+    const entry = { name: 'vision', kind: 'vision', inputs: [], outputs: [], probes: {} } as unknown as GraphEntry;
+    await expect(qwen3_vl.gateCases(c, entry, trace, 64, '').next()).rejects.toThrow(/vision: the trace holds no image prompt.*gates\.imagePrompts/);
   });
 
   for (const arch of ['v79', 'v81']) {

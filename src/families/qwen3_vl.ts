@@ -197,6 +197,8 @@ export const qwen3_vl: Family<Qwen3VLConfig> = {
 
 /** The encoder at each image prompt: HF's pixel_values in, its merged tokens, DeepStack features and block outputs out. */
 async function* visionCases(trace: Trace, entry: GraphEntry): AsyncGenerator<GateCase> {
+  // An encoder no image reached is not gated: said, not passed.
+  if (!trace.meta.prompts.some((p) => p.image)) throw new Error(`${entry.name}: the trace holds no image prompt, so the vision encoder cannot be gated: give the recipe gates.imagePrompts`);
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     if (!trace.meta.prompts[p].image) continue;
     const pixels = entry.inputs.find((t) => t.name === PIXELS)!;
