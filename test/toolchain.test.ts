@@ -2,7 +2,7 @@
 // toolchains/<name>.txt or are refused with one error; each has its own venv key; a toolchain build
 // shares every stage before the compile with the default build and none from the compile on; and
 // the report shows two toolchains of one recipe × arch side by side. No build runs here (the
-// measured 2.6.0 vs 2.7.0 build is in the README's nightly section).
+// measured 2.6.0 vs 2.7.0 build is in docs/nightly.md).
 import { describe, it, expect } from 'vitest';
 import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';

@@ -70,7 +70,7 @@ const toolchainRule = (n: Nightly) => n.thresholds.failOnToolchainDifference
   ? 'Differences beyond the thresholds count as regressions of this nightly (failOnToolchainDifference).'
   : 'Differences beyond the thresholds are flagged here but do not fail the nightly (set thresholds.failOnToolchainDifference to make them); a failed build does.';
 
-/** What `forge nightly` does not do yet (issue 18): said in every report, not only in the README. */
+/** What `forge nightly` does not do yet (issue 18): said in every report, not only in docs/nightly.md. */
 export const HOW_IT_RUNS = 'Runs the builds one after another on this machine, or with --queue as jobs for `forge worker`s on any number of machines; the stage cache is local, a shared directory, or S3 with --cache (each worker its own --cache); the GitHub workflow .github/workflows/nightly.yml runs one job per build and reports with --from-results.';
 
 function headline(n: Nightly, cmp: Comparison): string {

@@ -185,7 +185,7 @@ function removedField(name: string, replacement: string) {
 }
 
 /**
- * Default w4MinCosine, from measurement (README, W4): round-to-nearest W4 moves each twin matrix by
+ * Default w4MinCosine, from measurement (docs/precision.md, W4): round-to-nearest W4 moves each twin matrix by
  * ~9.6% of its norm (W8: ~0.6%), and the gate's per-graph minimum over every traced step was 0.8798
  * on tiny-qwen3 (decode, layer 3's K row) and 0.9302 on tiny-qwen3.5, against 0.9995 in W8. 0.85
  * sits under both with a margin; a wrong nibble order or zero point gives unrelated outputs (cosine
@@ -195,7 +195,7 @@ export const W4_MIN_COSINE = 0.85;
 
 /**
  * Default autoMinCosine: the teacher-forced cosine each layer alone must keep under `auto` (every
- * output of its one-layer graph, HF's inputs fed). See README (W4, auto) for the figures it sits on.
+ * output of its one-layer graph, HF's inputs fed). See docs/precision.md (auto) for the figures it sits on.
  */
 export const AUTO_MIN_COSINE = 0.97;
 
@@ -226,7 +226,7 @@ export const GateSettingsSchema = z.object({
   oracle: z.object({
     fp32MinCosine: z.number().min(0).max(1).default(0.99999),
     w8MinCosine: z.number().min(0).max(1).default(0.999),
-    /** The shipped graphs' threshold when the quant is w4 (README: measured on the twins). */
+    /** The shipped graphs' threshold when the quant is w4 (docs/precision.md: measured on the twins). */
     w4MinCosine: z.number().min(0).max(1).default(W4_MIN_COSINE),
     /** Under quant 'auto': the cosine every layer alone must keep (quant/auto.ts); its matrices are promoted until it does. */
     autoMinCosine: z.number().min(0).max(1).default(AUTO_MIN_COSINE),
