@@ -368,11 +368,9 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps=None, 
         step = plain_step(ctx)
     else:
         vision, step = steps(ctx, ids, image)
-        if image is not None:
-            tensors[f"p{p}/pixels"] = image[0].detach().clone()
-            check_finite_vision(vision, p, text)
-            for name, v in vision.items():
-                tensors[f"p{p}/{name}"] = v
+        check_finite_vision(vision, p, text)
+        for name, v in vision.items():
+            tensors[f"p{p}/{name}"] = v
     for t in range(len(ids) + n_new - 1):
         ctx.step = {}
         logits, cache = step(t, seq[t], cache)
