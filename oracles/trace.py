@@ -499,7 +499,8 @@ def main():
         family_of = transformers.AutoConfig.from_pretrained(args.model).model_type
     except Exception:  # noqa: BLE001  (a bad --model is reported below, by the loader)
         family_of = None
-    takes_images = family_of in FAMILIES and FAMILIES[family_of].steps is not None
+    # Image inputs are laid out by pixels.image_prompt (Qwen3-VL); Gemma 4 traces media once its prompts are made here too.
+    takes_images = family_of == "qwen3_vl"
     try:
         inputs = typed_inputs(prompts, INPUT_TYPES if takes_images else {k: v for k, v in INPUT_TYPES.items() if k != "image"})
     except ValueError as e:
