@@ -23,7 +23,7 @@
 //    full layers keep maxContext slots.
 // Decode graphs only (N = 1): the runtime decodes over the prompt.
 import { z } from 'zod';
-import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ImageLayout, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { GraphEntry } from './types.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
@@ -32,7 +32,8 @@ import { cachedAttention, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, 
 export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { gemma4Cases } from './gemma4-gates.js';
+import { gemma4Cases, gemma4VisionCases } from './gemma4-gates.js';
+import { gemma4Patches, gemma4VisionEncoderGraph, parseGemma4VisionConfig, type Gemma4VisionConfig } from './gemma4-vision.js';
 
 const LAYER_TYPES = ['sliding_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -77,6 +78,10 @@ const TextConfigSchema = z.object({
 const ConfigSchema = z.object({
   model_type: z.literal('gemma4'),
   text_config: TextConfigSchema,
+  vision_config: z.unknown().optional(),
+  image_token_id: z.number().int().nonnegative().optional(),
+  boi_token_id: z.number().int().nonnegative().optional(),
+  eoi_token_id: z.number().int().nonnegative().optional(),
   tie_word_embeddings: z.boolean().optional(),
 }).passthrough();
 
@@ -107,6 +112,9 @@ export interface Gemma4Config {
   /** fp32 √H: HF's fp32 reference scales the embedding by sqrt(H) in the weight dtype (float32 there). */
   embedScale: number;
   pleScale: number;
+  /** The vision tower, when the checkpoint has one (null: text only), and the tokens an image is written with. */
+  vision: Gemma4VisionConfig | null;
+  imageTokens: { image: number; begin: number; end: number } | null;
 }
 
 /** HF's inverse frequencies, in float32 like its rope init: default over all of head_dim, proportional over the first factor·d/2. */
@@ -167,7 +175,18 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
     },
     embedScale: Math.fround(Math.sqrt(t.hidden_size)),
     pleScale: Math.fround(Math.sqrt(t.hidden_size_per_layer_input)),
+    ...towers(parsed, file),
   };
+}
+
+/** The vision tower's config and image tokens; a config with a tower must name its tokens. */
+function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens'> {
+  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null };
+  const vision = parseGemma4VisionConfig(c.vision_config, file);
+  for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
+    if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
+  }
+  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! } };
 }
 
 export const PREFIX = 'model.language_model';
@@ -215,13 +234,39 @@ export const gemma4: Family<Gemma4Config> = {
   // The tables are the checkpoint's rows (fp16); the host multiplies the rows it feeds by these, as
   // HF's scaled embeddings do (the softcap and the sliding window are inside the graphs).
   hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple }),
-  components: (c, layout) => decoderComponents(layout, {
-    shard: (g, s, w) => gemma4Shard(g, c, s, w),
-    lmHead: (g, w) => gemma4LmHead(g, c, w),
-  }),
-  gateCases: (c, entry, trace, maxContext) => gemma4Cases(c, entry, trace, maxContext),
-  bindings: (c, entry, maxContext) => gemma4Bindings(c, entry, maxContext),
+  components(c, layout) {
+    const text = decoderComponents(layout, {
+      shard: (g, s, w) => gemma4Shard(g, c, s, w),
+      lmHead: (g, w) => gemma4LmHead(g, c, w),
+    });
+    return layout.image ? [visionComponent(c, layout.image), ...text] : text;
+  },
+  gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
+  bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : gemma4Bindings(c, entry, maxContext)),
 };
+
+const VISION = 'vision';
+
+/** The vision encoder: one graph over the recipe's soft-token budget, in a context of its own. */
+function visionComponent(c: Gemma4Config, image: ImageLayout): Component {
+  if (!c.vision) throw new Error('the recipe gives an image setting, but this Gemma 4 checkpoint has no vision tower (config.json has no vision_config)');
+  const budget = image.maxSoftTokens;
+  if (budget === undefined) throw new Error('gemma4 keeps each image\'s aspect ratio within a soft-token budget: the recipe\'s image setting is {"maxSoftTokens": N}, not a fixed height and width');
+  const v = c.vision;
+  return {
+    name: VISION, kind: VISION, weights: 'encoder', entry: {},
+    variants: [{ name: '', n: gemma4Patches(v, budget), role: VISION, build: (g, w) => gemma4VisionEncoderGraph(g, v, c.hidden, budget, w) }],
+  };
+}
+
+/** The encoder's inputs are the host's pre-processed image; its soft tokens are kept for the shards. */
+function visionBindings(entry: GraphEntry): GraphBindings {
+  return {
+    inputs: entry.inputs.map((t) => ({ ...t, bind: 'pixels' as const })),
+    outputs: entry.outputs.map((t) => ({ ...t, bind: 'encoder-output' as const })),
+    state: [],
+  };
+}
 
 // ---- graphs -----------------------------------------------------------------------------------
 

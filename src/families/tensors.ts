@@ -65,7 +65,7 @@ async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentL
 /** What each encoder component reads (none for a text-only family). A dry build's image has no pixels: tensors do not depend on the grid. */
 export async function encoderTensors<C>(family: Family<C>, config: C, scheme: QuantScheme = 'fp32'): Promise<Array<{ name: string; tensors: TensorSpec[] }>> {
   const n = family.numLayers(config);
-  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: { height: 0, width: 0 } };
+  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: { height: 0, width: 0, maxSoftTokens: 1 } };
   const encoders = family.components(config, layout).filter((c) => c.weights === 'encoder');
   return Promise.all(encoders.map(async (c) => ({ name: c.name, tensors: await componentTensors(c, { scheme, lmHeadScheme: scheme }) })));
 }

@@ -8,6 +8,7 @@ import type { Json, StageModule } from '../engine/stage.js';
 import { runPython } from '../toolchain/python.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { readTraceMeta } from './trace.js';
+import type { ImageLayout } from '../families/types.js';
 
 // The tracer and the Python module it imports: named here as code (`new URL`) so the stage's cache
 // key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
@@ -28,7 +29,7 @@ export interface TraceParams {
   newTokens: number;
   maxContext: number;
   /** The size images are stretched to (the recipe's `image`): required with image inputs. */
-  image?: { height: number; width: number };
+  image?: ImageLayout;
 }
 
 /** Where the trace stage keeps the images it traced (the parity gate feeds the runtime the same files). */
@@ -54,7 +55,7 @@ export const stage: StageModule<TraceParams> = {
     const r = await runPython(fileURLToPath(TRACER), [
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
-      ...(ctx.params.image ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
+      ...(ctx.params.image?.height !== undefined ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
     ]);
     ctx.notePeakRss(r.peakRssBytes);
     for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));
