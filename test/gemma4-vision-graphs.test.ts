@@ -19,6 +19,11 @@ import { parseGemma4VisionConfig } from '../src/families/gemma4-vision.js';
 import { gateSessionOptions, writeGateModel } from '../src/gates/cpu-form.js';
 import { compare } from '../src/gates/compare.js';
 import { Trace } from '../src/gates/trace.js';
+import { loadRecipe } from '../src/recipe/load.js';
+import { planRecipe } from '../src/plan/for-recipe.js';
+import { getArch } from '../src/arch/table.js';
+import { parseQwen3VLConfig, qwen3_vl } from '../src/families/qwen3_vl.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 import { runPython } from '../src/toolchain/python.js';
 import { openSafetensors } from '../src/io/safetensors.js';
 import { toFloat32 } from '../src/io/dtype.js';
@@ -132,4 +137,53 @@ describe('what the family reads of a vision config', () => {
     expect(() => parseGemma4VisionConfig({ ...base, rope_parameters: { rope_type: 'default', rope_theta: 100 } }, 'config.json')).toThrow(/rope_parameters.rope_type: only axial/);
     expect(() => parseGemma4VisionConfig({ ...base, hidden_activation: 'gelu' }, 'config.json')).toThrow(/hidden_activation: only gelu_pytorch_tanh/);
   });
+});
+
+describe('the vision encoder as a component of the family', () => {
+  const e4b = () => loadRecipe('gemma-4-e4b').recipe.config as Record<string, unknown>;
+  // Gemma 4 E4B's vision tower at transformers' Gemma4VisionConfig defaults (the recipe records the
+  // text model only; the hub config was not available here to copy the tower's from) and its tokens
+  // from the hub tokenizer (REFERENCE.md).
+  const withTower = () => ({ ...e4b(), vision_config: { hidden_size: 768, intermediate_size: 3072, num_hidden_layers: 16, num_attention_heads: 12, num_key_value_heads: 12, head_dim: 64, hidden_activation: 'gelu_pytorch_tanh', rms_norm_eps: 1e-6, pooling_kernel_size: 3, patch_size: 16, position_embedding_size: 10240, rope_parameters: { rope_type: 'axial', rope_theta: 100 } }, image_token_id: 258880, boi_token_id: 255999, eoi_token_id: 258882 });
+  const layout = { shards: [{ first: 0, last: 41, isLast: true }], lmHeadInside: false, prefillLength: 0, maxContext: 64 };
+
+  it('is there only when the recipe gives images a soft-token budget, and refuses the other forms', () => {
+    const c = parseGemma4Config(withTower(), 'config.json');
+    expect(gemma4.components(c, layout).map((x) => x.name)).toEqual(['shard0', 'lm_head']);
+    const vision = gemma4.components(c, { ...layout, image: { maxSoftTokens: 280 } })[0];
+    expect([vision.name, vision.weights, vision.variants[0].n]).toEqual(['vision', 'encoder', 2520]);
+    expect(() => gemma4.components(c, { ...layout, image: { height: 768, width: 768 } })).toThrow(/soft-token budget: the recipe's image setting is \{"maxSoftTokens": N\}/);
+    expect(() => gemma4.components(c, { ...layout, image: { maxSoftTokens: 256 } })).toThrow(/maxSoftTokens 256: Gemma 4's image processor supports 70, 140, 280, 560, 1120/);
+    const text = parseGemma4Config(e4b(), 'config.json');
+    expect(() => gemma4.components(text, { ...layout, image: { maxSoftTokens: 280 } })).toThrow(/no vision tower \(config.json has no vision_config\)/);
+    expect(() => parseGemma4Config({ ...withTower(), eoi_token_id: undefined }, 'config.json')).toThrow(/config.json: field eoi_token_id: is missing/);
+  });
+
+  it('qwen3_vl refuses a soft-token budget: its encoder has a fixed grid', () => {
+    const c = parseQwen3VLConfig(loadRecipe('qwen3-vl-2b').recipe.config, 'config.json');
+    expect(() => qwen3_vl.components(c, { shards: [{ first: 0, last: 27, isLast: true }], lmHeadInside: false, prefillLength: 0, maxContext: 64, image: { maxSoftTokens: 280 } }))
+      .toThrow(/qwen3_vl stretches every image to one size/);
+  });
+
+  for (const arch of ['v79', 'v81']) {
+    it(`plans gemma-4-e4b with the E4B vision tower (280 soft tokens) for ${arch}: the encoder in a context of its own, within the arch's limits`, async () => {
+      const { recipes } = recipeSandbox('forge-gemma4-vision-plan-');
+      writeRecipeVariant(recipes, 'gemma-4-e4b', 'gemma-4-e4b-vision', (r) => { r.config = withTower(); r.arch.default.image = { maxSoftTokens: 280 }; r.modalities = ['text', 'image']; });
+      const before = process.env.FORGE_RECIPES;
+      process.env.FORGE_RECIPES = recipes;
+      try {
+        const plan = await planRecipe('gemma-4-e4b-vision', arch);
+        const a = getArch(arch);
+        expect(plan.encoders).toEqual([{ name: 'vision', weightBytes: expect.any(Number), graphs: ['vision'] }]);
+        // ~152 M matrix weights at W8 (~1 byte each) plus the position table and norms in float32.
+        expect(plan.encoders![0].weightBytes).toBeGreaterThan(150e6);
+        expect(plan.encoders![0].weightBytes).toBeLessThanOrEqual(a.contextCeilingBytes);
+        expect(plan.contexts).toBeLessThanOrEqual(a.maxContexts);
+        expect(plan.graphs).toBeLessThanOrEqual(a.maxGraphsPerProcess);
+      } finally {
+        if (before === undefined) delete process.env.FORGE_RECIPES;
+        else process.env.FORGE_RECIPES = before;
+      }
+    });
+  }
 });

@@ -1,5 +1,6 @@
-// Gemma 4 (E2B/E4B text), model_type "gemma4": the text decoder is nested in `text_config`, its
-// weights live under `model.language_model.*` (the vision and audio towers are not read here).
+// Gemma 4 (E2B/E4B), model_type "gemma4": the text decoder is nested in `text_config`, its weights
+// live under `model.language_model.*`; the vision tower is a component of its own when the recipe
+// gives images a soft-token budget (gemma4-vision.ts); the audio tower is not read yet.
 // What is special (transformers' modeling_gemma4.py is the reference):
 //  - RMSNorm with a plain w (x·rsqrt(mean x²+eps)·w); v_norm has no weight; q_norm/k_norm over head_dim.
 //  - Two layer types with their own head_dim and RoPE: sliding (head_dim, θ 1e4, keys within
@@ -21,7 +22,9 @@
 //    window is shorter than maxContext, with their own mask (attn_mask_sliding, the runtime's ring
 //    mask) and, where a shard reads a sliding donor's cache, the ring slot of the call (ring_slot);
 //    full layers keep maxContext slots.
-// Decode graphs only (N = 1): the runtime decodes over the prompt.
+// Decode graphs only (N = 1): the runtime decodes over the prompt. An image's soft tokens enter at
+// its placeholder tokens as the residual and the per-layer projection's input (`embeds`), with the
+// pad token's per-layer rows (Gemma4Model.forward; the trace feeds them so: trace_families.steps_gemma4).
 import { z } from 'zod';
 import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ImageLayout, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
@@ -33,7 +36,7 @@ export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { gemma4Cases, gemma4VisionCases } from './gemma4-gates.js';
-import { gemma4Patches, gemma4VisionEncoderGraph, parseGemma4VisionConfig, type Gemma4VisionConfig } from './gemma4-vision.js';
+import { GEMMA4_SOFT_TOKEN_BUDGETS, gemma4Patches, gemma4VisionEncoderGraph, parseGemma4VisionConfig, type Gemma4VisionConfig } from './gemma4-vision.js';
 
 const LAYER_TYPES = ['sliding_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -252,6 +255,7 @@ function visionComponent(c: Gemma4Config, image: ImageLayout): Component {
   if (!c.vision) throw new Error('the recipe gives an image setting, but this Gemma 4 checkpoint has no vision tower (config.json has no vision_config)');
   const budget = image.maxSoftTokens;
   if (budget === undefined) throw new Error('gemma4 keeps each image\'s aspect ratio within a soft-token budget: the recipe\'s image setting is {"maxSoftTokens": N}, not a fixed height and width');
+  if (!(GEMMA4_SOFT_TOKEN_BUDGETS as readonly number[]).includes(budget)) throw new Error(`image maxSoftTokens ${budget}: Gemma 4's image processor supports ${GEMMA4_SOFT_TOKEN_BUDGETS.join(', ')}`);
   const v = c.vision;
   return {
     name: VISION, kind: VISION, weights: 'encoder', entry: {},

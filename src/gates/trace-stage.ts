@@ -28,7 +28,7 @@ export interface TraceParams {
   prompts: TraceInput[];
   newTokens: number;
   maxContext: number;
-  /** The size images are stretched to (the recipe's `image`): required with image inputs. */
+  /** How images reach the encoder (the recipe's `image`: a size, or a soft-token budget): required with image inputs. */
   image?: ImageLayout;
 }
 
@@ -42,7 +42,7 @@ export const stage: StageModule<TraceParams> = {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const promptsFile = join(ctx.out, 'prompts.json');
     const images = ctx.params.prompts.filter((p): p is ImageInput => typeof p === 'object' && p.type === 'image');
-    if (images.length && !ctx.params.image) throw new Error(`${images.length} image prompt(s) but no image size: set the recipe's arch setting "image": {"height", "width"}`);
+    if (images.length && !ctx.params.image) throw new Error(`${images.length} image prompt(s) but no image setting: set the recipe's arch setting "image" ({"height", "width"}, or {"maxSoftTokens"} for Gemma 4)`);
     const imageDir = join(ctx.out, TRACE_IMAGES);
     if (images.length) {
       // The images are drawn by code into the stage's output, where the parity gate finds them too.
@@ -56,6 +56,7 @@ export const stage: StageModule<TraceParams> = {
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
       ...(ctx.params.image?.height !== undefined ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
+      ...(ctx.params.image?.maxSoftTokens !== undefined ? ['--image-tokens', String(ctx.params.image.maxSoftTokens)] : []),
     ]);
     ctx.notePeakRss(r.peakRssBytes);
     for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));
