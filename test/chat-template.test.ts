@@ -2,6 +2,8 @@
 // apply_chat_template(add_generation_prompt=True) of one user turn: the text, on every twin's
 // tokenizer and on templates written here with the features real ones use; and the ids
 // `qhx_generate --chat` feeds the model, against the ids apply_chat_template(tokenize=True) gives.
+// A template's switches (Qwen3's enable_thinking) likewise: every combination's wrap against
+// apply_chat_template(..., enable_thinking=...), and `--chat-option` picking it, refused when unknown.
 // A template the runtime cannot wrap a prompt in is refused, naming tokenizer_config.json and
 // chat_template. The twins' tokenizers are the ones make_twin.py saves (made by its own code,
 // without training the model: test/helpers/hf_chat.py).

@@ -8,6 +8,9 @@
 // would freeze the bundle's build date) is a valid template the runtime cannot apply: the bundle
 // ships without a wrap and says why (the model still builds; its users feed ids rendered by
 // transformers). One that fails to render a user turn at all is broken and refused.
+// A template's switches (chat-switches.ts: variables it reads only as booleans, which
+// apply_chat_template's keyword arguments set, e.g. Qwen3's enable_thinking) get a wrap for every
+// combination, each checked the same way, for `qhx_generate --chat-option NAME=true|false`.
 import { Template } from '@huggingface/jinja';
 import { CheckpointError } from '../io/errors.js';
 import { templateSwitches } from './chat-switches.js';
