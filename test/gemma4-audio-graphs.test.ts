@@ -18,6 +18,10 @@ import { writeModel } from '../src/onnx/writer.js';
 import { writeProbeModel } from '../src/gates/probe.js';
 import { WeightStore } from '../src/quant/weights.js';
 import type { QuantScheme } from '../src/recipe/schema.js';
+import { getArch } from '../src/arch/table.js';
+import { compileContext } from '../src/toolchain/qnn/compile.js';
+import { hostWithoutSimulator, qnnSimulateScript, simulateBatch, simulatorInfo, writeFeeds } from '../src/gates/emulation.js';
+import { venvPython } from '../src/toolchain/venv.js';
 import type { GraphInterface } from '../src/families/types.js';
 import { type Gemma4AudioConfig, AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, audioShapes, bandMask, gemma4AudioEncoderGraph, parseGemma4AudioConfig, relativePositions } from '../src/families/gemma4-audio.js';
 
@@ -56,10 +60,12 @@ async function buildAudio(scheme: QuantScheme, change: Partial<Gemma4AudioConfig
   }
 }
 
+/** The graph with its probes as outputs, as the oracle gate writes it. */
+const probed = (file: string, iface: GraphInterface) => writeProbeModel(file, Object.keys(iface.probes), join(file, '..', 'probed'));
+
 /** Runs the graph with every probe as an extra output: probe name → values. */
 async function runAudio(file: string, iface: GraphInterface): Promise<Record<string, Float32Array>> {
-  // The probes made graph outputs, as the oracle gate does.
-  const s = await ort.InferenceSession.create(writeProbeModel(file, Object.keys(iface.probes), join(file, '..', 'probed')));
+  const s = await ort.InferenceSession.create(probed(file, iface));
   try {
     const feeds = {
       [AUDIO_FEATURES]: new ort.Tensor('float32', await get('features'), [FRAMES, 128]),
@@ -120,6 +126,35 @@ describe('gemma4 audio encoder graph against Hugging Face (random weights)', () 
     console.log('gemma4 audio W8 cosines', cos);
     for (const [p] of PROBES) expect(cos[p], p).toBeGreaterThan(0.9998); // measured: 0.99992 at worst (audio.encoder)
   }, 120_000);
+
+  // Compiled for v81 by onnxruntime-qnn (no node left on the CPU, fp16 precision) and run on its x86
+  // HTP simulator: ~5 s per scheme for this config.
+  for (const [scheme, bound] of [['fp32', 0.99999], ['w8', 0.9998]] as const) {
+    it(`${scheme} compiles for v81 whole and the HTP simulator's probes match HF (cosine > ${bound})`, async (ctx) => {
+      const python = venvPython();
+      const why = hostWithoutSimulator(await simulatorInfo(python));
+      if (why) ctx.skip(why);
+      const { file, iface } = await buildAudio(scheme, {}, `sim-${scheme}`);
+      const arch = getArch('v81');
+      const work = join(dir, `sim-${scheme}`, 'qnn');
+      const report = await compileContext({ graphs: [probed(file, iface)], outDir: work, contextName: 'audio', arch: { socModel: arch.socModel, dspArch: arch.dspArch, vtcmMb: arch.vtcmMb }, fp16: true, timeoutSeconds: 300, separate: true, python });
+      expect(report.wrappers[0].cpuNodes).toEqual([]);
+      const feeds = join(work, 'feeds.safetensors');
+      const input = { [AUDIO_FEATURES]: { dtype: 'float32' as const, data: await get('features'), dims: [FRAMES, 128] }, [AUDIO_MASK]: { dtype: 'float32' as const, data: await get('mask'), dims: [FRAMES] } };
+      await writeFeeds(feeds, [{ prompt: 0, step: 0, feeds: input, expected: {} }]);
+      const out = join(work, 'out.safetensors');
+      await simulateBatch(python, qnnSimulateScript(), report.wrappers[0].path, arch, true, feeds, out, 300, `audio ${scheme}`);
+      const sim = await openSafetensors(out);
+      try {
+        const cos: Record<string, number> = {};
+        for (const [p, hf, width] of PROBES) cos[p] = cosine(toFloat32(sim.tensors.get(`0/${p}`)!.dtype, await sim.read(`0/${p}`)), await get(hf), VALID * width);
+        console.log(`gemma4 audio ${scheme} on the v81 simulator: cosines`, cos);
+        for (const [p] of PROBES) expect(cos[p], p).toBeGreaterThan(bound);
+      } finally {
+        await sim.close();
+      }
+    }, 300_000);
+  }
 });
 
 describe('gemma4 audio pieces', () => {

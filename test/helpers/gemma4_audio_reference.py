@@ -2,6 +2,7 @@
 the audio encoder graph's tests (test/gemma4-audio-graphs.test.ts): no training, seconds to make.
 
     python test/helpers/gemma4_audio_reference.py OUT_DIR
+    python test/helpers/gemma4_audio_reference.py OUT_DIR --e4b   # sizes only: see the end of this file
 
 Writes OUT_DIR/ckpt (config.json + model.safetensors, bf16 as real checkpoints ship; the whole
 Gemma4ForConditionalGeneration, so tensor names are the real `model.audio_tower.…` / `model.embed_audio.…`)
@@ -84,5 +85,16 @@ def main(out):
     save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(out, "reference.safetensors"))
 
 
+def e4b(out):
+    """A random checkpoint with Gemma-4-E4B's audio tower (Gemma4AudioConfig's defaults) and its text
+    width 2560 (one tiny text layer), for measuring the encoder graph's size; no reference outputs."""
+    text = dict(TEXT, hidden_size=2560)
+    cfg = transformers.Gemma4Config(text_config=text, audio_config={}, vision_config=None)
+    model = transformers.Gemma4ForConditionalGeneration(cfg).eval().to(torch.bfloat16)
+    n = sum(p.numel() for k, p in model.named_parameters() if "audio" in k)
+    print(f"audio parameters (tower + embed_audio): {n}")
+    model.save_pretrained(os.path.join(out, "ckpt"))
+
+
 if __name__ == "__main__":
-    main(sys.argv[1])
+    (e4b if sys.argv[2:] == ["--e4b"] else main)(sys.argv[1])
