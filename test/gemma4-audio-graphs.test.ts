@@ -13,7 +13,7 @@ import { openSafetensors, type SafetensorsFile } from '../src/io/safetensors.js'
 import { toFloat32 } from '../src/io/dtype.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
 import { ExternalDataWriter } from '../src/onnx/external.js';
-import { GraphBuilder } from '../src/onnx/builder.js';
+import { GraphBuilder, type RescaleRule } from '../src/onnx/builder.js';
 import { writeModel } from '../src/onnx/writer.js';
 import { writeProbeModel } from '../src/gates/probe.js';
 import { WeightStore } from '../src/quant/weights.js';
@@ -41,7 +41,7 @@ function cosine(a: Float32Array, b: Float32Array, n = b.length): number {
 }
 
 /** The encoder graph built as the export stage builds a component: one data file, weights in `scheme`. */
-async function buildAudio(scheme: QuantScheme, change: Partial<Gemma4AudioConfig> = {}, name: string = scheme): Promise<{ file: string; iface: GraphInterface }> {
+async function buildAudio(scheme: QuantScheme, change: Partial<Gemma4AudioConfig> = {}, name: string = scheme, rescale: RescaleRule[] = []): Promise<{ file: string; iface: GraphInterface; unused: RescaleRule[] }> {
   const out = join(dir, name);
   mkdirSync(out);
   const ckptDir = join(dir, 'ckpt');
@@ -49,12 +49,12 @@ async function buildAudio(scheme: QuantScheme, change: Partial<Gemma4AudioConfig
   const ckpt = await openCheckpoint(ckptDir);
   const sink = new ExternalDataWriter(join(out, 'audio.data'));
   try {
-    const g = new GraphBuilder('audio');
+    const g = new GraphBuilder('audio', { rescale });
     const iface = await gemma4AudioEncoderGraph(g, config, TEXT, FRAMES, { store: new WeightStore(ckpt, sink), scheme, lmHeadScheme: scheme });
     await sink.commitAsync();
     const file = join(out, 'audio.onnx');
     writeModel(g, file, { externalThreshold: Infinity });
-    return { file, iface };
+    return { file, iface, unused: g.unusedRescales() };
   } finally {
     await ckpt.close();
   }
@@ -111,6 +111,14 @@ describe('gemma4 audio encoder graph against Hugging Face (random weights)', () 
     console.log('gemma4 audio fp32 cosines', cos);
     for (const [p] of PROBES) expect(cos[p], p).toBeGreaterThan(0.99999);
     expect(cosine(r[AUDIO_EMBEDS], await get('tokens'), VALID * TEXT)).toBeGreaterThan(0.99999);
+  }, 120_000);
+
+  it("takes a recipe's exact RMSNorm rescaling (forge bisect's fp16 fix) by the norm's path in its layer", async () => {
+    const rule = { match: 'audio\\.layers\\.1/lconv1d\\.conv_norm', scale: 1 / 64 };
+    const { file, iface, unused } = await buildAudio('fp32', {}, 'rescaled', [rule]);
+    expect(unused).toEqual([]);
+    const r = await runAudio(file, iface);
+    expect(cosine(r['audio.layer.1'], await get('layer.1'), VALID * H)).toBeGreaterThan(0.99999);
   }, 120_000);
 
   it('needs the clipped linears\' bounds: without them the same weights give other tokens', async () => {

@@ -165,7 +165,9 @@ export async function gemma4AudioEncoderGraph(g: GraphBuilder, a: Gemma4AudioCon
   // HF's gradient clipping clamps at ±gradient_clipping (1e10 in every config seen): a no-op for any
   // value fp16 can hold, so it is built only when it could cut one.
   const gradClip = (x: string) => (a.gradientClipping < 65504 ? g.op('Clip', [x, scalar(-a.gradientClipping), scalar(a.gradientClipping)]) : x);
-  const norm = async (x: string, name: string, eps: number) => rmsNorm(g, x, await small(`${name}.weight`, [H]), eps, name.slice(prefix.length + 1));
+  // Named by its path inside the layer (scope `audio.layers.3/feed_forward1.pre_layer_norm`): a recipe's
+  // rescale rule (fp16 overflow of x·x on the HTP) can address it.
+  const norm = async (x: string, name: string, eps: number) => rmsNorm(g, x, await small(`${name}.weight`, [H]), eps, name.replace(/^model\.audio_tower\.layers\.\d+\./, ''));
   const silu = (x: string) => g.op('Mul', [x, g.op('Sigmoid', [x])]);
 
   const features = g.input(AUDIO_FEATURES, f32, [frames, MEL_BINS]);
