@@ -192,5 +192,7 @@ describe('gemma4 audio pieces', () => {
     expect(variant({ num_attention_heads: 7 })).toThrow(/field audio_config\.num_attention_heads: 7 does not divide hidden_size 1024/);
     expect(variant({ attention_chunk_size: 16 })).toThrow(/field audio_config\.attention_chunk_size: 16 exceeds attention_context_left 13/);
     expect(() => parseGemma4AudioConfig({ text_config: {} }, 'config.json')).toThrow(/field audio_config: /);
+    // Fields left out take transformers' defaults (E4B's tower), as HF reads the file.
+    expect(parseGemma4AudioConfig({ audio_config: {} }, 'config.json')).toEqual(parseGemma4AudioConfig(raw, 'config.json'));
   });
 });

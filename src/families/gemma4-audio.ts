@@ -47,23 +47,24 @@ export const AUDIO_MASK = 'input_features_mask';
 export const AUDIO_EMBEDS = 'audio_embeds';
 
 const dim = z.number().int().positive().max(MAX_DIM);
+// A field the checkpoint leaves out takes Gemma4AudioConfig's default, as transformers does (E4B's values).
 const AudioSchema = z.object({
   audio_config: z.object({
-    hidden_size: dim,
-    num_hidden_layers: z.number().int().positive().max(MAX_LAYERS),
-    num_attention_heads: dim,
-    hidden_act: z.literal('silu'),
-    subsampling_conv_channels: z.tuple([z.literal(MEL_BINS, { message: `must be ${MEL_BINS}: the subsampling's Linear reads (channels[0] / 4) × channels[1] values, which are the ${MEL_BINS / 4} subsampled mel bins only then` }), dim]),
-    conv_kernel_size: dim,
-    residual_weight: z.number(),
-    attention_chunk_size: dim,
-    attention_context_left: dim,
-    attention_context_right: z.literal(0, { message: 'must be 0: only causal (left) context is built' }),
-    attention_logit_cap: z.number().positive(),
-    use_clipped_linears: z.boolean(),
-    rms_norm_eps: z.number().positive(),
-    gradient_clipping: z.number().positive(),
-    output_proj_dims: dim,
+    hidden_size: dim.default(1024),
+    num_hidden_layers: z.number().int().positive().max(MAX_LAYERS).default(12),
+    num_attention_heads: dim.default(8),
+    hidden_act: z.literal('silu').default('silu'),
+    subsampling_conv_channels: z.tuple([z.literal(MEL_BINS, { message: `must be ${MEL_BINS}: the subsampling's Linear reads (channels[0] / 4) × channels[1] values, which are the ${MEL_BINS / 4} subsampled mel bins only then` }), dim]).default([MEL_BINS, 32]),
+    conv_kernel_size: dim.default(5),
+    residual_weight: z.number().default(0.5),
+    attention_chunk_size: dim.default(12),
+    attention_context_left: dim.default(13),
+    attention_context_right: z.literal(0, { message: 'must be 0: only causal (left) context is built' }).default(0),
+    attention_logit_cap: z.number().positive().default(50),
+    use_clipped_linears: z.boolean().default(true),
+    rms_norm_eps: z.number().positive().default(1e-6),
+    gradient_clipping: z.number().positive().default(1e10),
+    output_proj_dims: dim.default(1536),
   }).passthrough(),
 }).passthrough();
 
@@ -162,7 +163,7 @@ export async function gemma4AudioEncoderGraph(g: GraphBuilder, a: Gemma4AudioCon
     if (a.clipped) y = await clampTo(y, base, 'output');
     return y;
   };
-  // HF's gradient clipping clamps at ±gradient_clipping (1e10 in every config seen): a no-op for any
+  // HF's gradient clipping clamps at ±gradient_clipping (default 1e10): a no-op for any
   // value fp16 can hold, so it is built only when it could cut one.
   const gradClip = (x: string) => (a.gradientClipping < 65504 ? g.op('Clip', [x, scalar(-a.gradientClipping), scalar(a.gradientClipping)]) : x);
   // Named by its path inside the layer (scope `audio.layers.3/feed_forward1.pre_layer_norm`): a recipe's
