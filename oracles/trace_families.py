@@ -231,7 +231,8 @@ def hooks_gemma4_media(ctx):
     vision.embed (the patch embedder's output: input projection + the two position tables; padding
     patches get none), vision.block.{j} (encoder layer j's output), over every patch of the budget
     (padding rows included: the gate compares the image's own); audio.embed (the subsampling's
-    output), audio.layer.{i} (conformer layer i's output), over every subsampled frame."""
+    output), audio.layer.{i} (conformer layer i's output), audio.encoder (output_proj's: what enters
+    embed_audio), over every subsampled frame."""
     hooks_gemma4(ctx)
     inner = ctx.model.model
     ctx.vision = None
@@ -253,6 +254,7 @@ def hooks_gemma4_media(ctx):
         tower.subsample_conv_projection.register_forward_hook(lambda _m, _a, out: put("audio.embed", out))
         for i, layer in enumerate(tower.layers):
             layer.register_forward_hook(lambda _m, _a, out, i=i: put(f"audio.layer.{i}", out))
+        tower.output_proj.register_forward_hook(lambda _m, _a, out: put("audio.encoder", out))
 
 
 def steps_gemma4(ctx, ids, media):
