@@ -65,6 +65,6 @@ describe('tiny-gemma4 with image prompts, up to the oracle gate', () => {
     writeRecipeVariant(recipes, 'tiny-gemma4-image', 'tiny-gemma4-image-unset', (r) => { r.arch.default.image = null; });
     const r = await forge(['build', 'tiny-gemma4-image-unset', '--arch', 'v81', '--until', 'trace', '--out', join(work, 'unset')], { FORGE_RECIPES: recipes });
     expect(r.code).not.toBe(0);
-    expect(r.stderr).toMatch(/2 image prompt\(s\) but no image setting.*\{"maxSoftTokens"\} for Gemma 4/);
+    expect(r.stdout + r.stderr).toMatch(/2 image prompt\(s\) but no image setting.*\{"maxSoftTokens"\} for Gemma 4/);
   }, 600_000);
 });
