@@ -242,7 +242,9 @@ export const gemma4: Family<Gemma4Config> = {
       shard: (g, s, w) => gemma4Shard(g, c, s, w),
       lmHead: (g, w) => gemma4LmHead(g, c, w),
     });
-    return layout.image ? [visionComponent(c, layout.image), ...text] : text;
+    // A dry build asks every encoder a checkpoint has; a text-only one has none to give.
+    if (!layout.image || (layout.dry && !c.vision)) return text;
+    return [visionComponent(c, layout.image), ...text];
   },
   gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
   bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : gemma4Bindings(c, entry, maxContext)),

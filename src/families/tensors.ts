@@ -55,7 +55,7 @@ export async function componentTensors(c: Component, schemes: { scheme: QuantSch
  * slots: tables computed per slot (RoPE) come out empty, so a dry build's cost does not grow with
  * a config's head size.
  */
-const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0 });
+const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0, dry: true });
 
 /** The decoder's components only: an encoder is grouped on its own (encoderTensors). */
 async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentLayout): Promise<TensorSpec[][]> {

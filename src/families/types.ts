@@ -148,6 +148,8 @@ export interface ComponentLayout {
   maxContext: number;
   /** How images reach the vision encoder; absent: the text path only (no encoder component). */
   image?: ImageLayout;
+  /** A dry build (families/tensors.ts): asks only what the components read; a family leaves out an encoder its checkpoint lacks. */
+  dry?: boolean;
 }
 
 /**
