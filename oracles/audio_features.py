@@ -84,7 +84,10 @@ def extractor_kwargs(extractor_config):
 def resample(mono, rate, sampling_rate):
     if rate == sampling_rate:
         return mono
-    import soxr  # python-soxr: libsoxr, as librosa.load resamples by default
+    try:
+        import soxr  # python-soxr: libsoxr, as librosa.load resamples by default
+    except ImportError:
+        raise ImportError("python-soxr is not installed in this venv (oracles/requirements.txt pins soxr)") from None
 
     return soxr.resample(mono, rate, sampling_rate, "HQ").astype(np.float32)
 
