@@ -100,6 +100,39 @@ def image_prompt(model_dir, config, tok, image_path, text, height, width):
                              "grid": grid[0].tolist(), "tokens": ids.count(config.image_token_id), "start": start}
 
 
+def gemma4_pixels(config, image_path, max_soft_tokens):
+    """HF's Gemma 4 image processor (PIL backend) on image_path at a budget of max_soft_tokens, with
+    the checkpoint's patch and pooling sizes: (pixel_values [1, P, 3*p*p] float32, image_position_ids
+    [1, P, 2] int64, soft tokens). The image keeps its aspect ratio; P = max_soft_tokens * k^2."""
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+    vc = config.vision_config
+    processor = Gemma4ImageProcessorPil(max_soft_tokens=max_soft_tokens, patch_size=vc.patch_size,
+                                        pooling_kernel_size=vc.pooling_kernel_size)
+    out = processor(open_rgb(image_path), return_tensors="pt")
+    return (out["pixel_values"].to(torch.float32).contiguous(), out["image_position_ids"].to(torch.int64).contiguous(),
+            int(out["num_soft_tokens_per_image"][0]))
+
+
+def gemma4_image_prompt(config, tok, image_path, text, max_soft_tokens):
+    """A Gemma 4 image input of trace.py: {"image": {pixel_values, image_position_ids}} (what
+    trace_families.steps_gemma4 takes), the prompt ids and trace.json's record of it. The ids are the
+    text's with the image's block after its BOS: <start_of_image>, one image token per soft token,
+    <end_of_image> (the processor's expansion of the image placeholder). The record's size is the
+    resized image (height, width) and grid [1, rows, cols] of patches. OSError/ValueError name the file."""
+    pv, pos, n = gemma4_pixels(config, image_path, max_soft_tokens)
+    with open(image_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    text_ids = tok(text)["input_ids"]
+    head = text_ids[:1] if text_ids and text_ids[0] == tok.bos_token_id else []
+    ids = head + [config.boi_token_id] + [config.image_token_id] * n + [config.eoi_token_id] + text_ids[len(head):]
+    real = pos[0][pos[0][:, 0] >= 0]
+    cols, rows = int(real[:, 0].max()) + 1, int(real[:, 1].max()) + 1
+    p = config.vision_config.patch_size
+    record = {"file": os.path.basename(image_path), "sha256": digest, "size": [rows * p, cols * p],
+              "grid": [1, rows, cols], "tokens": n, "start": ids.index(config.image_token_id)}
+    return {"image": {"pixel_values": pv, "image_position_ids": pos}}, ids, record
+
+
 def parse_size(text):
     """'HxW' -> (H, W), positive integers."""
     try:

@@ -2,7 +2,7 @@
 """Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
 
     python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
-                            [--image-size HxW] [--whole-model]
+                            [--image-size HxW | --image-tokens N] [--whole-model]
 
 Weights are streamed (see "streamed weights" below): the checkpoint stays memory-mapped in its own
 dtype and each decoder layer, embedding, norm and lm_head gets its fp32 weights just for its own
@@ -59,7 +59,13 @@ config's vocabulary are refused. Or, for a family with a vision tower (qwen3_vl)
 "image": FILE, "text": ...} with --image-size HxW (the recipe's size): its pixels, prompt ids and
 record as pixels.image_prompt makes them; the vision tower runs once, then one token per step as for
 text, with HF's embedding or merged image row, M-RoPE positions and DeepStack rows (trace_families).
-Its record adds "image": {file, sha256, size, grid, tokens, start}; its text is the text.
+Its record adds "image": {file, sha256, size, grid, tokens, start}; its text is the text. For gemma4,
+with --image-tokens N (the recipe's budget): HF's Gemma 4 processor keeps the image's aspect ratio
+within N soft tokens (pixels.gemma4_image_prompt); the prompt is the text's ids with the image block
+(<start_of_image>, its soft tokens, <end_of_image>) after the BOS; the tower and embed_vision run once
+and each step feeds HF's embedding or the image's soft token (trace_families.steps_gemma4). It adds
+p{p}/vision.pixels [P, 3*p*p], vision.positions int64 [P, 2] ((x, y); padding -1), vision.embed and
+vision.block.{j} [P, Hv] (padding rows included), vision.tokens [T, H] (the soft tokens spliced in).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
@@ -368,11 +374,9 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps=None, 
         step = plain_step(ctx)
     else:
         vision, step = steps(ctx, ids, image)
-        if image is not None:
-            tensors[f"p{p}/pixels"] = image[0].detach().clone()
-            check_finite_vision(vision, p, text)
-            for name, v in vision.items():
-                tensors[f"p{p}/{name}"] = v
+        check_finite_vision(vision, p, text)
+        for name, v in vision.items():
+            tensors[f"p{p}/{name}"] = v
     for t in range(len(ids) + n_new - 1):
         ctx.step = {}
         logits, cache = step(t, seq[t], cache)
@@ -477,6 +481,9 @@ def main():
     ap.add_argument("--max-context", type=int, required=True)
     ap.add_argument("--image-size", metavar="HxW",
                     help="the recipe's image size: every image input is stretched to it (pixels.py); required with image inputs")
+    ap.add_argument("--image-tokens", type=int, metavar="N",
+                    help="gemma4: the recipe's soft-token budget per image (HF's processor keeps each image's aspect "
+                         "ratio within it); required with its image inputs")
     ap.add_argument("--whole-model", action="store_true",
                     help="load every weight in fp32 up front (HF's plain from_pretrained): the reference the "
                          "streamed default is tested against byte for byte; needs ~4 bytes per parameter")
@@ -501,7 +508,8 @@ def main():
         family_of = transformers.AutoConfig.from_pretrained(args.model).model_type
     except Exception:  # noqa: BLE001  (a bad --model is reported below, by the loader)
         family_of = None
-    takes_images = family_of in FAMILIES and FAMILIES[family_of].steps is not None
+    # Image inputs: a fixed size for Qwen3-VL (pixels.image_prompt), a soft-token budget for Gemma 4.
+    takes_images = family_of in ("qwen3_vl", "gemma4")
     try:
         inputs = typed_inputs(prompts, INPUT_TYPES if takes_images else {k: v for k, v in INPUT_TYPES.items() if k != "image"})
     except ValueError as e:
@@ -513,7 +521,10 @@ def main():
     config = transformers.AutoConfig.from_pretrained(args.model)
     vocab_size = config.get_text_config().vocab_size
     images = {}  # input index -> (pixel_values, image_grid_thw), and its record
-    if any(kind == "image" for kind, _ in inputs):
+    if any(kind == "image" for kind, _ in inputs) and family_of == "gemma4":
+        if not args.image_tokens or args.image_tokens < 1:
+            fail(f"{args.prompts}: gemma4 image inputs need --image-tokens N (the recipe's soft-token budget)")
+    elif any(kind == "image" for kind, _ in inputs):
         if not args.image_size:
             fail(f"{args.prompts}: image inputs need --image-size HxW (the recipe's image size)")
         try:
@@ -528,7 +539,10 @@ def main():
             encoded.append(v)
         else:  # an image: its pixels (the HF reference) and its tokens before the text's (pixels.py)
             try:
-                image, ids, record = pixels.image_prompt(args.model, config, tok, *v, *image_hw)
+                if family_of == "gemma4":
+                    image, ids, record = pixels.gemma4_image_prompt(config, tok, *v, args.image_tokens)
+                else:
+                    image, ids, record = pixels.image_prompt(args.model, config, tok, *v, *image_hw)
             except (OSError, ValueError) as e:
                 fail(f"{args.prompts}: input {n}: {e}")
             encoded.append(ids)

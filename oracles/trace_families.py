@@ -165,8 +165,8 @@ def hooks_qwen3_vl(ctx):
 
 def steps_qwen3_vl(ctx, ids, image):
     """One prompt of Qwen3-VL, one token per step as HF's generate feeds it, through HF's own
-    modules: returns (vision, step) where vision holds the vision tower's tensors (hooks_qwen3_vl;
-    empty for a text prompt) and step(t, token, cache) -> (logits, cache) runs step t.
+    modules: returns (vision, step) where vision holds the image's pixels and the vision tower's
+    tensors (hooks_qwen3_vl; empty for a text prompt) and step(t, token, cache) -> (logits, cache) runs step t.
 
     image: None (a text prompt) or (pixel_values [patches, C*T*P*P], image_grid_thw [1, 3]); the
     prompt's <|image_pad|> tokens are then the image's (trace.py lays them out). The vision tower runs
@@ -192,7 +192,7 @@ def steps_qwen3_vl(ctx, ids, image):
         ctx.vision = {}
         try:
             out = inner.visual(pixel_values, grid_thw=grid, return_dict=True)
-            vision = ctx.vision
+            vision = {"pixels": pixel_values.detach().clone(), **ctx.vision}
         finally:
             ctx.vision = None
         merged, deepstack = out.pooler_output, list(out.deepstack_features)
@@ -225,6 +225,94 @@ def steps_qwen3_vl(ctx, ids, image):
     return vision, step
 
 
+def hooks_gemma4_media(ctx):
+    """Gemma 4's PLE captures (hooks_gemma4), and for a prompt with an image or an audio clip the
+    towers' tensors from HF's own modules while they run (ctx.vision is a dict then, None otherwise):
+    vision.embed (the patch embedder's output: input projection + the two position tables; padding
+    patches get none), vision.block.{j} (encoder layer j's output), over every patch of the budget
+    (padding rows included: the gate compares the image's own); audio.embed (the subsampling's
+    output), audio.layer.{i} (conformer layer i's output), audio.encoder (output_proj's: what enters
+    embed_audio), over every subsampled frame."""
+    hooks_gemma4(ctx)
+    inner = ctx.model.model
+    ctx.vision = None
+
+    def put(name, t):
+        if ctx.vision is None:
+            return
+        if name in ctx.vision:
+            raise Unsupported(f"{name} captured twice for one prompt")
+        ctx.vision[name] = (t[0] if isinstance(t, tuple) else t).detach().reshape(-1, (t[0] if isinstance(t, tuple) else t).shape[-1]).clone()
+
+    tower = getattr(inner, "vision_tower", None)
+    if tower is not None:
+        tower.patch_embedder.register_forward_hook(lambda _m, _a, out: put("vision.embed", out))
+        for j, layer in enumerate(tower.encoder.layers):
+            layer.register_forward_hook(lambda _m, _a, out, j=j: put(f"vision.block.{j}", out))
+    tower = getattr(inner, "audio_tower", None)
+    if tower is not None:
+        tower.subsample_conv_projection.register_forward_hook(lambda _m, _a, out: put("audio.embed", out))
+        for i, layer in enumerate(tower.layers):
+            layer.register_forward_hook(lambda _m, _a, out, i=i: put(f"audio.layer.{i}", out))
+        tower.output_proj.register_forward_hook(lambda _m, _a, out: put("audio.encoder", out))
+
+
+def steps_gemma4(ctx, ids, media):
+    """One prompt of Gemma 4, one token per step, through HF's own modules: returns (tensors, step).
+
+    media: None (a text prompt: every step is the model's own forward on the token, as plain_step)
+    or {"image": {"pixel_values" [1, P, 3*p*p], "image_position_ids" [1, P, 2]}} or {"audio":
+    {"input_features" [1, F, mel], "input_features_mask" [1, F]}} (one of each at most). The tower
+    runs once (get_image_features / get_audio_features: tower, then embed_vision / embed_audio, padding
+    stripped); its k-th soft token replaces the k-th placeholder token of the prompt (image_token_id
+    or audio_token_id), as HF's masked_scatter does. At a placeholder, as Gemma4Model.forward: the
+    residual entering layer 0 and the per-layer projection's input are the soft token (inputs_embeds
+    after the scatter), the per-layer token rows are the pad token's (HF replaces placeholders by
+    pad_token_id for the PLE lookup). Returns besides the towers' captures (hooks_gemma4_media) the
+    inputs (vision.pixels, vision.positions / audio.features, audio.mask) and the soft tokens
+    (vision.tokens / audio.tokens [T, H], the rows spliced in)."""
+    model = ctx.model
+    inner, cfg = model.model, model.config
+    tensors, soft = {}, {}
+    for kind, feeds in (media or {}).items():
+        ctx.vision = {}
+        try:
+            if kind == "image":
+                out = inner.get_image_features(feeds["pixel_values"], feeds["image_position_ids"], return_dict=True)
+                rows, token = out.pooler_output[0], cfg.image_token_id
+                inputs = {"vision.pixels": feeds["pixel_values"][0], "vision.positions": feeds["image_position_ids"][0]}
+            elif kind == "audio":
+                out = inner.get_audio_features(feeds["input_features"], feeds["input_features_mask"], return_dict=True)
+                rows, token = out.pooler_output[out.attention_mask], cfg.audio_token_id
+                inputs = {"audio.features": feeds["input_features"][0], "audio.mask": feeds["input_features_mask"][0]}
+            else:
+                raise Unsupported(f"gemma4 takes images and audio, not {kind}")
+            captured = ctx.vision
+        finally:
+            ctx.vision = None
+        prefix = "vision" if kind == "image" else "audio"
+        at = [i for i, x in enumerate(ids) if x == token]
+        if len(at) != rows.shape[0]:
+            raise Unsupported(f"the prompt has {len(at)} {kind} tokens, the {kind} tower gave {rows.shape[0]} soft tokens")
+        soft.update({i: rows[k] for k, i in enumerate(at)})
+        tensors.update({name: v.detach().clone() for name, v in inputs.items()})
+        tensors.update(captured)
+        tensors[f"{prefix}.tokens"] = rows.detach().clone()
+    language = inner.language_model
+    pad = torch.tensor([[cfg.get_text_config().pad_token_id]])
+
+    def step(t, token, cache):
+        row = soft.get(t)
+        if row is None:
+            out = model(input_ids=torch.tensor([[token]]), past_key_values=cache, use_cache=True)
+        else:
+            out = model(inputs_embeds=row.reshape(1, 1, -1), per_layer_inputs=language.get_per_layer_inputs(pad, None),
+                        past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], out.past_key_values
+
+    return tensors, step
+
+
 # Per-layer captures, by name prefix ({prefix}.{layer}): (rank in the layer's forward, words). The
 # rank orders the finite check, so the first non-finite tensor named is where NaN/Inf entered.
 LAYER_CAPTURES = {
@@ -251,5 +339,5 @@ FAMILIES = {
     "qwen3_vl": Family(capture_attention, hooks_qwen3_vl, None, steps_qwen3_vl, True),
     "qwen3_5": Family(capture_qwen3_5, None, None),
     "phimoe": Family(put_kv_rows, hooks_phimoe, None),
-    "gemma4": Family(capture_gemma4, hooks_gemma4, None),
+    "gemma4": Family(capture_gemma4, hooks_gemma4_media, None, steps_gemma4),
 }

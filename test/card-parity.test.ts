@@ -102,6 +102,23 @@ describe('model card: run command', () => {
     expect(plain).toContain('The model has no chat template: the prompt is plain text.');
     expect(plain).not.toContain('--chat');
   });
+
+  it('lists the chat template\'s switches --chat-option sets, or why the runtime offers none', () => {
+    const wrap = { prefix: '<|im_start|>user\n', suffix: '<|im_end|>\n<|im_start|>assistant\n' };
+    const withOptions = facts(clean);
+    Object.assign(withOptions.manifest.tokenizer, {
+      chat: wrap,
+      chatOptions: [{ options: { enable_thinking: true }, ...wrap }, { options: { enable_thinking: false }, prefix: wrap.prefix, suffix: wrap.suffix + '<think>\n\n</think>\n\n' }],
+    });
+    const card = modelCard(withOptions, {});
+    expect(card).toContain('**Chat options:** `enable_thinking`. `--chat --chat-option enable_thinking=false` (true or false; repeatable, one per option) gives the ids transformers\' `apply_chat_template(..., enable_thinking=False)` gives');
+    const over = facts(clean);
+    Object.assign(over.manifest.tokenizer, { chat: wrap, chatOptionsNotApplied: 'the template reads 4 switches (a, b, c, d), over the 3 whose every combination forge renders' });
+    expect(modelCard(over, {})).toContain('The chat template reads switches the runtime does not offer (the template reads 4 switches (a, b, c, d), over the 3 whose every combination forge renders)');
+    const none = facts(clean);
+    (none.manifest.tokenizer as { chat: unknown }).chat = wrap;
+    expect(modelCard(none, {})).not.toContain('--chat-option');
+  });
 });
 
 describe('model card: precision', () => {

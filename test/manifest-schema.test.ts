@@ -80,4 +80,22 @@ describe('manifest v2', () => {
     expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: 1, suffix: '' })))).toMatch(/^tokenizer\.chat\.prefix: /);
     expect(refusal(edited((m) => (m.tokenizer.chat = { prefix: '', suffix: '', system: '' })))).toMatch(/^tokenizer\.chat: /);
   });
+
+  it('records the wraps for the template\'s switches (chatOptions) only beside a chat wrap, each combination once', () => {
+    const wrap = { prefix: '<|im_start|>user\n', suffix: '<|im_end|>\n<|im_start|>assistant\n' };
+    const off = { options: { enable_thinking: false }, prefix: wrap.prefix, suffix: wrap.suffix + '<think>\n\n</think>\n\n' };
+    const on = { options: { enable_thinking: true }, ...wrap };
+    const withChat = (edit: (t: any) => void) => edited((m) => {
+      m.tokenizer.chat = wrap;
+      edit(m.tokenizer);
+    });
+    expect(refusal(withChat((t) => (t.chatOptions = [on, off])))).toBeNull();
+    expect(refusal(withChat((t) => (t.chatOptionsNotApplied = 'the template reads 4 switches')))).toBeNull();
+    expect(refusal(edited((m) => ((m.tokenizer.chat = null), (m.tokenizer.chatOptions = [off]))))).toMatch(/^tokenizer\.chatOptions: given without a chat wrap/);
+    expect(refusal(withChat((t) => (t.chatOptions = [off, off])))).toBe('tokenizer.chatOptions: each combination of options appears once');
+    expect(refusal(withChat((t) => ((t.chatOptions = [off]), (t.chatOptionsNotApplied = 'why'))))).toMatch(/^tokenizer\.chatOptionsNotApplied: given with chatOptions/);
+    expect(refusal(withChat((t) => (t.chatOptions = [{ ...off, options: {} }])))).toMatch(/^tokenizer\.chatOptions\.0\.options: names at least one switch/);
+    expect(refusal(withChat((t) => (t.chatOptions = [{ ...off, options: { enable_thinking: 'no' } }])))).toMatch(/^tokenizer\.chatOptions\.0\.options\.enable_thinking: /);
+    expect(refusal(withChat((t) => (t.chatOptions = [{ ...off, system: '' }])))).toMatch(/^tokenizer\.chatOptions\.0: /);
+  });
 });

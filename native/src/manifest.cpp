@@ -484,7 +484,7 @@ struct Parser {
     host_tables(r.at("hostTables"), files);
 
     Node tok = r.at("tokenizer");
-    tok.object({"file", "sha256", "bos", "eos", "chatTemplate", "chat"}, {"config", "chatNotApplied"});
+    tok.object({"file", "sha256", "bos", "eos", "chatTemplate", "chat"}, {"config", "chatNotApplied", "chatOptions", "chatOptionsNotApplied"});
     m.tokenizer_file = tok.at("file").rel_path();
     files.check(tok.at("sha256"), m.tokenizer_file, tok.at("sha256").sha256());
     if (tok.has("config")) files.exists(tok.at("config"), tok.at("config").rel_path());
@@ -499,23 +499,47 @@ struct Parser {
       m.eos.push_back(id);
     }
     if (!tok.at("chatTemplate").j.is_null()) m.chat_template = tok.at("chatTemplate").str();
+    // Either may be empty; both are tokenized as prompt text, so they must be UTF-8.
+    auto text = [](const Node& n) {
+      if (!n.j.is_string()) n.fail("expected a string");
+      try {
+        utf8_decode(n.j.get<std::string>());
+      } catch (const std::exception& e) {
+        n.fail(e.what());
+      }
+      return n.j.get<std::string>();
+    };
     if (Node chat = tok.at("chat"); !chat.j.is_null()) {
       chat.object({"prefix", "suffix"});
-      // Either may be empty; both are tokenized as prompt text, so they must be UTF-8.
-      auto text = [](const Node& n) {
-        if (!n.j.is_string()) n.fail("expected a string");
-        try {
-          utf8_decode(n.j.get<std::string>());
-        } catch (const std::exception& e) {
-          n.fail(e.what());
-        }
-        return n.j.get<std::string>();
-      };
       m.chat = Manifest::ChatWrap{text(chat.at("prefix")), text(chat.at("suffix"))};
     }
     if (tok.has("chatNotApplied")) {
       if (m.chat) tok.at("chatNotApplied").fail("given with a chat wrap: it says why there is none");
       m.chat_not_applied = tok.at("chatNotApplied").str();
+    }
+    if (tok.has("chatOptions")) {
+      Node variants = tok.at("chatOptions");
+      if (!m.chat) variants.fail("given without a chat wrap (tokenizer.chat): switches only change a wrap");
+      for (size_t i = 0, n = variants.array(1); i < n; i++) {
+        Node v = variants[i];
+        v.object({"options", "prefix", "suffix"});
+        Node options = v.at("options");
+        if (!options.j.is_object() || options.j.empty()) options.fail("expected an object naming at least one switch");
+        Manifest::ChatOptionWrap w;
+        for (auto it = options.j.begin(); it != options.j.end(); ++it) {
+          if (!it.value().is_boolean()) Node{it.value(), options.child(it.key()), options.label}.fail("expected true or false");
+          w.options[it.key()] = it.value().get<bool>();
+        }
+        for (const Manifest::ChatOptionWrap& seen : m.chat_options)
+          if (seen.options == w.options) v.at("options").fail("this combination of options is given twice");
+        w.wrap = Manifest::ChatWrap{text(v.at("prefix")), text(v.at("suffix"))};
+        m.chat_options.push_back(std::move(w));
+      }
+    }
+    if (tok.has("chatOptionsNotApplied")) {
+      if (!m.chat) tok.at("chatOptionsNotApplied").fail("given without a chat wrap (tokenizer.chat)");
+      if (!m.chat_options.empty()) tok.at("chatOptionsNotApplied").fail("given with chatOptions: it says why there are none");
+      m.chat_options_not_applied = tok.at("chatOptionsNotApplied").str();
     }
 
     contexts(r.at("contexts"), files);

@@ -146,6 +146,17 @@ struct Manifest {
   std::optional<ChatWrap> chat;
   /** tokenizer.chatNotApplied: why the checkpoint's template has no wrap (it does not put the content in fixed text). */
   std::optional<std::string> chat_not_applied;
+  /**
+   * tokenizer.chatOptions: the wrap for each combination of the template's switches (variables it
+   * reads as booleans, e.g. enable_thinking), those not named not given; none given is `chat`.
+   */
+  struct ChatOptionWrap {
+    std::map<std::string, bool> options;
+    ChatWrap wrap;
+  };
+  std::vector<ChatOptionWrap> chat_options;
+  /** tokenizer.chatOptionsNotApplied: why the template's switches have no wraps. */
+  std::optional<std::string> chat_options_not_applied;
   int max_context = 0;
   int max_new_tokens = 0;
   /** hostOpParams: numbers (and booleans, as 0/1) and strings the host-op needs beyond the graphs. */

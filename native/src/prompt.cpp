@@ -1,5 +1,6 @@
 #include "prompt.h"
 
+#include <set>
 #include <stdexcept>
 
 #include "manifest.h"
@@ -34,22 +35,67 @@ void check_vocab(const Manifest& m, const std::vector<int>& ids, const std::stri
 
 namespace {
 
-/** The manifest's chat wrap, or the refusal of --chat. */
-const Manifest::ChatWrap& chat_wrap(const Manifest& m) {
+/** The switches the bundle's template has (the names tokenizer.chatOptions sets). */
+std::set<std::string> switch_names(const Manifest& m) {
+  std::set<std::string> names;
+  for (const Manifest::ChatOptionWrap& v : m.chat_options)
+    for (const auto& [name, value] : v.options) names.insert(name);
+  return names;
+}
+
+/** "enable_thinking (true|false), ...", for a refusal. */
+std::string switch_list(const std::set<std::string>& names) {
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n + " (true|false)";
+  return list;
+}
+
+std::string describe(const ChatOptions& options) {
+  std::string s;
+  for (const auto& [name, value] : options) s += (s.empty() ? "" : " ") + name + "=" + (value ? "true" : "false");
+  return s;
+}
+
+/** The manifest's chat wrap for these options, or the refusal of --chat / --chat-option. */
+const Manifest::ChatWrap& chat_wrap(const Manifest& m, const ChatOptions& options) {
   if (!m.chat && m.chat_not_applied)
     throw std::runtime_error("--chat: " + m.label + "'s chat template cannot be applied by the runtime (" + *m.chat_not_applied +
                              "); give the ids transformers' apply_chat_template renders with --prompt-ids, or the prompt as plain text");
   if (!m.chat)
     throw std::runtime_error("--chat: " + m.label + " has no chat template (tokenizer.chat is null: the checkpoint's tokenizer_config.json has no chat_template); give the prompt as plain text");
-  return *m.chat;
+  if (options.empty()) return *m.chat;
+  if (m.chat_options_not_applied)
+    throw std::runtime_error("--chat-option " + describe(options) + ": " + m.label + "'s chat template's switches cannot be applied by the runtime (" +
+                             *m.chat_options_not_applied + "); give the ids transformers' apply_chat_template renders with --prompt-ids");
+  if (m.chat_options.empty())
+    throw std::runtime_error("--chat-option " + describe(options) + ": " + m.label + "'s chat template has no options (it reads no switch such as enable_thinking); use --chat alone");
+  const std::set<std::string> names = switch_names(m);
+  const std::string has = switch_list(names);
+  for (const auto& [name, value] : options)
+    if (!names.count(name))
+      throw std::runtime_error("--chat-option " + name + ": " + m.label + "'s chat template has no such option; its options: " + has);
+  for (const Manifest::ChatOptionWrap& v : m.chat_options)
+    if (v.options == options) return v.wrap;
+  throw std::runtime_error("--chat-option " + describe(options) + ": " + m.label + " has no wrap for this combination (tokenizer.chatOptions lacks it); its options: " + has);
 }
 
 }  // namespace
 
-std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat) {
+void add_chat_option(ChatOptions& options, const std::string& assignment) {
+  const size_t eq = assignment.find('=');
+  const std::string name = assignment.substr(0, eq), value = eq == std::string::npos ? "" : assignment.substr(eq + 1);
+  if (eq == std::string::npos || name.empty())
+    throw std::runtime_error("--chat-option '" + assignment + "': expected name=true or name=false (a switch of the chat template, e.g. enable_thinking=false)");
+  if (value != "true" && value != "false")
+    throw std::runtime_error("--chat-option " + name + ": the value '" + value + "' is not true or false");
+  if (options.count(name)) throw std::runtime_error("--chat-option " + name + " given twice");
+  options[name] = value == "true";
+}
+
+std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::string& text, bool chat, const ChatOptions& options) {
   std::vector<int> ids;
   if (chat) {
-    const Manifest::ChatWrap& wrap = chat_wrap(m);
+    const Manifest::ChatWrap& wrap = chat_wrap(m, options);
     ids = tok.encode(wrap.prefix + text + wrap.suffix);
   } else {
     ids = tok.encode(text);
@@ -59,14 +105,15 @@ std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const 
   return ids;
 }
 
-std::vector<int> image_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::vector<int>& block, const std::string& text, bool chat) {
+std::vector<int> image_prompt_ids(const Manifest& m, const Tokenizer& tok, const std::vector<int>& block, const std::string& text, bool chat,
+                                  const ChatOptions& options) {
   std::vector<int> ids;
   if (!chat) {
     ids = block;
     std::vector<int> rest = text_prompt_ids(m, tok, text, false);
     ids.insert(ids.end(), rest.begin(), rest.end());
   } else {
-    const Manifest::ChatWrap& wrap = chat_wrap(m);
+    const Manifest::ChatWrap& wrap = chat_wrap(m, options);
     ids = tok.encode(wrap.prefix);
     ids.insert(ids.end(), block.begin(), block.end());
     std::vector<int> rest = tok.encode(text + wrap.suffix);

@@ -1,12 +1,15 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
-//              [--image FILE] [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
+//              [--image FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
 // Runs a forge bundle greedily with the host-op its manifest names (the registry, host_op.h).
 // backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a QNN backend library (QNN EP
 // plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
 // The prompt is text, always (the text "42" is tokenized); token ids go with --prompt-ids instead of
 // the prompt, each checked against the vocabulary. --chat wraps the text in the model's chat template
 // (one user turn and the assistant's generation prompt, as forge rendered it into tokenizer.chat) and
-// adds no BOS: the ids transformers' apply_chat_template gives. --print-prompt-ids prints the prompt's
+// adds no BOS: the ids transformers' apply_chat_template gives. --chat-option NAME=true|false
+// (repeatable, with --chat) passes a switch the template reads, as apply_chat_template(NAME=...) does
+// (Qwen3: enable_thinking=false): the wrap forge rendered for that combination (tokenizer.chatOptions);
+// a switch the bundle's template has not is refused, naming those it has. --print-prompt-ids prints the prompt's
 // ids and stops before the graphs load (feed them back with --prompt-ids for an exact-id repro).
 // --force-ids teacher-forces the continuation: step k
 // (k >= 1) is fed the k-th forced id instead of the token chosen at step k - 1 (at most max_new_tokens
@@ -54,7 +57,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
-    "(<prompt text> | --prompt-ids 1,2,3) [--image FILE] [--chat] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
+    "(<prompt text> | --prompt-ids 1,2,3) [--image FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -66,6 +69,7 @@ int run(int argc, char** argv) {
   std::vector<std::string> pos;
   std::optional<std::string> prompt_ids, force_ids, image;
   bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false, chat = false, print_prompt_ids = false;
+  forge::ChatOptions chat_options;
   for (int i = 1; i < argc; i++) {
     std::string a = argv[i];
     if (a == "--prompt-ids") {
@@ -80,6 +84,9 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("--image needs a value: an image file (JPEG or PNG)");
       if (image) throw std::runtime_error("--image given twice: a prompt takes one image");
       image = argv[++i];
+    } else if (a == "--chat-option") {
+      if (i + 1 >= argc) throw std::runtime_error("--chat-option needs a value: a switch of the chat template, like enable_thinking=false");
+      forge::add_chat_option(chat_options, argv[++i]);
     } else if (a == "--ids") throw std::runtime_error("--ids is gone: give token ids as --prompt-ids 1,2,3 in place of the prompt");
     else if (a == "--chat") chat = true;
     else if (a == "--print-prompt-ids") print_prompt_ids = true;
@@ -93,6 +100,7 @@ int run(int argc, char** argv) {
   }
   if (prompt_ids && pos.size() == 6) throw std::runtime_error("give the prompt as text or as --prompt-ids, not both; " + std::string(kUsage));
   if (pos.size() != (prompt_ids ? 5u : 6u)) throw std::runtime_error(kUsage);
+  if (!chat_options.empty() && !chat) throw std::runtime_error("--chat-option sets a switch of the chat template: it needs --chat");
   if (chat && prompt_ids) throw std::runtime_error("--chat wraps a text prompt in the chat template; --prompt-ids are fed as given, not both");
   const std::string &manifest_path = pos[0], &backend = pos[1], &system_lib = pos[2], &root = pos[3];
   int max_new = 0;
@@ -148,7 +156,8 @@ int run(int argc, char** argv) {
     }
   } else {
     if (!tok) throw std::runtime_error(tok_error);
-    ids = image_prompt ? forge::image_prompt_ids(m, *tok, image_prompt->block, pos[5], chat) : forge::text_prompt_ids(m, *tok, pos[5], chat);
+    ids = image_prompt ? forge::image_prompt_ids(m, *tok, image_prompt->block, pos[5], chat, chat_options)
+                       : forge::text_prompt_ids(m, *tok, pos[5], chat, chat_options);
   }
   forge::check_vocab(m, forced, "--force-ids");
   if (print_prompt_ids) {  // what the model would be fed; nothing is loaded or run

@@ -125,6 +125,17 @@ function mismatchLines(listed: ListedMismatch[], count: number): string[] {
 }
 
 /** How an image reaches the model (a bundle with a vision encoder), and the front-end's figures against HF's processor. */
+/** The chat template's switches `--chat-option` sets (tokenizer.chatOptions), or why the runtime offers none. */
+function chatOptionLines(t: Manifest['tokenizer']): string[] {
+  if (t.chatOptionsNotApplied) return [`The chat template reads switches the runtime does not offer (${t.chatOptionsNotApplied.replace(/\.$/, '')}): \`--chat\` gives the wrap with none passed; for another, feed the ids transformers' \`apply_chat_template\` gives with \`--prompt-ids\`.`, ''];
+  if (!t.chatOptions) return [];
+  const names = [...new Set(t.chatOptions.flatMap((v) => Object.keys(v.options)))].sort();
+  return [
+    `**Chat options:** ${names.map((n) => `\`${n}\``).join(', ')}. \`--chat --chat-option ${names[0]}=false\` (true or false; repeatable, one per option) gives the ids transformers' \`apply_chat_template(..., ${names[0]}=False)\` gives: forge rendered the template for every combination (\`tokenizer.chatOptions\`); an option not given is not passed, as when the keyword is left out.`,
+    '',
+  ];
+}
+
 function imageLines(f: CardFacts): string[] {
   const p = f.manifest.hostOpParams ?? {};
   if (p.image_height === undefined) return [];
@@ -173,6 +184,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
     : manifest.tokenizer.chatNotApplied
       ? `The runtime cannot apply the model's chat template (${manifest.tokenizer.chatNotApplied.replace(/\.$/, '')}): the prompt above is plain text; feed the ids transformers' \`apply_chat_template\` gives with \`--prompt-ids\` to ask as its users do. \`--print-prompt-ids\` prints the ids fed.`
       : 'The model has no chat template: the prompt is plain text. `--print-prompt-ids` prints the ids fed, for `--prompt-ids` to repeat exactly.', '');
+  if (chat) lines.push(...chatOptionLines(manifest.tokenizer));
   lines.push(...imageLines(f));
   lines.push('## Gates, as measured in this build', '');
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');

@@ -183,7 +183,25 @@ export const ManifestSchema = z.object({
     chat: z.object({ prefix: z.string(), suffix: z.string() }).strict().nullable(),
     /** Why the runtime cannot apply chatTemplate (chat is null): it does not wrap the content in fixed text. */
     chatNotApplied: z.string().min(1).optional(),
-  }).strict(),
+    /**
+     * The template's switches (variables it reads only as booleans, passed by apply_chat_template's
+     * keyword arguments, e.g. Qwen3's enable_thinking): the wrap for every combination of them, each
+     * given true or false or not given, but none given (that is `chat`). `qhx_generate --chat
+     * --chat-option name=value` picks the entry whose options are exactly those given.
+     */
+    chatOptions: z.array(z.object({
+      options: z.record(z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'a Jinja variable name'), z.boolean()).refine((o) => Object.keys(o).length > 0, 'names at least one switch'),
+      prefix: z.string(),
+      suffix: z.string(),
+    }).strict()).min(1).optional(),
+    /** Why the template's switches have no wraps: more than forge renders, or a combination the runtime cannot apply. */
+    chatOptionsNotApplied: z.string().min(1).optional(),
+  }).strict().superRefine((t, ctx) => {
+    if ((t.chatOptions || t.chatOptionsNotApplied) && !t.chat) ctx.addIssue({ code: 'custom', path: [t.chatOptions ? 'chatOptions' : 'chatOptionsNotApplied'], message: 'given without a chat wrap (tokenizer.chat): switches only change a wrap' });
+    if (t.chatOptions && t.chatOptionsNotApplied) ctx.addIssue({ code: 'custom', path: ['chatOptionsNotApplied'], message: 'given with chatOptions: it says why there are none' });
+    const keys = (t.chatOptions ?? []).map((v) => JSON.stringify(Object.entries(v.options).sort()));
+    if (new Set(keys).size !== keys.length) ctx.addIssue({ code: 'custom', path: ['chatOptions'], message: 'each combination of options appears once' });
+  }),
   limits: z.object({ maxContext: z.number().int().positive() }).strict(),
   /** Numbers the host-op needs beyond the graphs (PhiMoE: the router's jitter eps, experts, top-k). */
   hostOpParams: z.record(identifier, z.union([z.number(), z.string(), z.boolean()])).optional(),

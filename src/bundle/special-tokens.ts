@@ -7,7 +7,7 @@ import { existsSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { z } from 'zod';
 import { CheckpointError } from '../io/errors.js';
-import { chatWrap, TEMPLATE_TOKEN_NAMES, type ChatWrap, type TemplateTokens } from './chat-template.js';
+import { chatWrap, TEMPLATE_TOKEN_NAMES, type ChatOptionWrap, type ChatWrap, type TemplateTokens } from './chat-template.js';
 
 export interface SpecialTokens {
   bos: number | null;
@@ -17,6 +17,10 @@ export interface SpecialTokens {
   chat: ChatWrap | null;
   /** Why the runtime cannot apply the checkpoint's chat template (chat is then null); absent otherwise. */
   chatNotApplied?: string;
+  /** The wraps for the template's switches (e.g. enable_thinking), every combination but none given; absent without switches. */
+  chatOptions?: ChatOptionWrap[];
+  /** Why the template's switches have no wraps (chatOptions is then absent). */
+  chatOptionsNotApplied?: string;
 }
 
 const tokenId = z.number().int().nonnegative();
@@ -89,6 +93,8 @@ export function parseSpecialTokens(sources: SpecialTokenSources): SpecialTokens 
     chatTemplate,
     chat: wrapped && 'wrap' in wrapped ? wrapped.wrap : null,
     ...(wrapped && 'notApplied' in wrapped ? { chatNotApplied: wrapped.notApplied } : {}),
+    ...(wrapped && 'wrap' in wrapped && wrapped.options ? { chatOptions: wrapped.options } : {}),
+    ...(wrapped && 'wrap' in wrapped && wrapped.optionsNotApplied ? { chatOptionsNotApplied: wrapped.optionsNotApplied } : {}),
   };
 }
 

@@ -5,7 +5,7 @@ import type { FamilyId, QuantScheme } from '../recipe/schema.js';
 import type { MatrixEntry, W8Form } from '../quant/weights.js';
 import type { LinkedFile } from '../onnx/linked-data.js';
 import type { ShardPlan } from '../plan/shards.js';
-import { MADE_DTYPES, type ComponentLayout, type GraphEntry, type GraphInterface, type MadeTable } from '../families/types.js';
+import { MADE_DTYPES, type ComponentLayout, type GraphEntry, type GraphInterface, type ImageLayout, type MadeTable } from '../families/types.js';
 
 export { graphName, type GraphEntry } from '../families/types.js';
 
@@ -43,7 +43,7 @@ export interface ExportManifest {
   w8Form: W8Form;
   maxContext: number;
   /** The size images are stretched to, when the export has a vision encoder. */
-  image?: { height: number; width: number };
+  image?: ImageLayout;
   contexts: ContextEntry[];
   /** The family's host tables, in its order. */
   hostTables?: HostTableEntry[];
@@ -75,7 +75,7 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
 export type ExportPlan = { shards: Array<Pick<ShardPlan['shards'][number], 'first' | 'last'>>; lmHead: Pick<ShardPlan['lmHead'], 'placement'>; dropped?: ShardPlan['dropped'] };
 
 /** The cut of the layers the plan chose, as the family's components take it. */
-export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number; image?: { height: number; width: number } | null }): ComponentLayout {
+export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number; image?: ImageLayout | null }): ComponentLayout {
   return {
     shards: plan.shards.map((s, i) => ({ first: s.first, last: s.last, isLast: i === plan.shards.length - 1 })),
     lmHeadInside: plan.lmHead.placement === 'last-shard',

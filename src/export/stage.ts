@@ -20,7 +20,7 @@ import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import { W4_QDQ_OPSET } from '../quant/w4-qdq.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from '../families/index.js';
-import type { Component, Family, GraphVariant, HostTable } from '../families/types.js';
+import type { Component, Family, GraphVariant, HostTable, ImageLayout } from '../families/types.js';
 import { componentTensors } from '../families/tensors.js';
 import { checkIoNames, graphName, GRAPHS_JSON, layoutOf, madeTableFile, matrixFallbacks, type ContextEntry, type ExportManifest, type ExportPlan, type GraphEntry } from './graphs.js';
 
@@ -31,7 +31,7 @@ export interface ExportParams {
   maxContext: number;
   prefillLength: number;
   /** The size images are stretched to (a family with a vision encoder); absent: the text path only. */
-  image?: { height: number; width: number };
+  image?: ImageLayout;
   /** The family's host tables (the embedding …) are written by the deployable export only. */
   hostTables: boolean;
   /** The ONNX form of W8 and W4 weights, fixed by the compile toolchain (default 'matmulnbits'). */

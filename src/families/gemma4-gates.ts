@@ -8,6 +8,7 @@ import { MASKED, attentionMask } from './blocks.js';
 import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringOf, type Gemma4Config } from './gemma4.js';
+import { SOFT_TOKENS, VISION_PIXELS, VISION_POSITIONS } from './gemma4-vision.js';
 
 /**
  * The runtime's mask over a ring of `slots` slots for the token at `position` (native StepMask, ring):
@@ -82,4 +83,55 @@ export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Tr
       yield { prompt: p, step: t, feeds, expected };
     }
   }
+}
+
+/**
+ * The vision encoder at each image prompt: HF's processor output in (pixels, positions), its soft
+ * tokens and per-block outputs out. Only the image's own rows are compared: the real patches of the
+ * per-block values, the first (real patches)/k² soft tokens (the rest of the budget is padding).
+ */
+export async function* gemma4VisionCases(entry: GraphEntry, trace: Trace): AsyncGenerator<GateCase> {
+  const prompts = trace.meta.prompts.map((p, i) => ({ p, i })).filter(({ p }) => p.image);
+  // An encoder no image reached is not gated: said, not passed.
+  if (!prompts.length) throw new Error(`${entry.name}: the trace holds no image prompt, so the vision encoder cannot be gated: give the recipe gates.imagePrompts`);
+  const [pixels, positions] = [VISION_PIXELS, VISION_POSITIONS].map((n) => entry.inputs.find((t) => t.name === n)!);
+  const out = entry.outputs.find((t) => t.name === SOFT_TOKENS)!;
+  for (const { i } of prompts) {
+    const pos = await trace.getPrompt(i, 'vision.positions');
+    const real = pos.filter((_, k) => k % 2 === 0 && pos[k] >= 0).length;
+    const patchRows = (width: number) => rowMask(positions.shape[0], width, real);
+    const tokens = await trace.getPrompt(i, 'vision.tokens');
+    const [L, T] = out.shape;
+    const n = tokens.length / T;
+    const expected: Record<string, Float32Array> = { [SOFT_TOKENS]: padRows(tokens, L * T) };
+    const masks: Record<string, Uint8Array> = { [SOFT_TOKENS]: rowMask(L, T, n) };
+    for (const [value, probe] of Object.entries(entry.probes)) {
+      const width = probe.shape[probe.shape.length - 1];
+      const want = await trace.getPrompt(i, probe.name);
+      expected[value] = padRows(want, probe.shape.reduce((a, b) => a * b, 1));
+      masks[value] = patchRows(width);
+    }
+    yield {
+      prompt: i, step: 0, expected, masks,
+      feeds: {
+        [VISION_PIXELS]: { dtype: 'float32', data: await trace.getPrompt(i, 'vision.pixels'), dims: pixels.shape },
+        [VISION_POSITIONS]: { dtype: 'int32', data: Int32Array.from(pos), dims: positions.shape },
+      },
+    };
+  }
+}
+
+/** `data` followed by zeros up to `size` values. */
+function padRows(data: Float32Array, size: number): Float32Array {
+  if (data.length === size) return data;
+  const out = new Float32Array(size);
+  out.set(data.subarray(0, size));
+  return out;
+}
+
+/** A compare mask over `rows` rows of `width` values: the first `keep` rows compared. */
+function rowMask(rows: number, width: number, keep: number): Uint8Array {
+  const m = new Uint8Array(rows * width);
+  m.fill(1, 0, keep * width);
+  return m;
 }

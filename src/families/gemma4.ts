@@ -1,5 +1,6 @@
-// Gemma 4 (E2B/E4B text), model_type "gemma4": the text decoder is nested in `text_config`, its
-// weights live under `model.language_model.*` (the vision and audio towers are not read here).
+// Gemma 4 (E2B/E4B), model_type "gemma4": the text decoder is nested in `text_config`, its weights
+// live under `model.language_model.*`; the vision tower is a component of its own when the recipe
+// gives images a soft-token budget (gemma4-vision.ts); the audio tower is not read yet.
 // What is special (transformers' modeling_gemma4.py is the reference):
 //  - RMSNorm with a plain w (x·rsqrt(mean x²+eps)·w); v_norm has no weight; q_norm/k_norm over head_dim.
 //  - Two layer types with their own head_dim and RoPE: sliding (head_dim, θ 1e4, keys within
@@ -21,9 +22,11 @@
 //    window is shorter than maxContext, with their own mask (attn_mask_sliding, the runtime's ring
 //    mask) and, where a shard reads a sliding donor's cache, the ring slot of the call (ring_slot);
 //    full layers keep maxContext slots.
-// Decode graphs only (N = 1): the runtime decodes over the prompt.
+// Decode graphs only (N = 1): the runtime decodes over the prompt. An image's soft tokens enter at
+// its placeholder tokens as the residual and the per-layer projection's input (`embeds`), with the
+// pad token's per-layer rows (Gemma4Model.forward; the trace feeds them so: trace_families.steps_gemma4).
 import { z } from 'zod';
-import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
+import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ImageLayout, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { GraphEntry } from './types.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
@@ -32,7 +35,8 @@ import { cachedAttention, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, 
 export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { gemma4Cases } from './gemma4-gates.js';
+import { gemma4Cases, gemma4VisionCases } from './gemma4-gates.js';
+import { GEMMA4_SOFT_TOKEN_BUDGETS, gemma4Patches, gemma4VisionEncoderGraph, parseGemma4VisionConfig, type Gemma4VisionConfig } from './gemma4-vision.js';
 
 const LAYER_TYPES = ['sliding_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -77,6 +81,10 @@ const TextConfigSchema = z.object({
 const ConfigSchema = z.object({
   model_type: z.literal('gemma4'),
   text_config: TextConfigSchema,
+  vision_config: z.unknown().optional(),
+  image_token_id: z.number().int().nonnegative().optional(),
+  boi_token_id: z.number().int().nonnegative().optional(),
+  eoi_token_id: z.number().int().nonnegative().optional(),
   tie_word_embeddings: z.boolean().optional(),
 }).passthrough();
 
@@ -107,6 +115,9 @@ export interface Gemma4Config {
   /** fp32 √H: HF's fp32 reference scales the embedding by sqrt(H) in the weight dtype (float32 there). */
   embedScale: number;
   pleScale: number;
+  /** The vision tower, when the checkpoint has one (null: text only), and the tokens an image is written with. */
+  vision: Gemma4VisionConfig | null;
+  imageTokens: { image: number; begin: number; end: number } | null;
 }
 
 /** HF's inverse frequencies, in float32 like its rope init: default over all of head_dim, proportional over the first factor·d/2. */
@@ -167,7 +178,18 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
     },
     embedScale: Math.fround(Math.sqrt(t.hidden_size)),
     pleScale: Math.fround(Math.sqrt(t.hidden_size_per_layer_input)),
+    ...towers(parsed, file),
   };
+}
+
+/** The vision tower's config and image tokens; a config with a tower must name its tokens. */
+function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens'> {
+  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null };
+  const vision = parseGemma4VisionConfig(c.vision_config, file);
+  for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
+    if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
+  }
+  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! } };
 }
 
 export const PREFIX = 'model.language_model';
@@ -215,13 +237,42 @@ export const gemma4: Family<Gemma4Config> = {
   // The tables are the checkpoint's rows (fp16); the host multiplies the rows it feeds by these, as
   // HF's scaled embeddings do (the softcap and the sliding window are inside the graphs).
   hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple }),
-  components: (c, layout) => decoderComponents(layout, {
-    shard: (g, s, w) => gemma4Shard(g, c, s, w),
-    lmHead: (g, w) => gemma4LmHead(g, c, w),
-  }),
-  gateCases: (c, entry, trace, maxContext) => gemma4Cases(c, entry, trace, maxContext),
-  bindings: (c, entry, maxContext) => gemma4Bindings(c, entry, maxContext),
+  components(c, layout) {
+    const text = decoderComponents(layout, {
+      shard: (g, s, w) => gemma4Shard(g, c, s, w),
+      lmHead: (g, w) => gemma4LmHead(g, c, w),
+    });
+    // A dry build asks every encoder a checkpoint has; a text-only one has none to give.
+    if (!layout.image || (layout.dry && !c.vision)) return text;
+    return [visionComponent(c, layout.image), ...text];
+  },
+  gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
+  bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : gemma4Bindings(c, entry, maxContext)),
 };
+
+const VISION = 'vision';
+
+/** The vision encoder: one graph over the recipe's soft-token budget, in a context of its own. */
+function visionComponent(c: Gemma4Config, image: ImageLayout): Component {
+  if (!c.vision) throw new Error('the recipe gives an image setting, but this Gemma 4 checkpoint has no vision tower (config.json has no vision_config)');
+  const budget = image.maxSoftTokens;
+  if (budget === undefined) throw new Error('gemma4 keeps each image\'s aspect ratio within a soft-token budget: the recipe\'s image setting is {"maxSoftTokens": N}, not a fixed height and width');
+  if (!(GEMMA4_SOFT_TOKEN_BUDGETS as readonly number[]).includes(budget)) throw new Error(`image maxSoftTokens ${budget}: Gemma 4's image processor supports ${GEMMA4_SOFT_TOKEN_BUDGETS.join(', ')}`);
+  const v = c.vision;
+  return {
+    name: VISION, kind: VISION, weights: 'encoder', entry: {},
+    variants: [{ name: '', n: gemma4Patches(v, budget), role: VISION, build: (g, w) => gemma4VisionEncoderGraph(g, v, c.hidden, budget, w) }],
+  };
+}
+
+/** The encoder's inputs are the host's pre-processed image; its soft tokens are kept for the shards. */
+function visionBindings(entry: GraphEntry): GraphBindings {
+  return {
+    inputs: entry.inputs.map((t) => ({ ...t, bind: 'pixels' as const })),
+    outputs: entry.outputs.map((t) => ({ ...t, bind: 'encoder-output' as const })),
+    state: [],
+  };
+}
 
 // ---- graphs -----------------------------------------------------------------------------------
 

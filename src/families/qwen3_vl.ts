@@ -8,7 +8,7 @@
 // - the vision encoder (families/qwen-vit.ts) is a component of its own, one graph over a fixed grid
 //   (the recipe's `image` size), whose image_embeds replace the embedding rows of the image tokens.
 import { z } from 'zod';
-import { ConfigError, parseConfigWith, type Component, type Family, type Feed, type GateCase, type GraphEntry, type TensorIO } from './types.js';
+import { ConfigError, parseConfigWith, type Component, type Family, type Feed, type GateCase, type GraphEntry, type ImageLayout, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import { kvDecoderBindings, kvDecoderCases, type KvLayout } from './kv-decoder.js';
@@ -116,6 +116,12 @@ const lmHeadWeight = (c: Qwen3VLConfig) => (c.tied ? EMBEDDING : 'lm_head.weight
 const kvLayout = (c: Qwen3VLConfig, maxContext: number): KvLayout => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
 const deepstackInput = (layer: number) => `deepstack_${layer}`;
 
+/** Qwen3-VL's encoder has a fixed grid: every image is stretched to the recipe's height × width. */
+function stretchSize(image: ImageLayout): { height: number; width: number } {
+  if (image.height === undefined || image.width === undefined) throw new Error('qwen3_vl stretches every image to one size (the encoder\'s grid is fixed): the recipe\'s image setting needs "height" and "width", not a soft-token budget');
+  return { height: image.height, width: image.width };
+}
+
 /** Which of t (0), h (1), w (2) each of the headDim rotary columns takes (interleaved; both halves alike). */
 export function mropeAxes(section: [number, number, number], headDim: number): number[] {
   const half = Array.from({ length: headDim / 2 }, (_, j) => (j % 3 === 1 && j < 3 * section[1] ? 1 : j % 3 === 2 && j < 3 * section[2] ? 2 : 0));
@@ -161,12 +167,13 @@ export const qwen3_vl: Family<Qwen3VLConfig> = {
       lmHead: (g, w) => lmHeadGraph(g, c.hidden, c.vocab, lmHeadWeight(c), w),
     });
     if (!image) return text;
-    for (const [field, size] of [['height', image.height], ['width', image.width]] as const) {
+    const stretch = stretchSize(image);
+    for (const [field, size] of [['height', stretch.height], ['width', stretch.width]] as const) {
       if (size % (c.vision.patch * c.vision.merge) !== 0) throw new Error(`image ${field} ${size} is not a multiple of patch ${c.vision.patch} × merge ${c.vision.merge}`);
     }
     const vision: Component = {
       name: VISION, kind: VISION, weights: 'encoder', entry: {},
-      variants: [{ name: '', n: visionGrid(c.vision, image).patches, role: VISION, build: (g, w) => visionEncoderGraph(g, c.vision, image, VISUAL, w) }],
+      variants: [{ name: '', n: visionGrid(c.vision, stretch).patches, role: VISION, build: (g, w) => visionEncoderGraph(g, c.vision, stretch, VISUAL, w) }],
     };
     return [vision, ...text];
   },
@@ -175,7 +182,7 @@ export const qwen3_vl: Family<Qwen3VLConfig> = {
     image_token_id: c.tokens.image, vision_start_token_id: c.tokens.visionStart, vision_end_token_id: c.tokens.visionEnd,
     mrope_section: c.mropeSection.join(','),
     ...(layout?.image ? {
-      image_height: layout.image.height, image_width: layout.image.width, patch_size: c.vision.patch,
+      image_height: stretchSize(layout.image).height, image_width: stretchSize(layout.image).width, patch_size: c.vision.patch,
       temporal_patch_size: c.vision.temporal, merge_size: c.vision.merge, image_mean: IMAGE_NORM.join(','), image_std: IMAGE_NORM.join(','),
     } : {}),
   }),

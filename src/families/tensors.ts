@@ -55,17 +55,23 @@ export async function componentTensors(c: Component, schemes: { scheme: QuantSch
  * slots: tables computed per slot (RoPE) come out empty, so a dry build's cost does not grow with
  * a config's head size.
  */
-const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0 });
+const dryLayout = (shards: ComponentLayout['shards'], lmHeadInside: boolean): ComponentLayout => ({ shards, lmHeadInside, prefillLength: 0, maxContext: 0, dry: true });
 
 /** The decoder's components only: an encoder is grouped on its own (encoderTensors). */
 async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentLayout): Promise<TensorSpec[][]> {
   return Promise.all(family.components(config, layout).filter((c) => c.weights !== 'encoder').map((c) => componentTensors(c)));
 }
 
-/** What each encoder component reads (none for a text-only family). A dry build's image has no pixels: tensors do not depend on the grid. */
+/**
+ * The image layout of a dry build: both forms at once (a fixed size of no pixels; Gemma 4's smallest
+ * soft-token budget), so every family's encoder builds; its tensors do not depend on the grid.
+ */
+const DRY_IMAGE = { height: 0, width: 0, maxSoftTokens: 70 };
+
+/** What each encoder component reads (none for a text-only family). */
 export async function encoderTensors<C>(family: Family<C>, config: C, scheme: QuantScheme = 'fp32'): Promise<Array<{ name: string; tensors: TensorSpec[] }>> {
   const n = family.numLayers(config);
-  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: { height: 0, width: 0 } };
+  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: DRY_IMAGE };
   const encoders = family.components(config, layout).filter((c) => c.weights === 'encoder');
   return Promise.all(encoders.map(async (c) => ({ name: c.name, tensors: await componentTensors(c, { scheme, lmHeadScheme: scheme }) })));
 }

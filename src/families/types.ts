@@ -146,8 +146,21 @@ export interface ComponentLayout {
   prefillLength: number;
   /** KV cache slots. */
   maxContext: number;
-  /** The size images are stretched to for a vision encoder; absent: the text path only (no encoder component). */
-  image?: { height: number; width: number };
+  /** How images reach the vision encoder; absent: the text path only (no encoder component). */
+  image?: ImageLayout;
+  /** A dry build (families/tensors.ts): asks only what the components read; a family leaves out an encoder its checkpoint lacks. */
+  dry?: boolean;
+}
+
+/**
+ * How a vision encoder takes an image: stretched to a fixed height × width (a fixed grid: Qwen-VL),
+ * or resized keeping its aspect ratio within a budget of soft tokens (Gemma 4: the grid is an input).
+ * A family reads the form it builds and refuses the other.
+ */
+export interface ImageLayout {
+  height?: number;
+  width?: number;
+  maxSoftTokens?: number;
 }
 
 /** One graph of a component; the variants of a component share its weights (one data file). */

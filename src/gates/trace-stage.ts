@@ -8,6 +8,7 @@ import type { Json, StageModule } from '../engine/stage.js';
 import { runPython } from '../toolchain/python.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { readTraceMeta } from './trace.js';
+import type { ImageLayout } from '../families/types.js';
 
 // The tracer and the Python module it imports: named here as code (`new URL`) so the stage's cache
 // key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
@@ -27,8 +28,8 @@ export interface TraceParams {
   prompts: TraceInput[];
   newTokens: number;
   maxContext: number;
-  /** The size images are stretched to (the recipe's `image`): required with image inputs. */
-  image?: { height: number; width: number };
+  /** How images reach the encoder (the recipe's `image`: a size, or a soft-token budget): required with image inputs. */
+  image?: ImageLayout;
 }
 
 /** Where the trace stage keeps the images it traced (the parity gate feeds the runtime the same files). */
@@ -41,7 +42,7 @@ export const stage: StageModule<TraceParams> = {
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
     const promptsFile = join(ctx.out, 'prompts.json');
     const images = ctx.params.prompts.filter((p): p is ImageInput => typeof p === 'object' && p.type === 'image');
-    if (images.length && !ctx.params.image) throw new Error(`${images.length} image prompt(s) but no image size: set the recipe's arch setting "image": {"height", "width"}`);
+    if (images.length && !ctx.params.image) throw new Error(`${images.length} image prompt(s) but no image setting: set the recipe's arch setting "image" ({"height", "width"}, or {"maxSoftTokens"} for Gemma 4)`);
     const imageDir = join(ctx.out, TRACE_IMAGES);
     if (images.length) {
       // The images are drawn by code into the stage's output, where the parity gate finds them too.
@@ -54,7 +55,8 @@ export const stage: StageModule<TraceParams> = {
     const r = await runPython(fileURLToPath(TRACER), [
       '--model', ref.absDir, '--out', tmp, '--prompts', promptsFile,
       '--new-tokens', String(ctx.params.newTokens), '--max-context', String(ctx.params.maxContext),
-      ...(ctx.params.image ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
+      ...(ctx.params.image?.height !== undefined ? ['--image-size', `${ctx.params.image.height}x${ctx.params.image.width}`] : []),
+      ...(ctx.params.image?.maxSoftTokens !== undefined ? ['--image-tokens', String(ctx.params.image.maxSoftTokens)] : []),
     ]);
     ctx.notePeakRss(r.peakRssBytes);
     for (const f of readdirSync(tmp)) renameSync(join(tmp, f), join(ctx.out, f));

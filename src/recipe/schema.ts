@@ -157,10 +157,15 @@ export const ArchSettingsPatchSchema = z.object({
    */
   handoff: z.enum(['f32', 'f16', 'auto']),
   /**
-   * The fixed size every image is stretched to before the vision encoder (families with one): the
-   * compiled encoder has a static grid, height/patch × width/patch patches. null: no image input.
+   * How images reach the vision encoder (families with one; null: no image input): stretched to a
+   * fixed height × width (Qwen-VL: the compiled encoder has a static grid), or resized keeping their
+   * aspect ratio within a budget of soft tokens (Gemma 4: maxSoftTokens, one of the budgets its
+   * processor supports, checked by the family; the encoder takes the grid as an input).
    */
-  image: z.object({ height: z.number().int().positive(), width: z.number().int().positive() }).strict().nullable(),
+  image: z.union([
+    z.object({ height: z.number().int().positive(), width: z.number().int().positive() }).strict(),
+    z.object({ maxSoftTokens: z.number().int().positive() }).strict(),
+  ]).nullable(),
 }).strict().partial();
 
 export const ARCH_SETTING_DEFAULTS = {

@@ -3,9 +3,11 @@
     python hf_chat.py tokenizers OUT FAMILY...   OUT/<family>/: the tokenizer files make_twin.py
                                                  saves for that family's twin (its model untrained:
                                                  the tokenizer is made before the model and alone)
-    python hf_chat.py apply REQUEST.json         prints, per {dir, texts} of the request, per text
-                                                 transformers' apply_chat_template of one user turn
-                                                 with a generation prompt: {text, ids} or {error}
+    python hf_chat.py apply REQUEST.json         prints, per {dir, texts, kwargs?} of the request, per
+                                                 text transformers' apply_chat_template of one user
+                                                 turn with a generation prompt and the kwargs (the
+                                                 template's switches, e.g. enable_thinking): {text,
+                                                 ids} or {error}
 """
 import json
 import os
@@ -27,12 +29,13 @@ def apply(request):
     result = []
     for case in request:
         tok = transformers.AutoTokenizer.from_pretrained(case["dir"])
+        kwargs = case.get("kwargs", {})
         rows = []
         for text in case["texts"]:
             chat = [{"role": "user", "content": text}]
             try:
-                rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
-                ids = tok.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False)
+                rendered = tok.apply_chat_template(chat, tokenize=False, add_generation_prompt=True, **kwargs)
+                ids = tok.apply_chat_template(chat, tokenize=True, add_generation_prompt=True, return_dict=False, **kwargs)
                 rows.append({"text": rendered, "ids": list(ids)})
             except Exception as e:  # a template that refuses the turn: the test expects forge to refuse it too
                 rows.append({"error": f"{type(e).__name__}: {e}"})
