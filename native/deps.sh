@@ -12,8 +12,9 @@
 # Headers older than the library are fine (the C API table is append-only); newer are refused.
 #
 # Build tools and libraries (cmake, ninja, g++, GoogleTest, nlohmann/json; for image input
-# libjpeg-turbo, libpng and stb_image_resize) are installed with apt on Debian when missing, and the
-# script says so; elsewhere it names what is missing and stops.
+# libjpeg-turbo, libpng and stb_image_resize; for audio input libsndfile, libsoxr and KissFFT) are
+# installed with apt on Debian when missing, and the script says so; elsewhere it names what is
+# missing and stops.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -33,6 +34,10 @@ command -v g++ >/dev/null || missing+=(g++)
 [ -f /usr/include/jpeglib.h ] || missing+=(libjpeg62-turbo-dev)
 [ -f /usr/include/png.h ] || missing+=(libpng-dev)
 [ -f /usr/include/stb/stb_image_resize.h ] || missing+=(libstb-dev)
+# Audio input (src/audio_input.cpp): the decoder, the resampler, the FFT (a header).
+[ -f /usr/include/sndfile.h ] || missing+=(libsndfile1-dev)
+[ -f /usr/include/soxr.h ] || missing+=(libsoxr-dev)
+[ -f /usr/include/kissfft/kissfft.hh ] || missing+=(libkissfft-dev)
 if [ ${#missing[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null && [ -f /etc/debian_version ]; then
     log "installing missing build dependencies with apt: ${missing[*]}"

@@ -75,7 +75,7 @@ async function ctest(dir: string): Promise<Counts & { code: number }> {
 
 export async function runTests(args: string[]): Promise<number> {
   await ensureVenv();
-  await ensureDebianPackages({ chromium: 'chromium', 'redis-server': 'redis-server' }, log);
+  await ensureDebianPackages({ chromium: 'chromium', 'redis-server': 'redis-server', 'espeak-ng': 'espeak-ng' }, log);
   const dir = mkdtempSync(join(tmpdir(), 'forge-test-'));
   try {
     const v = await vitest(args, dir);

@@ -1,4 +1,5 @@
-// Debian packages the test suite needs (headless Chromium for the report check, the native build's
+// Debian packages the test suite needs (headless Chromium for the report check, espeak-ng for the
+// audio front-end's speech, the native build's
 // headers). Installed with apt-get when missing and we are root (CI and fresh machines here);
 // otherwise one error that says what to install.
 import { $ } from 'zx';
