@@ -133,6 +133,24 @@ def hooks_gemma4(ctx):
         layer.register_forward_pre_hook(put_input(i), with_kwargs=True)
 
 
+def tower_capture(ctx, rows=False):
+    """put(name, t) for a tower's forward hooks: keeps t in ctx.vision while a prompt's tower runs
+    (ctx.vision is a dict then, None otherwise), each name once. rows: a module's first output when
+    it returns a tuple, as [n, width]."""
+    ctx.vision = None
+
+    def put(name, t):
+        if ctx.vision is None:
+            return
+        if name in ctx.vision:
+            raise Unsupported(f"{name} captured twice for one prompt")
+        if rows:
+            t = t[0] if isinstance(t, tuple) else t
+            t = t.reshape(-1, t.shape[-1])
+        ctx.vision[name] = t.detach().clone()
+    return put
+
+
 def hooks_qwen3_vl(ctx):
     """The vision tower's tensors, for a prompt with an image, from HF's own modules while it runs
     (ctx.vision is a dict then, None otherwise): vision.embed (the input of block 0: patch embed +
@@ -145,15 +163,7 @@ def hooks_qwen3_vl(ctx):
     n_ds, n_layers = len(visual.deepstack_merger_list), len(ctx.layers)
     if n_ds >= n_layers:
         raise Unsupported(f"{n_ds} DeepStack features for {n_layers} decoder layers: the last layer's output would get one")
-    ctx.vision = None
-
-    def put(name, t):
-        if ctx.vision is None:
-            return
-        if name in ctx.vision:
-            raise Unsupported(f"{name} captured twice for one image")
-        ctx.vision[name] = t.detach().clone()
-
+    put = tower_capture(ctx)
     visual.blocks[0].register_forward_pre_hook(
         lambda _m, args, kwargs: put("vision.embed", args[0] if args else kwargs["hidden_states"]), with_kwargs=True)
     for j, block in enumerate(visual.blocks):
@@ -235,14 +245,7 @@ def hooks_gemma4_media(ctx):
     embed_audio), over every subsampled frame."""
     hooks_gemma4(ctx)
     inner = ctx.model.model
-    ctx.vision = None
-
-    def put(name, t):
-        if ctx.vision is None:
-            return
-        if name in ctx.vision:
-            raise Unsupported(f"{name} captured twice for one prompt")
-        ctx.vision[name] = (t[0] if isinstance(t, tuple) else t).detach().reshape(-1, (t[0] if isinstance(t, tuple) else t).shape[-1]).clone()
+    put = tower_capture(ctx, rows=True)
 
     tower = getattr(inner, "vision_tower", None)
     if tower is not None:

@@ -42,7 +42,7 @@ export interface ExportManifest {
   lmHeadScheme: QuantScheme;
   w8Form: W8Form;
   maxContext: number;
-  /** The size images are stretched to, when the export has a vision encoder. */
+  /** How images reach the vision encoder (a size, or a soft-token budget), when the export has one. */
   image?: ImageLayout;
   contexts: ContextEntry[];
   /** The family's host tables, in its order. */

@@ -30,7 +30,7 @@ export interface ExportParams {
   lmHeadScheme: QuantScheme;
   maxContext: number;
   prefillLength: number;
-  /** The size images are stretched to (a family with a vision encoder); absent: the text path only. */
+  /** How images reach the vision encoder (a family with one: a size, or a soft-token budget); absent: the text path only. */
   image?: ImageLayout;
   /** The family's host tables (the embedding …) are written by the deployable export only. */
   hostTables: boolean;
