@@ -13,7 +13,7 @@ import { repoRoot } from './paths.js';
 
 interface VitestJson {
   numPassedTests: number; numFailedTests: number; numPendingTests: number; numTodoTests: number;
-  testResults: { name: string; status: string; message?: string; assertionResults: { fullName: string; status: string; failureMessages?: string[] }[] }[];
+  testResults: { name: string; status: string; message?: string; startTime?: number; endTime?: number; assertionResults: { fullName: string; status: string; failureMessages?: string[] }[] }[];
 }
 interface Counts { passed: number; failed: number; skipped: number; failures: string[] }
 
@@ -34,6 +34,15 @@ function vitestFailures(r: VitestJson): string[] {
 
 const log = (m: string) => process.stderr.write(`${m}\n`);
 
+/** The slowest test files, longest first: where the suite's time goes (the CI log keeps its tail). */
+function slowestFiles(r: VitestJson, n = 10): string[] {
+  return r.testResults
+    .map((f) => ({ rel: f.name.replace(`${repoRoot()}/`, ''), s: ((f.endTime ?? 0) - (f.startTime ?? 0)) / 1000 }))
+    .sort((a, b) => b.s - a.s)
+    .slice(0, n)
+    .map((f) => `  ${f.s.toFixed(0).padStart(5)} s  ${f.rel}`);
+}
+
 /** The stage cache one `forge test` run shares between its vitest files and the native suite's bundles. */
 const testCache = (dir: string) => join(dir, 'cache');
 
@@ -48,6 +57,7 @@ async function vitest(args: string[], dir: string): Promise<Counts & { code: num
     const r = JSON.parse(readFileSync(report, 'utf8')) as VitestJson;
     // A file that cannot load fails no test, but is a failure all the same: count what failed.
     const failures = vitestFailures(r);
+    console.log(`forge: slowest test files\n${slowestFiles(r).join('\n')}`);
     return { code, passed: r.numPassedTests, failed: failures.length, skipped: r.numPendingTests + r.numTodoTests, failures };
   } catch {
     return { code: code || 1, passed: 0, failed: 1, skipped: 0, failures: [`vitest wrote no report (${report}); exit code ${code}`] };
@@ -77,6 +87,7 @@ export async function runTests(args: string[]): Promise<number> {
   await ensureVenv();
   await ensureDebianPackages({ chromium: 'chromium', 'redis-server': 'redis-server', 'espeak-ng': 'espeak-ng' }, log);
   const dir = mkdtempSync(join(tmpdir(), 'forge-test-'));
+  const started = Date.now();
   try {
     const v = await vitest(args, dir);
     // A filtered run (file or -t arguments) is for a developer; the native suite runs on full runs.
@@ -86,7 +97,7 @@ export async function runTests(args: string[]): Promise<number> {
     const failures = [...v.failures, ...(c?.failures ?? [])];
     if (failures.length) console.log(`forge: failed:\n${failures.map((f) => `  ${f}`).join('\n')}`);
     console.log(`forge: vitest ${v.passed} passed, ${v.failed} failed; ${c ? `ctest ${c.passed} passed, ${c.failed} failed` : 'ctest not run (filtered run)'}`);
-    console.log(`forge: ${passed} passed, ${failed} failed, ${v.skipped + (c?.skipped ?? 0)} skipped`);
+    console.log(`forge: ${passed} passed, ${failed} failed, ${v.skipped + (c?.skipped ?? 0)} skipped in ${((Date.now() - started) / 60_000).toFixed(1)} min`);
     if (passed === 0) {
       console.log('forge: no test ran');
       return 1;

@@ -67,6 +67,7 @@ TEST(Chat, RefusedWithoutATemplateAndWithPromptIds) {
     std::ifstream in(bundle + "/manifest.json");
     nlohmann::json j = nlohmann::json::parse(in);
     j["tokenizer"]["chat"] = nullptr;
+    j["tokenizer"].erase("chatOptions");  // switches only exist with a wrap
     std::ofstream(manifest) << j.dump();
   }
   std::string out, err;
@@ -79,6 +80,7 @@ TEST(Chat, RefusedWithoutATemplateAndWithPromptIds) {
     std::ifstream in(bundle + "/manifest.json");
     nlohmann::json j = nlohmann::json::parse(in);
     j["tokenizer"]["chat"] = nullptr;
+    j["tokenizer"].erase("chatOptions");
     j["tokenizer"]["chatNotApplied"] = "the template trims the content";
     std::ofstream(manifest) << j.dump();
   }
