@@ -2,7 +2,7 @@
 """Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
 
     python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
-                            [--image-size HxW | --image-tokens N] [--whole-model]
+                            [--image-size HxW | --image-tokens N] [--audio-seconds S] [--whole-model]
 
 Weights are streamed (see "streamed weights" below): the checkpoint stays memory-mapped in its own
 dtype and each decoder layer, embedding, norm and lm_head gets its fp32 weights just for its own
@@ -66,6 +66,12 @@ within N soft tokens (pixels.gemma4_image_prompt); the prompt is the text's ids 
 and each step feeds HF's embedding or the image's soft token (trace_families.steps_gemma4). It adds
 p{p}/vision.pixels [P, 3*p*p], vision.positions int64 [P, 2] ((x, y); padding -1), vision.embed and
 vision.block.{j} [P, Hv] (padding rows included), vision.tokens [T, H] (the soft tokens spliced in).
+Gemma 4 also takes {"type": "audio", "audio": FILE (WAV), "text": ...} with --audio-seconds S (the
+recipe's budget): audio_prompt.gemma4_audio_prompt's features (padded to S), ids (the clip's block
+<start_of_audio>, its audio tokens, <end_of_audio> after the BOS) and record "audio": {file, sha256,
+frames, valid_frames, tokens, start}; the audio tower runs once (trace_families.steps_gemma4) and adds
+p{p}/audio.features [F, mel], audio.mask bool [F], audio.embed and audio.layer.{i} [F/4, Ha],
+audio.encoder [F/4, out] (padding rows included), audio.tokens [T, H] (the clip's soft tokens).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
@@ -96,6 +102,7 @@ from transformers.integrations.heterogeneity.configuration_utils import (  # noq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
 from trace_families import FAMILIES, LAYER_CAPTURES, Unsupported  # noqa: E402  (beside this file)
 import pixels  # noqa: E402  (beside this file: HF's pixels for an image file at the recipe's size)
+import audio_prompt  # noqa: E402  (beside this file: HF's features and ids for a Gemma 4 audio clip)
 
 
 class NonFiniteReference(Exception):
@@ -402,17 +409,18 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps=None, 
     return generated, runner_up, margins
 
 
-# Trace inputs are typed: "text", "ids" (token ids as a runtime was fed them), or "image" (an image
-# file and the text after it, for a family with a vision tower); audio samples come with the
-# families that take them.
-INPUT_TYPES = {"text": str, "ids": list, "image": str}
+# Trace inputs are typed: "text", "ids" (token ids as a runtime was fed them), "image" (an image
+# file and the text after it, for a family with a vision tower) or "audio" (a WAV file and the text
+# after it, for a family with an audio tower).
+INPUT_TYPES = {"text": str, "ids": list, "image": str, "audio": str}
+MEDIA = ("image", "audio")
 
 
 def typed_inputs(items, kinds=INPUT_TYPES):
     """A trace's inputs as (kind, value) pairs: a JSON list whose entries are {"type": "text", "text":
     "..."}, a plain string (a text input), {"type": "ids", "ids": [non-negative ints]} or
-    {"type": "image", "image": "<file>", "text": "..."} (value: (file, text)). A type not in kinds
-    (the model's: image only for a family with a vision tower) is refused, naming the entry."""
+    {"type": "image"|"audio", "image"|"audio": "<file>", "text": "..."} (value: (file, text)). A type
+    not in kinds (the model's: image / audio only for a family with that tower) is refused, naming the entry."""
     if not isinstance(items, list) or not items:
         raise ValueError("must hold a non-empty JSON list of inputs (strings or {\"type\": \"text\", \"text\": ...})")
     inputs = []
@@ -421,12 +429,12 @@ def typed_inputs(items, kinds=INPUT_TYPES):
             kind = item.get("type")
             if kind not in kinds:
                 raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(kinds)}")
-            if kind == "image":
-                if set(item) != {"type", "image", "text"} or not isinstance(item["image"], str) \
-                        or not isinstance(item["text"], str) or not item["image"]:
-                    raise ValueError(f"[{n}]: an input of type image is {{\"type\": \"image\", \"image\": <file>, "
+            if kind in MEDIA:
+                if set(item) != {"type", kind, "text"} or not isinstance(item[kind], str) \
+                        or not isinstance(item["text"], str) or not item[kind]:
+                    raise ValueError(f"[{n}]: an input of type {kind} is {{\"type\": \"{kind}\", \"{kind}\": <file>, "
                                      f"\"text\": <string>}}, got keys {sorted(item)}")
-                inputs.append(("image", (item["image"], item["text"])))
+                inputs.append((kind, (item[kind], item["text"])))
                 continue
             if set(item) != {"type", kind} or not isinstance(item[kind], INPUT_TYPES[kind]):
                 what = "<string>" if kind == "text" else "[token ids]"
@@ -484,6 +492,9 @@ def main():
     ap.add_argument("--image-tokens", type=int, metavar="N",
                     help="gemma4: the recipe's soft-token budget per image (HF's processor keeps each image's aspect "
                          "ratio within it); required with its image inputs")
+    ap.add_argument("--audio-seconds", type=float, metavar="S",
+                    help="gemma4: the recipe's audio budget (the longest clip; its features are padded to it); "
+                         "required with audio inputs")
     ap.add_argument("--whole-model", action="store_true",
                     help="load every weight in fp32 up front (HF's plain from_pretrained): the reference the "
                          "streamed default is tested against byte for byte; needs ~4 bytes per parameter")
@@ -509,9 +520,9 @@ def main():
     except Exception:  # noqa: BLE001  (a bad --model is reported below, by the loader)
         family_of = None
     # Image inputs: a fixed size for Qwen3-VL (pixels.image_prompt), a soft-token budget for Gemma 4.
-    takes_images = family_of in ("qwen3_vl", "gemma4")
+    takes = {"image"} if family_of == "qwen3_vl" else {"image", "audio"} if family_of == "gemma4" else set()
     try:
-        inputs = typed_inputs(prompts, INPUT_TYPES if takes_images else {k: v for k, v in INPUT_TYPES.items() if k != "image"})
+        inputs = typed_inputs(prompts, {k: v for k, v in INPUT_TYPES.items() if k not in MEDIA or k in takes})
     except ValueError as e:
         fail(f"{args.prompts}: {e}")
 
@@ -520,7 +531,9 @@ def main():
     # config's vocabulary here, before the model loads (an embedding lookup would fail obscurely).
     config = transformers.AutoConfig.from_pretrained(args.model)
     vocab_size = config.get_text_config().vocab_size
-    images = {}  # input index -> (pixel_values, image_grid_thw), and its record
+    images = {}  # input index -> the media steps() takes (pixels / features), and its record
+    if any(kind == "audio" for kind, _ in inputs) and not (args.audio_seconds and args.audio_seconds > 0):
+        fail(f"{args.prompts}: audio inputs need --audio-seconds S (the recipe's audio budget)")
     if any(kind == "image" for kind, _ in inputs) and family_of == "gemma4":
         if not args.image_tokens or args.image_tokens < 1:
             fail(f"{args.prompts}: gemma4 image inputs need --image-tokens N (the recipe's soft-token budget)")
@@ -537,21 +550,23 @@ def main():
             encoded.append(tok(v)["input_ids"])
         elif kind == "ids":
             encoded.append(v)
-        else:  # an image: its pixels (the HF reference) and its tokens before the text's (pixels.py)
+        else:  # an image or a clip: HF's pixels / features and its tokens before the text's
             try:
-                if family_of == "gemma4":
+                if kind == "audio":
+                    image, ids, record = audio_prompt.gemma4_audio_prompt(args.model, config, tok, *v, args.audio_seconds)
+                elif family_of == "gemma4":
                     image, ids, record = pixels.gemma4_image_prompt(config, tok, *v, args.image_tokens)
                 else:
                     image, ids, record = pixels.image_prompt(args.model, config, tok, *v, *image_hw)
             except (OSError, ValueError) as e:
                 fail(f"{args.prompts}: input {n}: {e}")
             encoded.append(ids)
-            images[n] = (image, record)
+            images[n] = (image, {kind: record})
     for n, ((kind, _), ids) in enumerate(zip(inputs, encoded)):
         bad = [i for i in ids if i >= vocab_size] if kind == "ids" else []
         if bad:
             fail(f"{args.prompts}: input {n}: token id {bad[0]} is outside the vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
-    prompts = [v if kind == "text" else v[1] if kind == "image" else tok.decode(v) for kind, v in inputs]
+    prompts = [v if kind == "text" else v[1] if kind in MEDIA else tok.decode(v) for kind, v in inputs]
     for s, ids in zip(prompts, encoded):
         if not ids:
             fail(f"prompt {s!r} tokenizes to nothing")
@@ -581,7 +596,7 @@ def main():
                 gen, second, margins = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps, image)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
                                 "runner_up": second, "margins": margins, "steps": len(ids) + n_new - 1,
-                                **({"image": about} if about else {})})
+                                **(about or {})})
         traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")
