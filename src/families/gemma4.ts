@@ -186,7 +186,7 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
   };
 }
 
-/** The vision tower's config and image tokens; a config with a tower must name its tokens. */
+/** The vision tower's config and image tokens (a config with a vision tower must name its tokens), and the audio tower's. */
 function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens' | 'audio'> {
   const audio = parseGemma4AudioTower(c, file);
   if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null, audio };

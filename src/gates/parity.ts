@@ -220,7 +220,7 @@ export const stage: StageModule<ParityParams> = {
     const clips = trace.meta.prompts.filter((x) => x.audio).length;
     if (clips) {
       await trace.close();
-      throw new Error(`parity: the runtime does not run an audio encoder yet, so the ${clips} audio prompt(s) (gates.audioPrompts) cannot be run on ${target.name}: build such a recipe with --until oracle`);
+      throw new Error(`the runtime does not run an audio encoder yet, so the ${clips} audio prompt(s) (gates.audioPrompts) cannot be run on ${target.name}: build such a recipe with --until oracle`);
     }
     const scratch = join(ctx.out, '.scratch');
     const variants: Record<string, VariantResult> = {};
