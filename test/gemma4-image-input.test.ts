@@ -3,16 +3,20 @@
 // (oracles/pixels.py's gemma4_pixels, via test/helpers/gemma4_pixels_reference.py with patch 16,
 // pooling 3) at budgets of 70 and 280 soft tokens (1120 too for two files), on images written here
 // with PIL: wide, tall, square, tiny (30x20, under one 48x48 block: enlarged), large (3000x2000), a
-// 2000x12 sliver (HF's one-block-high fallback), a PNG with alpha, and three files whose size is
+// 2000x12 sliver (at 70: HF's one-block-high fallback), a PNG with alpha, and three files whose size is
 // already the target at one budget (so not resized there, and resized at the other).
 //
 // What must match: the shapes, soft tokens and resized size; the positions exactly (row-major (x, y),
-// padding −1); the pixel values bit-exact where the image is not resized (decode and rescale only),
-// else within one uint8 step (1/255) on a few values in ten thousand — the resize is
-// image_input.cpp's stb Catmull-Rom against PIL's fixed-point bicubic.
+// padding −1); the pixel values bit-exact where the image is not resized (decode and rescale only);
+// where resized, image_input.cpp's resize_bicubic (stb's Catmull-Rom, pass by pass) against PIL's
+// fixed-point bicubic: within one uint8 step (1/255) per pass, so a step off after the first pass,
+// carried through the second's kernel, now and then comes out two steps off.
 //
 // Bounds, measured (Pillow 12.1.1, transformers 5.23, Debian's libjpeg-turbo 2.1.5 / libpng 1.6.39
-// / stb_image_resize of 2022): MEASURED.
+// / stb_image_resize of 2022) on the 22 cases: not resized (3), max abs error 0; resized (19), at most
+// 0.066 % of the values off at all, off by two steps on at most 2.1 per million (2 cases: a
+// 12 → 48 and 2000 → 10368 sliver, a 480x640 RGBA → 672x912), otherwise one, mean abs ≤ 2.6e-6,
+// cosine ≥ 0.99999998. The bounds below leave some room over these.
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -20,12 +24,12 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runOwned } from '../src/engine/subprocess.js';
 import { ensureNative } from '../src/toolchain/native.js';
 import { runPython } from '../src/toolchain/python.js';
-import { compare, floats, ints } from './helpers/pixel-compare.js';
+import { compare, floats, ints, type PixelDiff } from './helpers/pixel-compare.js';
 
 const ONE_STEP = 1 / 255; // one uint8 step after rescale 1/255 (Gemma 4 does not normalise)
 const BOUNDS = {
-  exact: { maxAbs: 0, meanAbs: 0, cosine: 0.9999999, offFraction: 0 },
-  resize: { maxAbs: ONE_STEP + 1e-6, meanAbs: 1e-5, cosine: 0.9999, offFraction: 0.001 },
+  exact: { maxAbs: 0, meanAbs: 0, cosine: 0.9999999, offFraction: 0, beyondStepFraction: 0 },
+  resize: { maxAbs: 2 * ONE_STEP + 1e-6, meanAbs: 5e-6, cosine: 0.9999999, offFraction: 0.001, beyondStepFraction: 1e-5 },
 };
 const PATCH = 16;
 const POOLING = 3;
@@ -133,8 +137,9 @@ describe('Gemma 4 image input: qhx_pixels --soft-tokens against HF\'s Gemma4Imag
     expect(at('large-3000x2000.jpg.1120').patches).toBe(1120 * 9);
   });
 
-  it('matches HF on every file: positions exactly, pixels bit-exact where not resized, within one uint8 step where resized', async () => {
+  it('matches HF on every file: positions exactly, pixels bit-exact where not resized, within a uint8 step or two where resized', async () => {
     const rows: string[] = [];
+    const measured: [Case, PixelDiff][] = [];
     for (const c of cases) {
       const out = join(root, `${c.key}.qhx.bin`);
       const pos = join(root, `${c.key}.qhx-pos.bin`);
@@ -152,15 +157,20 @@ describe('Gemma 4 image input: qhx_pixels --soft-tokens against HF\'s Gemma4Imag
       const firstOff = ours.findIndex((v, i) => v !== theirs[i]);
       expect(firstOff, `${c.key}: first position off at row ${firstOff >> 1}`).toBe(-1);
 
-      const m = compare(floats(out), floats(join(root, `${c.key}.hf.bin`)));
-      rows.push(`${c.key.padEnd(32)} ${c.ref.source.join('x')} -> ${c.ref.size.join('x')} max ${(m.maxAbs / ONE_STEP).toFixed(3)} step mean ${m.meanAbs.toExponential(3)} cos ${m.cosine.toFixed(9)} off ${(m.offFraction * 100).toFixed(4)}%  decode ${j.timings.decode_ms.toFixed(1)} resize ${j.timings.resize_ms.toFixed(1)} patchify ${j.timings.patchify_ms.toFixed(1)} ms`);
+      const m = compare(floats(out), floats(join(root, `${c.key}.hf.bin`)), ONE_STEP);
+      measured.push([c, m]);
+      rows.push(`${c.key.padEnd(32)} ${c.ref.source.join('x')} -> ${c.ref.size.join('x')} max ${(m.maxAbs / ONE_STEP).toFixed(3)} step mean ${m.meanAbs.toExponential(3)} cos ${m.cosine.toFixed(9)} off ${(m.offFraction * 100).toFixed(4)}% >1 step ${(m.beyondStepFraction * 1e6).toFixed(2)} ppm  decode ${j.timings.decode_ms.toFixed(1)} resize ${j.timings.resize_ms.toFixed(1)} patchify ${j.timings.patchify_ms.toFixed(1)} ms`);
+    }
+    // Printed before the bounds are checked, so that a failure shows every file's figures.
+    console.log(`[measured] qhx_pixels --soft-tokens vs HF (max abs in uint8 steps, mean abs, cosine, values off by > 1e-6; qhx timings):\n${rows.join('\n')}`);
+    for (const [c, m] of measured) {
       const b = resized(c) ? BOUNDS.resize : BOUNDS.exact;
       expect(m.maxAbs, c.key).toBeLessThanOrEqual(b.maxAbs);
       expect(m.meanAbs, c.key).toBeLessThanOrEqual(b.meanAbs);
       expect(m.cosine, c.key).toBeGreaterThanOrEqual(b.cosine);
       expect(m.offFraction, c.key).toBeLessThanOrEqual(b.offFraction);
+      expect(m.beyondStepFraction, c.key).toBeLessThanOrEqual(b.beyondStepFraction);
     }
-    console.log(`[measured] qhx_pixels --soft-tokens vs HF (max abs in uint8 steps, mean abs, cosine, values off by > 1e-6; qhx timings):\n${rows.join('\n')}`);
   }, 300_000);
 
   it('lays the patches out row-major, (x, y) per row, padding zero at (−1, −1)', async () => {
