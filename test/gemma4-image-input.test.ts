@@ -1,10 +1,11 @@
 // The runtime's Gemma 4 image pre-processing (native/src/gemma4_image.cpp, run by qhx_pixels
 // --soft-tokens) held to HF's: the same JPEG or PNG through transformers' Gemma4ImageProcessorPil
 // (oracles/pixels.py's gemma4_pixels, via test/helpers/gemma4_pixels_reference.py with patch 16,
-// pooling 3) at budgets of 70 and 280 soft tokens (1120 too for two files), on images written here
-// with PIL: wide, tall, square, tiny (30x20, under one 48x48 block: enlarged), large (3000x2000), a
-// 2000x12 sliver (at 70: HF's one-block-high fallback), a PNG with alpha, and three files whose size is
-// already the target at one budget (so not resized there, and resized at the other).
+// pooling 3) at budgets of 70 and 280 soft tokens (1120 for two files, 140 and 560 for one), on
+// images written here with PIL: wide, tall, square, tiny (30x20, under one 48x48 block: enlarged),
+// large (3000x2000), a 2000x12 sliver (at 70: HF's one-block-high fallback), a PNG with alpha, and
+// three files whose size is already the target at one budget (not resized there, resized at the
+// other).
 //
 // What must match: the shapes, soft tokens and resized size; the positions exactly (row-major (x, y),
 // padding −1); the pixel values bit-exact where the image is not resized (decode and rescale only);
@@ -13,7 +14,7 @@
 // carried through the second's kernel, now and then comes out two steps off.
 //
 // Bounds, measured (Pillow 12.1.1, transformers 5.23, Debian's libjpeg-turbo 2.1.5 / libpng 1.6.39
-// / stb_image_resize of 2022) on the 22 cases: not resized (3), max abs error 0; resized (19), at most
+// / stb_image_resize of 2022) on the 24 cases: not resized (3), max abs error 0; resized (21), at most
 // 0.066 % of the values off at all, off by two steps on at most 2.1 per million (2 cases: a
 // 12 → 48 and 2000 → 10368 sliver, a 480x640 RGBA → 672x912), otherwise one, mean abs ≤ 2.6e-6,
 // cosine ≥ 0.99999998. The bounds below leave some room over these.
@@ -111,6 +112,7 @@ describe('Gemma 4 image input: qhx_pixels --soft-tokens against HF\'s Gemma4Imag
     for (const name of names) {
       for (const budget of [70, 280]) jobs.push([join(root, name), budget]);
       if (name.startsWith('large') || name.startsWith('wide')) jobs.push([join(root, name), 1120]);
+      if (name.startsWith('square')) jobs.push([join(root, name), 140], [join(root, name), 560]);
     }
     const refs = JSON.parse(
       (await runPython(resolve('test/helpers/gemma4_pixels_reference.py'), [root, String(PATCH), String(POOLING), JSON.stringify(jobs)])).stdout,
@@ -127,7 +129,7 @@ describe('Gemma 4 image input: qhx_pixels --soft-tokens against HF\'s Gemma4Imag
   const resized = (c: Case) => c.ref.size[0] !== c.ref.source[0] || c.ref.size[1] !== c.ref.source[1];
 
   it('has the cases it was written for, and HF sizes them as read from its code', () => {
-    expect(cases.length).toBe(10 * 2 + 2);
+    expect(cases.length).toBe(10 * 2 + 2 + 2);
     expect(cases.filter((c) => !resized(c)).map((c) => c.key).sort()).toEqual(['fit280-960x672.png.280', 'fit70-480x336-alpha.png.70', 'fit70-480x336.jpg.70']);
     const at = (key: string) => cases.find((c) => c.key === key)!.ref;
     // The tiny image is enlarged: √(70·9·256 / 600) = 16.4 → 327.9x491.8 → 288x480 (multiples of 48).

@@ -6,9 +6,10 @@
 // patches in row-major order, and padded to the budget with zero rows at position (−1, −1).
 //
 // Decoding (RGB as HF converts it) and the resize are image_input.h's decode_image and
-// resize_bicubic, so the bounds measured there hold: bit-exact where the image already has the
-// target size, within one uint8 step (1/255 here) on a few values in ten thousand where resized
-// (test/gemma4-image-input.test.ts, native/README.md "Image input").
+// resize_bicubic: bit-exact where the image already has the target size; where resized, one uint8
+// step (1/255 here) off on a few values in ten thousand, two on a few per million (a first-pass
+// step carried through the second pass) — test/gemma4-image-input.test.ts, native/README.md
+// "Image input".
 #pragma once
 
 #include <cstdint>
