@@ -4,8 +4,8 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
-import { runPython } from '../src/toolchain/python.js';
 import { encodeHeader } from '../src/io/safetensors-writer.js';
+import { twinDir } from './helpers/twin.js';
 
 // A build over a damaged checkpoint fails with one error naming the file and tensor, and writes no bundle.
 let work: string;
@@ -15,7 +15,7 @@ let recipes: string;
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'forge-bad-'));
   twin = join(work, 'twin');
-  await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', 'qwen3', '--out', twin]);
+  cpSync(await twinDir('qwen3'), twin, { recursive: true }); // a copy: the tests damage files of it
   recipes = join(work, 'recipes');
 }, 300_000);
 

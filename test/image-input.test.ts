@@ -22,6 +22,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { runOwned } from '../src/engine/subprocess.js';
 import { ensureNative } from '../src/toolchain/native.js';
 import { runPython } from '../src/toolchain/python.js';
+import { compare, floats } from './helpers/pixel-compare.js';
 
 const ONE_STEP = 2 / 255; // one uint8 step after rescale 1/255 and (x − 0.5) / 0.5
 const BOUNDS = {
@@ -34,45 +35,12 @@ const BOUNDS = {
 // and PNG; the PNG forms Pillow cannot save (16-bit RGB(A), 1/2/4-bit grey, tRNS, interlaced, ...)
 // are written chunk by chunk. Prints {file name: kind}; kind is exact (at the recipe size) or
 // resize, with -alpha where HF composites transparency onto white (an alpha channel, or a tRNS
-// colour).
+// colour). The drawing and PNG writing are test/helpers/image_files.py's.
 const GEN = String.raw`
-import json, struct, sys, zlib
+import json, struct, sys
 import numpy as np
-from PIL import Image, ImageDraw
-
-def scene(w, h, seed):
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    base = np.stack([127 + 100 * np.sin(x / 37.0) * np.cos(y / 23.0), 255 * (x / w) * (y / h), 127 + 120 * np.sin((x + y) / 11.0)], -1)
-    im = Image.fromarray(np.clip(base + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8))
-    d = ImageDraw.Draw(im)
-    for _ in range(12):
-        x0, y0 = int(rng.integers(0, w - 8)), int(rng.integers(0, h - 8))
-        d.rectangle([x0, y0, x0 + int(rng.integers(4, max(5, w // 6))), y0 + int(rng.integers(4, max(5, h // 6)))], fill=tuple(int(v) for v in rng.integers(0, 256, 3)))
-        d.line([int(rng.integers(0, w)), int(rng.integers(0, h)), int(rng.integers(0, w)), int(rng.integers(0, h))], fill=(255, 255, 255), width=2)
-    return im
-
-def chunk(kind, data):
-    return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data) & 0xffffffff)
-
-def pack_rows(a, depth):
-    if depth == 16: return [r.astype('>u2').tobytes() for r in a]
-    if depth == 8: return [r.astype(np.uint8).tobytes() for r in a]
-    return [np.packbits(np.unpackbits(r.astype(np.uint8)[:, None], axis=1)[:, 8 - depth:].ravel()).tobytes() for r in a]
-
-ADAM7 = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
-
-def write_png(path, samples, ctype, depth, plte=None, trns=None, interlace=False):
-    h, w = samples.shape[:2]
-    raw = b''
-    for x0, y0, dx, dy in (ADAM7 if interlace else [(0, 0, 1, 1)]):
-        sub = samples[y0::dy, x0::dx]
-        if sub.size:
-            raw += b''.join(b'\x00' + r for r in pack_rows(sub.reshape(sub.shape[0], -1), depth))
-    png = b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', struct.pack('>IIBBBBB', w, h, depth, ctype, 0, 0, 1 if interlace else 0))
-    if plte is not None: png += chunk(b'PLTE', bytes(np.asarray(plte, np.uint8).ravel()))
-    if trns is not None: png += chunk(b'tRNS', trns)
-    open(path, 'wb').write(png + chunk(b'IDAT', zlib.compress(raw, 6)) + chunk(b'IEND', b''))
+sys.path.insert(0, sys.argv[4])
+from image_files import scene, write_png
 
 out, H, W = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 files = {}
@@ -173,25 +141,6 @@ interface Case {
   ref: { patches: number; patchDim: number; grid: number[] };
 }
 
-function floats(path: string): Float32Array {
-  const b = readFileSync(path);
-  return new Float32Array(b.buffer, b.byteOffset, b.byteLength / 4);
-}
-
-function compare(a: Float32Array, b: Float32Array) {
-  let max = 0, sum = 0, dot = 0, na = 0, nb = 0, off = 0;
-  for (let i = 0; i < a.length; i++) {
-    const d = Math.abs(a[i] - b[i]);
-    if (d > max) max = d;
-    if (d > 1e-6) off++;
-    sum += d;
-    dot += a[i] * b[i];
-    na += a[i] * a[i];
-    nb += b[i] * b[i];
-  }
-  return { maxAbs: max, meanAbs: sum / a.length, cosine: dot / Math.sqrt(na * nb), offFraction: off / a.length };
-}
-
 describe('image input: qhx_pixels against HF\'s Qwen2-VL image processor (oracles/pixels.py)', () => {
   const root = mkdtempSync(join(tmpdir(), 'forge-image-input-'));
   const model = join(root, 'model');
@@ -207,7 +156,7 @@ describe('image input: qhx_pixels against HF\'s Qwen2-VL image processor (oracle
     for (const [h, w] of SIZES) {
       const dir = join(root, `${h}x${w}`);
       mkdirSync(dir);
-      const files = JSON.parse((await runPython(join(root, 'gen.py'), [dir, String(h), String(w)])).stdout) as Record<string, string>;
+      const files = JSON.parse((await runPython(join(root, 'gen.py'), [dir, String(h), String(w), resolve('test/helpers')])).stdout) as Record<string, string>;
       const paths = Object.keys(files).map((n) => join(dir, n));
       const refs = JSON.parse((await runPython(join(root, 'ref.py'), [resolve('oracles'), model, dir, String(h), String(w), JSON.stringify(paths)])).stdout) as Record<
         string,

@@ -3,7 +3,7 @@
 // builds, one of which declares more memory than the small worker has. The small worker is killed
 // with SIGKILL once a stage of its build has finished and a spare worker joins; BullMQ's stalled-job
 // detection hands the dead worker's job to it, and it resumes the build from the shared stage cache:
-// a real S3-compatible server (s3proxy), each worker with a local cache of its own, cold at the
+// a real S3-compatible server (s3proxy) seeded with the twins only, each worker with a local cache of its own, cold at the
 // start, so the builds really run and the spare worker can only have the dead one's stages from S3.
 // The nightly is green with every build once; a second nightly with nothing changed is all cached
 // and reports no regression.
@@ -19,6 +19,10 @@ import { ListObjectsV2Command } from '@aws-sdk/client-s3';
 import type { RunRecord } from '../src/engine/record.js';
 import { queueStatus, type QueueStatus } from '../src/nightly/status.js';
 import type { Nightly } from '../src/nightly/summary.js';
+import { build } from '../src/build.js';
+import { silentProgress } from '../src/engine/progress.js';
+import { cacheRoot } from '../src/paths.js';
+import { RemoteCache } from '../src/engine/remote-cache.js';
 
 let work: string;
 let redis: RedisServer;
@@ -57,7 +61,30 @@ beforeAll(async () => {
   redis = await startRedis();
   s3 = await startS3Server();
   await s3.createBucket(BUCKET);
+  await seedTwins(['tiny-qwen3.5', 'tiny-qwen3']);
 });
+
+/**
+ * The farm's shared cache starts with the twins in it (their fetch entries, made once by this test
+ * run's own cache): making a twin is not what a farm test is about, and each worker made its own
+ * beside the others' builds (minutes on two cores). Every later stage still runs cold on the workers.
+ */
+async function seedTwins(recipes: string[]): Promise<void> {
+  const saved = { ...process.env };
+  Object.assign(process.env, s3.env);
+  try {
+    const remote = await RemoteCache.open(SHARED);
+    for (const recipe of recipes) {
+      const r = await build({ recipe, arch: 'v81', until: 'fetch', progress: silentProgress });
+      if (r.error) throw new Error(`${recipe}: ${r.error}`);
+      const key = r.stages.find((x) => x.name === 'fetch')!.key!;
+      const dir = join(cacheRoot(), 'fetch', key);
+      await remote.upload(dir, JSON.parse(readFileSync(join(dir, 'meta.json'), 'utf8')));
+    }
+  } finally {
+    for (const k of Object.keys(s3.env)) if (saved[k] === undefined) delete process.env[k]; else process.env[k] = saved[k];
+  }
+}
 
 /** Whether the shared cache holds a complete entry (its meta.json, written last) of the stage. */
 async function inS3(stage: string): Promise<boolean> {

@@ -8,7 +8,6 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { build } from '../src/build.js';
 import { silentProgress } from '../src/engine/progress.js';
-import { runPython } from '../src/toolchain/python.js';
 import { openSafetensors } from '../src/io/safetensors.js';
 import { f32ToBf16Bits } from '../src/io/dtype.js';
 import { writeSafetensors } from '../src/io/safetensors-writer.js';
@@ -17,6 +16,7 @@ import { cacheRoot } from '../src/paths.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import { runOracleGate } from '../src/gates/oracle.js';
 import { overwriteInitializer, readModel } from '../src/onnx/reader.js';
+import { twinDir } from './helpers/twin.js';
 
 const INF_TENSOR = 'model.layers.2.mlp.down_proj.weight';
 const NAN_TENSOR = 'model.layers.1.self_attn.v_proj.weight';
@@ -38,7 +38,7 @@ async function poison(file: string, tensor: string, index: number, value: number
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'forge-nonfinite-'));
   twin = join(work, 'twin');
-  await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', 'qwen3', '--out', twin]);
+  cpSync(await twinDir('qwen3'), twin, { recursive: true });
   poisoned = join(work, 'poisoned');
   cpSync(twin, poisoned, { recursive: true });
   await poison(join(poisoned, 'model.safetensors'), INF_TENSOR, 70, Infinity);

@@ -7,10 +7,9 @@ import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
 import { tmpdir } from 'node:os';
 import { $ } from 'zx';
-import { runPython } from '../src/toolchain/python.js';
 import { venvPython } from '../src/toolchain/venv.js';
+import { twinDir } from './helpers/twin.js';
 
-const FACTORY = resolve('oracles/make_twin.py');
 const TRACE = resolve('oracles/trace.py');
 const CHECK = resolve('oracles/check_trace.py');
 const dir = mkdtempSync(join(tmpdir(), 'forge-trace-phimoe-'));
@@ -40,7 +39,7 @@ save_file(t, d + "/" + meta["tensors"])`;
 }
 
 beforeAll(async () => {
-  await runPython(FACTORY, ['--family', 'phimoe', '--out', model]);
+  cpSync(await twinDir('phimoe'), model, { recursive: true });
   // A plain string and a typed text input: the same kind of input.
   const r = await trace(['The capital of France is', { type: 'text', text: 'Hello' }], traceDir);
   if (r.exitCode !== 0) throw new Error(r.stderr);

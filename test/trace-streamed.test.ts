@@ -8,8 +8,8 @@ import { tmpdir } from 'node:os';
 import { runPython } from '../src/toolchain/python.js';
 import { FAMILY_IDS } from '../src/recipe/schema.js';
 import { openSafetensors } from '../src/io/safetensors.js';
+import { twinDir } from './helpers/twin.js';
 
-const FACTORY = resolve('oracles/make_twin.py');
 const TRACE = resolve('oracles/trace.py');
 const dir = mkdtempSync(join(tmpdir(), 'forge-trace-streamed-'));
 const prompts = join(dir, 'prompts.json');
@@ -41,8 +41,7 @@ async function unitBytes(file: string) {
 
 describe('the streamed trace', () => {
   it.each(FAMILY_IDS)('writes the same trace.safetensors and trace.json bytes as the whole-model fp32 load (%s twin)', async (family) => {
-    const model = join(dir, family);
-    await runPython(FACTORY, ['--family', family, '--out', model]);
+    const model = await twinDir(family);
     const streamed = await trace(model, join(dir, `${family}-streamed`));
     const whole = await trace(model, join(dir, `${family}-whole`), ['--whole-model']);
     expect(streamed.weights).toBe('streamed');

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { readFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { mkdtempSync, rmSync } from 'node:fs';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { describe, expect, it } from 'vitest';
 import { Bf16W8, quantizeBf16W4Rows } from '../../src/quant/w8-simd.js';
 import { quantizeW4Rows, W4_BLOCK } from '../../src/quant/w4.js';
 import { bf16ToF32Array, f32FromBits } from '../../src/io/dtype.js';
@@ -15,7 +15,7 @@ import { writeSafetensors } from '../../src/io/safetensors-writer.js';
 import { ExternalDataWriter } from '../../src/onnx/external.js';
 import { GraphBuilder } from '../../src/onnx/builder.js';
 import { WeightStore } from '../../src/quant/weights.js';
-import { runPython } from '../../src/toolchain/python.js';
+import { twinDir } from '../helpers/twin.js';
 
 const f32 = new Float32Array(1);
 const u32 = new Uint32Array(f32.buffer);
@@ -133,14 +133,9 @@ describe('W4 straight from bf16 (Bf16W8.quantizeW4)', () => {
 });
 
 describe('W4 from bf16 on the tiny twins\' tensors', () => {
-  let work: string;
-  beforeAll(() => void (work = mkdtempSync(join(tmpdir(), 'forge-w4simd-'))));
-  afterAll(() => rmSync(work, { recursive: true, force: true }));
-
-  // Each twin is made (and trained) here, which takes minutes on a loaded machine.
+  // Each twin as the builds have it (made once per test run, in the shared stage cache).
   it.each(['qwen3', 'qwen3_5'])('gives quantizeW4Rows\' bytes for every bf16 matrix of the %s twin whose rows are whole blocks', async (family) => {
-    const dir = join(work, family);
-    await runPython(join(process.cwd(), 'oracles', 'make_twin.py'), ['--family', family, '--out', dir]);
+    const dir = await twinDir(family);
     const ckpt = await openCheckpoint(dir);
     let matrices = 0;
     try {
