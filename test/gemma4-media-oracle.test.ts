@@ -16,7 +16,8 @@ import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { $ } from 'zx';
 import { forge, lastJson } from './helpers/forge-cli.js';
-import { recipeSandbox, stageEntry, twinCheckpoint, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 import { ensureVenv } from '../src/toolchain/venv.js';
 import { Trace, type TraceMeta } from '../src/gates/trace.js';
 import { gemma4, parseGemma4Config } from '../src/families/gemma4.js';
@@ -39,7 +40,7 @@ const AUDIO_PROMPTS = [
 
 beforeAll(async () => {
   ({ work, recipes } = recipeSandbox('forge-gemma4-media-'));
-  twin = await twinCheckpoint('tiny-gemma4', work, recipes);
+  twin = await twinDir('gemma4');
   ckpt = join(work, 'ckpt');
   await $({ quiet: true })`${await ensureVenv()} test/helpers/gemma4_audio_twin.py ${twin} ${ckpt}`;
   writeRecipeVariant(recipes, 'tiny-gemma4', 'tiny-gemma4-media', (r) => {
