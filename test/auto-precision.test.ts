@@ -13,7 +13,8 @@ import { getFamily } from '../src/families/index.js';
 import { makePlan } from '../src/plan/shards.js';
 import { getArch } from '../src/arch/table.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
-import { recipeSandbox, stageEntry, twinCheckpoint } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, stageEntry } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 
 const HOSTILE_LAYER = 2;
 /**
@@ -33,7 +34,7 @@ const entry = stageEntry;
 describe('quant auto', () => {
   it('promotes the one layer made W4-hostile, and only it, and the build is green with every gate', async () => {
     const hostile = join(work, 'hostile');
-    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, HOSTILE_LAYER);
+    await makeW4Hostile(await twinDir('qwen3'), hostile, HOSTILE_LAYER);
 
     const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
     r.id = 'tiny-qwen3-hostile';

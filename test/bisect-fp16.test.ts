@@ -19,7 +19,8 @@ import { rmsNorm } from '../src/families/blocks.js';
 import { rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
 import type { BisectResult } from '../src/bisect/run.js';
-import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 
 let work: string;
 let recipes: string;
@@ -28,7 +29,7 @@ beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp16-')));
 describe('forge bisect --target emulation', () => {
   it('names the op that overflows fp16 on the simulator, the link compile/fp16, and the rescale that makes the simulator gate pass', async () => {
     const hostile = join(work, 'fp16-hostile');
-    await makeFp16Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, 2, 1024);
+    await makeFp16Hostile(await twinDir('qwen3'), hostile, 2, 1024);
     const id = 'tiny-qwen3-fp16-hostile';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

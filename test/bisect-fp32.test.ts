@@ -8,7 +8,8 @@ import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
-import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 import type { BisectResult } from '../src/bisect/run.js';
 
 const LAYER = 2;
@@ -19,7 +20,7 @@ beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp32-')));
 describe('forge bisect, fp16 → fp32', () => {
   it('finds the layer whose weights fp16 cannot hold and puts it at fp32', async () => {
     const hostile = join(work, 'fp16-range-hostile');
-    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, LAYER, 2 ** 20);
+    await makeW4Hostile(await twinDir('qwen3'), hostile, LAYER, 2 ** 20);
     const id = 'tiny-qwen3-fp16-range';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

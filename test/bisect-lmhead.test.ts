@@ -12,7 +12,8 @@ import { PrecisionChooser } from '../src/quant/precision.js';
 import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { TensorSpec } from '../src/families/types.js';
-import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 
 let work: string;
 let recipes: string;
@@ -21,7 +22,7 @@ beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-lmhead-'))
 describe('forge bisect, the lm-head', () => {
   it('names the lm-head when only the logits leave tolerance, and its w8 fix restores the gate', async () => {
     const hostile = join(work, 'hostile-head');
-    await makeLmHeadW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile);
+    await makeLmHeadW4Hostile(await twinDir('qwen3'), hostile);
     const id = 'tiny-qwen3-hostile-head';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };

@@ -21,7 +21,8 @@ import { storedBytes } from '../src/quant/bytes.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import type { OracleResult, OracleRow } from '../src/gates/oracle.js';
 import type { TensorSpec } from '../src/families/types.js';
-import { recipeSandbox, writeRecipeVariant, twinCheckpoint } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
 
 const HOSTILE_LAYER = 2;
 
@@ -34,7 +35,7 @@ const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 describe('forge bisect', () => {
   it('finds the W4-hostile layer of a w4 twin, names the link, and the single-matrix W8 fix it applies makes the build pass', async () => {
     const hostile = join(work, 'hostile');
-    await makeW4Hostile(await twinCheckpoint('tiny-qwen3', work, recipes), hostile, HOSTILE_LAYER);
+    await makeW4Hostile(await twinDir('qwen3'), hostile, HOSTILE_LAYER);
     // The twin at plain w4, the recipe's own w4 threshold (gates.oracle.w4MinCosine, default 0.85).
     const id = 'tiny-qwen3-hostile-w4';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {

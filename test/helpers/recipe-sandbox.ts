@@ -5,8 +5,6 @@ import { cpSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import { cacheRoot } from '../../src/paths.js';
-import { readCheckpointRef } from '../../src/hub/checkpoint-ref.js';
-import { forge, lastJson } from './forge-cli.js';
 
 /** A temp dir (`work`) holding a copy of recipes/ (`recipes`, for FORGE_RECIPES). */
 export function recipeSandbox(prefix: string): { work: string; recipes: string } {
@@ -32,11 +30,4 @@ export function writeRecipeVariant(recipes: string, base: string, id: string, ed
   const file = join(recipes, id, 'recipe.json');
   writeFileSync(file, JSON.stringify(r, null, 2));
   return file;
-}
-
-/** The checkpoint folder of a recipe's tiny twin (its build up to fetch: made once, then cached). */
-export async function twinCheckpoint(recipe: string, work: string, recipes: string): Promise<string> {
-  const twin = await forge(['build', recipe, '--arch', 'v81', '--until', 'fetch', '--json', '--out', join(work, `twin-${recipe}`)], { FORGE_RECIPES: recipes });
-  if (twin.code !== 0) throw new Error(`the ${recipe} twin did not build: ${twin.stderr}`);
-  return readCheckpointRef(stageEntry(lastJson(twin.stdout), 'fetch')).absDir;
 }
