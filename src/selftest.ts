@@ -34,10 +34,16 @@ function vitestFailures(r: VitestJson): string[] {
 
 const log = (m: string) => process.stderr.write(`${m}\n`);
 
-/** The slowest test files, longest first: where the suite's time goes (the CI log keeps its tail). */
+/**
+ * The slowest test files, longest first: where the suite's time goes (the CI log keeps its tail).
+ * The report's times span a file's tests only, not its beforeAll (where the builds run); files run
+ * one at a time (vitest.config: fileParallelism false), so a file's time is from the end of the one
+ * before it to its own end.
+ */
 function slowestFiles(r: VitestJson, n = 10): string[] {
-  return r.testResults
-    .map((f) => ({ rel: f.name.replace(`${repoRoot()}/`, ''), s: ((f.endTime ?? 0) - (f.startTime ?? 0)) / 1000 }))
+  const files = r.testResults.filter((f) => f.endTime).sort((a, b) => a.endTime! - b.endTime!);
+  return files
+    .map((f, k) => ({ rel: f.name.replace(`${repoRoot()}/`, ''), s: (f.endTime! - (k ? files[k - 1].endTime! : f.startTime ?? f.endTime!)) / 1000 }))
     .sort((a, b) => b.s - a.s)
     .slice(0, n)
     .map((f) => `  ${f.s.toFixed(0).padStart(5)} s  ${f.rel}`);

@@ -11,7 +11,7 @@ import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { startRedis, type RedisServer } from './helpers/redis.js';
 import { startS3Server, type S3Server } from './helpers/s3-server.js';
@@ -19,9 +19,7 @@ import { ListObjectsV2Command } from '@aws-sdk/client-s3';
 import type { RunRecord } from '../src/engine/record.js';
 import { queueStatus, type QueueStatus } from '../src/nightly/status.js';
 import type { Nightly } from '../src/nightly/summary.js';
-import { build } from '../src/build.js';
-import { silentProgress } from '../src/engine/progress.js';
-import { cacheRoot } from '../src/paths.js';
+import { twinDir } from './helpers/twin.js';
 import { RemoteCache } from '../src/engine/remote-cache.js';
 
 let work: string;
@@ -61,7 +59,7 @@ beforeAll(async () => {
   redis = await startRedis();
   s3 = await startS3Server();
   await s3.createBucket(BUCKET);
-  await seedTwins(['tiny-qwen3.5', 'tiny-qwen3']);
+  await seedTwins(['qwen3_5', 'qwen3']);
 });
 
 /**
@@ -69,16 +67,13 @@ beforeAll(async () => {
  * run's own cache): making a twin is not what a farm test is about, and each worker made its own
  * beside the others' builds (minutes on two cores). Every later stage still runs cold on the workers.
  */
-async function seedTwins(recipes: string[]): Promise<void> {
+async function seedTwins(twins: string[]): Promise<void> {
   const saved = { ...process.env };
   Object.assign(process.env, s3.env);
   try {
     const remote = await RemoteCache.open(SHARED);
-    for (const recipe of recipes) {
-      const r = await build({ recipe, arch: 'v81', until: 'fetch', progress: silentProgress });
-      if (r.error) throw new Error(`${recipe}: ${r.error}`);
-      const key = r.stages.find((x) => x.name === 'fetch')!.key!;
-      const dir = join(cacheRoot(), 'fetch', key);
+    for (const twin of twins) {
+      const dir = dirname(await twinDir(twin)); // the fetch stage's entry
       await remote.upload(dir, JSON.parse(readFileSync(join(dir, 'meta.json'), 'utf8')));
     }
   } finally {

@@ -131,26 +131,12 @@ Gemma4Pixels patchify_gemma4_image(const RgbImage& img, const Gemma4ImageSpec& s
 
 Gemma4Pixels preprocess_gemma4_image(const std::string& path, const Gemma4ImageSpec& spec) {
   validate_gemma4_image_spec(spec);
-  auto t0 = Clock::now();
-  RgbImage img = decode_image(path);
-  const double decode_ms = ms_since(t0);
-  ImageSize target{};
-  try {
-    target = gemma4_target_size(img.height, img.width, spec);
-  } catch (const std::runtime_error& e) {
-    throw std::runtime_error(path + ": " + e.what());
-  }
-  t0 = Clock::now();
-  double resize_ms = 0;
-  if (img.width != target.width || img.height != target.height) {
-    img = resize_bicubic(img, target.width, target.height);
-    resize_ms = ms_since(t0);
-  }
-  t0 = Clock::now();
-  Gemma4Pixels px = patchify_gemma4_image(img, spec);
+  const SizedImage sized = decode_and_resize(path, [&](int h, int w) { return gemma4_target_size(h, w, spec); });
+  const auto t0 = Clock::now();
+  Gemma4Pixels px = patchify_gemma4_image(sized.img, spec);
   px.patchify_ms = ms_since(t0);
-  px.decode_ms = decode_ms;
-  px.resize_ms = resize_ms;
+  px.decode_ms = sized.decode_ms;
+  px.resize_ms = sized.resize_ms;
   return px;
 }
 

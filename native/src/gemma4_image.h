@@ -50,10 +50,6 @@ extern const int kGemma4SoftTokenBudgets[5];
 // image may hold.
 void validate_gemma4_image_spec(const Gemma4ImageSpec& spec);
 
-struct ImageSize {
-  int height, width;
-};
-
 // HF's target size (get_aspect_ratio_preserving_size) for an image of height × width: the sides
 // scaled by √(budget pixels / image pixels), each rounded down to a multiple of pooling · patch; a
 // side that rounds to 0 becomes one multiple, the other ⌊long / short⌋ multiples capped at the

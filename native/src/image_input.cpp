@@ -464,22 +464,33 @@ Pixels patchify_image(const RgbImage& img, const ImageSpec& spec) {
   return px;
 }
 
+SizedImage decode_and_resize(const std::string& path, const std::function<ImageSize(int, int)>& target) {
+  SizedImage out;
+  auto t0 = Clock::now();
+  out.img = decode_image(path);
+  out.decode_ms = ms_since(t0);
+  ImageSize size{};
+  try {
+    size = target(out.img.height, out.img.width);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(path + ": " + e.what());
+  }
+  if (out.img.width != size.width || out.img.height != size.height) {
+    t0 = Clock::now();
+    out.img = resize_bicubic(out.img, size.width, size.height);
+    out.resize_ms = ms_since(t0);
+  }
+  return out;
+}
+
 Pixels preprocess_image(const std::string& path, const ImageSpec& spec) {
   validate_image_spec(spec);
-  auto t0 = Clock::now();
-  RgbImage img = decode_image(path);
-  const double decode_ms = ms_since(t0);
-  t0 = Clock::now();
-  double resize_ms = 0;
-  if (img.width != spec.width || img.height != spec.height) {
-    img = resize_bicubic(img, spec.width, spec.height);
-    resize_ms = ms_since(t0);
-  }
-  t0 = Clock::now();
-  Pixels px = patchify_image(img, spec);
+  const SizedImage sized = decode_and_resize(path, [&](int, int) { return ImageSize{spec.height, spec.width}; });
+  const auto t0 = Clock::now();
+  Pixels px = patchify_image(sized.img, spec);
   px.patchify_ms = ms_since(t0);
-  px.decode_ms = decode_ms;
-  px.resize_ms = resize_ms;
+  px.decode_ms = sized.decode_ms;
+  px.resize_ms = sized.resize_ms;
   return px;
 }
 

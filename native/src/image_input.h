@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,5 +65,18 @@ RgbImage resize_bicubic(const RgbImage& in, int width, int height);
 
 // Rescale, normalise and patchify an image of exactly spec.height × spec.width (validated).
 Pixels patchify_image(const RgbImage& img, const ImageSpec& spec);
+
+struct ImageSize {
+  int height, width;
+};
+
+// An image decoded and resized (PIL bicubic; kept as is when already that size) to the size
+// `target` gives for its decoded height × width, with both steps' wall milliseconds: the start of
+// every pre-processing here. An error of `target` is rethrown naming the file.
+struct SizedImage {
+  RgbImage img;
+  double decode_ms = 0, resize_ms = 0;
+};
+SizedImage decode_and_resize(const std::string& path, const std::function<ImageSize(int height, int width)>& target);
 
 }  // namespace forge
