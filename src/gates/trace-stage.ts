@@ -14,7 +14,8 @@ import type { AudioLayout, ImageLayout } from '../families/types.js';
 // key covers both (code-hash.ts does not follow Python imports); editing either re-traces.
 const [TRACER, , , IMAGES, CLIPS] = [new URL('../../oracles/trace.py', import.meta.url), new URL('../../oracles/trace_families.py', import.meta.url),
   new URL('../../oracles/pixels.py', import.meta.url), new URL('../../oracles/twin_images.py', import.meta.url), new URL('../../oracles/twin_audio.py', import.meta.url),
-  new URL('../../oracles/audio_prompt.py', import.meta.url), new URL('../../oracles/audio_features.py', import.meta.url)];
+  new URL('../../oracles/audio_prompt.py', import.meta.url), new URL('../../oracles/audio_features.py', import.meta.url),
+  new URL('../../oracles/streamed_weights.py', import.meta.url)];
 
 /**
  * One traced input: text (tokenized by the checkpoint's tokenizer), or token ids traced exactly as
