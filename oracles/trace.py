@@ -2,9 +2,9 @@
 """Oracle trace: HF transformers fp32 reference, one-token cached decode, per-step tensors.
 
     python oracles/trace.py --model DIR --out DIR --prompts PROMPTS.json --new-tokens N --max-context C
-                            [--image-size HxW | --image-tokens N] [--whole-model]
+                            [--image-size HxW | --image-tokens N] [--audio-seconds S] [--whole-model]
 
-Weights are streamed (see "streamed weights" below): the checkpoint stays memory-mapped in its own
+Weights are streamed (oracles/streamed_weights.py): the checkpoint stays memory-mapped in its own
 dtype and each decoder layer, embedding, norm and lm_head gets its fp32 weights just for its own
 forward, so private memory holds about one layer or one lm_head in fp32, not the model.
 --whole-model is HF's plain fp32 from_pretrained (~4 bytes per parameter): the reference the
@@ -66,13 +66,18 @@ within N soft tokens (pixels.gemma4_image_prompt); the prompt is the text's ids 
 and each step feeds HF's embedding or the image's soft token (trace_families.steps_gemma4). It adds
 p{p}/vision.pixels [P, 3*p*p], vision.positions int64 [P, 2] ((x, y); padding -1), vision.embed and
 vision.block.{j} [P, Hv] (padding rows included), vision.tokens [T, H] (the soft tokens spliced in).
+Gemma 4 also takes {"type": "audio", "audio": FILE (WAV), "text": ...} with --audio-seconds S (the
+recipe's budget): audio_prompt.gemma4_audio_prompt's features (padded to S), ids (the clip's block
+<start_of_audio>, its audio tokens, <end_of_audio> after the BOS) and record "audio": {file, sha256,
+frames, valid_frames, tokens, start}; the audio tower runs once (trace_families.steps_gemma4) and adds
+p{p}/audio.features [F, mel], audio.mask bool [F], audio.embed and audio.layer.{i} [F/4, Ha],
+audio.encoder [F/4, out] (padding rows included), audio.tokens [T, H] (the clip's soft tokens).
 Prints one JSON line: {"bytes", "out", "prompts", "steps", "weights" (streamed | whole-model),
 "weights_fp32_peak_bytes" (streamed: most fp32 weight bytes held at once), "load_s", "trace_s"
 (wall) and "load_cpu_s", "trace_cpu_s" (CPU time of all threads)}.
 Format checked by check_trace.py.
 """
 import argparse
-import contextlib
 import json
 import os
 import shutil
@@ -88,7 +93,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
-from transformers import core_model_loading  # noqa: E402
 from transformers.integrations.heterogeneity.configuration_utils import (  # noqa: E402
     AmbiguousGlobalPerLayerAttributeError as AmbiguousPerLayer)
 
@@ -96,6 +100,8 @@ from transformers.integrations.heterogeneity.configuration_utils import (  # noq
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # forge runs this file via runpy
 from trace_families import FAMILIES, LAYER_CAPTURES, Unsupported  # noqa: E402  (beside this file)
 import pixels  # noqa: E402  (beside this file: HF's pixels for an image file at the recipe's size)
+import audio_prompt  # noqa: E402  (beside this file: HF's features and ids for a Gemma 4 audio clip)
+from streamed_weights import load_streamed  # noqa: E402  (beside this file: the default weight loading)
 
 
 class NonFiniteReference(Exception):
@@ -136,138 +142,6 @@ def check_finite(step, p, text, t):
             raise NonFiniteReference(
                 f"prompt {p} ({text!r}) step {t}: {name} ({what_is(name)}) holds {count} non-finite "
                 f"value{'' if count == 1 else 's'} of {v.numel()} (first at index {first}: {float(v.reshape(-1)[first])})")
-
-
-# ---- per-family capture -------------------------------------------------------------------------
-# ---- streamed weights (the default; --whole-model loads every weight in fp32 up front) -----------
-# HF's fp32 model with its weights kept in the checkpoint's memory-mapped bytes, upcast per module.
-# HF's own `from_pretrained(dtype=float32)` builds the model, renames and converts the checkpoint's
-# keys, ties weights and computes every buffer (rotary inv_freq, embedding scales) exactly as in a
-# plain fp32 load. Only one step differs: HF's per-tensor materialisation (`tensor[...]` on a
-# safetensors mmap slice, then `.to(float32)`) keeps the slice's own dtype, so each weight stays a
-# zero-copy view of the file mapping (file-backed pages, not private memory). Every parameter is
-# then replaced by a NaN placeholder of its shape (one float, expanded) and the checkpoint view is
-# kept aside; forward pre-hooks put the exact fp32 upcast (`view.to(float32)`, the value HF's fp32
-# load gives) into a module just before it runs and forward hooks put the placeholder back after.
-#
-# Units: a decoder layer materialises its whole subtree; every other module with parameters of its
-# own (embeddings, final norm, lm_head, projections) materialises just those. An nn.Embedding called
-# with token ids gets a full-shape weight whose rows for those ids only are filled (the rest are
-# never read, and an untouched torch.empty is not resident), so a 150k-row table costs a few rows.
-# The other units take turns in one reused fp32 buffer (the arena, as large as the largest unit), so
-# the private peak is max(largest decoder layer, lm_head) in fp32 plus the process, caches and the
-# recorded tensors.
-# A parameter read outside its module's forward reads NaN and the trace's finite check names it.
-#
-# HF's weight converters (e.g. per-expert tensors stacked into one for MoE) run on the checkpoint
-# dtype here instead of fp32; they only move data (stack, concatenate, split, transpose), which
-# commutes with an exact upcast. Such outputs are private copies in the checkpoint dtype.
-# The trace test holds this to identical trace bytes against --whole-model on every twin.
-
-class StreamedWeights:
-    """The checkpoint views and the hooks that upcast them around each unit's forward."""
-
-    def __init__(self, model, units):
-        self.model = model
-        self.sources = {}  # (module, name) -> checkpoint tensor (mmap view, or HF's own fp32)
-        self.placeholders = {}
-        self.live = 0  # bytes of fp32 weights materialised right now
-        self.peak_live = 0
-        self.arena_buf = torch.empty(0, dtype=torch.float32)
-        for module in model.modules():
-            for name, p in list(module._parameters.items()):
-                if p is None:
-                    continue
-                if not p.is_floating_point():
-                    raise Unsupported(f"parameter {name} of {type(module).__name__} is {p.dtype}, not floating point")
-                self.sources[(module, name)] = p.detach()
-                ph = self.placeholders.get(tuple(p.shape))
-                if ph is None:
-                    ph = torch.full((1,), float("nan"), dtype=torch.float32).expand(p.shape)
-                    self.placeholders[tuple(p.shape)] = ph
-                module._parameters[name] = torch.nn.Parameter(ph, requires_grad=False)
-        in_unit = set()
-        for unit in units:
-            in_unit.update(unit.modules())
-            self._hook(unit, list(unit.modules()))
-        for module in model.modules():
-            if module not in in_unit and any(p is not None for p in module._parameters.values()):
-                self._hook(module, [module])
-
-    def _arena(self, elements):
-        """One fp32 buffer the units take turns to fill, grown to the largest unit: at real size a
-        fresh allocation per tensor and step (~100 MB, above glibc's mmap threshold) is a new
-        mapping whose pages fault in zeroed every time; a reused buffer pays that once."""
-        if self.arena_buf.numel() < elements:
-            self.arena_buf = torch.empty(0, dtype=torch.float32)  # drop the old one before growing
-            self.arena_buf = torch.empty(elements, dtype=torch.float32)
-        return self.arena_buf
-
-    def _hook(self, unit, modules):
-        owned = [(m, n) for m in modules for n in m._parameters if (m, n) in self.sources]
-        if not owned:
-            return
-        rows = isinstance(unit, torch.nn.Embedding) and len(owned) == 1
-        # What the arena holds for this unit: its upcast weights (an embedding's rows and fp32
-        # sources, used as they are, need none). Fixed once the sources are known.
-        need = 0 if rows else sum(self.sources[k].numel() for k in owned if self.sources[k].dtype != torch.float32)
-        held = [0]
-
-        def pre(mod, args, kwargs):
-            ids = args[0] if args else kwargs.get("input")
-            # Units do not nest in these models; one that did would get fresh memory, not the arena.
-            arena = self._arena(need) if self.live == 0 and need else None
-            at = 0
-            for m, n in owned:
-                src = self.sources[(m, n)]
-                if rows and isinstance(ids, torch.Tensor) and not ids.is_floating_point():
-                    w = torch.empty(src.shape, dtype=torch.float32)
-                    used = ids.reshape(-1).unique()
-                    w[used] = src[used].to(torch.float32)
-                    size = used.numel() * src[0].numel() * 4
-                elif src.dtype == torch.float32:
-                    w, size = src, 0  # an fp32 checkpoint's own view, or a weight HF initialised itself
-                elif arena is None:
-                    w, size = src.to(torch.float32), src.numel() * 4
-                else:  # copy_ upcasts exactly as .to(float32) does
-                    w = arena[at:at + src.numel()].view(src.shape).copy_(src)
-                    at, size = at + src.numel(), src.numel() * 4
-                held[0] += size
-                m._parameters[n] = torch.nn.Parameter(w, requires_grad=False)
-            self.live += held[0]
-            self.peak_live = max(self.peak_live, self.live)
-
-        def post(mod, args, out):
-            for m, n in owned:
-                m._parameters[n] = torch.nn.Parameter(self.placeholders[tuple(m._parameters[n].shape)], requires_grad=False)
-            self.live -= held[0]
-            held[0] = 0
-
-        unit.register_forward_pre_hook(pre, with_kwargs=True)
-        unit.register_forward_hook(post)
-
-
-@contextlib.contextmanager
-def checkpoint_dtype_views():
-    """While active, HF's loader keeps each checkpoint tensor as the mmap view it sliced."""
-    original = core_model_loading._materialize_copy
-
-    def keep_dtype(tensor, device=None, dtype=None):
-        return original(tensor, device, None)
-
-    core_model_loading._materialize_copy = keep_dtype
-    try:
-        yield
-    finally:
-        core_model_loading._materialize_copy = original
-
-
-def load_streamed(auto, model_dir, units_of):
-    """HF's fp32 model of model_dir with streamed weights; units_of(model) names the decoder layers."""
-    with checkpoint_dtype_views():
-        model = auto.from_pretrained(model_dir, dtype=torch.float32)
-    model.eval()
-    return model, StreamedWeights(model, list(units_of(model)))
 
 
 # ---- generic driver -----------------------------------------------------------------------------
@@ -402,17 +276,18 @@ def trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps=None, 
     return generated, runner_up, margins
 
 
-# Trace inputs are typed: "text", "ids" (token ids as a runtime was fed them), or "image" (an image
-# file and the text after it, for a family with a vision tower); audio samples come with the
-# families that take them.
-INPUT_TYPES = {"text": str, "ids": list, "image": str}
+# Trace inputs are typed: "text", "ids" (token ids as a runtime was fed them), "image" (an image
+# file and the text after it, for a family with a vision tower) or "audio" (a WAV file and the text
+# after it, for a family with an audio tower).
+INPUT_TYPES = {"text": str, "ids": list, "image": str, "audio": str}
+MEDIA = ("image", "audio")
 
 
 def typed_inputs(items, kinds=INPUT_TYPES):
     """A trace's inputs as (kind, value) pairs: a JSON list whose entries are {"type": "text", "text":
     "..."}, a plain string (a text input), {"type": "ids", "ids": [non-negative ints]} or
-    {"type": "image", "image": "<file>", "text": "..."} (value: (file, text)). A type not in kinds
-    (the model's: image only for a family with a vision tower) is refused, naming the entry."""
+    {"type": "image"|"audio", "image"|"audio": "<file>", "text": "..."} (value: (file, text)). A type
+    not in kinds (the model's: image / audio only for a family with that tower) is refused, naming the entry."""
     if not isinstance(items, list) or not items:
         raise ValueError("must hold a non-empty JSON list of inputs (strings or {\"type\": \"text\", \"text\": ...})")
     inputs = []
@@ -421,12 +296,12 @@ def typed_inputs(items, kinds=INPUT_TYPES):
             kind = item.get("type")
             if kind not in kinds:
                 raise ValueError(f"[{n}].type is {kind!r}; supported: {', '.join(kinds)}")
-            if kind == "image":
-                if set(item) != {"type", "image", "text"} or not isinstance(item["image"], str) \
-                        or not isinstance(item["text"], str) or not item["image"]:
-                    raise ValueError(f"[{n}]: an input of type image is {{\"type\": \"image\", \"image\": <file>, "
+            if kind in MEDIA:
+                if set(item) != {"type", kind, "text"} or not isinstance(item[kind], str) \
+                        or not isinstance(item["text"], str) or not item[kind]:
+                    raise ValueError(f"[{n}]: an input of type {kind} is {{\"type\": \"{kind}\", \"{kind}\": <file>, "
                                      f"\"text\": <string>}}, got keys {sorted(item)}")
-                inputs.append(("image", (item["image"], item["text"])))
+                inputs.append((kind, (item[kind], item["text"])))
                 continue
             if set(item) != {"type", kind} or not isinstance(item[kind], INPUT_TYPES[kind]):
                 what = "<string>" if kind == "text" else "[token ids]"
@@ -484,6 +359,9 @@ def main():
     ap.add_argument("--image-tokens", type=int, metavar="N",
                     help="gemma4: the recipe's soft-token budget per image (HF's processor keeps each image's aspect "
                          "ratio within it); required with its image inputs")
+    ap.add_argument("--audio-seconds", type=float, metavar="S",
+                    help="gemma4: the recipe's audio budget (the longest clip; its features are padded to it); "
+                         "required with audio inputs")
     ap.add_argument("--whole-model", action="store_true",
                     help="load every weight in fp32 up front (HF's plain from_pretrained): the reference the "
                          "streamed default is tested against byte for byte; needs ~4 bytes per parameter")
@@ -509,9 +387,9 @@ def main():
     except Exception:  # noqa: BLE001  (a bad --model is reported below, by the loader)
         family_of = None
     # Image inputs: a fixed size for Qwen3-VL (pixels.image_prompt), a soft-token budget for Gemma 4.
-    takes_images = family_of in ("qwen3_vl", "gemma4")
+    takes = {"image"} if family_of == "qwen3_vl" else {"image", "audio"} if family_of == "gemma4" else set()
     try:
-        inputs = typed_inputs(prompts, INPUT_TYPES if takes_images else {k: v for k, v in INPUT_TYPES.items() if k != "image"})
+        inputs = typed_inputs(prompts, {k: v for k, v in INPUT_TYPES.items() if k not in MEDIA or k in takes})
     except ValueError as e:
         fail(f"{args.prompts}: {e}")
 
@@ -520,7 +398,9 @@ def main():
     # config's vocabulary here, before the model loads (an embedding lookup would fail obscurely).
     config = transformers.AutoConfig.from_pretrained(args.model)
     vocab_size = config.get_text_config().vocab_size
-    images = {}  # input index -> (pixel_values, image_grid_thw), and its record
+    images = {}  # input index -> the media steps() takes (pixels / features), and its record
+    if any(kind == "audio" for kind, _ in inputs) and not (args.audio_seconds and args.audio_seconds > 0):
+        fail(f"{args.prompts}: audio inputs need --audio-seconds S (the recipe's audio budget)")
     if any(kind == "image" for kind, _ in inputs) and family_of == "gemma4":
         if not args.image_tokens or args.image_tokens < 1:
             fail(f"{args.prompts}: gemma4 image inputs need --image-tokens N (the recipe's soft-token budget)")
@@ -537,21 +417,23 @@ def main():
             encoded.append(tok(v)["input_ids"])
         elif kind == "ids":
             encoded.append(v)
-        else:  # an image: its pixels (the HF reference) and its tokens before the text's (pixels.py)
+        else:  # an image or a clip: HF's pixels / features and its tokens before the text's
             try:
-                if family_of == "gemma4":
+                if kind == "audio":
+                    image, ids, record = audio_prompt.gemma4_audio_prompt(args.model, config, tok, *v, args.audio_seconds)
+                elif family_of == "gemma4":
                     image, ids, record = pixels.gemma4_image_prompt(config, tok, *v, args.image_tokens)
                 else:
                     image, ids, record = pixels.image_prompt(args.model, config, tok, *v, *image_hw)
             except (OSError, ValueError) as e:
                 fail(f"{args.prompts}: input {n}: {e}")
             encoded.append(ids)
-            images[n] = (image, record)
+            images[n] = (image, {kind: record})
     for n, ((kind, _), ids) in enumerate(zip(inputs, encoded)):
         bad = [i for i in ids if i >= vocab_size] if kind == "ids" else []
         if bad:
             fail(f"{args.prompts}: input {n}: token id {bad[0]} is outside the vocabulary ({vocab_size} ids, 0..{vocab_size - 1})")
-    prompts = [v if kind == "text" else v[1] if kind == "image" else tok.decode(v) for kind, v in inputs]
+    prompts = [v if kind == "text" else v[1] if kind in MEDIA else tok.decode(v) for kind, v in inputs]
     for s, ids in zip(prompts, encoded):
         if not ids:
             fail(f"prompt {s!r} tokenizes to nothing")
@@ -581,7 +463,7 @@ def main():
                 gen, second, margins = trace_prompt(ctx, capture, ids, n_new, tensors, p, text, vocab, steps, image)
                 records.append({"text": text, "prompt_tokens": list(ids), "generated": gen,
                                 "runner_up": second, "margins": margins, "steps": len(ids) + n_new - 1,
-                                **({"image": about} if about else {})})
+                                **(about or {})})
         traced, traced_cpu = time.monotonic(), time.process_time()
     except Unsupported as e:
         fail(f"{args.model}: not yet supported by trace.py: {e}")

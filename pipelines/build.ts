@@ -53,11 +53,13 @@ function fetchNode(recipe: Recipe, localDigest: LocalDigest | undefined): StageN
 }
 
 function traceNode(recipe: Recipe, s: ArchSettings, prompts?: TraceInput[]): StageNode {
-  // Image prompts follow the text ones (a --prompt or --from run traces only what it was given).
+  // Image prompts follow the text ones, audio prompts the image ones (a --prompt or --from run traces only what it was given).
   const images: TraceInput[] = recipe.gates.imagePrompts.map((p) => ({ type: 'image', text: p.text, made: p.image.made }));
+  const clips: TraceInput[] = recipe.gates.audioPrompts.map((p) => ({ type: 'audio', text: p.text, made: p.audio.made }));
   const params: TraceParams = {
-    prompts: prompts ?? [...recipe.gates.prompts, ...images], newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext,
+    prompts: prompts ?? [...recipe.gates.prompts, ...images, ...clips], newTokens: recipe.gates.parity.tokens, maxContext: s.maxContext,
     ...(s.image && !prompts && images.length ? { image: s.image } : {}),
+    ...(s.audio && !prompts && clips.length ? { audio: s.audio } : {}),
   };
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
 }
@@ -211,6 +213,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     maxContext: s.maxContext,
     prefillLength: s.prefillLength,
     ...(s.image ? { image: s.image } : {}),
+    ...(s.audio ? { audio: s.audio } : {}),
     hostTables: id === 'quantize',
     // W8 and W4 in the form the compile toolchain reads as quantized weights (see quant/weights.ts):
     // QDQ for the QAIRT converter (W4's checked against the stand-in SDK only, quant/w4-qdq.ts).

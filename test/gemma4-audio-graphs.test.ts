@@ -23,7 +23,10 @@ import { compileContext } from '../src/toolchain/qnn/compile.js';
 import { hostWithoutSimulator, qnnSimulateScript, simulateBatch, simulatorInfo, writeFeeds } from '../src/gates/emulation.js';
 import { venvPython } from '../src/toolchain/venv.js';
 import type { GraphInterface } from '../src/families/types.js';
-import { type Gemma4AudioConfig, AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, audioShapes, bandMask, gemma4AudioEncoderGraph, parseGemma4AudioConfig, relativePositions } from '../src/families/gemma4-audio.js';
+import { type Gemma4AudioConfig, AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, audioShapes, bandMask, gemma4AudioEncoderGraph, gemma4AudioFrames, parseGemma4AudioConfig, relativePositions } from '../src/families/gemma4-audio.js';
+import { loadRecipe } from '../src/recipe/load.js';
+import { planRecipe } from '../src/plan/for-recipe.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 
 const FRAMES = 64;
 const T = 16;
@@ -195,4 +198,31 @@ describe('gemma4 audio pieces', () => {
     // Fields left out take transformers' defaults (E4B's tower), as HF reads the file.
     expect(parseGemma4AudioConfig({ audio_config: {} }, 'config.json')).toEqual(parseGemma4AudioConfig(raw, 'config.json'));
   });
+});
+
+describe('the audio encoder as a component of the family', () => {
+  // Gemma 4 E4B's audio tower at transformers' Gemma4AudioConfig defaults (E4B's: the recipe records
+  // the text model only) and HF's default audio tokens.
+  const withAudio = () => ({ ...(loadRecipe('gemma-4-e4b').recipe.config as Record<string, unknown>), audio_config: {} });
+
+  it('plans gemma-4-e4b with the E4B audio tower over 30 s (2999 frames, 750 tokens) for v81: the encoder in a context of its own, within the arch\'s limits', async () => {
+    const { recipes } = recipeSandbox('forge-gemma4-audio-plan-');
+    writeRecipeVariant(recipes, 'gemma-4-e4b', 'gemma-4-e4b-audio', (r) => { r.config = withAudio(); r.arch.default.audio = { maxSeconds: 30 }; r.modalities = ['text', 'audio']; });
+    const before = process.env.FORGE_RECIPES;
+    process.env.FORGE_RECIPES = recipes;
+    try {
+      const plan = await planRecipe('gemma-4-e4b-audio', 'v81');
+      const a = getArch('v81');
+      expect(plan.encoders).toEqual([{ name: 'audio', weightBytes: expect.any(Number), graphs: ['audio'] }]);
+      console.log(`[measured] gemma-4-e4b audio encoder at W8: ${(plan.encoders![0].weightBytes / 1e6).toFixed(1)} MB`);
+      expect(plan.encoders![0].weightBytes).toBeGreaterThan(300e6); // measured: 314.2 MB (12 conformer layers of width 1024, ~1 byte a matrix weight)
+      expect(plan.encoders![0].weightBytes).toBeLessThanOrEqual(a.contextCeilingBytes);
+      expect(plan.contexts).toBeLessThanOrEqual(a.maxContexts);
+    } finally {
+      if (before === undefined) delete process.env.FORGE_RECIPES;
+      else process.env.FORGE_RECIPES = before;
+    }
+    expect(gemma4AudioFrames(30)).toBe(2999);
+    expect(audioShapes({ chunk: 12, contextLeft: 13 }, gemma4AudioFrames(30)).tokens).toBe(750);
+  }, 120_000);
 });

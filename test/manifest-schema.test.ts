@@ -44,7 +44,7 @@ describe('manifest v2', () => {
         t('img', 'encoder-output', { component: 'vision' }));
       m.contexts[0].graphs[0].outputs.push(t('router', 'router-logits', { layer: 0, topK: 2 }));
       const vision = { name: 'vision', component: 'vision', role: 'encoder', tokens: 1, file: 'vision.onnx', sha256: 'f'.repeat(64), quant: SEED.contexts[0].graphs[0].quant };
-      m.contexts.unshift({ name: 'vision', files: [], graphs: [{ ...vision, inputs: [t('px', 'pixels'), t('pcm', 'audio-samples')], outputs: [t('feat', 'encoder-output')] }] });
+      m.contexts.unshift({ name: 'vision', files: [], graphs: [{ ...vision, inputs: [t('px', 'pixels'), t('mel', 'audio-features'), t('pcm', 'audio-samples')], outputs: [t('feat', 'encoder-output')] }] });
       m.state[0].window = 4;
       m.state[0].shared = true;
     });

@@ -121,8 +121,24 @@ describe('recipes', () => {
     const r = base();
     r.arch = { default: {} };
     expect(archSettings(parseRecipe(r, 'x'), 'v81').settings).toEqual({
-      shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 512, prefillLength: 32, handoff: 'f32', overrides: [], rescale: [], image: null,
+      shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 512, prefillLength: 32, handoff: 'f32', overrides: [], rescale: [], image: null, audio: null,
     });
+  });
+
+  it('takes an audio budget in seconds and audio prompts naming a made clip, refusing others by their field', () => {
+    const r = base();
+    r.modalities = ['text', 'audio'];
+    r.arch.default.audio = { maxSeconds: 2 };
+    r.gates.audioPrompts = [{ text: 'This sound is', audio: { made: 'chirp.wav' } }];
+    const recipe = parseRecipe(r, 'x');
+    expect(archSettings(recipe, 'v81').settings.audio).toEqual({ maxSeconds: 2 });
+    expect(recipe.gates.audioPrompts).toEqual([{ text: 'This sound is', audio: { made: 'chirp.wav' } }]);
+    expect(parseRecipe(base(), 'x').gates.audioPrompts).toEqual([]);
+    expectInvalid((x) => (x.arch.default.audio = { maxSeconds: 0 }), 'arch.default.audio.maxSeconds');
+    expectInvalid((x) => (x.arch.default.audio = { frames: 100 }), 'arch.default.audio');
+    expectInvalid((x) => (x.gates.audioPrompts = [{ text: 'x', audio: { made: 'chirp.mp3' } }]), 'gates.audioPrompts\\[0\\].audio.made');
+    expectInvalid((x) => (x.gates.audioPrompts = [{ text: 'x', audio: { file: '/tmp/a.wav' } }]), 'gates.audioPrompts\\[0\\].audio');
+    expectInvalid((x) => (x.modalities = ['text', 'speech']), 'modalities\\[1\\]');
   });
 
   it('overlays arch-specific settings on the defaults', () => {

@@ -68,7 +68,7 @@ struct Parser {
   }
 
   GraphInput input(const Node& in, int64_t N, int64_t C, int64_t H) {
-    std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state", "host-rows", "routing-weights", "encoder-output", "pixels", "audio-samples", "hand-off"});
+    std::string bind = in.at("bind").one_of({"residual", "positions", "mask", "state", "host-rows", "routing-weights", "encoder-output", "pixels", "audio-features", "audio-samples", "hand-off"});
     GraphInput gi;
     gi.path = in.path;
     if (bind == "state") in.object({"name", "dtype", "shape", "bind", "state"});
@@ -118,7 +118,9 @@ struct Parser {
       gi.bind = InputBind::hand_off;
       gi.handoff = identifier(in.at("handoff"));
     } else {
-      gi.bind = bind == "pixels" ? InputBind::pixels : InputBind::audio_samples;
+      // audio-features (a clip's log-mel features and mask) is accepted so a bundle with an audio
+      // encoder loads; no host-op runs an audio encoder yet, and each one's validator refuses what it does not run.
+      gi.bind = bind == "pixels" ? InputBind::pixels : bind == "audio-features" ? InputBind::audio_features : InputBind::audio_samples;
     }
     return gi;
   }
@@ -558,6 +560,7 @@ const char* bind_name(InputBind b) {
     case InputBind::routing_weights: return "routing-weights";
     case InputBind::encoder_output: return "encoder-output";
     case InputBind::pixels: return "pixels";
+    case InputBind::audio_features: return "audio-features";
     case InputBind::audio_samples: return "audio-samples";
     case InputBind::hand_off: return "hand-off";
   }

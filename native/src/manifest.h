@@ -23,7 +23,7 @@ class ManifestError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_samples, hand_off };
+enum class InputBind { residual, positions, mask, state, host_rows, routing_weights, encoder_output, pixels, audio_features, audio_samples, hand_off };
 enum class OutputBind { residual, logits, state_rows, state_replace, router_logits, encoder_output, hand_off };
 enum class StateKind { kv_cache, recurrent };
 enum class RowIndex { token, expert };

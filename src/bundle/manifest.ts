@@ -61,6 +61,7 @@ const InputSchema = z.discriminatedUnion('bind', [
   // a decoder graph gets its rows at the prompt's image positions, zeros elsewhere.
   z.object({ ...tensor, bind: z.literal('encoder-output'), component: z.string().min(1), output: z.string().min(1).optional() }).strict(),
   z.object({ ...tensor, bind: z.literal('pixels') }).strict(), // a preprocessed image
+  z.object({ ...tensor, bind: z.literal('audio-features') }).strict(), // a preprocessed clip: log-mel features and their frame mask
   z.object({ ...tensor, bind: z.literal('audio-samples') }).strict(), // preprocessed audio
 ]);
 

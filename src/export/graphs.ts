@@ -5,7 +5,7 @@ import type { FamilyId, QuantScheme } from '../recipe/schema.js';
 import type { MatrixEntry, W8Form } from '../quant/weights.js';
 import type { LinkedFile } from '../onnx/linked-data.js';
 import type { ShardPlan } from '../plan/shards.js';
-import { MADE_DTYPES, type ComponentLayout, type GraphEntry, type GraphInterface, type ImageLayout, type MadeTable } from '../families/types.js';
+import { MADE_DTYPES, type AudioLayout, type ComponentLayout, type GraphEntry, type GraphInterface, type ImageLayout, type MadeTable } from '../families/types.js';
 
 export { graphName, type GraphEntry } from '../families/types.js';
 
@@ -75,13 +75,14 @@ export function checkIoNames(graph: string, iface: GraphInterface): void {
 export type ExportPlan = { shards: Array<Pick<ShardPlan['shards'][number], 'first' | 'last'>>; lmHead: Pick<ShardPlan['lmHead'], 'placement'>; dropped?: ShardPlan['dropped'] };
 
 /** The cut of the layers the plan chose, as the family's components take it. */
-export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number; image?: ImageLayout | null }): ComponentLayout {
+export function layoutOf(plan: ExportPlan, p: { prefillLength: number; maxContext: number; image?: ImageLayout | null; audio?: AudioLayout | null }): ComponentLayout {
   return {
     shards: plan.shards.map((s, i) => ({ first: s.first, last: s.last, isLast: i === plan.shards.length - 1 })),
     lmHeadInside: plan.lmHead.placement === 'last-shard',
     prefillLength: p.prefillLength,
     maxContext: p.maxContext,
     ...(p.image ? { image: p.image } : {}),
+    ...(p.audio ? { audio: p.audio } : {}),
   };
 }
 

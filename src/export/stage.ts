@@ -20,7 +20,7 @@ import { F16Copy, WeightStore, type W8Form } from '../quant/weights.js';
 import { W4_QDQ_OPSET } from '../quant/w4-qdq.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { getFamily } from '../families/index.js';
-import type { Component, Family, GraphVariant, HostTable, ImageLayout } from '../families/types.js';
+import type { AudioLayout, Component, Family, GraphVariant, HostTable, ImageLayout } from '../families/types.js';
 import { componentTensors } from '../families/tensors.js';
 import { checkIoNames, graphName, GRAPHS_JSON, layoutOf, madeTableFile, matrixFallbacks, type ContextEntry, type ExportManifest, type ExportPlan, type GraphEntry } from './graphs.js';
 
@@ -32,6 +32,8 @@ export interface ExportParams {
   prefillLength: number;
   /** How images reach the vision encoder (a family with one: a size, or a soft-token budget); absent: the text path only. */
   image?: ImageLayout;
+  /** How long an audio clip may be (a family with an audio encoder); absent: no audio encoder. */
+  audio?: AudioLayout;
   /** The family's host tables (the embedding …) are written by the deployable export only. */
   hostTables: boolean;
   /** The ONNX form of W8 and W4 weights, fixed by the compile toolchain (default 'matmulnbits'). */

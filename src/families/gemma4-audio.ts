@@ -19,7 +19,7 @@
 import { z } from 'zod';
 import type { GraphBuilder } from '../onnx/builder.js';
 import { MASKED, rmsNorm } from './blocks.js';
-import { ConfigError, MAX_DIM, MAX_LAYERS, parseConfigWith, type GraphInterface, type GraphWeights, type TensorIO } from './types.js';
+import { ConfigError, MAX_DIM, MAX_LAYERS, parseConfigWith, type AudioLayout, type Component, type GraphBindings, type GraphEntry, type GraphInterface, type GraphWeights, type TensorIO } from './types.js';
 
 export interface Gemma4AudioConfig {
   hidden: number;
@@ -82,6 +82,83 @@ export function parseGemma4AudioConfig(raw: unknown, file: string): Gemma4AudioC
   // real position rows where the graph reads zeros.
   if (c.chunk > c.contextLeft) throw new ConfigError(file, 'audio_config.attention_chunk_size', `${c.chunk} exceeds attention_context_left ${c.contextLeft}: HF's relative shift then wraps onto position rows this graph does not reproduce`);
   return c;
+}
+
+// ---- the audio component of the gemma4 family ------------------------------------------------
+
+/**
+ * HF's Gemma4AudioFeatureExtractor defaults (oracles/audio_features.py): 16 kHz, a 20 ms window
+ * every 10 ms, shifted back half a window, the waveform padded to a multiple of 128 samples. A
+ * checkpoint's preprocessor_config.json that changes them makes the trace's frame count differ from
+ * the graph's, which the gate cases refuse.
+ */
+export const AUDIO_EXTRACTOR = { rate: 16_000, hop: 160, window: 320, padMultiple: 128 } as const;
+/** HF's processor caps a clip at 30 s (max_length 480,000 samples; audio_seq_length 750 tokens). */
+export const MAX_AUDIO_SECONDS = 30;
+
+/** Mel frames of a clip of `maxSeconds` (padded as the extractor pads it): the encoder's static frame count. */
+export function gemma4AudioFrames(maxSeconds: number): number {
+  const { rate, hop, window, padMultiple } = AUDIO_EXTRACTOR;
+  const samples = Math.ceil(Math.round(maxSeconds * rate) / padMultiple) * padMultiple;
+  // A frame reads window + 1 samples of the waveform with window / 2 zeros in front.
+  return Math.floor((samples + window / 2 - (window + 1)) / hop) + 1;
+}
+
+/**
+ * A checkpoint's audio tower as the family keeps it: the encoder's config, or why forge cannot build
+ * it (a refusal kept for a recipe that asks for audio: the tiny-gemma4 twin's tower, subsampling
+ * channels [8, 4], is one HF's own forward cannot run, and its text and images must still build),
+ * and the tokens a clip is written with (config.json's audio_token_id, boa_token_id, eoa_token_index;
+ * HF's defaults when left out, as transformers reads the file).
+ */
+export interface Gemma4AudioTower {
+  config: Gemma4AudioConfig | null;
+  refused?: string;
+  tokens: { audio: number; begin: number; end: number };
+}
+
+const AudioTokensSchema = z.object({
+  audio_token_id: z.number().int().nonnegative().default(258_881),
+  boa_token_id: z.number().int().nonnegative().default(256_000),
+  eoa_token_index: z.number().int().nonnegative().default(258_883),
+}).passthrough();
+
+/** The whole config.json's audio tower; null without an audio_config. */
+export function parseGemma4AudioTower(raw: unknown, file: string): Gemma4AudioTower | null {
+  const r = raw as { audio_config?: unknown };
+  if (r?.audio_config === undefined || r.audio_config === null) return null;
+  const t = parseConfigWith(AudioTokensSchema, raw, file);
+  const tokens = { audio: t.audio_token_id, begin: t.boa_token_id, end: t.eoa_token_index };
+  try {
+    return { config: parseGemma4AudioConfig(raw, file), tokens };
+  } catch (e) {
+    if (e instanceof ConfigError) return { config: null, refused: e.message, tokens };
+    throw e;
+  }
+}
+
+export const AUDIO = 'audio';
+
+/** The audio encoder: one graph over the recipe's longest clip (n: its mel frames), in a context of its own. */
+export function gemma4AudioComponent(tower: Gemma4AudioTower | null, textHidden: number, audio: AudioLayout): Component {
+  if (!tower) throw new Error('the recipe gives an audio setting (arch setting "audio"), but this Gemma 4 checkpoint has no audio tower (config.json has no audio_config)');
+  if (!tower.config) throw new Error(`the recipe gives an audio setting (arch setting "audio"), but this checkpoint's audio tower cannot be built: ${tower.refused}`);
+  if (audio.maxSeconds > MAX_AUDIO_SECONDS) throw new Error(`arch setting audio.maxSeconds ${audio.maxSeconds}: Gemma 4's processor takes clips of at most ${MAX_AUDIO_SECONDS} s`);
+  const a = tower.config;
+  const frames = gemma4AudioFrames(audio.maxSeconds);
+  return {
+    name: AUDIO, kind: AUDIO, weights: 'encoder', entry: {},
+    variants: [{ name: '', n: frames, role: AUDIO, build: (g, w) => gemma4AudioEncoderGraph(g, a, textHidden, frames, w) }],
+  };
+}
+
+/** The encoder's inputs are the host's preprocessed clip (log-mel features and their mask); its soft tokens are kept for the shards. */
+export function gemma4AudioBindings(entry: GraphEntry): GraphBindings {
+  return {
+    inputs: entry.inputs.map((t) => ({ ...t, bind: 'audio-features' as const })),
+    outputs: entry.outputs.map((t) => ({ ...t, bind: 'encoder-output' as const })),
+    state: [],
+  };
 }
 
 /** The fixed shapes of an encoder over `frames` mel frames: tokens out, attention blocks and their context. */

@@ -9,6 +9,7 @@ import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
 import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringOf, type Gemma4Config } from './gemma4.js';
 import { SOFT_TOKENS, VISION_PIXELS, VISION_POSITIONS } from './gemma4-vision.js';
+import { AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, MEL_BINS } from './gemma4-audio.js';
 
 /**
  * The runtime's mask over a ring of `slots` slots for the token at `position` (native StepMask, ring):
@@ -116,6 +117,44 @@ export async function* gemma4VisionCases(entry: GraphEntry, trace: Trace): Async
       feeds: {
         [VISION_PIXELS]: { dtype: 'float32', data: await trace.getPrompt(i, 'vision.pixels'), dims: pixels.shape },
         [VISION_POSITIONS]: { dtype: 'int32', data: Int32Array.from(pos), dims: positions.shape },
+      },
+    };
+  }
+}
+
+/**
+ * The audio encoder at each audio prompt: HF's extractor output in (log-mel features and mask, the
+ * tail past the clip zero with mask 0, as the extractor pads), its soft tokens and per-layer outputs
+ * out. Only the clip's own rows are compared: row t is the clip's when frame 4t is (HF's output mask,
+ * mask[::2][::2]), the first ceil(valid frames / 4); HF drops the rest and so must the host.
+ */
+export async function* gemma4AudioCases(entry: GraphEntry, trace: Trace): AsyncGenerator<GateCase> {
+  const prompts = trace.meta.prompts.map((p, i) => ({ p, i })).filter(({ p }) => p.audio);
+  if (!prompts.length) throw new Error(`${entry.name}: the trace holds no audio prompt, so the audio encoder cannot be gated: give the recipe gates.audioPrompts`);
+  const frames = entry.inputs.find((t) => t.name === AUDIO_FEATURES)!.shape[0];
+  const [T, H] = entry.outputs.find((t) => t.name === AUDIO_EMBEDS)!.shape;
+  for (const { p, i } of prompts) {
+    const features = await trace.getPrompt(i, 'audio.features');
+    const mask = await trace.getPrompt(i, 'audio.mask');
+    if (mask.length > frames || features.length !== mask.length * MEL_BINS) {
+      throw new Error(`${entry.name}: prompt ${i} (${p.audio!.file}): the trace's audio features are ${features.length / MEL_BINS} frames of ${MEL_BINS} bins with a ${mask.length}-frame mask, the encoder takes ${frames} (the checkpoint's feature extractor is not HF's 16 kHz / 10 ms default?)`);
+    }
+    let n = 0;
+    for (let t = 0; t < T; t++) if (mask[4 * t] > 0) n++;
+    const tokens = await trace.getPrompt(i, 'audio.tokens');
+    if (tokens.length !== n * H) throw new Error(`${entry.name}: prompt ${i} (${p.audio!.file}): HF gave ${tokens.length / H} soft tokens, the mask's valid frames make ${n}`);
+    const expected: Record<string, Float32Array> = { [AUDIO_EMBEDS]: padRows(tokens, T * H) };
+    const masks: Record<string, Uint8Array> = { [AUDIO_EMBEDS]: rowMask(T, H, n) };
+    for (const [value, probe] of Object.entries(entry.probes)) {
+      const width = probe.shape[probe.shape.length - 1];
+      expected[value] = padRows(await trace.getPrompt(i, probe.name), T * width);
+      masks[value] = rowMask(T, width, n);
+    }
+    yield {
+      prompt: i, step: 0, expected, masks,
+      feeds: {
+        [AUDIO_FEATURES]: { dtype: 'float32', data: padRows(features, frames * MEL_BINS), dims: [frames, MEL_BINS] },
+        [AUDIO_MASK]: { dtype: 'float32', data: padRows(mask, frames), dims: [frames] },
       },
     };
   }

@@ -1,6 +1,7 @@
 // Gemma 4 (E2B/E4B), model_type "gemma4": the text decoder is nested in `text_config`, its weights
 // live under `model.language_model.*`; the vision tower is a component of its own when the recipe
-// gives images a soft-token budget (gemma4-vision.ts); the audio tower is not read yet.
+// gives images a soft-token budget (gemma4-vision.ts), the audio tower one when it gives clips a
+// length budget (gemma4-audio.ts).
 // What is special (transformers' modeling_gemma4.py is the reference):
 //  - RMSNorm with a plain w (x·rsqrt(mean x²+eps)·w); v_norm has no weight; q_norm/k_norm over head_dim.
 //  - Two layer types with their own head_dim and RoPE: sliding (head_dim, θ 1e4, keys within
@@ -35,7 +36,8 @@ import { cachedAttention, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, 
 export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { gemma4Cases, gemma4VisionCases } from './gemma4-gates.js';
+import { gemma4AudioCases, gemma4Cases, gemma4VisionCases } from './gemma4-gates.js';
+import { AUDIO, gemma4AudioBindings, gemma4AudioComponent, parseGemma4AudioTower, type Gemma4AudioTower } from './gemma4-audio.js';
 import { GEMMA4_SOFT_TOKEN_BUDGETS, gemma4Patches, gemma4VisionEncoderGraph, parseGemma4VisionConfig, type Gemma4VisionConfig } from './gemma4-vision.js';
 
 const LAYER_TYPES = ['sliding_attention', 'full_attention'] as const;
@@ -118,6 +120,8 @@ export interface Gemma4Config {
   /** The vision tower, when the checkpoint has one (null: text only), and the tokens an image is written with. */
   vision: Gemma4VisionConfig | null;
   imageTokens: { image: number; begin: number; end: number } | null;
+  /** The audio tower and the tokens a clip is written with (null: no audio_config). */
+  audio: Gemma4AudioTower | null;
 }
 
 /** HF's inverse frequencies, in float32 like its rope init: default over all of head_dim, proportional over the first factor·d/2. */
@@ -182,14 +186,15 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
   };
 }
 
-/** The vision tower's config and image tokens; a config with a tower must name its tokens. */
-function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens'> {
-  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null };
+/** The vision tower's config and image tokens (a config with a vision tower must name its tokens), and the audio tower's. */
+function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens' | 'audio'> {
+  const audio = parseGemma4AudioTower(c, file);
+  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null, audio };
   const vision = parseGemma4VisionConfig(c.vision_config, file);
   for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
     if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
   }
-  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! } };
+  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! }, audio };
 }
 
 export const PREFIX = 'model.language_model';
@@ -242,12 +247,13 @@ export const gemma4: Family<Gemma4Config> = {
       shard: (g, s, w) => gemma4Shard(g, c, s, w),
       lmHead: (g, w) => gemma4LmHead(g, c, w),
     });
-    // A dry build asks every encoder a checkpoint has; a text-only one has none to give.
-    if (!layout.image || (layout.dry && !c.vision)) return text;
-    return [visionComponent(c, layout.image), ...text];
+    // A dry build asks every encoder a checkpoint has (and forge can build); a text-only one has none to give.
+    const vision = layout.image && !(layout.dry && !c.vision) ? [visionComponent(c, layout.image)] : [];
+    const audio = layout.audio && !(layout.dry && !c.audio?.config) ? [gemma4AudioComponent(c.audio, c.hidden, layout.audio)] : [];
+    return [...vision, ...audio, ...text];
   },
-  gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
-  bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : gemma4Bindings(c, entry, maxContext)),
+  gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : entry.kind === AUDIO ? gemma4AudioCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
+  bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : entry.kind === AUDIO ? gemma4AudioBindings(entry) : gemma4Bindings(c, entry, maxContext)),
 };
 
 const VISION = 'vision';

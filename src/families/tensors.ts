@@ -67,11 +67,13 @@ async function tensorsOfOnly<C>(family: Family<C>, config: C, layout: ComponentL
  * soft-token budget), so every family's encoder builds; its tensors do not depend on the grid.
  */
 const DRY_IMAGE = { height: 0, width: 0, maxSoftTokens: 70 };
+/** The audio layout of a dry build: one second (an audio encoder's tensors do not depend on its frames). */
+const DRY_AUDIO = { maxSeconds: 1 };
 
 /** What each encoder component reads (none for a text-only family). */
 export async function encoderTensors<C>(family: Family<C>, config: C, scheme: QuantScheme = 'fp32'): Promise<Array<{ name: string; tensors: TensorSpec[] }>> {
   const n = family.numLayers(config);
-  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: DRY_IMAGE };
+  const layout = { ...dryLayout([{ first: 0, last: n - 1, isLast: true }], false), image: DRY_IMAGE, audio: DRY_AUDIO };
   const encoders = family.components(config, layout).filter((c) => c.weights === 'encoder');
   return Promise.all(encoders.map(async (c) => ({ name: c.name, tensors: await componentTensors(c, { scheme, lmHeadScheme: scheme }) })));
 }

@@ -148,6 +148,8 @@ export interface ComponentLayout {
   maxContext: number;
   /** How images reach the vision encoder; absent: the text path only (no encoder component). */
   image?: ImageLayout;
+  /** How long an audio clip may be; absent: no audio encoder component. */
+  audio?: AudioLayout;
   /** A dry build (families/tensors.ts): asks only what the components read; a family leaves out an encoder its checkpoint lacks. */
   dry?: boolean;
 }
@@ -161,6 +163,11 @@ export interface ImageLayout {
   height?: number;
   width?: number;
   maxSoftTokens?: number;
+}
+
+/** The recipe's audio budget: the longest clip, in seconds (the family turns it into its encoder's frame count). */
+export interface AudioLayout {
+  maxSeconds: number;
 }
 
 /** One graph of a component; the variants of a component share its weights (one data file). */

@@ -19,6 +19,11 @@ export interface TracePrompt {
    * patch grid, its image tokens and where the first one sits in prompt_tokens.
    */
   image?: { file: string; sha256: string; size: [number, number]; grid: [number, number, number]; tokens: number; start: number };
+  /**
+   * An audio prompt (oracles/trace.py's "audio" input): the file, the mel frames the encoder was fed
+   * (the recipe's budget) and how many were the clip's, its audio tokens and where the first sits.
+   */
+  audio?: { file: string; sha256: string; frames: number; valid_frames: number; tokens: number; start: number };
 }
 
 /**

@@ -156,6 +156,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     prefillLength: s.prefillLength,
     maxContext: s.maxContext,
     ...(s.image ? { image: s.image } : {}),
+    ...(s.audio ? { audio: s.audio } : {}),
   };
   const components = family.components(config, layout);
   const encoders = tensors.encoders.filter((e) => components.some((c) => c.name === e.name)).map((e) => {

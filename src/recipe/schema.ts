@@ -166,6 +166,13 @@ export const ArchSettingsPatchSchema = z.object({
     z.object({ height: z.number().int().positive(), width: z.number().int().positive() }).strict(),
     z.object({ maxSoftTokens: z.number().int().positive() }).strict(),
   ]).nullable(),
+  /**
+   * How long an audio clip may be (families with an audio encoder; null: no audio input). The
+   * encoder is compiled for a fixed number of log-mel frames: HF's extractor makes one every 10 ms
+   * of 16 kHz audio (Gemma 4: maxSeconds 30 is its processor's cap, 2999 frames, 750 soft tokens);
+   * a shorter clip is padded and masked, a longer one is refused.
+   */
+  audio: z.object({ maxSeconds: z.number().positive() }).strict().nullable(),
 }).strict().partial();
 
 export const ARCH_SETTING_DEFAULTS = {
@@ -178,6 +185,7 @@ export const ARCH_SETTING_DEFAULTS = {
   prefillLength: 32,
   handoff: 'f32',
   image: null,
+  audio: null,
 } as const;
 
 /** The settings one arch builds with: defaults, then the recipe's `default` block, then the arch's. */
@@ -224,10 +232,22 @@ export const ImagePromptSchema = z.object({
 }).strict();
 export type ImagePrompt = z.infer<typeof ImagePromptSchema>;
 
+/**
+ * A prompt with an audio clip (families with an audio encoder): the text after the clip, and one of
+ * the clips oracles/twin_audio.py synthesises (made by code: no recording is downloaded or committed).
+ */
+export const AudioPromptSchema = z.object({
+  text: z.string().min(1),
+  audio: z.object({ made: z.string().regex(/^[\w.-]+\.wav$/, 'a test clip name such as low-tones.wav (oracles/twin_audio.py)') }).strict(),
+}).strict();
+export type AudioPrompt = z.infer<typeof AudioPromptSchema>;
+
 export const GateSettingsSchema = z.object({
   prompts: z.array(z.string().min(1)).min(1),
   /** Prompts with an image, traced after the text prompts (needs the arch settings' `image` size). */
   imagePrompts: z.array(ImagePromptSchema).default([]),
+  /** Prompts with an audio clip, traced after the image prompts (needs the arch settings' `audio` budget). */
+  audioPrompts: z.array(AudioPromptSchema).default([]),
   oracle: z.object({
     fp32MinCosine: z.number().min(0).max(1).default(0.99999),
     w8MinCosine: z.number().min(0).max(1).default(0.999),
@@ -281,7 +301,7 @@ export const ConfigSourceSchema = z.object({
 export const RecipeSchema = z.object({
   id: z.string().regex(/^[a-z0-9][a-z0-9.\-]*$/, 'lower-case letters, digits, dots and dashes'),
   family: z.enum(FAMILY_IDS),
-  modalities: z.array(z.enum(['text', 'image'])).min(1),
+  modalities: z.array(z.enum(['text', 'image', 'audio'])).min(1),
   source: SourceSchema,
   /**
    * The model's config.json (the fields the family reads), recorded so `forge plan` works offline
