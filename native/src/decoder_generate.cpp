@@ -216,9 +216,12 @@ int DecoderGenerate::run(Pass& p, const int* ids, int start, int valid, bool wan
   }
   for (auto& [output, e] : p.encoder) encoder_rows(output, start, p.n, valid, e.width, e.buf.data());
   for (auto& [window, mask] : p.masks) mask->fill(start, valid);
+  const int* table_ids = row_ids(start, valid, ids);
   for (auto& [key, r] : p.rows) {
     const HostTable& t = m_.host_tables[size_t(r.table)];
-    gather_rows(tables_[size_t(r.table)]->as<uint16_t>(), t.shape.back(), r.offset, r.width, ids, valid, r.scale, r.buf.data());
+    gather_rows(tables_[size_t(r.table)]->as<uint16_t>(), t.shape.back(), r.offset, r.width, table_ids, valid, r.scale, r.buf.data());
+    // A graph's embedding rows are the residual's first rows (Gemma 4's per-layer projection reads them): replaced alike.
+    if (t.use == "embedding") input_rows(start, valid, r.buf.data());
   }
 
   for (Step& s : p.steps) {
@@ -274,15 +277,5 @@ int DecoderGenerate::step(const int* ids, int start, int valid, bool want_token,
 }
 
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec) { return std::make_unique<DecoderGenerate>(m, exec); }
-
-// Gemma 4: the tables hold the checkpoint's rows; HF scales the token embedding by √hidden and the
-// per-layer rows by √P (hostOpParams, checked by the validator), which the host applies as it feeds them.
-std::unique_ptr<Generator> make_gemma4_split_generate(const Manifest& m, Executor& exec) {
-  DecoderOptions o;
-  o.embed_scale = float(m.host_op_numbers.at("embed_scale"));
-  o.row_scale["embedding"] = o.embed_scale;
-  o.row_scale["per-layer-embedding"] = float(m.host_op_numbers.at("per_layer_embed_scale"));
-  return std::make_unique<DecoderGenerate>(m, exec, std::move(o));
-}
 
 }  // namespace forge

@@ -6,9 +6,10 @@
 //   qwen3_5_generate   hybrids (Qwen3.5): KV caches for the full-attention layers plus recurrent
 //                      state (conv FIFO, delta-rule state) that each call replaces whole; decode
 //                      over the prompt (a prefill would need the chunked delta rule), lm-head separate.
-//   gemma4_split_generate  Gemma 4 (gemma4_generate.cpp): parts in sequence, per-layer-embedding
+//   gemma4_split_generate  Gemma 4 (gemma4_generate/): parts in sequence, per-layer-embedding
 //                      rows gathered per token from a host table, K/V of a donor layer shared across
-//                      parts, ring caches of the sliding window, decode over the prompt.
+//                      parts, ring caches of the sliding window, decode over the prompt; with its
+//                      vision graph, an image's soft tokens at its image tokens.
 // One token: embedding lookup (f16 host table → f32 rows) → shards in manifest order, threading the
 // residual, each updating only its own layers' state → lm-head (or the last shard's logits) on the
 // last real row → argmax. New K/V rows come back as state-rows outputs and only the real rows are
@@ -48,9 +49,9 @@ void validate_decoder_generate(const Manifest& m);
  */
 void validate_qwen3_vl_decoder(const Manifest& m);
 void validate_qwen3_5_generate(const Manifest& m);
-void validate_gemma4_split_generate(const Manifest& m);
+/** The decoder part of gemma4_split_generate (its validator, gemma4_manifest.cpp, checks the vision graph and its hostOpParams). */
+void validate_gemma4_decoder(const Manifest& m);
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
-std::unique_ptr<Generator> make_gemma4_split_generate(const Manifest& m, Executor& exec);
 
 /** What a host-op adds to the plain decoder's token step. */
 struct DecoderOptions {
@@ -77,8 +78,13 @@ class DecoderGenerate : public GreedyGenerator {
   virtual void position_rows(int start, int n, int valid, int32_t* rows) const;
   /** Rows [n, width] of the encoder-output `output` (the input's `output`, else its name) for the call's tokens; default: zeros. */
   virtual void encoder_rows(const std::string& output, int start, int n, int valid, int64_t width, float* rows) const;
-  /** The first shard's residual rows [valid, model.hidden] after the embedding (and its scale): a host-op may replace some (image tokens). */
+  /**
+   * The first shard's residual rows [valid, model.hidden] after the embedding (and its scale): a
+   * host-op may replace some (image tokens). The embedding rows a graph reads as host-rows get the same.
+   */
   virtual void input_rows(int /*start*/, int /*valid*/, float* /*x*/) const {}
+  /** The ids host-rows inputs read their tables at (default: the call's ids); Gemma 4 reads the pad token's rows at image tokens. */
+  virtual const int* row_ids(int /*start*/, int /*valid*/, const int* ids) const { return ids; }
 
  private:
   struct Pass;

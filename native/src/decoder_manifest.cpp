@@ -11,7 +11,8 @@
 // mask and positions, and caches shared across contexts. Anything else a manifest may express
 // (routing, encoders, other roles) it would not execute, so it is refused here, not ignored.
 // qwen3_vl_generate's decoder (validate_qwen3_vl_decoder) adds positions [3, N], float32 [1, N, hidden]
-// encoder-output inputs (DeepStack rows) and leaves its vision context to qwen3_vl_manifest.cpp.
+// encoder-output inputs (DeepStack rows) and leaves its vision context to qwen3_vl_manifest.cpp;
+// gemma4_split_generate leaves its own to gemma4_manifest.cpp.
 #include <algorithm>
 #include <cmath>
 #include <set>
@@ -29,7 +30,7 @@ struct DecoderRules {
   bool vl = false;          // qwen3_vl_generate: positions [3, N], encoder-output rows, a vision context of its own
 };
 
-/** qwen3_vl_generate's encoder context: its own validator's (qwen3_vl_manifest.cpp), not a shard. */
+/** The encoder context of qwen3_vl_generate and gemma4_split_generate: their own validators' (qwen3_vl_manifest.cpp, gemma4_manifest.cpp), not a shard. */
 constexpr const char* kVisionRole = "vision";
 
 bool gives_logits(const Graph& g) {
@@ -170,7 +171,7 @@ void contexts(const Manifest& m, const DecoderRules& r) {
   int next_layer = 0;
   bool have_logits = false;
   for (const Context& c : m.contexts) {
-    if (r.vl && c.graph(kVisionRole)) continue;  // the encoder: checked by qwen3_vl_generate's validator
+    if ((r.vl || r.gemma4) && c.graph(kVisionRole)) continue;  // the encoder: checked by the host-op's own validator
     std::set<std::string> roles;
     for (const Graph& g : c.graphs) {
       graph(m, g, r);
@@ -256,8 +257,9 @@ void validate_decoder(const Manifest& m, const DecoderRules& r) {
 // Dense decoders (Qwen3): KV caches only; batched prefill when every shard has a prefill graph.
 void validate_decoder_generate(const Manifest& m) { validate_decoder(m, {false, nullptr, false}); }
 
-// Gemma 4: decoded over the prompt (its graphs take one token), rows and scales from the host, ring and shared caches.
-void validate_gemma4_split_generate(const Manifest& m) {
+// Gemma 4's decoder: decoded over the prompt (its graphs take one token), rows and scales from the
+// host, ring and shared caches; its vision context is gemma4_manifest.cpp's.
+void validate_gemma4_decoder(const Manifest& m) {
   validate_decoder(m, {false, "decodes over the prompt (its graphs take one token per call)", false, true});
 }
 

@@ -11,6 +11,7 @@
 // qhx_generate dispatches through find_host_op; the list of built-in host-ops is in host_ops.cpp.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -76,32 +77,38 @@ class Generator {
   /** Whether a batched prefill is there to run (else the prompt is decoded token by token). */
   virtual bool has_prefill() const = 0;
   /**
-   * Runs the host-op's image encoder over pre-processed pixels (HostOpSpec::image says how to make
+   * Runs the host-op's image encoder over pre-processed pixels (HostOpSpec::image's reader makes
    * them) for the generate() calls after it, whose prompt then holds the image's tokens: they take
    * its rows. Returns the encoder's wall milliseconds. A host-op without an image encoder refuses.
    */
   virtual double encode_image(const Pixels& pixels);
 };
 
-/** How a host-op that reads an image wants it: the pre-processing, and the prompt's ids that stand for it. */
+/** An image made ready for a host-op: its encoder's input and the block of prompt ids that stands for it. */
 struct ImagePrompt {
-  ImageSpec spec;
+  Pixels pixels;
   /** The image's block of prompt ids (Qwen3-VL: vision_start, one image token per encoder output row, vision_end). */
   std::vector<int> block;
   int image_token = -1;  // the id of an image token
-  int tokens = 0;        // image tokens in the block (rows of the encoder's output)
+  int tokens = 0;        // image tokens in the block (rows of the encoder's output the prompt takes)
 };
+/**
+ * Reads an image file as a manifest's host-op wants it: pre-processing and prompt block (the block
+ * can depend on the image: Gemma 4 keeps its aspect ratio within a soft-token budget). Throws
+ * std::runtime_error naming the file.
+ */
+using ImageReader = std::function<ImagePrompt(const std::string& path)>;
 
 struct HostOpSpec {
   const char* name;
   void (*validate)(const Manifest& m);
   std::unique_ptr<Generator> (*make)(const Manifest& m, Executor& exec);
   /**
-   * nullptr: the host-op reads no image. Else the image input of a manifest (qhx_generate --image),
-   * from the manifest alone (no graph is loaded); throws ManifestError when this manifest carries no
-   * image encoder (a text manifest of a vision bundle).
+   * nullptr: the host-op reads no image. Else the image reader of a manifest (qhx_generate --image),
+   * made from the manifest alone (no graph is loaded); throws ManifestError when this manifest carries
+   * no image encoder (a text manifest of a vision bundle).
    */
-  ImagePrompt (*image)(const Manifest& m);
+  ImageReader (*image)(const Manifest& m);
   /**
    * An encoder-output input whose component the manifest does not carry is fed by the host-op
    * (zeros) instead of refused by the loader: a text manifest of a vision bundle over the same graphs.
@@ -113,6 +120,8 @@ struct HostOpSpec {
 const HostOpSpec* find_host_op(const std::string& name);
 /** Every registered name, in registration order. */
 std::vector<std::string> host_op_names();
+/** A whole number in hostOpParams, at least `min`, or the refusal naming it (for host-op validators). */
+int host_op_integer(const Manifest& m, const std::string& key, int min);
 /** The generator of the manifest's host-op (load_manifest has refused an unregistered one). */
 std::unique_ptr<Generator> make_generator(const Manifest& m, Executor& exec);
 

@@ -29,6 +29,9 @@ struct Pixels {
   int64_t patches, patch_dim;
   int grid_h, grid_w;
   double decode_ms, resize_ms, patchify_ms;
+  // int32 [patches, 2]: (x, y) of each row on the resized grid, (−1, −1) for padding, for an encoder
+  // that takes the positions (Gemma 4: gemma4_image.h); empty for a fixed grid.
+  std::vector<int32_t> positions = {};
 };
 
 // The whole pipeline. Throws std::runtime_error naming the file (or the spec field) on any error.

@@ -186,7 +186,8 @@ struct Parser {
     // The token rules of the two roles the generic decode loop knows.
     if (out.role == role::decode && out.tokens != 1) g.at("tokens").fail("a decode graph takes 1 token, not " + std::to_string(out.tokens));
     if (out.role == role::prefill && out.tokens < 2) g.at("tokens").fail("a prefill graph takes more than 1 token");
-    if (out.tokens > m.max_context) g.at("tokens").fail(std::to_string(out.tokens) + " exceeds limits.maxContext " + std::to_string(m.max_context));
+    // Tokens of a decoder graph are positions; an encoder's are patches or frames, not held in a cache.
+    if ((out.role == role::decode || out.role == role::prefill) && out.tokens > m.max_context) g.at("tokens").fail(std::to_string(out.tokens) + " exceeds limits.maxContext " + std::to_string(m.max_context));
     if (g.has("file")) {
       out.file = g.at("file").rel_path();
       out.sha256 = g.at("sha256").sha256();

@@ -109,9 +109,10 @@ std::vector<int> image_prompt_ids(const Manifest& m, const Tokenizer& tok, const
                                   const ChatOptions& options) {
   std::vector<int> ids;
   if (!chat) {
-    ids = block;
-    std::vector<int> rest = text_prompt_ids(m, tok, text, false);
-    ids.insert(ids.end(), rest.begin(), rest.end());
+    // After the BOS (Gemma's processor expands the image where its text puts it, the tokenizer adds the BOS before).
+    ids = text_prompt_ids(m, tok, text, false);
+    const size_t at = m.bos && !ids.empty() && ids[0] == *m.bos ? 1 : 0;
+    ids.insert(ids.begin() + std::ptrdiff_t(at), block.begin(), block.end());
   } else {
     const Manifest::ChatWrap& wrap = chat_wrap(m, options);
     ids = tok.encode(wrap.prefix);

@@ -38,8 +38,9 @@ std::vector<int> text_prompt_ids(const Manifest& m, const Tokenizer& tok, const 
 
 /**
  * The ids of a text prompt with an image: the image's block of ids (ImagePrompt::block: vision_start,
- * its image tokens, vision_end) before the text. Plain: the block, then text_prompt_ids(text) (the
- * ids forge's oracle traces: `[vision_start] + [image]×T + [vision_end] + tok(text)`). chat: the
+ * its image tokens, vision_end) before the text. Plain: text_prompt_ids(text) with the block before
+ * it, after its BOS where the model has one (the ids forge's oracle traces: Qwen3-VL
+ * `[vision_start] + [image]×T + [vision_end] + tok(text)`, Gemma 4 `[bos] + block + tok(text)[1:]`). chat: the
  * block inside the user turn, before the text: prefix, block, text + suffix, as HF's processor feeds
  * the template's `<|vision_start|><|image_pad|><|vision_end|>` (its image token expanded to T): each
  * is a special token, so tokenizing the pieces apart gives the ids of the whole.

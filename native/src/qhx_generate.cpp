@@ -16,11 +16,12 @@
 // ids, each in the vocabulary), and generated_ids is still the token the runtime chose at every step;
 // the parity gate forces HF's greedy tokens so a comparison goes on past a mismatch. The text and EOS
 // stop follow the sequence as fed.
-// --image FILE (a host-op that reads an image: qwen3_vl_generate, its vision manifest): the file is
-// pre-processed as hostOpParams say (image_input.h), the vision graph runs once, and the prompt is
-// the image's block (vision_start, its T image tokens, vision_end) then the text's ids; with --chat
-// the block opens the user turn (prefix + block + text + suffix). With --prompt-ids the ids are fed
-// as given and must hold the image's T image tokens.
+// --image FILE (a host-op that reads an image: qwen3_vl_generate, gemma4_split_generate, with their
+// vision manifest): the file is pre-processed as hostOpParams say (image_input.h, gemma4_image.h),
+// the vision graph runs once, and the prompt is the image's block (its start token, its T image
+// tokens, its end token; Gemma 4's T depends on the image's aspect ratio) then the text's ids, after
+// the BOS where the model has one; with --chat the block opens the user turn (prefix + block + text +
+// suffix). With --prompt-ids the ids are fed as given and must hold the image's T image tokens.
 // Prints the generated ids and text; --json prints one JSON object instead:
 //   {prompt_ids, generated_ids, text (null when it cannot be had), text_error (why, else null),
 //    stopped_at_eos, prefill, backend, verified,
@@ -128,8 +129,10 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     tok_error = e.what();
   }
-  // An image: what its host-op makes of it (pre-processing, the prompt's block), from the manifest alone.
+  // An image: its host-op's reader (from the manifest alone) pre-processes it and gives the prompt's
+  // block for it. Timed on its own, not as part of load_ms.
   std::optional<forge::ImagePrompt> image_prompt;
+  double preprocess_ms = 0;
   if (image) {
     const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
     if (!op->image) {
@@ -138,11 +141,15 @@ int run(int argc, char** argv) {
         if (forge::find_host_op(n)->image) readers += (readers.empty() ? "" : ", ") + n;
       throw std::runtime_error("--image: hostOp " + m.host_op + " reads no image (a host-op that does: " + readers + ")");
     }
+    forge::ImageReader read;
     try {
-      image_prompt = op->image(m);
+      read = op->image(m);
     } catch (const forge::ManifestError& e) {
       throw std::runtime_error(std::string("--image: ") + e.what());
     }
+    const auto t0 = std::chrono::steady_clock::now();
+    image_prompt = read(*image);
+    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<int> ids;
   if (prompt_ids) {
@@ -165,15 +172,7 @@ int run(int argc, char** argv) {
     else std::cout << "prompt_ids: " << join_ids(ids) << "\n";
     return 0;
   }
-
-  // The image's pre-processing is timed on its own, not as part of load_ms.
-  std::optional<forge::Pixels> pixels;
-  double preprocess_ms = 0;
-  if (image_prompt) {
-    const auto t0 = std::chrono::steady_clock::now();
-    pixels = forge::preprocess_image(*image, image_prompt->spec);
-    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  const forge::Pixels* pixels = image_prompt ? &image_prompt->pixels : nullptr;
 
   // FORGE_ORT_THREADS pins ORT's intra-op threads (timings of tiny graphs are noisy with spinning pools).
   const char* threads = std::getenv("FORGE_ORT_THREADS");

@@ -29,7 +29,8 @@ std::vector<TracePrompt> load_trace(const std::string& dir) {
   nlohmann::json j = nlohmann::json::parse(in);
   std::vector<TracePrompt> out;
   for (const auto& p : j.at("prompts"))
-    out.push_back({p.value("text", ""), p.at("prompt_tokens").get<std::vector<int>>(), p.at("generated").get<std::vector<int>>()});
+    out.push_back({p.value("text", ""), p.at("prompt_tokens").get<std::vector<int>>(), p.at("generated").get<std::vector<int>>(),
+                   p.contains("image") ? dir + "/images/" + p.at("image").at("file").get<std::string>() : ""});
   return out;
 }
 

@@ -20,6 +20,7 @@ std::string need_env(const char* name);
 struct TracePrompt {
   std::string text;
   std::vector<int> prompt_tokens, generated;
+  std::string image;  // an image prompt's file in <trace>/images (the trace stage keeps it there); "" for text
 };
 std::vector<TracePrompt> load_trace(const std::string& trace_dir);
 

@@ -1,7 +1,8 @@
 // gemma4_split_generate on the Gemma-4 twin's bundles (test/helpers/make-bundle.ts --gemma4): every
 // token HF's in fp32 and W8 while prompts and continuations run past the sliding window (the ring
-// caches wrap); the ring mask and ring writes by themselves; and the validator refusing, naming the
-// field, what the host-op would not run.
+// caches wrap), image prompts included (the image read and encoded by the runtime); the ring mask
+// and ring writes by themselves; the image prompt's ids as HF's; and the validator refusing, naming
+// the field, what the host-op would not run.
 #include <fstream>
 #include <algorithm>
 #include <cctype>
@@ -11,8 +12,11 @@
 #include <nlohmann/json.hpp>
 
 #include "bundle_env.h"
+#include "gemma4_generate/gemma4_generate.h"
 #include "manifest.h"
+#include "prompt.h"
 #include "step_buffers.h"
+#include "tokenizer.h"
 
 using nlohmann::json;
 using forge_test::load;
@@ -43,6 +47,12 @@ int ring_of(const forge::Manifest& m) {
   return w;
 }
 
+/** Greedy over a traced prompt; an image prompt's image read (as qhx_generate --image reads it) and encoded first. */
+forge::GenerateResult run_traced(forge_test::Loaded& l, const forge_test::TracePrompt& tp) {
+  if (!tp.image.empty()) l.gen->encode_image(forge::find_host_op(l.manifest.host_op)->image(l.manifest)(tp.image).pixels);
+  return l.gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+}
+
 void expect_parity_past_the_window(const char* label, const std::string& bundle, const std::string& trace) {
   auto l = load(bundle);
   ASSERT_EQ(l->manifest.host_op, "gemma4_split_generate");
@@ -52,8 +62,8 @@ void expect_parity_past_the_window(const char* label, const std::string& bundle,
   auto prompts = forge_test::load_trace(trace);
   size_t longest = 0;
   for (const auto& tp : prompts) {
-    auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
-    EXPECT_EQ(r.generated, tp.generated) << label << " '" << tp.text << "'";
+    auto r = run_traced(*l, tp);
+    EXPECT_EQ(r.generated, tp.generated) << label << " '" << tp.text << "'" << (tp.image.empty() ? "" : " with " + tp.image);
     longest = std::max(longest, tp.prompt_tokens.size() + tp.generated.size());
     // A continuation alone longer than the window: the ring wraps while generating, not only in the prompt.
     EXPECT_GT(tp.generated.size(), size_t(ring)) << tp.text;
@@ -125,6 +135,16 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
       }
   ASSERT_FALSE(mask_at.empty());
   ASSERT_FALSE(rows_at.empty());
+  // The vision context and its positions input (int32).
+  std::string vision_at, positions_at;
+  for (size_t c = 0; c < good["contexts"].size(); c++)
+    if (good["contexts"][c]["graphs"][0]["role"] == "vision") {
+      vision_at = "/contexts/" + std::to_string(c) + "/graphs/0";
+      for (size_t i = 0; i < good["contexts"][c]["graphs"][0]["inputs"].size(); i++)
+        if (good["contexts"][c]["graphs"][0]["inputs"][i]["dtype"] == "int32") positions_at = vision_at + "/inputs/" + std::to_string(i);
+    }
+  ASSERT_FALSE(vision_at.empty()) << "the bundle has no vision graph";
+  ASSERT_FALSE(positions_at.empty());
   auto path = [](std::string p) {  // "/contexts/0/graphs/0/inputs/3" → "contexts[0].graphs[0].inputs[3]"
     std::string out;
     for (size_t i = 1; i < p.size();) {
@@ -146,6 +166,11 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
       {"ring read without its mask", [&](json& j) { j[json::json_pointer(mask_at)].erase("window"); }, path(mask_at)},
       {"per-layer rows without a layer", [&](json& j) { j[json::json_pointer(rows_at)].erase("layer"); }, path(rows_at) + ".layer: per-layer-embedding rows need the layer whose slice they are"},
       {"the bundle under decoder_generate", [](json& j) { j["hostOp"] = "decoder_generate"; }, "decoder_generate has no ring caches"},
+      {"no pad token", [](json& j) { j["hostOpParams"].erase("pad_token_id"); }, "hostOpParams.pad_token_id: gemma4_split_generate needs an integer here"},
+      {"an image token past the vocabulary", [](json& j) { j["hostOpParams"]["image_token_id"] = j["model"]["vocab"]; }, "hostOpParams.image_token_id: "},
+      {"a budget HF does not have", [](json& j) { j["hostOpParams"]["max_soft_tokens"] = 71; }, "hostOpParams: gemma4 image spec: "},
+      {"positions as float32", [&](json& j) { j[json::json_pointer(positions_at)]["dtype"] = "float32"; }, "a second patches input"},
+      {"soft tokens of another width", [&](json& j) { j[json::json_pointer(vision_at)]["outputs"][0]["shape"] = {70, 7}; }, "must be [max_soft_tokens, model.hidden]"},
       {"a prefill graph", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "prefill"; j["contexts"][0]["graphs"][0]["tokens"] = 2; }, ""},
   };
   for (const Mutation& mu : mutations) {
@@ -185,4 +210,73 @@ TEST(Gemma4, TheShippedBundleHandsTheResidualOverInF16) {
   mixed[json::json_pointer(first_at)]["dtype"] = "float32";
   const std::string err = error_of(mixed, bundle);
   EXPECT_NE(err.find("every residual hand-off has one dtype"), std::string::npos) << err;
+}
+
+// An image prompt as the runtime makes it: the processor's soft-token count for the image's aspect
+// ratio, the block after the BOS, the text's ids after it — the ids HF traced; each of the traced
+// images gives its own continuation, HF's (in fp32 free-running over every traced token).
+TEST(Gemma4Image, ThePromptIsHFsAndEachImageItsOwnAnswer) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  auto l = load(bundle);
+  const forge::Tokenizer tok = forge::Tokenizer::from_file(bundle + "/tokenizer.json");
+  const forge::ImageReader read = forge::find_host_op("gemma4_split_generate")->image(l->manifest);
+  std::vector<std::vector<int>> answers;
+  for (const auto& tp : forge_test::load_trace(trace)) {
+    if (tp.image.empty()) continue;
+    const forge::ImagePrompt p = read(tp.image);
+    EXPECT_EQ(p.block.size(), size_t(p.tokens) + 2);
+    EXPECT_EQ(forge::image_prompt_ids(l->manifest, tok, p.block, tp.text, false), tp.prompt_tokens) << tp.image;
+    l->gen->encode_image(p.pixels);
+    const auto r = l->gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true});
+    EXPECT_EQ(r.generated, tp.generated) << tp.image;
+    answers.push_back(r.generated);
+  }
+  ASSERT_EQ(answers.size(), 2u) << "the trace has two image prompts";
+  EXPECT_NE(answers[0].front(), answers[1].front()) << "the two images begin the same answer";
+}
+
+TEST(Gemma4Image, RefusesImageTokensItCannotFeed) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  forge_test::TracePrompt image;
+  for (const auto& tp : forge_test::load_trace(trace))
+    if (!tp.image.empty() && image.image.empty()) image = tp;
+  ASSERT_FALSE(image.image.empty());
+  auto l = load(bundle);
+  auto refused = [&](const std::vector<int>& ids, const std::string& want) {
+    try {
+      l->gen->generate(ids, {2, true, true});
+      ADD_FAILURE() << "ran: " << want;
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  refused(image.prompt_tokens, "no image was given to the encoder");
+  const forge::ImagePrompt p = forge::find_host_op("gemma4_split_generate")->image(l->manifest)(image.image);
+  l->gen->encode_image(p.pixels);
+  std::vector<int> longer = image.prompt_tokens;
+  longer.insert(longer.begin() + 2, p.image_token);
+  refused(longer, "image tokens (id " + std::to_string(p.image_token) + "); the encoded image has " + std::to_string(p.tokens) + " soft tokens");
+  std::vector<int> two = image.prompt_tokens;
+  two.insert(two.end(), p.block.begin(), p.block.end());
+  refused(two, "more than one run of image tokens");
+}
+
+// The bundle's text manifest (no vision graph) runs text as the vision manifest does and reads no image.
+TEST(Gemma4Image, TheTextManifestRunsTextAndReadsNoImage) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  forge::Manifest text = forge::load_manifest(bundle + "/manifest.text.json", bundle);
+  EXPECT_EQ(forge::gemma4_vision_graph(text), nullptr);
+  forge::Executor exec(text, {});
+  auto gen = forge::make_generator(text, exec);
+  for (const auto& tp : forge_test::load_trace(trace))
+    if (tp.image.empty()) EXPECT_EQ(gen->generate(tp.prompt_tokens, {int(tp.generated.size()), true, true}).generated, tp.generated) << tp.text;
+  try {
+    forge::find_host_op("gemma4_split_generate")->image(text);
+    ADD_FAILURE() << "a text manifest gave an image reader";
+  } catch (const forge::ManifestError& e) {
+    EXPECT_NE(std::string(e.what()).find("contexts: no vision graph (role vision): this manifest reads no image"), std::string::npos) << e.what();
+  }
 }

@@ -268,12 +268,14 @@ struct VlBundle {
   std::string dir;
   std::unique_ptr<forge_test::Loaded> l;
   forge::Tokenizer tok;
-  forge::ImagePrompt image;
+  forge::ImageReader read;
+  forge::ImagePrompt image;  // the first test image, read
 };
 
 std::unique_ptr<VlBundle> open_vl(const std::string& dir) {
-  auto b = std::make_unique<VlBundle>(VlBundle{dir, forge_test::load(dir), forge::Tokenizer::from_file(dir + "/tokenizer.json"), {}});
-  b->image = forge::find_host_op("qwen3_vl_generate")->image(b->l->manifest);
+  auto b = std::make_unique<VlBundle>(VlBundle{dir, forge_test::load(dir), forge::Tokenizer::from_file(dir + "/tokenizer.json"), {}, {}});
+  b->read = forge::find_host_op("qwen3_vl_generate")->image(b->l->manifest);
+  b->image = b->read(test_images()[0]);
   return b;
 }
 
@@ -295,7 +297,7 @@ void expect_image_generation(const char* env) {
   const std::vector<std::string> images = test_images();
   std::vector<std::vector<int>> got;
   for (const std::string& file : images) {
-    forge::Pixels px = forge::preprocess_image(file, b->image.spec);
+    forge::Pixels px = b->read(file).pixels;
     EXPECT_EQ(px.patches, 48);
     EXPECT_GT(g.encode_image(px), 0.0);
     const std::vector<int> plain = forge::image_prompt_ids(m, b->tok, b->image.block, kText, false);
@@ -373,7 +375,7 @@ TEST(Qwen3VL, GenerateRefusesImageTokensItCannotFeed) {
     }
   };
   refused(ids, "no image was given to the encoder");
-  b->l->gen->encode_image(forge::preprocess_image(test_images()[1], b->image.spec));
+  b->l->gen->encode_image(b->read(test_images()[1]).pixels);
   std::vector<int> two = ids;
   two.insert(two.end(), b->image.block.begin(), b->image.block.end());
   refused(two, "the prompt holds 2 images (runs of 12 image tokens); qwen3_vl_generate encodes one image per prompt");

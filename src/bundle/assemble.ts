@@ -168,9 +168,11 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
   ManifestSchema.parse(manifest); // forge never writes a manifest the runtime would refuse
   writeFileSync(join(out, MANIFEST), JSON.stringify(manifest, null, 2) + '\n');
   // A vision bundle also ships its text-only manifest: the same graphs and weights without the
-  // encoder's context, for text prompts on a runtime that need not load the encoder.
+  // encoder's context, for text prompts on a runtime that need not load the encoder. Where a shard
+  // binds an encoder's output (Qwen3-VL's DeepStack), only a host-op that feeds it zeros can run that.
   const encoders = contexts.filter((c) => c.graphs.some((g) => g.outputs.some((o) => o.bind === 'encoder-output')));
-  if (encoders.length && RUNS_WITHOUT_ENCODER.has(manifest.hostOp)) {
+  const bindsEncoder = contexts.some((c) => !encoders.includes(c) && c.graphs.some((g) => g.inputs.some((i) => i.bind === 'encoder-output')));
+  if (encoders.length && (!bindsEncoder || RUNS_WITHOUT_ENCODER.has(manifest.hostOp))) {
     const text = ManifestSchema.parse({ ...manifest, contexts: contexts.filter((c) => !encoders.includes(c)) });
     writeFileSync(join(out, TEXT_MANIFEST), JSON.stringify(text, null, 2) + '\n');
   }

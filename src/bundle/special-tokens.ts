@@ -28,7 +28,27 @@ const tokenId = z.number().int().nonnegative();
 const TokenizerJsonSchema = z.object({
   added_tokens: z.array(z.object({ id: tokenId, content: z.string() }).passthrough()).optional(),
   model: z.object({ vocab: z.record(z.string(), tokenId) }).passthrough(),
+  post_processor: z.unknown().optional(),
 }).passthrough();
+
+/**
+ * The special token a TemplateProcessing post-processor puts before a single sequence (how a
+ * tokenizers-backed tokenizer adds its BOS when tokenizer_config.json does not say), or null.
+ */
+function leadingSpecial(post: unknown): string | null {
+  if (!post || typeof post !== 'object') return null;
+  const p = post as { type?: unknown; single?: unknown; processors?: unknown };
+  if (p.type === 'Sequence' && Array.isArray(p.processors)) {
+    for (const x of p.processors) {
+      const found = leadingSpecial(x);
+      if (found) return found;
+    }
+    return null;
+  }
+  if (p.type !== 'TemplateProcessing' || !Array.isArray(p.single)) return null;
+  const id = (p.single[0] as { SpecialToken?: { id?: unknown } } | null | undefined)?.SpecialToken?.id;
+  return typeof id === 'string' ? id : null;
+}
 
 // A token is named by its text, or by an AddedToken object {content, ...}.
 const namedToken = z.union([z.string(), z.object({ content: z.string() }).passthrough()]).nullable().optional();
@@ -88,7 +108,8 @@ export function parseSpecialTokens(sources: SpecialTokenSources): SpecialTokens 
   }
   const wrapped = chatTemplate === null ? null : chatWrap(chatTemplate, tokens, sources.tokenizerConfig!.file);
   return {
-    bos: cfg.add_bos_token ? idOf(cfg.bos_token) : null,
+    // add_bos_token when the config says; else what tokenizer.json's post-processor adds (Gemma's).
+    bos: cfg.add_bos_token === true ? idOf(cfg.bos_token) : cfg.add_bos_token === false ? null : idOf(leadingSpecial(tok.post_processor)),
     eos: [...eos].sort((a, b) => a - b),
     chatTemplate,
     chat: wrapped && 'wrap' in wrapped ? wrapped.wrap : null,

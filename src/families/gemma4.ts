@@ -78,6 +78,7 @@ const TextConfigSchema = z.object({
   use_bidirectional_attention: z.union([z.null(), z.literal('none')], { message: 'bidirectional attention is not supported' }).optional(),
   rope_parameters: z.object({ sliding_attention: Rope, full_attention: Rope }),
   tie_word_embeddings: z.boolean().optional(),
+  pad_token_id: z.number().int().nonnegative().optional(),
 }).passthrough();
 
 const ConfigSchema = z.object({
@@ -119,7 +120,8 @@ export interface Gemma4Config {
   pleScale: number;
   /** The vision tower, when the checkpoint has one (null: text only), and the tokens an image is written with. */
   vision: Gemma4VisionConfig | null;
-  imageTokens: { image: number; begin: number; end: number } | null;
+  /** The tokens an image is written with, and the pad token whose per-layer rows HF reads at them. */
+  imageTokens: { image: number; begin: number; end: number; pad: number } | null;
   /** The audio tower and the tokens a clip is written with (null: no audio_config). */
   audio: Gemma4AudioTower | null;
 }
@@ -194,7 +196,9 @@ function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Confi
   for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
     if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
   }
-  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! }, audio };
+  const pad = c.text_config.pad_token_id;
+  if (pad === undefined) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at image tokens');
+  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id!, pad }, audio };
 }
 
 export const PREFIX = 'model.language_model';
@@ -214,7 +218,7 @@ export const ringOf = (c: Gemma4Config, maxContext: number): number | null => (c
 
 /** Host-table names in the manifest. */
 export const TABLES = { embedding: 'embedding', ple: 'per_layer_embedding' } as const;
-/** The runtime host-op for this family; the native registry has no such host-op yet (step 2 of issue 16). */
+/** The runtime host-op for this family (native/src/gemma4_generate/). */
 export const HOST_OP = 'gemma4_split_generate';
 
 /** Each layer's KV cache: its own heads and head size, a ring for sliding layers; KV-shared layers have none (they read the donor's). */
@@ -241,7 +245,15 @@ export const gemma4: Family<Gemma4Config> = {
   ],
   // The tables are the checkpoint's rows (fp16); the host multiplies the rows it feeds by these, as
   // HF's scaled embeddings do (the softcap and the sliding window are inside the graphs).
-  hostOpParams: (c) => ({ embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple }),
+  // With the vision encoder, what the runtime needs to make an image's encoder input and its block of
+  // prompt ids (HF's processor at the recipe's budget; the pad token's per-layer rows at image tokens).
+  hostOpParams: (c, layout) => ({
+    embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple,
+    ...(layout?.image?.maxSoftTokens && c.vision && c.imageTokens ? {
+      image_token_id: c.imageTokens.image, boi_token_id: c.imageTokens.begin, eoi_token_id: c.imageTokens.end, pad_token_id: c.imageTokens.pad,
+      max_soft_tokens: layout.image.maxSoftTokens, patch_size: c.vision.patch, pooling_kernel_size: c.vision.pooling,
+    } : {}),
+  }),
   components(c, layout) {
     const text = decoderComponents(layout, {
       shard: (g, s, w) => gemma4Shard(g, c, s, w),

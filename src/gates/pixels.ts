@@ -1,5 +1,5 @@
 // The runtime's image pre-processing against Hugging Face's: for every image prompt the oracle
-// traced, the C++ front-end (qhx_pixels: decode, stretch, rescale, normalise, patchify, with the
+// traced, the C++ front-end (qhx_pixels: decode, resize, rescale, normalise, patchify, with the
 // bundle manifest's own parameters) runs on the same file, and its pixel_values are compared with the
 // processor's (trace `p{p}/pixels`). The figures go on the card; a cosine under PIXELS_MIN_COSINE
 // fails the parity gate (a wrong channel order or patch order, not a resampling difference).
@@ -25,15 +25,25 @@ export interface PixelCheck {
   ok: boolean;
 }
 
-/** The manifest's pre-processing parameters as qhx_pixels options (hostOpParams: image_height, patch_size …). */
-export function pixelOptions(m: Pick<Manifest, 'hostOpParams'>): string[] {
+/**
+ * The manifest's pre-processing as qhx_pixels options, and the trace's names of HF's processor output:
+ * a fixed grid (Qwen-VL: image_height, patch_size …; trace `pixels`) or Gemma 4's soft-token budget
+ * (max_soft_tokens, patch_size, pooling_kernel_size; trace `vision.pixels` and `vision.positions`).
+ */
+export function pixelOptions(m: Pick<Manifest, 'hostOpParams'>): { args: string[]; pixels: string; positions?: string } {
   const p = m.hostOpParams ?? {};
   const need = (k: string) => {
     if (p[k] === undefined) throw new Error(`the manifest's hostOpParams has no ${k}: the bundle takes no images`);
     return String(p[k]);
   };
-  return ['--size', `${need('image_height')}x${need('image_width')}`, '--patch', need('patch_size'), '--temporal', need('temporal_patch_size'),
-    '--merge', need('merge_size'), '--mean', need('image_mean'), '--std', need('image_std')];
+  if (p.max_soft_tokens !== undefined) {
+    return { args: ['--soft-tokens', need('max_soft_tokens'), '--patch', need('patch_size'), '--pooling', need('pooling_kernel_size')], pixels: 'vision.pixels', positions: 'vision.positions' };
+  }
+  return {
+    args: ['--size', `${need('image_height')}x${need('image_width')}`, '--patch', need('patch_size'), '--temporal', need('temporal_patch_size'),
+      '--merge', need('merge_size'), '--mean', need('image_mean'), '--std', need('image_std')],
+    pixels: 'pixels',
+  };
 }
 
 export async function checkPixels(qhxPixels: string, manifest: Pick<Manifest, 'hostOpParams'>, trace: Trace): Promise<PixelCheck[]> {
@@ -43,15 +53,26 @@ export async function checkPixels(qhxPixels: string, manifest: Pick<Manifest, 'h
   try {
     const out: PixelCheck[] = [];
     for (const { i, file } of prompts) {
-      const bin = join(work, `${i}.bin`);
-      const r = await runOwned(qhxPixels, [join(trace.dir, TRACE_IMAGES, file), ...pixelOptions(manifest), '--out', bin, '--json'], { timeoutSeconds: 120 });
+      const bin = join(work, `${i}.bin`), at = join(work, `${i}.positions.bin`);
+      const opts = pixelOptions(manifest);
+      const r = await runOwned(qhxPixels, [join(trace.dir, TRACE_IMAGES, file), ...opts.args, '--out', bin, ...(opts.positions ? ['--positions', at] : []), '--json'], { timeoutSeconds: 120 });
       if (r.spawnError) throw new Error(`cannot run ${qhxPixels}: ${r.spawnError}`);
       if (r.exitCode !== 0) throw new Error(`qhx_pixels on ${file} exited ${r.signal ?? r.exitCode ?? 'with no status'}: ${r.stderr.trim().split('\n').pop()}`);
       const timings = (JSON.parse(r.stdout.trim().split('\n').pop()!) as { timings: { decode_ms: number; resize_ms: number; patchify_ms: number } }).timings;
       const buf = readFileSync(bin);
       const ours = new Float32Array(buf.buffer, buf.byteOffset, buf.byteLength / 4);
-      const hf = await trace.getPrompt(i, 'pixels');
+      const hf = await trace.getPrompt(i, opts.pixels);
       if (ours.length !== hf.length) throw new Error(`qhx_pixels gave ${ours.length} values for ${file}, Hugging Face's processor ${hf.length}`);
+      // Where the encoder takes the patches' positions, they are the processor's exactly (else a patch lands elsewhere).
+      if (opts.positions) {
+        const pos = readFileSync(at);
+        const mine = new Int32Array(pos.buffer, pos.byteOffset, pos.byteLength / 4);
+        const theirs = await trace.getPrompt(i, opts.positions);
+        const differs = mine.length !== theirs.length ? 0 : mine.findIndex((v, k) => v !== theirs[k]);
+        if (mine.length !== theirs.length || differs >= 0) {
+          throw new Error(`qhx_pixels' patch positions for ${file} differ from Hugging Face's processor (${mine.length !== theirs.length ? `${mine.length / 2} against ${theirs.length / 2} patches` : `patch ${differs >> 1}`})`);
+        }
+      }
       let dot = 0, a2 = 0, b2 = 0, maxAbs = 0, sumAbs = 0;
       for (let k = 0; k < hf.length; k++) {
         const d = Math.abs(ours[k] - hf[k]);

@@ -50,6 +50,16 @@ describe('fuzz: tokenizer files (special tokens)', () => {
     });
   });
 
+  it('takes the BOS a TemplateProcessing post-processor adds when tokenizer_config.json does not say (Gemma), and none when it says false', () => {
+    const tok = trimmedTokenizer() as Record<string, unknown>;
+    tok.post_processor = { type: 'Sequence', processors: [{ type: 'ByteLevel' }, { type: 'TemplateProcessing', single: [{ SpecialToken: { id: '<|endoftext|>', type_id: 0 } }, { Sequence: { id: 'A', type_id: 0 } }] }] };
+    const { add_bos_token: _, ...config } = seeds['tokenizer_config.json'];
+    const texts = { ...seedTexts, 'tokenizer.json': JSON.stringify(tok), 'tokenizer_config.json': JSON.stringify(config) };
+    expect(parseSpecialTokens(sources(texts)).bos).toBe(1024);
+    expect(parseSpecialTokens(sources({ ...texts, 'tokenizer_config.json': JSON.stringify({ ...config, add_bos_token: false }) })).bos).toBeNull();
+    expect(parseSpecialTokens(sources({ ...seedTexts, 'tokenizer_config.json': JSON.stringify(config) })).bos).toBeNull(); // ByteLevel alone adds none
+  });
+
   it(`refuses every mutated file with one CheckpointError line naming it, or gives valid ids (${FUZZ_CASES} cases)`, () => {
     const rng = new Rng(FUZZ_SEED);
     const names = Object.keys(seeds) as Name[];

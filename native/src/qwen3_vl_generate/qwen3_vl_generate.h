@@ -40,7 +40,7 @@ constexpr const char* image_embeds = "image_embeds";
 void validate_qwen3_vl_generate(const Manifest& m);
 std::unique_ptr<Generator> make_qwen3_vl_generate(const Manifest& m, Executor& exec);
 /** HostOpSpec::image: the pre-processing and prompt block from hostOpParams; refuses a manifest without the vision graph. */
-ImagePrompt qwen3_vl_image_prompt(const Manifest& m);
+ImageReader qwen3_vl_image_reader(const Manifest& m);
 /** The vision graph (role `vision`), or nullptr in a text manifest. */
 const Graph* qwen3_vl_vision_graph(const Manifest& m);
 

@@ -25,22 +25,6 @@
 namespace forge {
 namespace {
 
-/** A whole number in hostOpParams, at least `min`, or the refusal naming it. */
-int integer_param(const Manifest& m, const std::string& key, int min) {
-  auto it = m.host_op_numbers.find(key);
-  if (it == m.host_op_numbers.end()) {
-    if (m.host_op_strings.count(key)) m.fail("hostOpParams." + key, "expected a number, not a string");
-    m.fail("hostOpParams." + key, m.host_op + " needs an integer here");
-  }
-  const double v = it->second;
-  if (!std::isfinite(v) || v != std::floor(v) || v < min || v > 1e9) {
-    std::ostringstream o;
-    o << v;
-    m.fail("hostOpParams." + key, o.str() + " is not an integer >= " + std::to_string(min));
-  }
-  return int(v);
-}
-
 /** "a,b,c" in hostOpParams: `n` numbers. */
 std::vector<double> list_param(const Manifest& m, const std::string& key, size_t n) {
   auto it = m.host_op_strings.find(key);
@@ -67,11 +51,11 @@ std::vector<double> list_param(const Manifest& m, const std::string& key, size_t
 
 ImageSpec image_spec(const Manifest& m) {
   ImageSpec s{};
-  s.height = integer_param(m, "image_height", 1);
-  s.width = integer_param(m, "image_width", 1);
-  s.patch = integer_param(m, "patch_size", 1);
-  s.temporal = integer_param(m, "temporal_patch_size", 1);
-  s.merge = integer_param(m, "merge_size", 1);
+  s.height = host_op_integer(m, "image_height", 1);
+  s.width = host_op_integer(m, "image_width", 1);
+  s.patch = host_op_integer(m, "patch_size", 1);
+  s.temporal = host_op_integer(m, "temporal_patch_size", 1);
+  s.merge = host_op_integer(m, "merge_size", 1);
   std::vector<double> mean = list_param(m, "image_mean", 3), std = list_param(m, "image_std", 3);
   for (int c = 0; c < 3; c++) {
     s.mean[c] = float(mean[size_t(c)]);
@@ -87,7 +71,7 @@ ImageSpec image_spec(const Manifest& m) {
 
 void token_params(const Manifest& m) {
   for (const char* key : {"image_token_id", "vision_start_token_id", "vision_end_token_id"}) {
-    int id = integer_param(m, key, 0);
+    int id = host_op_integer(m, key, 0);
     if (id >= m.vocab) m.fail(std::string("hostOpParams.") + key, std::to_string(id) + " is past model.vocab " + std::to_string(m.vocab));
   }
   std::vector<double> section = list_param(m, "mrope_section", 3);
@@ -175,17 +159,17 @@ void validate_qwen3_vl_generate(const Manifest& m) {
   validate_qwen3_vl_decoder(m);
 }
 
-ImagePrompt qwen3_vl_image_prompt(const Manifest& m) {
+ImageReader qwen3_vl_image_reader(const Manifest& m) {
   if (!qwen3_vl_vision_graph(m))
     m.fail("contexts", "no vision graph (role vision): this is a text manifest of the bundle, it reads no image");
-  ImagePrompt p;
-  p.spec = image_spec(m);
-  p.image_token = int(m.host_op_numbers.at("image_token_id"));
-  p.tokens = (p.spec.height / (p.spec.patch * p.spec.merge)) * (p.spec.width / (p.spec.patch * p.spec.merge));
-  p.block.push_back(int(m.host_op_numbers.at("vision_start_token_id")));
-  p.block.insert(p.block.end(), size_t(p.tokens), p.image_token);
-  p.block.push_back(int(m.host_op_numbers.at("vision_end_token_id")));
-  return p;
+  const ImageSpec spec = image_spec(m);
+  std::vector<int> block;
+  const int image_token = int(m.host_op_numbers.at("image_token_id"));
+  const int tokens = (spec.height / (spec.patch * spec.merge)) * (spec.width / (spec.patch * spec.merge));
+  block.push_back(int(m.host_op_numbers.at("vision_start_token_id")));
+  block.insert(block.end(), size_t(tokens), image_token);
+  block.push_back(int(m.host_op_numbers.at("vision_end_token_id")));
+  return [spec, block, image_token, tokens](const std::string& path) { return ImagePrompt{preprocess_image(path, spec), block, image_token, tokens}; };
 }
 
 }  // namespace forge
