@@ -99,7 +99,7 @@ function emulationRows(g: GateRecord): GateRow[] {
     return c !== undefined && (!w || c < w[1]) ? [n, c] : w;
   }, undefined);
   const per = graphs.map(([n, e]) => `${graphText(n, e)}${num(e.msPerCall) !== undefined ? `, ${ms(num(e.msPerCall)!)} a call` : ''}`);
-  const where = typeof g.simulator === 'string' ? g.simulator : 'the x86 HTP simulator';
+  const where = typeof g.simulator === 'string' ? `the ${g.simulator.replace(/, fp16 true$/, ', fp16 activations').replace(/, fp16 false$/, ', fp32 activations')}` : 'the x86 HTP simulator';
   const rows: GateRow[] = [{
     gate: 'emulation cosine', verdict: verdictOf(graphs.every(([, e]) => e.ok !== false)),
     figure: `min cosine ${worst ? `${cos(worst[1])} at ${worst[0]}` : 'none'}`, threshold: num(t.minCosine) !== undefined ? `≥ ${num(t.minCosine)}` : '',

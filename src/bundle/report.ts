@@ -11,6 +11,7 @@ import { errorTable, fmtMargin, type Confidence } from './confidence.js';
 import { countsText, type PrecisionRow } from './precision-map.js';
 import { gateRows } from './gate-rows.js';
 import { summary, type Summary } from './summary.js';
+import { recipeOracleThreshold } from './verdict.js';
 
 export interface ReportInput {
   record: RunRecord;
@@ -161,7 +162,11 @@ ${facts.join('\n')}
 </section>`;
 }
 
-export function reportMarkdown(input: ReportInput): string {
+/** The recipe's oracle thresholds are read once per report (the card and the gate table both show them). */
+const withThresholds = (input: ReportInput): ReportInput => ({ ...input, oracleThreshold: input.oracleThreshold ?? recipeOracleThreshold(input.record.recipe) });
+
+export function reportMarkdown(given: ReportInput): string {
+  const input = withThresholds(given);
   const r = input.record;
   const parts = [`# forge build report: ${r.recipe} for ${r.arch}`, '', ...cardMarkdown(summary(input), r)];
   for (const { title, table } of tables(input)) {
@@ -181,7 +186,8 @@ const CSS = 'body{font-family:sans-serif;margin:1.5em auto;max-width:76em;paddin
   + '.card table{width:100%;background:#fff}.card p{margin:.4em 0}.headline{font-size:1.1em}.muted{color:#666;font-size:.85em}'
   + '.verdict{display:inline-block;font-weight:bold;color:#fff;border-radius:4px;padding:.05em .5em;margin-right:.4em}.pass .verdict{background:#2a8a2a}.fail .verdict{background:#c22}.partial .verdict{background:#b80}';
 
-export function reportHtml(input: ReportInput): string {
+export function reportHtml(given: ReportInput): string {
+  const input = withThresholds(given);
   const r = input.record;
   const body = tables(input).map(({ title, table }) => {
     const id = title.toLowerCase().startsWith('gates') ? ' id="gates"' : title.toLowerCase().startsWith('oracle') ? ' id="oracle"' : '';
