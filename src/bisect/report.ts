@@ -17,6 +17,7 @@ import { opText } from './quant-op.js';
 import { boundaryText } from './handoff.js';
 import { stepText } from './handoff-bisect.js';
 import { shortName } from './fixes.js';
+import { PAGE_CSS } from '../bundle/page-style.js';
 import { fixChanges, fixCost, patternText, verdictBox, type VerdictBox } from './verdict-box.js';
 
 export const BISECT_JSON = 'bisect.json';
@@ -253,20 +254,14 @@ ${r.from ? `<p id="from">Started from ${esc(fromText(r.from))}.</p>\n` : ''}${r.
 `;
 }
 
-const CSS = 'body{font-family:sans-serif;margin:1.5em auto;max-width:76em;padding:0 1.5em;line-height:1.35}'
-  + 'h1{font-size:1.5em;margin:.2em 0 .6em}h2{font-size:1.15em;margin-top:1.6em}'
-  + 'table{border-collapse:collapse;margin:.6em 0;max-width:100%}td,th{border:1px solid #ccc;padding:.25em .5em;font-size:.9em;text-align:left;vertical-align:top;overflow-wrap:break-word}th{background:#f4f4f4}'
-  + 'td.name{overflow-wrap:anywhere}td.fail{color:#b00;font-weight:bold}.ok{color:#070}.bad{color:#b00}svg{max-width:100%;height:auto}'
-  + '.card{border:2px solid;border-radius:8px;padding:.6em 1em;margin:0 0 1em}.card.pass{border-color:#2a8a2a;background:#f3fbf3}.card.fixed{border-color:#b80;background:#fdf9ef}.card.fail{border-color:#c22;background:#fdf3f3}'
-  + '.card table{width:100%;background:#fff;margin:.4em 0 .2em}.card th{width:9em;white-space:nowrap}.card td{overflow-wrap:anywhere}.headline{font-size:1.1em;margin:.2em 0}'
-  + '.verdict{display:inline-block;font-weight:bold;color:#fff;border-radius:4px;padding:.05em .5em;margin-right:.4em}.pass .verdict{background:#2a8a2a}.fixed .verdict{background:#b80}.fail .verdict{background:#c22}'
-  + '#finding{color:#444;font-size:.9em}';
+// The box's rows: the finding's name, then the value, which may break anywhere (op and file names).
+const CSS = `${PAGE_CSS}.facts th{width:9em;white-space:nowrap}.facts td{overflow-wrap:anywhere}#finding{color:#444;font-size:.9em}`;
 
 /** The verdict box: the word, the link and layer, then a row per finding (`th` the name, `td` the value). */
 function boxHtml(b: VerdictBox): string {
   return `<section id="verdict" class="card ${b.tone}">
 <p class="headline"><span class="verdict">${b.word}</span> ${esc(b.headline)}</p>
-<table><tbody>
+<table class="facts"><tbody>
 ${b.rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join('\n')}
 </tbody></table>
 </section>`;

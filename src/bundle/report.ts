@@ -12,6 +12,7 @@ import { countsText, type PrecisionRow } from './precision-map.js';
 import { gateRows } from './gate-rows.js';
 import { summary, type Summary } from './summary.js';
 import { recipeOracleThreshold } from './verdict.js';
+import { PAGE_CSS } from './page-style.js';
 
 export interface ReportInput {
   record: RunRecord;
@@ -178,14 +179,6 @@ export function reportMarkdown(given: ReportInput): string {
   return parts.join('\n');
 }
 
-const CSS = 'body{font-family:sans-serif;margin:1.5em auto;max-width:76em;padding:0 1.5em;line-height:1.35}'
-  + 'h1{font-size:1.5em;margin:.2em 0 .6em}h2{font-size:1.15em;margin-top:1.6em}'
-  + 'table{border-collapse:collapse;margin:.6em 0;max-width:100%}td,th{border:1px solid #ccc;padding:.25em .5em;font-size:.9em;text-align:left;vertical-align:top;overflow-wrap:break-word}th{background:#f4f4f4}'
-  + 'td.fail{color:#b00;font-weight:bold}td.ok{color:#070;font-weight:bold}'
-  + '.card{border:2px solid;border-radius:8px;padding:.6em 1em;margin:0 0 1em}.card.pass{border-color:#2a8a2a;background:#f3fbf3}.card.fail{border-color:#c22;background:#fdf3f3}.card.partial{border-color:#b80;background:#fdf9ef}'
-  + '.card table{width:100%;background:#fff}.card p{margin:.4em 0}.headline{font-size:1.1em}.muted{color:#666;font-size:.85em}'
-  + '.verdict{display:inline-block;font-weight:bold;color:#fff;border-radius:4px;padding:.05em .5em;margin-right:.4em}.pass .verdict{background:#2a8a2a}.fail .verdict{background:#c22}.partial .verdict{background:#b80}';
-
 export function reportHtml(given: ReportInput): string {
   const input = withThresholds(given);
   const r = input.record;
@@ -197,7 +190,7 @@ export function reportHtml(given: ReportInput): string {
   const plot = input.oracleRows ? cosinePlot(input.oracleRows) : '';
   return `<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width"><title>forge report: ${esc(r.recipe)} ${esc(r.arch)}</title>
-<style>${CSS}</style>
+<style>${PAGE_CSS}</style>
 </head><body>
 <h1>forge build report: ${esc(r.recipe)} for ${esc(r.arch)}</h1>
 ${cardHtml(summary(input), r)}
