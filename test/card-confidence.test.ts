@@ -97,11 +97,11 @@ describe('the build report', () => {
     const record = { recipe: 'x', arch: 'v81', ok: true, status: 'ok', seconds: 1, stages: [], gates: {}, summaries: {}, tools: {}, bundle: null, buildDir: null } as unknown as RunRecord;
     const input = { record, confidence: buildConfidence(trace, oracle, emulation) };
     const md = reportMarkdown(input);
-    expect(md).toContain('| 6 | 0.0007 | 0.0007 | 0.31 | 2.5 | 1 | 2 | prompt 1 step 9: 42 " Paris" over 17 " Lyon" |');
+    expect(md).toContain('| 6 | 0.0007 | 0.0007 | 0.31 | 2.5 | 1 | 2 | prompt 1 step 9: 42 “ Paris” over 17 “ Lyon” |');
     expect(md).toContain('| shipped (w8) | oracle gate (ONNX Runtime CPU, each step end to end on the traced tokens and caches) | shard0.decode, lm_head | 3.00e-2 | 2/6 |');
     expect(md).toContain('| shipped (w8) | emulation gate (x86 HTP simulator, fp16 activations, teacher-forced) | lm_head | 2.00e-1 | 3/6 |');
     const html = reportHtml(input);
     expect(html).toContain('<td>3.00e-2</td><td>2/6</td>');
-    expect(html).toContain('<td>prompt 1 step 9: 42 &quot; Paris&quot; over 17 &quot; Lyon&quot;</td>');
+    expect(html).toContain('<td>prompt 1 step 9: 42 “ Paris” over 17 “ Lyon”</td>');
   });
 });

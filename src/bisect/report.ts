@@ -1,5 +1,7 @@
 // forge bisect's report: bisect.json, a terminal summary and bisect.html (static, no scripts, no
 // external assets: the build report's style, src/bundle/report.ts) under out/<recipe>/<arch>/bisect/.
+// bisect.html opens with the verdict box (verdict-box.ts); its tables fit a laptop screen (long op
+// and tensor names wrap) and fixes are shown by the tensors they change, not the recipe's patterns.
 // Everything shown comes from the BisectResult of that run.
 import { mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
@@ -14,6 +16,9 @@ import { runDivergenceText } from './runtime-run.js';
 import { opText } from './quant-op.js';
 import { boundaryText } from './handoff.js';
 import { stepText } from './handoff-bisect.js';
+import { shortName } from './fixes.js';
+import { PAGE_CSS } from '../bundle/page-style.js';
+import { fixChanges, fixCost, patternText, verdictBox, type VerdictBox } from './verdict-box.js';
 
 export const BISECT_JSON = 'bisect.json';
 export const BISECT_HTML = 'bisect.html';
@@ -23,7 +28,6 @@ const cos = (c: number | undefined) => (c === undefined ? '-' : c === Infinity ?
 
 /** The override lines of the chosen fix, as they go into a recipe's `overrides`. */
 export const overrideLines = (r: BisectResult) => (r.chosen ? [...r.chosen.overrides, ...(r.chosen.rescale ?? [])].map((o) => JSON.stringify(o)).concat(r.chosen.handoff ? [`arch.${r.arch}.handoff: ${JSON.stringify(r.chosen.handoff)}`] : []) : []);
-const fixText = (t: Trial) => [...t.overrides.map((o) => `${o.match} → ${o.quant}`), ...(t.rescale ?? []).map((x) => `rescale ${x.match} × ${x.scale}`), ...(t.handoff ? [`handoff ${t.handoff}`] : [])].join('; ');
 const cost = (t: Trial) => (t.rescale ? `+${t.addedOps ?? 0} ops` : t.handoff ? `+${t.handoffBytesPerToken} B/token` : `+${t.addedBytes} B`);
 
 /** The probed ops shown: the named op's scope, with the ops just before and after it. */
@@ -100,10 +104,12 @@ export function summaryText(r: BisectResult): string {
   return lines.join('\n');
 }
 
-interface Table { head: string[]; rows: string[][] }
+/** `wrap`: the columns holding long names (ops, tensors, scopes), which may break anywhere so the table fits the page. */
+interface Table { head: string[]; rows: string[][]; wrap?: number[] }
 
-function table({ head, rows }: Table): string {
-  return `<table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join('')}</tr></thead><tbody>\n${rows.map((row) => `<tr>${row.map((c) => `<td${c === '✗' ? ' class="fail"' : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n')}\n</tbody></table>`;
+function table({ head, rows, wrap = [] }: Table): string {
+  const cls = (c: string, i: number) => [c === '✗' ? 'fail' : '', wrap.includes(i) ? 'name' : ''].filter(Boolean).join(' ');
+  return `<table><thead><tr>${head.map((h) => `<th>${esc(h)}</th>`).join('')}</tr></thead><tbody>\n${rows.map((row) => `<tr>${row.map((c, i) => `<td${cls(c, i) ? ` class="${cls(c, i)}"` : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n')}\n</tbody></table>`;
 }
 
 /** Each traced case's cosine (x: case in trace order), the threshold as a line: where the shipped graph leaves it. */
@@ -145,7 +151,8 @@ function quantOpHtml(q: NonNullable<BisectResult['quantOp']>): string[] {
     `<p>Layer ${q.layer} exported alone at fp32 and at the shipped precision, every op's output made a graph output, both fed HF's inputs for the layer on ${q.cases} traced cases; per op the smallest cosine of the shipped output with the fp32 one, and the lowest of its inputs' (a graph input is HF's: 1). A quantized matrix's error enters at its matmul and every later op carries it: the op named is where the cosine drops most below its inputs'${q.drop ? `: <b>${esc(opText(q.drop))}</b>` : ' (none drops)'}.${q.unpaired ? ` ${q.unpaired} ops of the shipped graph have no fp32 counterpart and are not shown.` : ''}</p>`,
     table({
       head: ['node', 'op', 'matrix', 'fp32 node', "inputs' cosine", 'cosine', 'drop', ''],
-      rows: q.ops.map((o) => [o.node, o.op, o.matrix ?? '', o.fp32Node, cos(o.inputsCosine), cos(o.cosine), drop(o) > 0 ? drop(o).toFixed(5) : '-', o.value === q.drop?.value ? '✗' : o.cosine < q.threshold ? 'under' : '']),
+      rows: q.ops.map((o) => [o.node, o.op, o.matrix ? (o.layer !== null ? shortName(o.matrix, o.layer) : o.matrix) : '', o.fp32Node, cos(o.inputsCosine), cos(o.cosine), drop(o) > 0 ? drop(o).toFixed(5) : '-', o.value === q.drop?.value ? '✗' : o.cosine < q.threshold ? 'under' : '']),
+      wrap: [0, 2, 3],
     })];
 }
 
@@ -157,6 +164,7 @@ export function bisectHtml(r: BisectResult): string {
       head: ['link', 'variant', 'graph', 'layer', 'output', 'cosine', 'threshold', 'worst at', 'first step under'],
       rows: [[f.link, f.variant, f.graph, f.layer === null ? '-' : String(f.layer), `${f.output} (${f.what})`, f.nonFinite ?? (f.top1 ? `top-1 ${f.top1}` : cos(f.cosine)), String(f.threshold), f.worst,
         r.steps?.first ? `prompt ${r.steps.first.prompt} step ${r.steps.first.step} (${r.steps.first.output} ${cos(r.steps.first.cosine)})` : '-']],
+      wrap: [4, 7, 8],
     }));
   }
   if (r.steps) parts.push(`<h2>Per traced step: ${esc(r.steps.graph)}, ${esc(r.steps.outputs.join(', '))}</h2>`, `<p>${r.steps.failing} of ${r.steps.cases.length} steps under ${r.steps.threshold}.</p>`, stepPlot(r.steps.cases, r.steps.threshold, r.steps.first));
@@ -168,12 +176,13 @@ export function bisectHtml(r: BisectResult): string {
   }
   if (r.simFault) {
     const sf = r.simFault;
-    parts.push('<h2>First miss on the simulator</h2>', table({ head: ['link', 'graph', 'output', 'cosine', 'threshold', 'worst at'], rows: [[sf.link, sf.graph, sf.output, sf.nonFinite ?? cos(sf.cosine), String(sf.threshold), sf.worst]] }));
+    parts.push('<h2>First miss on the simulator</h2>', table({ head: ['link', 'graph', 'output', 'cosine', 'threshold', 'worst at'], rows: [[sf.link, sf.graph, sf.output, sf.nonFinite ?? cos(sf.cosine), String(sf.threshold), sf.worst]], wrap: [2, 5] }));
   }
   if (r.op && r.probe) {
     parts.push(`<h2 id="op">Op by op: ${esc(r.op.node)}</h2>`, `<p>A probe variant of ${esc(r.probe.graph)} (every scoped op's output made a graph output) compiled for the simulator and run beside the CPU on ${r.probe.cases.length} traced cases. Named: <b>${esc(r.op.node)}</b> (${esc(r.op.op)}), layer ${r.op.layer ?? '-'}: ${esc(r.op.why)}.</p>`, table({
       head: ['node', 'op', 'inputs max |v| (CPU)', 'max |v| (CPU)', 'max finite |v| (simulator)', 'non-finite', 'at 65504', 'cosine', ''],
       rows: probeRows(r).map((o) => [o.node, o.op, num(o.inputMaxAbs), num(o.cpuMaxAbs), num(o.simMaxAbs), String(o.simNonFinite), String(o.simSaturated), cos(o.cosine), o === r.probe!.first || o.node === r.op!.node ? '✗' : '']),
+      wrap: [0],
     }));
   }
   if (r.quantOp) parts.push(...quantOpHtml(r.quantOp));
@@ -183,6 +192,7 @@ export function bisectHtml(r: BisectResult): string {
     parts.push('<h2 id="handoff">Residual hand-offs between contexts</h2>', `<p>Link <b>${h.link}</b>: every graph holds teacher-forced, but the recipe requires f16 hand-offs and the gate refused them for ${esc(h.variant)} (${esc(h.choice.why)}). The shipped one-token graphs chained with float32 and with f16 hand-offs: ${h.boundary ? `the hand-off named is <b>${esc(boundaryText(h.boundary))}</b>` : esc(h.unnamed ?? '')}${h.first ? `; the f16 chain first leaves HF at ${esc(stepText(h.first))}` : ''}.</p>`, table({
       head: ['hand-off', 'from', 'to', 'after layer', 'max |value| (float32 chain)', 'at', 'steps past 65504', ''],
       rows: h.boundaries.map((b) => [b.value, b.from, b.to, b.afterLayer === null ? '-' : String(b.afterLayer), num(b.maxAbs), b.maxAt, `${b.overflowSteps} of ${b.steps}`, b.value === h.boundary?.value ? '✗' : '']),
+      wrap: [5],
     }));
   }
   if (r.drift?.first) {
@@ -210,25 +220,51 @@ export function bisectHtml(r: BisectResult): string {
   }));
   if (r.suspects?.length) parts.push('<h2>Suspects</h2>', `<ul>${r.suspects.map((s) => `<li>layer ${s.layer}: ${esc(s.why)}</li>`).join('')}</ul>`);
   if (r.trials.length) {
-    parts.push('<h2>Fixes tried</h2>', '<p>Each rebuilt through the gate that failed (oracle, or emulation for an fp16 fix) with the recipe\'s cached stages and the override below; ranked among those that restore it by cost: weight bytes added, then ops added, then hand-off bytes per token.</p>', table({
-      head: ['rank', 'fix', 'override', 'cost', r.simulator ? 'simulator min cosine' : 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
-      rows: r.trials.map((t) => [t.ok ? String(r.fixes.indexOf(t) + 1) : '-', t.label, fixText(t), cost(t), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
+    parts.push('<h2 id="fixes">Fixes tried</h2>', '<p>Each rebuilt through the gate that failed (oracle, or emulation for an fp16 fix) with the recipe\'s cached stages and the change below; ranked among those that restore it by cost: weight bytes added, then ops added, then hand-off bytes per token.</p>', table({
+      head: ['rank', 'fix', 'changes', 'cost', r.simulator ? 'simulator min cosine' : 'shipped min cosine', 'gate', 'still fails at', 'seconds'],
+      rows: r.trials.map((t) => [t.ok ? String(r.fixes.findIndex((x) => x.label === t.label) + 1) : '-', t.label, fixChanges(t, r.arch).join('; '), fixCost(t), cos(t.minCosine), t.ok ? '✓' : '✗', t.stillFails ?? t.error ?? '', t.seconds.toFixed(1)]),
+      wrap: [1, 2, 6],
     }));
   }
-  if (r.chosen) parts.push('<h2>Recipe override</h2>', `<pre>${esc(overrideLines(r).join(',\n'))}</pre>`, `<p>${r.applied ? `Written into ${esc(r.applied.file)}.` : 'Not written: <code>forge bisect --apply</code> puts it into the recipe.'}</p>`);
+  if (r.chosen) {
+    // The tensors the fix moves, by name; the recipe's override lines (escaped patterns) are in bisect.json and summary.txt.
+    const c = r.chosen;
+    parts.push('<h2 id="override">The fix for the recipe</h2>', table({
+      head: ['changes', 'from', 'to'],
+      rows: [
+        ...c.tensors.map((x) => [x.name, x.from, x.to]),
+        ...(c.rescale ?? []).map((x) => [`ops under ${patternText(x.match)}`, 'as exported', `rescaled by ${x.scale}${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
+        ...(c.handoff ? [[`residual hand-off on ${r.arch}`, 'f16', c.handoff]] : []),
+      ],
+      wrap: [0, 2],
+    }), `<p>${r.applied ? `Written into ${esc(r.applied.file)}.` : 'Not written: <code>forge bisect --apply</code> puts it into the recipe.'}</p>`);
+  }
   parts.push('<h2>Oracle build</h2>', table({ head: ['stage', 'status', 'seconds'], rows: r.build.stages.map((s) => [s.name, s.status, s.seconds.toFixed(1)]) }));
-  const good = r.verdict === 'no-fault' || r.verdict === 'fixed';
   return `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>forge bisect: ${esc(r.recipe)} ${esc(r.arch)}</title>
-<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}td.fail{color:#b00;font-weight:bold}.ok{color:#070}.bad{color:#b00}pre{background:#f6f6f6;padding:.5em;white-space:pre-wrap;word-break:break-all}</style>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width"><title>forge bisect: ${esc(r.recipe)} ${esc(r.arch)}</title>
+<style>${CSS}</style>
 </head><body>
 <h1>forge bisect: ${esc(r.recipe)} for ${esc(r.arch)} (target ${esc(r.target)})</h1>
-<p id="verdict" class="${good ? 'ok' : 'bad'}">${esc(r.message)} — ${r.seconds.toFixed(1)} s</p>
+${boxHtml(verdictBox(r))}
+<p id="finding"><b>The finding in full</b> (${r.seconds.toFixed(1)} s): ${esc(r.message)}</p>
 <p id="prompts">Traced prompts: ${r.prompts.source === 'recipe' ? `the recipe's gates.prompts (${r.prompts.texts.length})` : r.prompts.source === '--from' ? "the run's prompt ids, as given (shown decoded)" : '--prompt'}:</p>
 <ol>${r.prompts.texts.map((t, i) => `<li>${esc(t)}${r.prompts.ids?.[i] ? ` <small>(ids ${esc(r.prompts.ids[i].join(' '))})</small>` : ''}</li>`).join('')}</ol>
 ${r.from ? `<p id="from">Started from ${esc(fromText(r.from))}.</p>\n` : ''}${r.run ? `<p id="run">The run against HF: ${esc(runDivergenceText(r.run))}.</p>\n` : ''}${parts.join('\n')}
 </body></html>
 `;
+}
+
+// The box's rows: the finding's name, then the value, which may break anywhere (op and file names).
+const CSS = `${PAGE_CSS}.facts th{width:9em;white-space:nowrap}.facts td{overflow-wrap:anywhere}#finding{color:#444;font-size:.9em}`;
+
+/** The verdict box: the word, the link and layer, then a row per finding (`th` the name, `td` the value). */
+function boxHtml(b: VerdictBox): string {
+  return `<section id="verdict" class="card ${b.tone}">
+<p class="headline"><span class="verdict">${b.word}</span> ${esc(b.headline)}</p>
+<table class="facts"><tbody>
+${b.rows.map(([k, v]) => `<tr><th>${esc(k)}</th><td>${esc(v)}</td></tr>`).join('\n')}
+</tbody></table>
+</section>`;
 }
 
 /** Replaces `dir` whole (written beside, then renamed): bisect.json, bisect.html, summary.txt. */

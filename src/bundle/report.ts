@@ -1,12 +1,18 @@
-// The build report: report.md and a static report.html (no scripts, no external assets) with stage
-// timings, cache hits, gate tables, a per-layer cosine plot (inline SVG) and context sizes against
-// the arch ceiling. Everything shown comes from the run record and the gate outputs of that build.
+// The build report: report.md and a static report.html (no scripts, no external assets). It opens
+// with a summary card (verdict, gates against thresholds, precision, sizes: summary.ts), then the
+// per-layer cosine plot (inline SVG), the gate table (gate-rows.ts), stage timings, cache hits and
+// context sizes against the arch ceiling. Everything shown comes from the run record and the gate
+// outputs of that build; every cell is written for a person (no objects dumped as JSON).
 import type { RunRecord } from '../engine/record.js';
 import { mb } from '../units.js';
 import type { OracleRow } from '../gates/oracle.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { errorTable, fmtMargin, type Confidence } from './confidence.js';
 import { countsText, type PrecisionRow } from './precision-map.js';
+import { gateRows } from './gate-rows.js';
+import { summary, type Summary } from './summary.js';
+import { recipeOracleThreshold } from './verdict.js';
+import { PAGE_CSS } from './page-style.js';
 
 export interface ReportInput {
   record: RunRecord;
@@ -18,6 +24,8 @@ export interface ReportInput {
   confidence?: Confidence;
   /** The shipped graphs' matrices per layer and precision, with why (when the quantize export ran). */
   precision?: PrecisionRow[];
+  /** The oracle's threshold per variant; default: the recipe's, as the build used it. */
+  oracleThreshold?: (label: string, scheme: string) => number | undefined;
 }
 
 const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replace(/>/g, '&gt;').replace(/"/g, '&quot;');
@@ -26,42 +34,17 @@ const nines = (c: number) => -Math.log10(Math.max(1 - c, 1e-12));
 
 interface Table { head: string[]; rows: string[][] }
 
-/** A gate's figures in one readable line: per-graph entries as "graph cos=… top1=…". */
-function figures(g: Record<string, unknown>): string {
-  const parts: string[] = [];
-  for (const [k, v] of Object.entries(g)) {
-    if (k === 'ok') continue;
-    if (k === 'graphs' && v && typeof v === 'object') {
-      for (const [name, e] of Object.entries(v as Record<string, { minCosine?: number; top1?: string; ok?: boolean }>)) {
-        parts.push(`${name}: cos ${e.minCosine?.toFixed(7) ?? '-'}${e.top1 ? `, top-1 ${e.top1}` : ''}${e.ok === false ? ' FAIL' : ''}`);
-      }
-    } else parts.push(`${k}: ${typeof v === 'object' ? JSON.stringify(v) : String(v)}`);
-  }
-  return parts.join('; ');
-}
+/** A token's text as a person reads it: in quotes, a newline or tab shown as \n or \t. */
+const quoted = (t: string) => `“${t.replace(/\n/g, '\\n').replace(/\t/g, '\\t')}”`;
 
 function tables(input: ReportInput): Array<{ title: string; table: Table }> {
   const r = input.record;
   const out: Array<{ title: string; table: Table }> = [];
   out.push({
-    title: 'Stages',
-    table: {
-      head: ['stage', 'status', 'seconds', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
-      rows: r.stages.map((s) => [
-        s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
-        s.peakPrivateBytes == null ? '' : mb(s.peakPrivateBytes), s.peakMappedBytes == null ? '' : mb(s.peakMappedBytes),
-        s.predicted ? `${mb(s.predicted.privateBytes)} + ${mb(s.predicted.mappedBytes)}${s.overPrediction ? ' (EXCEEDED)' : ''}` : '',
-      ]),
-    },
-  });
-  out.push({
     title: 'Gates',
     table: {
-      head: ['gate', 'ok', 'figures'],
-      rows: [
-        ...Object.entries(r.gates).map(([name, g]) => [name, g.ok ? 'pass' : 'FAIL', figures(g)]),
-        ...Object.entries(r.gatesNotRun ?? {}).map(([name, why]) => [name, 'not run', why]),
-      ],
+      head: ['gate', 'verdict', 'figure', 'threshold', 'detail'],
+      rows: gateRows(r, input.oracleThreshold).map((g) => [g.gate, g.verdict, g.figure, g.threshold, g.detail]),
     },
   });
   if (input.confidence) {
@@ -73,7 +56,7 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
       table: {
         head: ['steps', 'min', 'p5', 'median', 'max', `below ${fmtMargin(m.fp16_spacing)} (2⁻⁸)`, 'below 0.1', 'smallest at'],
         rows: [[String(m.count), fmtMargin(m.min), fmtMargin(m.p5), fmtMargin(m.p50), fmtMargin(m.max), String(m.below_fp16_spacing), String(m.below_0_1),
-          `prompt ${s.prompt} step ${s.step}: ${s.token} ${JSON.stringify(s.token_text)} over ${s.runner_up} ${JSON.stringify(s.runner_up_text)}`]],
+          `prompt ${s.prompt} step ${s.step}: ${s.token} ${quoted(s.token_text)} over ${s.runner_up} ${quoted(s.runner_up_text)}`]],
       },
     });
     out.push({ title: 'Confidence: largest logit error per precision, teacher-forced (a margin below twice the error is a near-tie)', table: errorTable(c) });
@@ -110,6 +93,17 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
       table: { head: ['context', 'bytes', 'of ceiling'], rows: input.contexts.map((c) => [c.name, mb(c.bytes), ceiling ? `${((100 * c.bytes) / ceiling).toFixed(0)}%` : '-']) },
     });
   }
+  out.push({
+    title: 'Stages',
+    table: {
+      head: ['stage', 'status', 'seconds', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
+      rows: r.stages.map((s) => [
+        s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
+        s.peakPrivateBytes == null ? '' : mb(s.peakPrivateBytes), s.peakMappedBytes == null ? '' : mb(s.peakMappedBytes),
+        s.predicted ? `${mb(s.predicted.privateBytes)} + ${mb(s.predicted.mappedBytes)}${s.overPrediction ? ' (EXCEEDED)' : ''}` : '',
+      ]),
+    },
+  });
   return out;
 }
 
@@ -143,9 +137,39 @@ export function cosinePlot(rows: OracleRow[]): string {
     + `<text x="${(W + L) / 2}" y="${H - 2}" font-size="11" text-anchor="middle">layer</text>${lines.join('')}</svg>`;
 }
 
-export function reportMarkdown(input: ReportInput): string {
+/** The run's time and cache reuse, after the verdict. */
+const runFacts = (r: RunRecord) => `${r.seconds.toFixed(1)} s; ${r.stages.filter((s) => s.status === 'cached').length} of ${r.stages.length} stages reused from the cache`;
+
+function cardMarkdown(s: Summary, r: RunRecord): string[] {
+  const lines = [`**${s.verdict}**: ${s.headline} (${runFacts(r)})`, ''];
+  if (s.gates.length) {
+    lines.push('| gate | verdict | figures against thresholds |', '|---|---|---|');
+    for (const g of s.gates) lines.push(`| ${g.name} | ${g.verdict} | ${g.text.replace(/\|/g, '\\|')} |`);
+    lines.push('');
+  }
+  if (s.precision.length) lines.push(`- Precision: ${s.precision.join('; ')}`);
+  if (s.sizes.length) lines.push(`- Size: ${s.sizes.join('; ')}`);
+  return [...lines, ''];
+}
+
+function cardHtml(s: Summary, r: RunRecord): string {
+  const cls = s.verdict === 'PASS' ? 'pass' : s.verdict === 'PARTIAL' ? 'partial' : 'fail';
+  const gates = s.gates.map((g) => `<tr><td>${esc(g.name)}</td><td class="${g.verdict === 'FAIL' ? 'fail' : g.verdict === 'pass' ? 'ok' : ''}">${esc(g.verdict)}</td><td>${esc(g.text)}</td></tr>`).join('\n');
+  const facts = [['Precision', s.precision], ['Size', s.sizes]].filter(([, v]) => v.length).map(([k, v]) => `<p><b>${k}:</b> ${esc((v as string[]).join('; '))}</p>`);
+  return `<section id="summary" class="card ${cls}">
+<p class="headline"><span class="verdict">${s.verdict}</span> ${esc(s.headline)} <span class="muted">(${esc(runFacts(r))})</span></p>
+${s.gates.length ? `<table class="gates"><thead><tr><th>gate</th><th>verdict</th><th>figures against thresholds</th></tr></thead><tbody>\n${gates}\n</tbody></table>` : ''}
+${facts.join('\n')}
+</section>`;
+}
+
+/** The recipe's oracle thresholds are read once per report (the card and the gate table both show them). */
+const withThresholds = (input: ReportInput): ReportInput => ({ ...input, oracleThreshold: input.oracleThreshold ?? recipeOracleThreshold(input.record.recipe) });
+
+export function reportMarkdown(given: ReportInput): string {
+  const input = withThresholds(given);
   const r = input.record;
-  const parts = [`# forge build report: ${r.recipe} for ${r.arch}`, '', `Result: **${r.ok ? 'ok' : `FAILED — ${r.error ?? ''}`}** in ${r.seconds.toFixed(1)} s. Cache: ${r.stages.filter((s) => s.status === 'cached').length} of ${r.stages.length} stages reused.`, ''];
+  const parts = [`# forge build report: ${r.recipe} for ${r.arch}`, '', ...cardMarkdown(summary(input), r)];
   for (const { title, table } of tables(input)) {
     parts.push(`## ${title}`, '', `| ${table.head.join(' | ')} |`, `|${table.head.map(() => '---').join('|')}|`);
     for (const row of table.rows) parts.push(`| ${row.map((c) => c.replace(/\|/g, '\\|')).join(' | ')} |`);
@@ -155,20 +179,21 @@ export function reportMarkdown(input: ReportInput): string {
   return parts.join('\n');
 }
 
-export function reportHtml(input: ReportInput): string {
+export function reportHtml(given: ReportInput): string {
+  const input = withThresholds(given);
   const r = input.record;
   const body = tables(input).map(({ title, table }) => {
     const id = title.toLowerCase().startsWith('gates') ? ' id="gates"' : title.toLowerCase().startsWith('oracle') ? ' id="oracle"' : '';
-    const rows = table.rows.map((row) => `<tr>${row.map((c) => `<td${c === 'FAIL' ? ' class="fail"' : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n');
+    const rows = table.rows.map((row) => `<tr>${row.map((c) => `<td${c === 'FAIL' ? ' class="fail"' : c === 'pass' ? ' class="ok"' : ''}>${esc(c)}</td>`).join('')}</tr>`).join('\n');
     return `<h2>${esc(title)}</h2>\n<table${id}><thead><tr>${table.head.map((h) => `<th>${esc(h)}</th>`).join('')}</tr></thead><tbody>\n${rows}\n</tbody></table>`;
   });
   const plot = input.oracleRows ? cosinePlot(input.oracleRows) : '';
   return `<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><title>forge report: ${esc(r.recipe)} ${esc(r.arch)}</title>
-<style>body{font-family:sans-serif;margin:2em;max-width:70em}table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:.2em .5em;font-size:.9em}td.fail{color:#b00;font-weight:bold}.ok{color:#070}.bad{color:#b00}</style>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width"><title>forge report: ${esc(r.recipe)} ${esc(r.arch)}</title>
+<style>${PAGE_CSS}</style>
 </head><body>
 <h1>forge build report: ${esc(r.recipe)} for ${esc(r.arch)}</h1>
-<p id="result" class="${r.ok ? 'ok' : 'bad'}">${r.ok ? 'ok' : `FAILED: ${esc(r.error ?? '')}`} in ${r.seconds.toFixed(1)} s</p>
+${cardHtml(summary(input), r)}
 ${plot ? `<h2>Per-layer cosine</h2>\n${plot}` : ''}
 ${body.join('\n')}
 <h2>Tools</h2><ul>${Object.entries(r.tools).map(([k, v]) => `<li>${esc(k)} ${esc(v)}</li>`).join('')}</ul>

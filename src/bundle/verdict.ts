@@ -20,11 +20,11 @@ export interface VerdictOptions {
   oracleThreshold?: (label: string, scheme: string) => number | undefined;
 }
 
-type Obj = Record<string, unknown>;
-const isObj = (v: unknown): v is Obj => !!v && typeof v === 'object' && !Array.isArray(v);
-const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined);
+export type Obj = Record<string, unknown>;
+export const isObj = (v: unknown): v is Obj => !!v && typeof v === 'object' && !Array.isArray(v);
+export const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined);
 /** A cosine to 7 decimals, as the card and report show it; one below 1 is never shown as a perfect 1.0000000. */
-const cos = (c: number) => (c < 1 && c.toFixed(7) === '1.0000000' ? '0.9999999' : c.toFixed(7));
+export const cos = (c: number) => (c < 1 && c.toFixed(7) === '1.0000000' ? '0.9999999' : c.toFixed(7));
 const GATE_WIDTH = 10;
 
 /** The recipe's oracle threshold for a variant, as nightly reads it; undefined when the recipe cannot be loaded. */
@@ -79,13 +79,13 @@ function oracleText(g: GateRecord, threshold: (label: string, scheme: string) =>
 }
 
 /** "≤ 0 ties, no other mismatch" from the recipe's parity thresholds (per variant). */
-function parityRuleText(minMatch: number | undefined, maxTies: number | undefined): string {
+export function parityRuleText(minMatch: number | undefined, maxTies: number | undefined): string {
   const ties = maxTies === undefined ? '' : `≤ ${maxTies} tie${maxTies === 1 ? '' : 's'}`;
   const others = minMatch === undefined ? '' : minMatch >= 1 ? 'no other mismatch' : `other mismatches on ≤ ${Math.round((1 - minMatch) * 100)}% of steps`;
   return [ties, others].filter(Boolean).join(', ');
 }
 
-function matchedText(v: Obj): string {
+export function matchedText(v: Obj): string {
   const mismatches = num(v.mismatches) ?? (isObj(v.mismatches) ? num(v.mismatches.count) : undefined);
   const ties = num(v.ties) ?? 0;
   const more = mismatches ? `, ${mismatches} mismatch${mismatches === 1 ? '' : 'es'} (${ties} tie${ties === 1 ? '' : 's'})` : `, ${ties} tie${ties === 1 ? '' : 's'}`;
@@ -142,16 +142,59 @@ function gateText(name: string, g: GateRecord, threshold: (label: string, scheme
   return Object.entries(g).filter(([k, v]) => k !== 'ok' && typeof v !== 'object').map(([k, v]) => `${k} ${String(v)}`).join(', ');
 }
 
-/** The bundle's size and context count, from the bundle and compile (else plan) summaries. */
-function bundleText(r: RunRecord): string {
+/** The bundle's size, file count and context count, from the bundle and compile (else plan) summaries. */
+export function bundleFacts(r: RunRecord): string[] {
   const b = isObj(r.summaries?.bundle) ? r.summaries.bundle : {};
   const compile = isObj(r.summaries?.compile) ? r.summaries.compile : {};
   const plan = isObj(r.summaries?.plan) ? r.summaries.plan : {};
   const contexts = Array.isArray(compile.contexts) ? compile.contexts.length : num(plan.contexts);
   const bytes = num(b.bytes);
   const files = num(b.files);
-  const facts = [bytes !== undefined ? sizeText(bytes) : undefined, files !== undefined ? `${files} files` : undefined, contexts !== undefined ? `${contexts} context${contexts === 1 ? '' : 's'}` : undefined].filter(Boolean);
+  return [bytes !== undefined ? sizeText(bytes) : undefined, files !== undefined ? `${files} files` : undefined, contexts !== undefined ? `${contexts} context${contexts === 1 ? '' : 's'}` : undefined].filter((x): x is string => !!x);
+}
+
+function bundleText(r: RunRecord): string {
+  const facts = bundleFacts(r);
   return `bundle: ${r.bundle}${facts.length ? ` (${facts.join(', ')})` : ''}`;
+}
+
+/** The build's verdict in one line: ok, partial, FAILED or INTERRUPTED with the error. */
+export function headline(r: RunRecord): string {
+  if (r.status === 'ok') return `ok: ${r.recipe} for ${r.arch}, every gate passed`;
+  if (r.status === 'partial') {
+    const ran = Object.keys(isObj(r.gates) ? r.gates : {});
+    return `partial: stopped after ${r.until} as asked; no bundle made, ${ran.length ? `only gates ${ran.join(', ')} ran` : 'no gate ran'}`;
+  }
+  return `${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}`;
+}
+
+export interface GateVerdict {
+  /** The gate, or `hand-off` for the residual dtype the oracle chose (no verdict of its own). */
+  name: string;
+  verdict: 'pass' | 'FAIL' | 'not run' | '';
+  /** Its headline figures against their thresholds, in words. */
+  text: string;
+}
+
+/** One verdict per gate, in the order a build runs them, then any other; the hand-off dtype after the oracle. */
+export function gateVerdicts(r: RunRecord, threshold: (label: string, scheme: string) => number | undefined = recipeOracleThreshold(r.recipe)): GateVerdict[] {
+  const gates = isObj(r.gates) ? r.gates : {};
+  const order = ['oracle', 'parity', 'emulation'];
+  const names = [...new Set([...order.filter((n) => n in gates || n in (r.gatesNotRun ?? {})), ...Object.keys(gates), ...Object.keys(r.gatesNotRun ?? {})])];
+  const out: GateVerdict[] = [];
+  for (const name of names) {
+    const g = gates[name];
+    if (!g) {
+      out.push({ name, verdict: 'not run', text: String(r.gatesNotRun?.[name] ?? '') });
+      continue;
+    }
+    out.push({ name, verdict: g.ok === true ? 'pass' : g.ran === false ? 'not run' : 'FAIL', text: gateText(name, g, threshold) });
+    if (name === 'oracle') {
+      const h = handoffText(r);
+      if (h) out.push({ name: 'hand-off', verdict: '', text: h });
+    }
+  }
+  return out;
 }
 
 /** The whole last screen of `forge build` (without --json), as lines. */
@@ -162,30 +205,8 @@ export function verdictLines(r: RunRecord, opts: VerdictOptions = {}): string[] 
     for (const s of r.stages) if (s.overPrediction) lines.push(`memory: ${s.name}: ${s.overPrediction}`);
     lines.push('');
   }
-  const gates = isObj(r.gates) ? r.gates : {};
-  if (r.status === 'ok') lines.push(`ok: ${r.recipe} for ${r.arch}, every gate passed`);
-  else if (r.status === 'partial') {
-    const ran = Object.keys(gates);
-    lines.push(`partial: stopped after ${r.until} as asked; no bundle made, ${ran.length ? `only gates ${ran.join(', ')} ran` : 'no gate ran'}`);
-  } else lines.push(`${r.status === 'interrupted' ? 'INTERRUPTED' : 'FAILED'}: ${r.error}`);
-
-  const threshold = opts.oracleThreshold ?? recipeOracleThreshold(r.recipe);
-  // The gates in the order a build runs them, then any other.
-  const order = ['oracle', 'parity', 'emulation'];
-  const names = [...new Set([...order.filter((n) => n in gates || n in (r.gatesNotRun ?? {})), ...Object.keys(gates), ...Object.keys(r.gatesNotRun ?? {})])];
-  for (const name of names) {
-    const g = gates[name];
-    if (!g) {
-      lines.push(gateLine(name, 'not run', String(r.gatesNotRun?.[name] ?? '')));
-      continue;
-    }
-    const verdict = g.ok === true ? 'pass' : g.ran === false ? 'not run' : 'FAIL';
-    lines.push(gateLine(name, verdict, gateText(name, g, threshold)));
-    if (name === 'oracle') {
-      const h = handoffText(r);
-      if (h) lines.push(gateLine('hand-off', '', h));
-    }
-  }
+  lines.push(headline(r));
+  for (const v of gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe))) lines.push(gateLine(v.name, v.verdict, v.text));
   if (r.bundle) lines.push(bundleText(r));
   if (r.buildDir) lines.push(`report: ${r.buildDir}/report.html`, `run record: ${r.buildDir}/run.json`); else lines.push('the run record could not be written (it is printed by --json)');
   return lines;

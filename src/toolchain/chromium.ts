@@ -11,10 +11,14 @@ export async function chromiumPath(): Promise<string | null> {
   return null;
 }
 
-/** The DOM of a page after it loaded, as Chromium serialises it. */
-export async function dumpDom(url: string, userDataDir: string): Promise<string> {
+/**
+ * The DOM of a page after it loaded, as Chromium serialises it. `windowSize` (`1280,900`) lays the
+ * page out as on a laptop screen, for a page whose own script measures it.
+ */
+export async function dumpDom(url: string, userDataDir: string, opts: { windowSize?: string } = {}): Promise<string> {
   const bin = await chromiumPath();
   if (!bin) throw new Error('chromium is not installed (apt-get install chromium); ./forge test installs it when run as root');
-  const r = await $({ quiet: true, timeout: '60s' })`${bin} ${FLAGS} --user-data-dir=${userDataDir} --dump-dom ${url}`;
+  const size = opts.windowSize ? [`--window-size=${opts.windowSize}`] : [];
+  const r = await $({ quiet: true, timeout: '60s' })`${bin} ${FLAGS} ${size} --user-data-dir=${userDataDir} --dump-dom ${url}`;
   return r.stdout;
 }
