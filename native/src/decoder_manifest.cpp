@@ -32,6 +32,7 @@ struct DecoderRules {
 
 /** The encoder context of qwen3_vl_generate and gemma4_split_generate: their own validators' (qwen3_vl_manifest.cpp, gemma4_manifest.cpp), not a shard. */
 constexpr const char* kVisionRole = "vision";
+constexpr const char* kAudioRole = "audio";
 
 bool gives_logits(const Graph& g) {
   return std::any_of(g.outputs.begin(), g.outputs.end(), [](const GraphOutput& o) { return o.bind == OutputBind::logits; });
@@ -171,7 +172,9 @@ void contexts(const Manifest& m, const DecoderRules& r) {
   int next_layer = 0;
   bool have_logits = false;
   for (const Context& c : m.contexts) {
-    if ((r.vl || r.gemma4) && c.graph(kVisionRole)) continue;  // the encoder: checked by the host-op's own validator
+    // An encoder: checked by the host-op's own validator.
+    if ((r.vl || r.gemma4) && c.graph(kVisionRole)) continue;
+    if (r.gemma4 && c.graph(kAudioRole)) continue;
     std::set<std::string> roles;
     for (const Graph& g : c.graphs) {
       graph(m, g, r);

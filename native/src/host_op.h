@@ -6,6 +6,7 @@
 //             execute, so nothing in a bundle is silently ignored;
 //   make:     its factory, called once the manifest has passed both;
 //   image:    for a host-op that reads an image, its pre-processing and prompt block (else nullptr);
+//   audio:    for a host-op that reads an audio clip, likewise (else nullptr);
 //   runs_without_encoder: whether its encoder-output inputs may name a component the manifest
 //             leaves out (the host-op feeds zeros; the loader refuses such an input otherwise).
 // qhx_generate dispatches through find_host_op; the list of built-in host-ops is in host_ops.cpp.
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "audio_input.h"
 #include "image_input.h"
 #include "manifest.h"
 
@@ -82,6 +84,8 @@ class Generator {
    * its rows. Returns the encoder's wall milliseconds. A host-op without an image encoder refuses.
    */
   virtual double encode_image(const Pixels& pixels);
+  /** As encode_image, for an audio clip's features (HostOpSpec::audio's reader makes them). */
+  virtual double encode_audio(const AudioFeatures& features);
 };
 
 /** An image made ready for a host-op: its encoder's input and the block of prompt ids that stands for it. */
@@ -99,6 +103,16 @@ struct ImagePrompt {
  */
 using ImageReader = std::function<ImagePrompt(const std::string& path)>;
 
+/** An audio clip made ready for a host-op: its encoder's input (padded to the encoder's frames) and its block of prompt ids. */
+struct AudioPrompt {
+  AudioFeatures features;
+  std::vector<int> block;  // Gemma 4: <start_of_audio>, one audio token per soft token, <end_of_audio>
+  int audio_token = -1;
+  int tokens = 0;
+};
+/** Reads an audio file as a manifest's host-op wants it. Throws std::runtime_error naming the file. */
+using AudioReader = std::function<AudioPrompt(const std::string& path)>;
+
 struct HostOpSpec {
   const char* name;
   void (*validate)(const Manifest& m);
@@ -109,6 +123,8 @@ struct HostOpSpec {
    * no image encoder (a text manifest of a vision bundle).
    */
   ImageReader (*image)(const Manifest& m);
+  /** As image, for an audio clip (qhx_generate --audio); nullptr: the host-op reads no audio. */
+  AudioReader (*audio)(const Manifest& m);
   /**
    * An encoder-output input whose component the manifest does not carry is fed by the host-op
    * (zeros) instead of refused by the loader: a text manifest of a vision bundle over the same graphs.

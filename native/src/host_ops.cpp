@@ -15,16 +15,16 @@ namespace {
 
 // One decode loop (greedy_loop.h) serves all; each host-op gives its step and a validator admitting what it runs.
 const HostOpSpec kHostOps[] = {
-    {"decoder_generate", validate_decoder_generate, make_decoder_generate, nullptr, false},
-    {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate, nullptr, false},
+    {"decoder_generate", validate_decoder_generate, make_decoder_generate, nullptr, nullptr, false},
+    {"qwen3_5_generate", validate_qwen3_5_generate, make_decoder_generate, nullptr, nullptr, false},
     // Gemma 4: the same step with host rows (PLE), ring and shared caches, scales from hostOpParams;
-    // an image's soft tokens at its image tokens. Its text manifest is the same without the encoder.
-    {"gemma4_split_generate", validate_gemma4_split_generate, make_gemma4_split_generate, gemma4_image_reader, false},
+    // an image's and a clip's soft tokens at their tokens. Its text manifest is the same without the encoders.
+    {"gemma4_split_generate", validate_gemma4_split_generate, make_gemma4_split_generate, gemma4_image_reader, gemma4_audio_reader, false},
     // PhiMoE: its own step (attention+router, host top-2, shared experts graph) in the same loop.
-    {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate, nullptr, false},
+    {"phimoe_generate", validate_phimoe_generate, make_phimoe_generate, nullptr, nullptr, false},
     // Qwen3-VL: the decoder step with multimodal RoPE positions, the vision encoder's rows at the
     // image tokens (residual and DeepStack inputs); its text manifest runs without the encoder.
-    {"qwen3_vl_generate", validate_qwen3_vl_generate, make_qwen3_vl_generate, qwen3_vl_image_reader, true},
+    {"qwen3_vl_generate", validate_qwen3_vl_generate, make_qwen3_vl_generate, qwen3_vl_image_reader, nullptr, true},
 };
 
 }  // namespace
@@ -42,6 +42,7 @@ std::vector<std::string> host_op_names() {
 }
 
 double Generator::encode_image(const Pixels&) { throw std::runtime_error("this host-op reads no image"); }
+double Generator::encode_audio(const AudioFeatures&) { throw std::runtime_error("this host-op reads no audio"); }
 
 std::unique_ptr<Generator> make_generator(const Manifest& m, Executor& exec) {
   const HostOpSpec* h = find_host_op(m.host_op);

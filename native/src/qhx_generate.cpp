@@ -1,5 +1,5 @@
 // qhx_generate <manifest> <backend-lib> <system-lib> <artifacts_root> <max_new_tokens> (<prompt> | --prompt-ids 1,2,3)
-//              [--image FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
+//              [--image FILE | --audio FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]
 // Runs a forge bundle greedily with the host-op its manifest names (the registry, host_op.h).
 // backend-lib is `cpu` (CPU EP on the ONNX graphs) or the path of a QNN backend library (QNN EP
 // plugin on the compiled contexts); system-lib is libQnnSystem.so or `-`.
@@ -22,13 +22,17 @@
 // tokens, its end token; Gemma 4's T depends on the image's aspect ratio) then the text's ids, after
 // the BOS where the model has one; with --chat the block opens the user turn (prefix + block + text +
 // suffix). With --prompt-ids the ids are fed as given and must hold the image's T image tokens.
+// --audio FILE (gemma4_split_generate with its audio graph): likewise for a clip (WAV, FLAC, OGG:
+// audio_input.h's log-mel features, HF's Gemma 4 feature extractor), its block <start_of_audio>, T
+// audio tokens, <end_of_audio>; one image or one clip per prompt.
 // Prints the generated ids and text; --json prints one JSON object instead:
 //   {prompt_ids, generated_ids, text (null when it cannot be had), text_error (why, else null),
 //    stopped_at_eos, prefill, backend, verified,
 //    timings: {load_ms, prefill_ms, decode_ms_per_token, host_overhead_ms_per_token, decode_steps},
 //    weights: {mapped_files, mapped_bytes, shared_tensors, shared_tensor_uses} (CPU: weights mapped once, shared by the graphs),
 //    memory: {rss_anon_bytes, rss_file_bytes, vm_hwm_bytes} (this process, at the end; -1 where /proc has none)
-//    [, image: {file, tokens, decode_ms, resize_ms, patchify_ms, vision_ms} with --image (pre-processing not in load_ms)]}
+//    [, image: {file, tokens, decode_ms, resize_ms, patchify_ms, vision_ms} with --image (pre-processing not in load_ms)]
+//    [, audio: {file, tokens, frames, decode_ms, resample_ms, features_ms, audio_ms} with --audio]}
 // At load every file must exist with the manifest's size, and every file's sha256 must match, except
 // the big context binaries and embedding table (sizes only): hashing those is most of start-up.
 // --verify hashes them too (once after a push; `sha256sum -c SHA256SUMS` does the same).
@@ -58,7 +62,7 @@ namespace {
 
 const char* kUsage =
     "usage: qhx_generate <manifest> <backend-lib|cpu> <system-lib|-> <artifacts_root> <max_new_tokens> "
-    "(<prompt text> | --prompt-ids 1,2,3) [--image FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
+    "(<prompt text> | --prompt-ids 1,2,3) [--image FILE | --audio FILE] [--chat [--chat-option NAME=true|false]...] [--json] [--ignore-eos] [--no-prefill] [--verify] [--force-ids 5,6,7] [--print-prompt-ids]";
 
 std::string join_ids(const std::vector<int>& ids) {
   std::string s;
@@ -68,7 +72,7 @@ std::string join_ids(const std::vector<int>& ids) {
 
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
-  std::optional<std::string> prompt_ids, force_ids, image;
+  std::optional<std::string> prompt_ids, force_ids, image, audio;
   bool as_json = false, ignore_eos = false, no_prefill = false, verify_all = false, chat = false, print_prompt_ids = false;
   forge::ChatOptions chat_options;
   for (int i = 1; i < argc; i++) {
@@ -81,6 +85,10 @@ int run(int argc, char** argv) {
       if (i + 1 >= argc) throw std::runtime_error("--force-ids needs a value: the token ids to continue with, like 5,6,7");
       if (force_ids) throw std::runtime_error("--force-ids given twice");
       force_ids = argv[++i];
+    } else if (a == "--audio") {
+      if (i + 1 >= argc) throw std::runtime_error("--audio needs a value: an audio file (WAV, FLAC, OGG)");
+      if (audio) throw std::runtime_error("--audio given twice: a prompt takes one clip");
+      audio = argv[++i];
     } else if (a == "--image") {
       if (i + 1 >= argc) throw std::runtime_error("--image needs a value: an image file (JPEG or PNG)");
       if (image) throw std::runtime_error("--image given twice: a prompt takes one image");
@@ -151,20 +159,45 @@ int run(int argc, char** argv) {
     image_prompt = read(*image);
     preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   }
+  // An audio clip likewise; its prompt block takes the image block's place (one medium per prompt).
+  std::optional<forge::AudioPrompt> audio_prompt;
+  if (audio) {
+    if (image) throw std::runtime_error("--audio with --image: a prompt takes one image or one audio clip");
+    const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
+    if (!op->audio) {
+      std::string readers;
+      for (const std::string& n : forge::host_op_names())
+        if (forge::find_host_op(n)->audio) readers += (readers.empty() ? "" : ", ") + n;
+      throw std::runtime_error("--audio: hostOp " + m.host_op + " reads no audio (a host-op that does: " + readers + ")");
+    }
+    forge::AudioReader read;
+    try {
+      read = op->audio(m);
+    } catch (const forge::ManifestError& e) {
+      throw std::runtime_error(std::string("--audio: ") + e.what());
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    audio_prompt = read(*audio);
+    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  }
+  // The medium's block and token, whichever was given.
+  const std::vector<int>* block = image_prompt ? &image_prompt->block : audio_prompt ? &audio_prompt->block : nullptr;
+  const int media_token = image_prompt ? image_prompt->image_token : audio_prompt ? audio_prompt->audio_token : -1;
+  const int media_tokens = image_prompt ? image_prompt->tokens : audio_prompt ? audio_prompt->tokens : 0;
+  const char* medium = image_prompt ? "image" : "audio";
   std::vector<int> ids;
   if (prompt_ids) {
     ids = forge::parse_ids(*prompt_ids);
     forge::check_vocab(m, ids, "--prompt-ids");
-    if (image_prompt) {
-      const auto n = std::count(ids.begin(), ids.end(), image_prompt->image_token);
-      if (n != image_prompt->tokens)
-        throw std::runtime_error("--prompt-ids with --image: the ids hold " + std::to_string(n) + " image tokens (id " + std::to_string(image_prompt->image_token) +
-                                 "), the image is " + std::to_string(image_prompt->tokens) + " tokens");
+    if (block) {
+      const auto n = std::count(ids.begin(), ids.end(), media_token);
+      if (n != media_tokens)
+        throw std::runtime_error(std::string("--prompt-ids with --") + medium + ": the ids hold " + std::to_string(n) + " " + medium + " tokens (id " +
+                                 std::to_string(media_token) + "), the " + (image_prompt ? "image" : "clip") + " is " + std::to_string(media_tokens) + " tokens");
     }
   } else {
     if (!tok) throw std::runtime_error(tok_error);
-    ids = image_prompt ? forge::image_prompt_ids(m, *tok, image_prompt->block, pos[5], chat, chat_options)
-                       : forge::text_prompt_ids(m, *tok, pos[5], chat, chat_options);
+    ids = block ? forge::image_prompt_ids(m, *tok, *block, pos[5], chat, chat_options) : forge::text_prompt_ids(m, *tok, pos[5], chat, chat_options);
   }
   forge::check_vocab(m, forced, "--force-ids");
   if (print_prompt_ids) {  // what the model would be fed; nothing is loaded or run
@@ -182,6 +215,7 @@ int run(int argc, char** argv) {
   const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_load).count() - preprocess_ms;
   // The encoder runs once, before the prompt.
   const double vision_ms = pixels ? gen->encode_image(*pixels) : 0;
+  const double audio_ms = audio_prompt ? gen->encode_audio(audio_prompt->features) : 0;
   forge::GenerateResult r = gen->generate(ids, forge::GenerateOptions{max_new, ignore_eos, !no_prefill}, forced);
   // The ids are the result; the text is a convenience. A model whose vocabulary is larger than its
   // tokenizer's (padded embeddings; forge's synthetic 4B checkpoints carry the tiny twin's
@@ -224,6 +258,11 @@ int run(int argc, char** argv) {
     if (pixels)
       out["image"] = {{"file", *image},          {"tokens", image_prompt->tokens},     {"decode_ms", pixels->decode_ms},
                       {"resize_ms", pixels->resize_ms}, {"patchify_ms", pixels->patchify_ms}, {"vision_ms", vision_ms}};
+    if (audio_prompt) {
+      const forge::AudioFeatures& f = audio_prompt->features;
+      out["audio"] = {{"file", *audio}, {"tokens", audio_prompt->tokens}, {"frames", f.frames}, {"decode_ms", f.decode_ms},
+                      {"resample_ms", f.resample_ms}, {"features_ms", f.features_ms}, {"audio_ms", audio_ms}};
+    }
     // Generated text can hold U+FFFD from a split UTF-8 sequence: dump replaces, never throws.
     std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
@@ -233,6 +272,9 @@ int run(int argc, char** argv) {
     if (pixels)
       std::printf("image: %d tokens  decode_ms: %.3f  resize_ms: %.3f  patchify_ms: %.3f  vision_ms: %.3f\n", image_prompt->tokens, pixels->decode_ms,
                   pixels->resize_ms, pixels->patchify_ms, vision_ms);
+    if (audio_prompt)
+      std::printf("audio: %d tokens  decode_ms: %.3f  resample_ms: %.3f  features_ms: %.3f  audio_ms: %.3f\n", audio_prompt->tokens, audio_prompt->features.decode_ms,
+                  audio_prompt->features.resample_ms, audio_prompt->features.features_ms, audio_ms);
     std::printf("load_ms: %.1f  prefill_ms: %.3f  decode_ms_per_token: %.3f  host_overhead_ms_per_token: %.3f\n", load_ms, r.timings.prefill_ms,
                 r.timings.decode_ms_per_token, r.timings.host_overhead_ms_per_token);
   }

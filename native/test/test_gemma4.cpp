@@ -268,7 +268,7 @@ TEST(Gemma4Image, TheTextManifestRunsTextAndReadsNoImage) {
   NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
   NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
   forge::Manifest text = forge::load_manifest(bundle + "/manifest.text.json", bundle);
-  EXPECT_EQ(forge::gemma4_vision_graph(text), nullptr);
+  EXPECT_EQ(forge::gemma4_encoder_graph(text, "vision"), nullptr);
   forge::Executor exec(text, {});
   auto gen = forge::make_generator(text, exec);
   for (const auto& tp : forge_test::load_trace(trace))
@@ -279,4 +279,20 @@ TEST(Gemma4Image, TheTextManifestRunsTextAndReadsNoImage) {
   } catch (const forge::ManifestError& e) {
     EXPECT_NE(std::string(e.what()).find("contexts: no vision graph (role vision): this manifest reads no image"), std::string::npos) << e.what();
   }
+}
+
+// Gemma4Processor's audio token count: the frame mask through two kernel-3, stride-2, pad-1 convs
+// (output t reads frame 2t), counted. The twin's clips at a 2 s budget (199 frames): 1.2 s = 119 valid
+// frames → 30 tokens, 0.7 s = 69 → 18 (what HF's processor wrote into the traced prompts).
+TEST(Gemma4Audio, TokenCountIsTheProcessors) {
+  auto mask = [](int frames, int valid) {
+    std::vector<uint8_t> m(size_t(frames), 0);
+    std::fill(m.begin(), m.begin() + valid, uint8_t(1));
+    return m;
+  };
+  EXPECT_EQ(forge::gemma4_audio_tokens(mask(199, 119)), 30);
+  EXPECT_EQ(forge::gemma4_audio_tokens(mask(199, 69)), 18);
+  EXPECT_EQ(forge::gemma4_audio_tokens(mask(2999, 2999)), 750);  // 30 s: HF's audio_seq_length
+  EXPECT_EQ(forge::gemma4_audio_tokens(mask(8, 1)), 1);
+  EXPECT_EQ(forge::gemma4_audio_tokens(mask(8, 0)), 0);
 }

@@ -140,7 +140,7 @@ export async function assembleBundle(input: AssembleInput, out: string): Promise
     linkOrCopy(join(input.graphsDir, t.file), join(out, t.file));
     made.push({ name: t.name, use: t.use, file: t.file, sha256: await placedSha(t.file, input.dataDigestsDir ?? input.graphsDir), dtype: t.dtype, shape: t.shape });
   }
-  const hostOpParams = family.hostOpParams?.(config, { image: exp.image });
+  const hostOpParams = family.hostOpParams?.(config, { image: exp.image, audio: exp.audio });
   for (const f of TOKENIZER_FILES) if (existsSync(join(input.checkpointDir, f))) linkOrCopy(join(input.checkpointDir, f), join(out, f));
   const special = readSpecialTokens(input.checkpointDir);
   const [vocab, hidden] = emb.embedding.shape;

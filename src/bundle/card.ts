@@ -13,6 +13,7 @@ import { planLines } from './plan-table.js';
 import { sizeText as mb } from '../units.js';
 import type { ShardPlan } from '../plan/shards.js';
 import type { PixelCheck } from '../gates/pixels.js';
+import type { AudioFeatureCheck } from '../gates/audio-features.js';
 
 /** A mismatch as parity.json lists it (src/gates/parity.ts Mismatch). */
 export interface ListedMismatch { variant?: string; prompt: number; step: number; hf: { token: number }; runtime: { token: number }; margin: number | null; tie: boolean }
@@ -24,6 +25,8 @@ export interface ParityFacts {
   mismatches: { count: number; listed: ListedMismatch[] };
   /** The runtime's image front-end against HF's processor, per image prompt (src/gates/pixels.ts). */
   pixels?: PixelCheck[];
+  /** The runtime's audio front-end against HF's feature extractor, per audio prompt (src/gates/audio-features.ts). */
+  audioFeatures?: AudioFeatureCheck[];
   /** A vision bundle's text-only manifest, run on the text prompts. */
   textManifest?: { file: string; variants: Record<string, { ok: boolean; total: number; mismatches: number; ties: number }> };
 }
@@ -91,7 +94,7 @@ function precisionLines(p: ShippedPrecision): string[] {
 
 function role(file: string, f: CardFacts): string {
   if (file === 'manifest.json') return 'manifest: the runtime contract (graphs, bindings, state, limits)';
-  if (file === 'manifest.text.json') return 'the text-only manifest: the same graphs without the vision encoder';
+  if (file === 'manifest.text.json') return 'the text-only manifest: the same graphs without the image and audio encoders';
   if (file === 'README.md') return 'this model card';
   if (file === 'SHA256SUMS') return 'checksums (`sha256sum -c SHA256SUMS`)';
   if (file.endsWith('_ctx.onnx')) return `EPContext wrapper of graph ${file.replace(/_ctx\.onnx$/, '')}`;
@@ -138,16 +141,34 @@ function chatOptionLines(t: Manifest['tokenizer']): string[] {
 
 function imageLines(f: CardFacts): string[] {
   const p = f.manifest.hostOpParams ?? {};
-  if (p.image_height === undefined) return [];
+  const budget = p.max_soft_tokens;
+  if (p.image_height === undefined && budget === undefined) return [];
   const vision = f.manifest.contexts.flatMap((c) => c.graphs).find((g) => g.inputs.some((i) => i.bind === 'pixels'));
   const tokens = vision?.outputs[0]?.shape[0];
-  const lines = ['## Images', '', `An image is passed to the runtime as a file (\`--image photo.jpg\`, JPEG or PNG). The runtime decodes it, stretches it to ${p.image_width}×${p.image_height} (the vision encoder's grid is fixed when the bundle is built; the aspect ratio is not kept), normalises it and cuts it into ${p.patch_size}-pixel patches in C++; the encoder runs once per image${tokens ? ` and gives ${tokens} image tokens` : ''}, which take the place of the image placeholder tokens in the prompt.`, ''];
+  const how = budget !== undefined
+    ? `resizes it, keeping its aspect ratio, to the largest sides that are multiples of ${Number(p.patch_size) * Number(p.pooling_kernel_size)} pixels within ${budget} soft tokens (${budget}·${p.pooling_kernel_size}² patches, as Hugging Face's Gemma 4 processor does), rescales it to [0, 1] and cuts it into ${p.patch_size}-pixel patches with their positions in C++; the encoder runs once per image and gives one soft token per ${p.pooling_kernel_size}×${p.pooling_kernel_size} patches (a wide or tall image gives fewer than ${budget}), which take the place of the image tokens between \`<start_of_image>\` and \`<end_of_image>\` in the prompt.`
+    : `stretches it to ${p.image_width}×${p.image_height} (the vision encoder's grid is fixed when the bundle is built; the aspect ratio is not kept), normalises it and cuts it into ${p.patch_size}-pixel patches in C++; the encoder runs once per image${tokens ? ` and gives ${tokens} image tokens` : ''}, which take the place of the image placeholder tokens in the prompt.`;
+  const lines = ['## Images', '', `An image is passed to the runtime as a file (\`--image photo.jpg\`, JPEG or PNG). The runtime decodes it, ${how}`, ''];
   const checks = f.parity.pixels ?? [];
   if (!checks.length) return [...lines, '**Pre-processing against Hugging Face: not measured** (the recipe traces no image prompt).', ''];
-  lines.push("**Pre-processing against Hugging Face's processor** (the same file through both; HF stretched with PIL's bicubic first):", '', '| image | cosine | max abs error | mean abs error |', '|---|---|---|---|');
+  const resized = budget !== undefined ? 'resized' : 'stretched';
+  lines.push(`**Pre-processing against Hugging Face's processor** (the same file through both; HF ${resized} with PIL's bicubic first${budget !== undefined ? '; the patch positions are equal' : ''}):`, '', '| image | cosine | max abs error | mean abs error |', '|---|---|---|---|');
   for (const c of checks) lines.push(`| \`${c.image}\` | ${c.cosine.toFixed(7)} | ${c.maxAbs.toExponential(2)} | ${c.meanAbs.toExponential(2)} |`);
   // Times vary run to run: they stay in build/parity.json, so the card is the same for the same inputs.
-  lines.push('', "Pixel values lie in [−1, 1]; where the file is not already the encoder's size, the differences come from the two resamplers (the runtime's against PIL's bicubic). Pre-processing times per image are in build/parity.json.", '');
+  lines.push('', `Pixel values lie in ${budget !== undefined ? '[0, 1]' : '[−1, 1]'}; where the file is not already the encoder's size, the differences come from the two resamplers (the runtime's against PIL's bicubic). Pre-processing times per image are in build/parity.json.`, '');
+  return lines;
+}
+
+/** How an audio clip reaches the model (a bundle with an audio encoder), and the front-end's figures against HF's extractor. */
+function audioLines(f: CardFacts): string[] {
+  const p = f.manifest.hostOpParams ?? {};
+  if (p.audio_max_seconds === undefined) return [];
+  const lines = ['## Audio', '', `An audio clip is passed to the runtime as a file (\`--audio clip.wav\`: WAV, FLAC or OGG, any rate, mono or not) of at most ${p.audio_max_seconds} s. The runtime decodes it, averages its channels, resamples it to 16 kHz and computes Hugging Face's Gemma 4 log-mel features (20 ms frames every 10 ms, 128 mel bins) in C++, padded to the encoder's length; the audio encoder runs once per clip and gives one soft token per 40 ms of audio, which take the place of the audio tokens between \`<start_of_audio>\` and \`<end_of_audio>\` in the prompt.`, ''];
+  const checks = f.parity.audioFeatures ?? [];
+  if (!checks.length) return [...lines, '**Pre-processing against Hugging Face: not measured** (the recipe traces no audio prompt).', ''];
+  lines.push("**Pre-processing against Hugging Face's feature extractor** (the same clip through both; the clip's own frames, and the frame masks equal):", '', '| clip | frames | cosine | max abs error |', '|---|---|---|---|');
+  for (const c of checks) lines.push(`| \`${c.clip}\` | ${c.frames} | ${c.cosine.toFixed(7)} | ${c.maxAbs.toExponential(2)} |${c.ok ? '' : ' FAIL'}`);
+  lines.push('', 'Pre-processing times per clip are in build/parity.json.', '');
   return lines;
 }
 
@@ -185,7 +206,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
       ? `The runtime cannot apply the model's chat template (${manifest.tokenizer.chatNotApplied.replace(/\.$/, '')}): the prompt above is plain text; feed the ids transformers' \`apply_chat_template\` gives with \`--prompt-ids\` to ask as its users do. \`--print-prompt-ids\` prints the ids fed.`
       : 'The model has no chat template: the prompt is plain text. `--print-prompt-ids` prints the ids fed, for `--prompt-ids` to repeat exactly.', '');
   if (chat) lines.push(...chatOptionLines(manifest.tokenizer));
-  lines.push(...imageLines(f));
+  lines.push(...imageLines(f), ...audioLines(f));
   lines.push('## Gates, as measured in this build', '');
   lines.push(`**Oracle** (teacher-forced against Hugging Face fp32, onnxruntime CPU): ${f.oracle.ok ? 'pass' : 'FAIL'}.`, '');
   lines.push('| graphs | min cosine | top-1 |', '|---|---|---|');
@@ -210,7 +231,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   const text = f.parity.textManifest;
   if (text) {
     const each = Object.entries(text.variants).map(([v, r]) => `${v === 'quantize' ? 'shipped' : 'fp32 reference'} ${r.total - r.mismatches}/${r.total} equal to HF${r.ties ? ` (${r.ties} ties)` : ''}`);
-    lines.push('', `**Text-only manifest** (\`${text.file}\`: the same graphs without the vision encoder) on the text prompts: ${each.join(', ')}${Object.values(text.variants).every((r) => r.ok) ? '' : ' — FAIL'}.`);
+    lines.push('', `**Text-only manifest** (\`${text.file}\`: the same graphs without the image and audio encoders) on the text prompts: ${each.join(', ')}${Object.values(text.variants).every((r) => r.ok) ? '' : ' — FAIL'}.`);
   }
   if (f.parity.tiesWhy) lines.push('', `This recipe allows up to ${f.parity.maxTies} ties per variant: ${f.parity.tiesWhy}.`);
   lines.push('', onDevice

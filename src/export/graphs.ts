@@ -44,6 +44,8 @@ export interface ExportManifest {
   maxContext: number;
   /** How images reach the vision encoder (a size, or a soft-token budget), when the export has one. */
   image?: ImageLayout;
+  /** The longest audio clip the audio encoder takes, when the export has one. */
+  audio?: AudioLayout;
   contexts: ContextEntry[];
   /** The family's host tables, in its order. */
   hostTables?: HostTableEntry[];

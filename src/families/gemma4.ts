@@ -120,8 +120,10 @@ export interface Gemma4Config {
   pleScale: number;
   /** The vision tower, when the checkpoint has one (null: text only), and the tokens an image is written with. */
   vision: Gemma4VisionConfig | null;
-  /** The tokens an image is written with, and the pad token whose per-layer rows HF reads at them. */
-  imageTokens: { image: number; begin: number; end: number; pad: number } | null;
+  /** The tokens an image is written with. */
+  imageTokens: { image: number; begin: number; end: number } | null;
+  /** The pad token, whose per-layer rows HF reads at image and audio tokens (a checkpoint with a tower names it). */
+  padToken: number | null;
   /** The audio tower and the tokens a clip is written with (null: no audio_config). */
   audio: Gemma4AudioTower | null;
 }
@@ -189,16 +191,17 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
 }
 
 /** The vision tower's config and image tokens (a config with a vision tower must name its tokens), and the audio tower's. */
-function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens' | 'audio'> {
+function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens' | 'audio' | 'padToken'> {
   const audio = parseGemma4AudioTower(c, file);
-  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null, audio };
+  const padToken = c.text_config.pad_token_id ?? null;
+  if (audio?.config && padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at audio tokens');
+  if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null, audio, padToken };
   const vision = parseGemma4VisionConfig(c.vision_config, file);
   for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
     if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
   }
-  const pad = c.text_config.pad_token_id;
-  if (pad === undefined) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at image tokens');
-  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id!, pad }, audio };
+  if (padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at image tokens');
+  return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! }, audio, padToken };
 }
 
 export const PREFIX = 'model.language_model';
@@ -250,8 +253,13 @@ export const gemma4: Family<Gemma4Config> = {
   hostOpParams: (c, layout) => ({
     embed_scale: c.embedScale, per_layer_embed_scale: c.pleScale, per_layer_dim: c.ple,
     ...(layout?.image?.maxSoftTokens && c.vision && c.imageTokens ? {
-      image_token_id: c.imageTokens.image, boi_token_id: c.imageTokens.begin, eoi_token_id: c.imageTokens.end, pad_token_id: c.imageTokens.pad,
+      image_token_id: c.imageTokens.image, boi_token_id: c.imageTokens.begin, eoi_token_id: c.imageTokens.end, pad_token_id: c.padToken!,
       max_soft_tokens: layout.image.maxSoftTokens, patch_size: c.vision.patch, pooling_kernel_size: c.vision.pooling,
+    } : {}),
+    // With the audio encoder, the clip's tokens and its budget (the feature extractor is HF's default).
+    ...(layout?.audio && c.audio?.config ? {
+      audio_token_id: c.audio.tokens.audio, boa_token_id: c.audio.tokens.begin, eoa_token_id: c.audio.tokens.end, pad_token_id: c.padToken!,
+      audio_max_seconds: layout.audio.maxSeconds,
     } : {}),
   }),
   components(c, layout) {

@@ -88,7 +88,7 @@ export interface Family<C> {
    */
   madeTables?(config: C, scheme: QuantScheme): MadeTables;
   /** Numbers the host-op needs beyond the graphs (a router's jitter eps …), written into the manifest. */
-  hostOpParams?(config: C, layout?: Pick<ComponentLayout, 'image'>): Record<string, number | string | boolean>;
+  hostOpParams?(config: C, layout?: Pick<ComponentLayout, 'image' | 'audio'>): Record<string, number | string | boolean>;
   /**
    * Teacher-forced calls of an exported graph, fed from the oracle trace, with the expected outputs.
    * `dir` holds the export (graphs.json, its graphs and the made tables they are fed from).

@@ -21,8 +21,9 @@ import { NonFiniteLogitsError, type Target } from '../targets/target.js';
 import { getArch } from '../arch/table.js';
 import { Trace, type TracePrompt } from './trace.js';
 import { writeCpuFormExport } from './cpu-form.js';
-import { TRACE_IMAGES } from './trace-stage.js';
+import { TRACE_AUDIO, TRACE_IMAGES } from './trace-stage.js';
 import { checkPixels, type PixelCheck } from './pixels.js';
+import { checkAudioFeatures, type AudioFeatureCheck } from './audio-features.js';
 import type { NativeRecord } from './native-stage.js';
 
 export type TargetSpec = { kind: 'host' } | { kind: 'adb'; serial: string; runner: string; libDir: string };
@@ -126,9 +127,12 @@ export async function checkParity(target: Target, bundleDir: string, trace: Trac
     if (want.length < tokens) throw new Error(`the trace has ${want.length} generated tokens for prompt ${p}, the gate wants ${tokens}`);
     let got;
     try {
-      // An image prompt runs on the file the oracle traced (the trace stage keeps it beside the trace).
-      const image = prompts[p].image ? { image: join(trace.dir, TRACE_IMAGES, prompts[p].image!.file) } : {};
-      got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens, forceIds: want, ...image, ...(o.manifest ? { manifest: o.manifest } : {}) });
+      // An image or audio prompt runs on the file the oracle traced (the trace stage keeps it beside the trace).
+      const media = {
+        ...(prompts[p].image ? { image: join(trace.dir, TRACE_IMAGES, prompts[p].image!.file) } : {}),
+        ...(prompts[p].audio ? { audio: join(trace.dir, TRACE_AUDIO, prompts[p].audio!.file) } : {}),
+      };
+      got = await target.generate({ bundleDir, promptIds: prompts[p].prompt_tokens, maxNewTokens: tokens, forceIds: want, ...media, ...(o.manifest ? { manifest: o.manifest } : {}) });
     } catch (e) {
       if (!(e instanceof NonFiniteLogitsError)) throw e;
       const message = `prompt ${p}: ${e.message}`;
@@ -216,15 +220,10 @@ export const stage: StageModule<ParityParams> = {
     // The precision's largest logit error against HF, as the oracle gate measured it, per variant.
     const logitErrors = oracleLogitErrors(ctx.inputs.oracle);
     const trace = await Trace.open(ctx.inputs.trace);
-    // The oracle gate holds the audio encoder to HF; no runtime host-op feeds it a clip yet.
-    const clips = trace.meta.prompts.filter((x) => x.audio).length;
-    if (clips) {
-      await trace.close();
-      throw new Error(`the runtime does not run an audio encoder yet, so the ${clips} audio prompt(s) (gates.audioPrompts) cannot be run on ${target.name}: build such a recipe with --until oracle`);
-    }
     const scratch = join(ctx.out, '.scratch');
     const variants: Record<string, VariantResult> = {};
     let pixels: PixelCheck[] = [];
+    let audio: AudioFeatureCheck[] = [];
     const textManifest: Record<string, VariantResult> = {};
     try {
       for (const v of p.variants) {
@@ -242,9 +241,14 @@ export const stage: StageModule<ParityParams> = {
           pixels = await checkPixels(join(native.buildDir, 'qhx_pixels'), JSON.parse(readFileSync(join(bundle, 'manifest.json'), 'utf8')), trace);
           for (const c of pixels) ctx.log(`pixels of ${c.image}: cosine ${c.cosine.toFixed(7)}, max |error| ${c.maxAbs.toExponential(2)} against Hugging Face's processor`);
         }
+        // Likewise the audio front-end against HF's feature extractor.
+        if (!audio.length && trace.meta.prompts.some((x) => x.audio)) {
+          audio = await checkAudioFeatures(join(native.buildDir, 'qhx_features'), trace);
+          for (const c of audio) ctx.log(`features of ${c.clip}: cosine ${c.cosine.toFixed(7)}, max |error| ${c.maxAbs.toExponential(2)} against Hugging Face's feature extractor${c.ok ? '' : ' — FAIL'}`);
+        }
         // A vision bundle's text-only manifest (the encoder left out) on the text prompts: what a text app runs.
         if (existsSync(join(bundle, TEXT_MANIFEST))) {
-          textManifest[v] = await checkParity(target, bundle, trace, p.tokens, logitErrors[v] ?? null, { manifest: TEXT_MANIFEST, prompts: (x) => !x.image });
+          textManifest[v] = await checkParity(target, bundle, trace, p.tokens, logitErrors[v] ?? null, { manifest: TEXT_MANIFEST, prompts: (x) => !x.image && !x.audio });
           const t = textManifest[v];
           ctx.log(`${v} under ${TEXT_MANIFEST}: ${t.matched}/${t.total} before the first mismatch on the text prompts; ${t.mismatchCount} mismatches, ${t.ties} ties`);
         }
@@ -256,8 +260,8 @@ export const stage: StageModule<ParityParams> = {
       rmSync(scratch, { recursive: true, force: true });
     }
     const text = Object.keys(textManifest).length ? paritySummary(target.name, textManifest, p) : undefined;
-    const summary = { ...paritySummary(target.name, variants, p), ...(pixels.length ? { pixels } : {}), ...(text ? { textManifest: { file: TEXT_MANIFEST, ...text } } : {}) };
-    const ok = Object.values(summary.variants).every((v) => v.ok) && pixels.every((c) => c.ok) && (!text || Object.values(text.variants).every((v) => v.ok));
+    const summary = { ...paritySummary(target.name, variants, p), ...(pixels.length ? { pixels } : {}), ...(audio.length ? { audioFeatures: audio } : {}), ...(text ? { textManifest: { file: TEXT_MANIFEST, ...text } } : {}) };
+    const ok = Object.values(summary.variants).every((v) => v.ok) && pixels.every((c) => c.ok) && audio.every((c) => c.ok) && (!text || Object.values(text.variants).every((v) => v.ok));
     if (summary.nonFinite) ctx.log(`${summary.nonFinite.variant} graphs: ${summary.nonFinite.message}`);
     await writeFile(join(ctx.out, 'parity.json'), JSON.stringify({ ok, ...summary, detail: variants }, null, 2));
     return { gate: { name: 'parity', ok }, summary: JSON.parse(JSON.stringify(summary)) };

@@ -60,12 +60,14 @@ export function adbTarget(o: AdbOptions): Target {
         await adb(['push', o.runner, `${remote}/qhx_generate`], 'push runner');
         pushed = req.bundleDir;
       }
-      // An image prompt's file goes beside the bundle, under its own name (the device sees that path).
+      // An image or audio prompt's file goes beside the bundle, under its own name (the device sees that path).
       let onDevice = req;
-      if (req.image) {
-        const remoteImage = `${remote}/image-${basename(req.image)}`;
-        await adb(['push', req.image, remoteImage], 'push image');
-        onDevice = { ...req, image: remoteImage };
+      for (const medium of ['image', 'audio'] as const) {
+        const file = req[medium];
+        if (!file) continue;
+        const remoteFile = `${remote}/${medium}-${basename(file)}`;
+        await adb(['push', file, remoteFile], `push ${medium}`);
+        onDevice = { ...onDevice, [medium]: remoteFile };
       }
       const args = [...qhxArgs(`${remote}/bundle/${req.manifest ?? 'manifest.json'}`, `${remote}/lib/libQnnHtp.so`, `${remote}/lib/libQnnSystem.so`, `${remote}/bundle`, onDevice), ...(verify ? ['--verify'] : [])];
       const env = `LD_LIBRARY_PATH=${remote}/lib ADSP_LIBRARY_PATH=${remote}/lib FORGE_QNN_EP_LIB=${remote}/lib/libonnxruntime_providers_qnn.so`;

@@ -13,6 +13,8 @@ export interface GenerateRequest {
   forceIds?: number[];
   /** An image file for a vision bundle (qhx_generate --image): promptIds then hold its image tokens. */
   image?: string;
+  /** An audio clip for a bundle with an audio encoder (qhx_generate --audio): promptIds then hold its audio tokens. */
+  audio?: string;
   /** The manifest to run, a file in bundleDir (default manifest.json; a vision bundle's manifest.text.json). */
   manifest?: string;
 }
@@ -50,8 +52,8 @@ export function qhxFailure(where: string, status: number | string, stderr: strin
 /** qhx_generate's argv after the program, shared by every target (paths as the target sees them). */
 export function qhxArgs(manifest: string, backend: string, systemLib: string, root: string, req: GenerateRequest): string[] {
   const forced = req.forceIds?.length ? ['--force-ids', req.forceIds.join(',')] : [];
-  const image = req.image ? ['--image', req.image] : [];
-  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), ...image, ...forced, '--json', '--ignore-eos'];
+  const media = [...(req.image ? ['--image', req.image] : []), ...(req.audio ? ['--audio', req.audio] : [])];
+  return [manifest, backend, systemLib, root, String(req.maxNewTokens), '--prompt-ids', req.promptIds.join(','), ...media, ...forced, '--json', '--ignore-eos'];
 }
 
 export function parseQhxJson(stdout: string, where: string): GenerateResult {
