@@ -210,10 +210,14 @@ program.command('nightly')
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
     if (o.json) console.log(JSON.stringify(r.nightly));
-    else {
-      console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
+    // Builds the farm's machines could not run: not regressions, but not a green nightly either.
+    const notBuilt = r.nightly.builds.filter((b) => b.infra);
+    for (const b of notBuilt) (o.json ? console.error : console.log)(`NOT BUILT ${b.id}: ${b.infra}`);
+    if (!o.json) {
+      const verdict = r.comparison.regressions.length ? 'REGRESSION' : notBuilt.length ? 'incomplete' : 'ok';
+      console.log(`${verdict}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged${notBuilt.length ? `, ${notBuilt.length} not built (the machines failed, not the builds)` : ''}; ${r.dir}/report.md`);
     }
-    if (r.comparison.regressions.length) process.exitCode = 1;
+    if (r.comparison.regressions.length || notBuilt.length) process.exitCode = 1;
   });
 
 program.command('worker')

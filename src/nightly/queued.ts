@@ -83,7 +83,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
         const parsed = BuildSummarySchema.safeParse(raw);
         if (!parsed.success) return failedSummary(b, `job ${job.id} returned no valid build summary: ${parsed.error.issues[0]?.message}`, (Date.now() - t0) / 1000);
         const s = parsed.data;
-        log(`${job.id}: ${s.ok ? 'ok' : `FAILED (${s.error ?? s.status})`} on ${s.queue?.worker ?? '?'}, ${s.stages.filter((x) => x.status === 'cached').length}/${s.stages.length} stages cached`);
+        log(`${job.id}: ${s.ok ? 'ok' : s.infra ? `NOT BUILT (${s.infra})` : `FAILED (${s.error ?? s.status})`} on ${s.queue?.worker ?? '?'}, ${s.stages.filter((x) => x.status === 'cached').length}/${s.stages.length} stages cached`);
         return s;
       } catch (e) {
         log(`${job.id}: job failed: ${(e as Error).message}`);
