@@ -11,6 +11,7 @@ import { formatStatus } from '../src/nightly/status.js';
 import { queueUrl } from '../src/nightly/queue.js';
 import { infraCauseOfError, infraCauseOfRecord } from '../src/nightly/build-job.js';
 import { compareNightlies } from '../src/nightly/compare.js';
+import { nightlyMarkdown } from '../src/nightly/report.js';
 import { memoryBudgetProblem } from '../src/nightly/preflight.js';
 import { RemoteCacheError } from '../src/engine/s3.js';
 import type { RunRecord } from '../src/engine/record.js';
@@ -133,6 +134,13 @@ describe('failures of the machine, not the build', () => {
     const cmp = compareNightlies(after, before);
     expect(cmp.regressions.map((c) => c.build)).toEqual(['b']);
     expect(cmp.changes.find((c) => c.build === 'a')).toMatchObject({ after: 'not built', flagged: false, why: 'not built: out of disk space: ENOSPC' });
+    // The report: the unbuilt build is said as such, and only the failed one makes the headline a regression.
+    const n = { format: 'forge-nightly/1' as const, startedAt: 't', seconds: 1, matrix: 'm.json', comparedWith: 'b.json', regressions: 1, ...after };
+    const md = nightlyMarkdown(n, { ...n, builds: before.builds }, cmp);
+    expect(md).toContain("| a | NOT BUILT (the machines', not the build's): out of disk space: ENOSPC |");
+    expect(md).toContain('REGRESSION: 1 failed build');
+    const onlyUnbuilt = { ...n, builds: [after.builds[0]] };
+    expect(nightlyMarkdown(onlyUnbuilt, null, compareNightlies(onlyUnbuilt, null))).toContain('incomplete: 1 of 1 builds not built (the machines failed, not the builds), no regression');
   });
 
   it('a memory budget over the machine\'s total is refused, naming the total', () => {
