@@ -22,6 +22,7 @@ import { resolve } from 'node:path';
 import type { TargetSpec } from './gates/parity.js';
 import { verdictLines } from './bundle/verdict.js';
 import { REMOTE_CACHE_ENV } from './engine/remote-cache.js';
+import { queueUrl, REDIS_PASSWORD_ENV, urlHasPassword } from './nightly/queue.js';
 
 let verbose = process.argv.includes('--verbose');
 
@@ -66,6 +67,13 @@ program.command('list')
 
 // The shared stage cache; the environment variable lets a worker's child builds inherit it.
 const cacheOption = () => new Option('--cache <s3-url>', `shared stage cache in S3-compatible storage, s3://bucket/prefix, read and written beside the local one (default: $${REMOTE_CACHE_ENV}); credentials from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT_URL_S3`);
+// The Redis password never on the command line (`ps` shows argv to every user of the machine).
+const passwordFileOption = () => new Option('--redis-password-file <file>', `file holding the --queue Redis password (default: $${REDIS_PASSWORD_ENV}); keeps it out of argv`);
+/** The --queue URL with its password from the file or the environment; a password left in argv is said once. */
+function resolveQueue(url: string, passwordFile?: string): string {
+  if (urlHasPassword(url)) process.stderr.write(`forge: warning: the --queue URL carries a password, which every user of this machine sees in ps; give it in $${REDIS_PASSWORD_ENV} or --redis-password-file instead\n`);
+  return queueUrl(url, { passwordFile });
+}
 const archOption = () => new Option('--arch <arch>', `target Hexagon arch (${ARCH_IDS.join(', ')})`).makeOptionMandatory();
 
 program.command('plan <recipe>')
@@ -163,6 +171,7 @@ program.command('nightly')
   .option('--compare <nightly.json>', "previous nightly to compare with (default: the out dir's nightly.json)")
   .option('--queue <redis-url>', 'enqueue the builds on this Redis (redis://host:port) for `forge worker`s and wait for their results')
   .option('--run <id>', 'with --queue: the run id jobs are named by (default: the start time); the same id again waits for the same jobs instead of adding them twice')
+  .addOption(passwordFileOption())
   .option('--status', 'with --queue: print every job of the latest nightly (or of --run) and exit: state, worker, stage, attempts')
   .option('--json', 'print nightly.json (with --list: the builds; with --status: the jobs) as the last line of stdout')
   .option('--list', "list the matrix's builds (id, recipe, arch, toolchain, slug) and build nothing")
@@ -170,7 +179,9 @@ program.command('nightly')
   .option('--from-results <dir>', 'build nothing: report on the build-summary.json files under <dir> (one per matrix build, as --build jobs wrote them)')
   .addOption(cacheOption())
   .addHelpText('after', `\n${HOW_IT_RUNS}`)
-  .action(async (o: { matrix?: string; out?: string; compare?: string; queue?: string; run?: string; status?: boolean; json?: boolean; list?: boolean; build?: string; fromResults?: string; cache?: string }) => {
+  .action(async (o: { matrix?: string; out?: string; compare?: string; queue?: string; redisPasswordFile?: string; run?: string; status?: boolean; json?: boolean; list?: boolean; build?: string; fromResults?: string; cache?: string }) => {
+    if (o.redisPasswordFile && !o.queue) throw new Error('--redis-password-file is for the Redis of --queue: give --queue redis://host:port too');
+    if (o.queue) o.queue = resolveQueue(o.queue, o.redisPasswordFile);
     if (o.status) {
       if (!o.queue) throw new Error('--status reads the job queue: give it --queue redis://host:port');
       const s = await queueStatus(o.queue, o.run);
@@ -199,21 +210,26 @@ program.command('nightly')
     // With --json stdout is the document alone; the flagged lines still reach a CI log, on stderr.
     for (const c of r.comparison.regressions) (o.json ? console.error : console.log)(`REGRESSION ${c.build} ${c.figure}: ${c.before} → ${c.after} (${c.why ?? ''})`);
     if (o.json) console.log(JSON.stringify(r.nightly));
-    else {
-      console.log(`${r.comparison.regressions.length ? 'REGRESSION' : 'ok'}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged; ${r.dir}/report.md`);
+    // Builds the farm's machines could not run: not regressions, but not a green nightly either.
+    const notBuilt = r.nightly.builds.filter((b) => b.infra);
+    for (const b of notBuilt) (o.json ? console.error : console.log)(`NOT BUILT ${b.id}: ${b.infra}`);
+    if (!o.json) {
+      const verdict = r.comparison.regressions.length ? 'REGRESSION' : notBuilt.length ? 'incomplete' : 'ok';
+      console.log(`${verdict}: ${r.nightly.builds.length} builds, ${r.comparison.regressions.length} flagged${notBuilt.length ? `, ${notBuilt.length} not built (the machines failed, not the builds)` : ''}; ${r.dir}/report.md`);
     }
-    if (r.comparison.regressions.length) process.exitCode = 1;
+    if (r.comparison.regressions.length || notBuilt.length) process.exitCode = 1;
   });
 
 program.command('worker')
   .description('take build jobs of `forge nightly --queue` from Redis and build them here, one at a time (or --concurrency); runs until stopped')
-  .requiredOption('--queue <redis-url>', 'the Redis the nightly enqueues on (redis://host:port)')
+  .requiredOption('--queue <redis-url>', `the Redis the nightly enqueues on (redis://host:port; the password from $${REDIS_PASSWORD_ENV} or --redis-password-file)`)
+  .addOption(passwordFileOption())
   .option('--memory-budget <GB>', "largest peak a job may declare to be taken here, and each build's --memory-budget (default: RAM less 10%, at least 2 GB)", gbToBytes('--memory-budget'))
   .option('--concurrency <n>', 'builds at once (default 1)', positiveInt('--concurrency'))
   .option('--out <dir>', 'where builds are written: <dir>/<recipe>/<arch>[@<toolchain>] (default out/worker)')
   .addOption(cacheOption())
-  .action(async (o: { queue: string; memoryBudget?: number; concurrency?: number; out?: string; cache?: string }) => {
-    await runWorker({ queue: o.queue, memoryBudgetBytes: o.memoryBudget ?? defaultMemoryBudget(totalmem()), concurrency: o.concurrency, out: o.out, verbose, ...(o.cache ? { remoteCache: o.cache } : {}) });
+  .action(async (o: { queue: string; redisPasswordFile?: string; memoryBudget?: number; concurrency?: number; out?: string; cache?: string }) => {
+    await runWorker({ queue: resolveQueue(o.queue, o.redisPasswordFile), memoryBudgetBytes: o.memoryBudget ?? defaultMemoryBudget(totalmem()), concurrency: o.concurrency, out: o.out, verbose, ...(o.cache ? { remoteCache: o.cache } : {}) });
   });
 
 program.command('doctor')

@@ -1,5 +1,5 @@
 // The queue's conventions on crafted data (no build and no Redis server here; the farm is in
-// nightly-queue.test.ts): job payloads, which worker may take a job, URLs without their secrets.
+// nightly-queue.test.ts, its failures in nightly-farm-errors.test.ts): job payloads, which worker may take a job, URLs without their secrets.
 import { describe, it, expect } from 'vitest';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -8,6 +8,14 @@ import { admission, connectedWorkers, connectRedis, jobIdOf, parseBuildJob, queu
 import { loadMatrix } from '../src/nightly/matrix.js';
 import { forge } from './helpers/forge-cli.js';
 import { formatStatus } from '../src/nightly/status.js';
+import { queueUrl } from '../src/nightly/queue.js';
+import { infraCauseOfError, infraCauseOfRecord } from '../src/nightly/build-job.js';
+import { compareNightlies } from '../src/nightly/compare.js';
+import { nightlyMarkdown } from '../src/nightly/report.js';
+import { memoryBudgetProblem } from '../src/nightly/preflight.js';
+import { RemoteCacheError } from '../src/engine/s3.js';
+import type { RunRecord } from '../src/engine/record.js';
+import type { BuildSummary } from '../src/nightly/summary.js';
 
 const job = { format: 'forge-build-job/1', runId: 'r1', index: 0, recipe: 'tiny-qwen3', arch: 'v81', memoryBytes: 4e9 };
 
@@ -86,6 +94,73 @@ describe('forge nightly --status', () => {
     ]);
     expect(formatStatus({ runId: null, jobs: [] })).toBe('no nightly jobs on this queue');
   });
+
+  it('counts stages from the shared cache as cached, and shows failed and unbuilt builds as such', () => {
+    const text = formatStatus({ runId: 'r1', jobs: [
+      { id: 'r1/a/v81', build: 'a/v81', state: 'active', attempts: 1, stalled: 0, worker: 'a:1', stages: [
+        { name: 'fetch', status: 'cached (remote)' }, { name: 'plan', status: 'cached (remote)' }, { name: 'trace', status: 'cached (remote)' },
+        { name: 'export', status: 'cached' }, { name: 'quantize', status: 'ran' }, { name: 'oracle', status: 'running' },
+      ] },
+      { id: 'r1/b/v81', build: 'b/v81', state: 'failed', attempts: 1, stalled: 0, worker: 'a:1', stages: [{ name: 'oracle', status: 'ran' }], result: 'FAILED: oracle: gate oracle failed' },
+      { id: 'r1/c/v81', build: 'c/v81', state: 'delayed', attempts: 2, stalled: 0, worker: 'b:2', stages: [], infra: [{ worker: 'b:2', reason: 'out of disk space: ENOSPC' }] },
+    ] });
+    expect(text.split('\n').slice(1)).toEqual([
+      'a/v81        active    attempts 1 on a:1; stages 5 done (4 cached, 3 of them from the shared cache), running oracle',
+      'b/v81        failed    attempts 1 on a:1; stages 1 done (0 cached); FAILED: oracle: gate oracle failed',
+      'c/v81        delayed   attempts 2 last on b:2; handed back after a failure of the machine, not the build: b:2 (out of disk space: ENOSPC)',
+    ]);
+  });
+});
+
+describe('failures of the machine, not the build', () => {
+  const record = (over: Partial<RunRecord>) => ({ status: 'failed' as const, stages: [], ...over });
+  it('a full disk, a stopped build and an unusable shared cache are the machine\'s; a failed gate or stage error is the build\'s', () => {
+    expect(infraCauseOfRecord(record({ error: 'export: ENOSPC: no space left on device, write (ENOSPC: no space left on device writing under /c/export/.tmp/k)' })))
+      .toBe('out of disk space: export: ENOSPC: no space left on device, write (ENOSPC: no space left on device writing under /c/export/.tmp/k)');
+    expect(infraCauseOfRecord(record({ status: 'interrupted', error: 'interrupted by SIGTERM' }))).toBe('the build was stopped: interrupted by SIGTERM');
+    expect(infraCauseOfRecord(record({ error: 'oracle: gate oracle failed' }))).toBeNull();
+    expect(infraCauseOfRecord(record({ error: 'compile: qnn-context-binary-generator exited 1' }))).toBeNull();
+    expect(infraCauseOfRecord(record({ status: 'ok' }))).toBeNull();
+    expect(infraCauseOfError(new RemoteCacheError("remote cache s3://b/p: access to bucket 'b' denied"))).toBe("remote cache s3://b/p: access to bucket 'b' denied");
+    expect(infraCauseOfError(Object.assign(new Error('ENOSPC: no space left on device, mkdir'), { code: 'ENOSPC' }))).toMatch(/^out of disk space: /);
+    expect(infraCauseOfError(new Error("recipe 'x' not found"))).toBeNull();
+  });
+
+  it('a build not built for the machine\'s reasons is shown, never flagged; a failed build is', () => {
+    const summary = (id: string, over: Partial<BuildSummary>): BuildSummary => ({ id, recipe: id, arch: 'v81', ok: true, status: 'ok', seconds: 1, bundle: null, runRecord: null, figures: {}, stages: [], tools: {}, ...over });
+    const thresholds = { maxCosineDrop: 1e-4, maxContextGrowth: 0.05, maxBundleGrowth: 0.05, failOnToolchainDifference: false };
+    const before = { builds: [summary('a', {}), summary('b', {})] };
+    const after = { thresholds, builds: [summary('a', { ok: false, status: 'failed', error: 'x', infra: 'out of disk space: ENOSPC' }), summary('b', { ok: false, status: 'failed', error: 'oracle: gate oracle failed' })] };
+    const cmp = compareNightlies(after, before);
+    expect(cmp.regressions.map((c) => c.build)).toEqual(['b']);
+    expect(cmp.changes.find((c) => c.build === 'a')).toMatchObject({ after: 'not built', flagged: false, why: 'not built: out of disk space: ENOSPC' });
+    // The report: the unbuilt build is said as such, and only the failed one makes the headline a regression.
+    const n = { format: 'forge-nightly/1' as const, startedAt: 't', seconds: 1, matrix: 'm.json', comparedWith: 'b.json', regressions: 1, ...after };
+    const md = nightlyMarkdown(n, { ...n, builds: before.builds }, cmp);
+    expect(md).toContain("| a | NOT BUILT (the machines', not the build's): out of disk space: ENOSPC |");
+    expect(md).toContain('REGRESSION: 1 failed build');
+    const onlyUnbuilt = { ...n, builds: [after.builds[0]] };
+    expect(nightlyMarkdown(onlyUnbuilt, null, compareNightlies(onlyUnbuilt, null))).toContain('incomplete: 1 of 1 builds not built (the machines failed, not the builds), no regression');
+  });
+
+  it('a memory budget over the machine\'s total is refused, naming the total', () => {
+    expect(memoryBudgetProblem(64e9, 24e9)).toBe('--memory-budget 64.00 GB is more than this machine has: 24.00 GB of memory in all');
+    expect(memoryBudgetProblem(20e9, 24e9)).toBeNull();
+  });
+});
+
+describe('the Redis password', () => {
+  it('comes from --redis-password-file, else FORGE_REDIS_PASSWORD, else the URL', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-queue-pw-'));
+    const file = join(dir, 'pw');
+    writeFileSync(file, 'from:file@x\n');
+    expect(queueUrl('redis://farm:6379', { env: {} })).toBe('redis://farm:6379');
+    expect(queueUrl('redis://farm:6379', { env: { FORGE_REDIS_PASSWORD: 'from-env' } })).toBe('redis://:from-env@farm:6379');
+    // Percent-encoded in the URL (ioredis decodes it); a trailing newline is not part of it.
+    expect(new URL(queueUrl('redis://farm:6379', { passwordFile: file, env: { FORGE_REDIS_PASSWORD: 'from-env' } })).password).toBe(encodeURIComponent('from:file@x'));
+    expect(() => queueUrl('redis://farm:6379', { passwordFile: join(dir, 'none') })).toThrow(`--redis-password-file ${join(dir, 'none')} cannot be read: ENOENT`);
+    expect(redactUrl(queueUrl('redis://farm:6379', { env: { FORGE_REDIS_PASSWORD: 'from-env' } }))).toBe('redis://:***@farm:6379');
+  });
 });
 
 describe('Redis URLs', () => {
@@ -105,7 +180,9 @@ describe('Redis URLs', () => {
   it('the CLI says so and exits 1, for the worker and for the nightly', async () => {
     const w = await forge(['worker', '--queue', 'redis://:hunter2@127.0.0.1:1']);
     expect(w.code).toBe(1);
-    expect(w.stderr).toMatch(/^forge: cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1: /m);
+    expect(w.stderr).toMatch(/^forge: this worker takes no jobs: cannot reach Redis at redis:\/\/:\*\*\*@127\.0\.0\.1:1: /m);
+    // A password in argv works, and is said to be visible to every user.
+    expect(w.stderr).toContain('forge: warning: the --queue URL carries a password, which every user of this machine sees in ps');
     expect(w.stderr).not.toContain('hunter2');
     const s = await forge(['nightly', '--status']);
     expect(s.stderr).toContain('forge: --status reads the job queue: give it --queue redis://host:port');

@@ -16,15 +16,19 @@ function freeBytes(dir: string): number | null {
 // failure while the output's filesystem has less than this left is reported as ENOSPC.
 const NEARLY_FULL_BYTES = 16 << 20;
 
+const NAMED = 'ENOSPC: no space left on device writing under';
+
 /**
  * The failure's message, naming the path and ENOSPC when the disk filled: Node's write errors name
  * neither the file nor (for a subprocess) the cause, so the stage's output directory is named.
  */
 export function describeFailure(err: Error & { code?: string; path?: string }, out: string, free = freeBytes(out)): string {
   const message = err.message ?? String(err);
+  // Said already (by the stage's own process): once is enough.
+  if (message.includes(NAMED)) return message;
   const enospc = err.code === 'ENOSPC' || /\bENOSPC\b|No space left on device/i.test(message);
   if (!enospc && (free === null || free >= NEARLY_FULL_BYTES)) return message;
   const where = err.path && !message.includes(err.path) ? err.path : out;
   const left = free === null ? '' : `, ${free} bytes free`;
-  return `${message} (ENOSPC: no space left on device writing under ${where}${left})`;
+  return `${message} (${NAMED} ${where}${left})`;
 }

@@ -20,7 +20,7 @@ import type { S3Client } from '@aws-sdk/client-s3';
 import { META, type EntryMeta, type StageCache } from './cache.js';
 import { sha256Hex, stableStringify } from './hash.js';
 import {
-  checkBucket, deleteKeys, exists, getFile, getText, listKeys, listObjects, parseS3Url, putFile, putText, s3Client, s3Reason, s3Url,
+  checkBucket, deleteKeys, probeReadWrite, exists, getFile, getText, listKeys, listObjects, parseS3Url, putFile, putText, s3Client, s3Reason, s3Url,
   type S3Location,
 } from './s3.js';
 
@@ -68,6 +68,11 @@ export class RemoteCache {
     const client = await s3Client();
     await checkBucket(client, loc);
     return new RemoteCache(client, loc);
+  }
+
+  /** A write, a read and a delete of a small object under the prefix: the credentials can do what a build does. */
+  probe(name: string): Promise<void> {
+    return probeReadWrite(this.client, this.loc, name.replace(/[^A-Za-z0-9._-]/g, '-'));
   }
 
   /** `--cache` if given, else FORGE_REMOTE_CACHE, else none. */

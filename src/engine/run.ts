@@ -18,6 +18,7 @@ import type { Progress } from './progress.js';
 import { type RemoteCache } from './remote-cache.js';
 import { mb } from '../units.js';
 import { s3Reason } from './s3.js';
+import { describeFailure } from './io-failure.js';
 import { repoRoot } from '../paths.js';
 
 /**
@@ -377,6 +378,9 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
             });
             return { meta, ran: true };
           } catch (e) {
+            // A write of the engine's own (the entry's meta.json, its hashing) that hit a full disk
+            // names no file: named here as the stage process names its own, while `out` still exists.
+            if (e instanceof Error && !(e instanceof StageCancelled)) e.message = describeFailure(e, out);
             // No half entry stays in the cache's temp space; logs the error names are kept.
             const moved = await opts.cache.discardTemp(out, join(logDir, key)).catch(() => new Map<string, string>());
             if (e instanceof Error) for (const [from, to] of moved) e.message = e.message.replaceAll(from, to);

@@ -80,6 +80,32 @@ export function s3Reason(e: unknown): string {
 }
 
 /**
+ * The shared cache cannot be used at all (bucket missing, credentials refused, server unreachable):
+ * a fault of the machine's setup, not of the build, so a farm worker hands the job back on it.
+ */
+export class RemoteCacheError extends Error {
+  override name = 'RemoteCacheError';
+}
+
+/** The endpoint the SDK is pointed at, when the environment names one (printed in errors; it holds no secret). */
+export const s3Endpoint = (): string | undefined => process.env.AWS_ENDPOINT_URL_S3 ?? process.env.AWS_ENDPOINT_URL;
+
+/** Why an S3 call on this bucket failed, in a person's words (the bucket named, never the credentials). */
+export function bucketProblem(e: unknown, loc: S3Location): string {
+  const code = status(e);
+  return (e as Error).name === 'CredentialsProviderError' ? `no AWS credentials found for bucket '${loc.bucket}' (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)`
+    : code === 404 || (e as Error).name === 'NoSuchBucket' ? `bucket '${loc.bucket}' does not exist`
+    : code === 403 ? `access to bucket '${loc.bucket}' denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)`
+    : code === 301 ? `bucket '${loc.bucket}' is in another region (set AWS_REGION)`
+    : `bucket '${loc.bucket}' cannot be reached: ${s3Reason(e)}`;
+}
+
+const cacheError = (loc: S3Location, why: string) => {
+  const where = s3Endpoint();
+  return new RemoteCacheError(`remote cache ${s3Url(loc)}: ${why}${where ? ` (endpoint ${where})` : ''}`);
+};
+
+/**
  * Checks at start that the bucket exists and these credentials can reach it, so a wrong bucket or
  * key fails the command once, before any stage runs, naming the bucket (never the credentials).
  */
@@ -87,14 +113,30 @@ export async function checkBucket(client: S3Client, loc: S3Location): Promise<vo
   try {
     await client.send(new HeadBucketCommand({ Bucket: loc.bucket }));
   } catch (e) {
-    const code = status(e);
-    const why = (e as Error).name === 'CredentialsProviderError' ? `no AWS credentials found for bucket '${loc.bucket}' (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)`
-      : code === 404 ? `bucket '${loc.bucket}' does not exist`
-      : code === 403 ? `access to bucket '${loc.bucket}' denied (check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY)`
-      : code === 301 ? `bucket '${loc.bucket}' is in another region (set AWS_REGION)`
-      : `bucket '${loc.bucket}' cannot be reached: ${s3Reason(e)}`;
-    const where = process.env.AWS_ENDPOINT_URL_S3 ?? process.env.AWS_ENDPOINT_URL;
-    throw new Error(`remote cache ${s3Url(loc)}: ${why}${where ? ` (endpoint ${where})` : ''}`);
+    throw cacheError(loc, bucketProblem(e, loc));
+  }
+}
+
+/**
+ * Writes, reads back and deletes one small object under the prefix: what a farm worker checks
+ * before it takes a job, since a bucket that answers HEAD may still refuse these credentials a
+ * write (a read-only key) and every build would then fail on it. The probe's key has fewer parts
+ * than an entry's, so the sweep never counts it as one.
+ */
+export async function probeReadWrite(client: S3Client, loc: S3Location, name: string): Promise<void> {
+  const key = [loc.prefix, '.forge-probe', name].filter(Boolean).join('/');
+  const text = `forge worker check ${name} ${new Date().toISOString()}`;
+  let step = 'write';
+  try {
+    await putText(client, loc.bucket, key, text);
+    step = 'read';
+    const back = await getText(client, loc.bucket, key);
+    if (back !== text) throw new Error(back === null ? 'the object just written is not there' : 'the object read back differs from the one written');
+    step = 'delete';
+    await client.send(new DeleteObjectCommand({ Bucket: loc.bucket, Key: key }));
+  } catch (e) {
+    const why = (e as S3ServiceException).$metadata ? bucketProblem(e, loc) : (e as Error).message;
+    throw cacheError(loc, `cannot ${step} a test object ${key}: ${why}`);
   }
 }
 

@@ -6,24 +6,12 @@
 // needs nothing more: entries appear by rename, and a dead holder's lock goes stale (engine/cache.ts).
 // Which local cache the build uses comes with the worker's environment (FORGE_CACHE, inherited by
 // fork); the shared one is the worker's --cache (else FORGE_REMOTE_CACHE, inherited too).
-import { build } from '../build.js';
 import { killOwnedGroups } from '../engine/subprocess.js';
 import { lineProgress, type Progress } from '../engine/progress.js';
-import { failedSummary, summarize, type BuildSummary } from './summary.js';
-import { join } from 'node:path';
-import { performance } from 'node:perf_hooks';
+import type { BuildSummary } from './summary.js';
+import { runBuildJob, type BuildChildRequest } from './build-job.js';
 
-export interface BuildChildRequest {
-  recipe: string;
-  arch: string;
-  toolchain?: string;
-  /** s3://bucket/prefix: the shared stage cache (the worker's --cache). */
-  remoteCache?: string;
-  out: string;
-  memoryBudgetBytes?: number;
-  verbose?: boolean;
-}
-
+export type { BuildChildRequest } from './build-job.js';
 export type BuildChildMessage =
   | { type: 'stage'; stage: string; status: string }
   | { type: 'progress'; stage: string; done: number; total: number; label?: string }
@@ -46,18 +34,7 @@ function reporting(verbose: boolean): Progress {
 }
 
 async function main(req: BuildChildRequest): Promise<void> {
-  const t0 = performance.now();
-  let summary: BuildSummary;
-  try {
-    const record = await build({
-      recipe: req.recipe, arch: req.arch, out: req.out, memoryBudgetBytes: req.memoryBudgetBytes, verbose: req.verbose, progress: reporting(Boolean(req.verbose)),
-      ...(req.toolchain ? { toolchain: req.toolchain } : {}), ...(req.remoteCache ? { remoteCache: req.remoteCache } : {}),
-    });
-    summary = summarize(record, record.buildDir ? join(record.buildDir, 'run.json') : null, req.toolchain);
-  } catch (e) {
-    // As in the sequential nightly: a build that throws is a failed build, not a failed job.
-    summary = failedSummary(req, (e as Error).message, (performance.now() - t0) / 1000);
-  }
+  const summary = await runBuildJob(req, reporting(Boolean(req.verbose)));
   await send({ type: 'done', summary });
   process.disconnect();
 }

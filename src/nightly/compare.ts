@@ -1,6 +1,7 @@
 // The regression rules: each build's figures against the previous nightly's, one row per figure,
 // flagged when it crosses a rule of the matrix's thresholds. A failed build is always flagged;
-// timings only when the matrix asks (maxSlowdown), since they are noise on a shared machine.
+// timings only when the matrix asks (maxSlowdown), since they are noise on a shared machine. A build
+// the farm's machines could not run (`infra`) is not the build's failure: shown, not flagged.
 import type { Thresholds } from './matrix.js';
 import { compareToolchains, toolchainRegressions, type ToolchainComparison } from './toolchain-compare.js';
 import type { BuildSummary, Figure, Nightly } from './summary.js';
@@ -73,10 +74,12 @@ export function regression(name: string, before: Figure | undefined, after: Figu
 
 function compareBuild(after: BuildSummary, before: BuildSummary | undefined, t: Thresholds, changes: Change[]): void {
   const id = after.id;
-  const status = (b: BuildSummary | undefined) => (b ? (b.ok ? 'ok' : `${b.status}: ${b.error ?? ''}`) : '—');
+  const status = (b: BuildSummary | undefined) => (b ? (b.ok ? 'ok' : b.infra ? 'not built' : `${b.status}: ${b.error ?? ''}`) : '—');
+  // A build the machines could not run (build-job.ts) says nothing about the build: shown, never a regression.
+  const failed = !after.ok && !after.infra;
   changes.push({
     build: id, figure: 'build', kind: 'status', before: status(before), after: status(after),
-    flagged: !after.ok, ...(!after.ok ? { why: 'the build failed' } : !before ? { why: 'new in this matrix' } : {}),
+    flagged: failed, ...(failed ? { why: 'the build failed' } : after.infra ? { why: `not built: ${after.infra}` } : !before ? { why: 'new in this matrix' } : {}),
   });
   for (const [name, f] of Object.entries(after.figures)) {
     const prev = before?.figures[name];

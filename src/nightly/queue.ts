@@ -2,6 +2,7 @@
 // worker may take one, and the Redis connection — shared by `forge nightly --queue`, `forge worker`
 // and `forge nightly --status`. The scheduling itself (locks, stalled-job detection, retries,
 // progress) is BullMQ's; this module only fixes the conventions all three sides agree on.
+import { readFileSync } from 'node:fs';
 import { Redis } from 'ioredis';
 import { z } from 'zod';
 import { RecipeError } from '../recipe/load.js';
@@ -65,6 +66,8 @@ export interface JobProgress {
   current?: { stage: string; done: number; total: number; label?: string };
   /** Workers that handed the job back without running it, each with why (admission's words). */
   handedBack?: Record<string, string>;
+  /** Failures of the machines', not the build's, each of which handed the job back (oldest first). */
+  infra?: Array<{ worker: string; reason: string }>;
 }
 
 export const isJobProgress = (p: unknown): p is JobProgress => typeof p === 'object' && p !== null && Array.isArray((p as JobProgress).stages);
@@ -126,6 +129,18 @@ export function redactUrl(url: string): string {
   }
 }
 
+/** The URL with no user or password at all: what a message may tell a person to type. */
+export function bareUrl(url: string): string {
+  try {
+    const u = new URL(url);
+    u.username = '';
+    u.password = '';
+    return u.toString();
+  } catch {
+    return redactUrl(url);
+  }
+}
+
 /** Checks a --queue URL's form: redis:// or rediss://, with a host. */
 export function checkQueueUrl(url: string): URL {
   let u: URL;
@@ -139,25 +154,84 @@ export function checkQueueUrl(url: string): URL {
   return u;
 }
 
+/** Where a worker or nightly reads the Redis password from instead of argv (`ps` shows argv to every user). */
+export const REDIS_PASSWORD_ENV = 'FORGE_REDIS_PASSWORD';
+
+/**
+ * The --queue URL with its password filled in from --redis-password-file, else FORGE_REDIS_PASSWORD,
+ * else as given (a password in the URL itself still works, with a warning from the CLI). The
+ * result holds the secret: only ever printed through redactUrl.
+ */
+export function queueUrl(url: string, o: { passwordFile?: string; env?: NodeJS.ProcessEnv } = {}): string {
+  const u = checkQueueUrl(url);
+  let password = (o.env ?? process.env)[REDIS_PASSWORD_ENV] || undefined;
+  if (o.passwordFile) {
+    try {
+      // One line, as `echo pw > file` writes it: the trailing newline is not part of the password.
+      password = readFileSync(o.passwordFile, 'utf8').replace(/\r?\n$/, '');
+    } catch (e) {
+      throw new Error(`--redis-password-file ${o.passwordFile} cannot be read: ${(e as NodeJS.ErrnoException).code ?? (e as Error).message}`);
+    }
+    if (!password) throw new Error(`--redis-password-file ${o.passwordFile} is empty`);
+  }
+  if (!password) return url;
+  u.password = password; // percent-encoded by URL; ioredis decodes it
+  return u.toString();
+}
+
+/** Whether a URL given on the command line carries a password (then the CLI says to move it out of argv). */
+export const urlHasPassword = (url: string): boolean => {
+  try {
+    return Boolean(new URL(url).password);
+  } catch {
+    return false;
+  }
+};
+
+/** A message with the URL and its password (raw or percent-encoded) taken out. */
+function scrub(text: string, url: string): string {
+  let out = text.replaceAll(url, redactUrl(url));
+  try {
+    const pw = new URL(url).password;
+    if (pw) for (const form of new Set([pw, decodeURIComponent(pw)])) out = out.replaceAll(form, '***');
+  } catch { /* an unparsable URL was refused before */ }
+  return out;
+}
+
+/**
+ * Why Redis refused this connection, in a person's words: a wrong or missing password reads as
+ * such (ioredis only reports "Connection is closed" once the server has dropped it), distinct
+ * from a server that cannot be reached.
+ */
+export function redisRefusal(url: string, errors: string[], final: string): string {
+  const where = redactUrl(url);
+  const said = errors.find((m) => /^(WRONGPASS|NOAUTH)\b|invalid password/i.test(m));
+  if (said && /^NOAUTH\b/.test(said)) return `Redis at ${where} wants a password and was given none: set ${REDIS_PASSWORD_ENV} or give --redis-password-file`;
+  if (said) return `Redis at ${where} refused the password (${said.split(' ')[0]}): check ${REDIS_PASSWORD_ENV} or --redis-password-file`;
+  const why = errors.find((m) => m !== final) ?? final;
+  return `cannot reach Redis at ${where}: ${scrub(why, url)}`;
+}
+
 /**
  * A Redis connection for BullMQ (maxRetriesPerRequest null: a Worker's blocking calls must not
- * give up), opened only after one probe has answered: an unreachable or misspelt URL is one error
- * naming it (password left out), not ioredis retrying forever in the background.
+ * give up), opened only after one probe has answered: an unreachable or misspelt URL, or a wrong
+ * password, is one error naming it (password left out), not ioredis retrying forever in the background.
  */
 export async function connectRedis(url: string): Promise<Redis> {
   checkQueueUrl(url);
   const probe = new Redis(url, { lazyConnect: true, connectTimeout: 5000, maxRetriesPerRequest: 0, retryStrategy: () => null, enableOfflineQueue: false });
-  probe.on('error', () => undefined); // reported by the ping below
+  const errors: string[] = [];
+  probe.on('error', (e: Error) => errors.push(e.message)); // read below: the rejection itself is often just "Connection is closed."
   try {
     await probe.connect();
     await probe.ping();
   } catch (e) {
-    throw new Error(`cannot reach Redis at ${redactUrl(url)}: ${(e as Error).message.replace(url, redactUrl(url))}`);
+    throw new Error(redisRefusal(url, errors, (e as Error).message));
   } finally {
     probe.disconnect();
   }
   const conn = new Redis(url, { maxRetriesPerRequest: null });
   // After the probe, a dropped connection is retried by ioredis; say so once per error, without the URL's secrets.
-  conn.on('error', (e) => process.stderr.write(`[forge] redis ${redactUrl(url)}: ${e.message}\n`));
+  conn.on('error', (e) => process.stderr.write(`[forge] redis ${redactUrl(url)}: ${scrub(e.message, url)}\n`));
   return conn;
 }

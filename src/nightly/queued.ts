@@ -4,7 +4,7 @@
 import { Queue, QueueEvents, type Job } from 'bullmq';
 import { buildId, type Matrix } from './matrix.js';
 import { BuildSummarySchema, failedSummary, type BuildSummary } from './summary.js';
-import { connectedWorkers, connectRedis, envMs, jobIdOf, QUEUE_NAME, redactUrl, unholdable, type BuildJob } from './queue.js';
+import { bareUrl, connectedWorkers, connectRedis, envMs, jobIdOf, QUEUE_NAME, REDIS_PASSWORD_ENV, redactUrl, unholdable, type BuildJob } from './queue.js';
 
 export interface QueuedRequest {
   matrix: Matrix;
@@ -29,7 +29,7 @@ const watchMs = () => envMs('FORGE_QUEUE_WATCH_MS', 30_000);
 async function watchWaiting(queue: Queue<BuildJob>, ids: Set<string | undefined>, url: string, log: (line: string) => void, said: Set<string>): Promise<void> {
   const connected = await connectedWorkers(queue);
   if (!connected.length) {
-    if (!said.has('none')) log(`no worker is connected to ${redactUrl(url)}: start one with forge worker --queue ${redactUrl(url)}`);
+    if (!said.has('none')) log(`no worker is connected to ${redactUrl(url)}: start one with forge worker --queue ${bareUrl(url)}${bareUrl(url) !== url ? ` (the password in $${REDIS_PASSWORD_ENV})` : ''}`);
     said.add('none');
     return;
   }
@@ -83,7 +83,7 @@ export async function buildOnQueue({ matrix, queue: url, runId, log }: QueuedReq
         const parsed = BuildSummarySchema.safeParse(raw);
         if (!parsed.success) return failedSummary(b, `job ${job.id} returned no valid build summary: ${parsed.error.issues[0]?.message}`, (Date.now() - t0) / 1000);
         const s = parsed.data;
-        log(`${job.id}: ${s.ok ? 'ok' : `FAILED (${s.error ?? s.status})`} on ${s.queue?.worker ?? '?'}, ${s.stages.filter((x) => x.status === 'cached').length}/${s.stages.length} stages cached`);
+        log(`${job.id}: ${s.ok ? 'ok' : s.infra ? `NOT BUILT (${s.infra})` : `FAILED (${s.error ?? s.status})`} on ${s.queue?.worker ?? '?'}, ${s.stages.filter((x) => x.status === 'cached').length}/${s.stages.length} stages cached`);
         return s;
       } catch (e) {
         log(`${job.id}: job failed: ${(e as Error).message}`);

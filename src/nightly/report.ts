@@ -18,11 +18,11 @@ function buildsTable(n: Nightly): Table {
   return {
     head: ['build', 'result', 'stages cached', 'seconds', 'bundle bytes', ...(queued ? ['worker'] : []), 'run record'],
     rows: n.builds.map((b) => [
-      b.id, b.ok ? 'ok' : `FAILED: ${b.status}${b.error ? ` — ${b.error}` : ''}`,
+      b.id, b.ok ? 'ok' : b.infra ? `NOT BUILT (the machines', not the build's): ${b.infra}` : `FAILED: ${b.status}${b.error ? ` — ${b.error}` : ''}`,
       `${b.stages.filter((s) => s.status === 'cached').length}/${b.stages.length}`, b.seconds.toFixed(1),
       formatFigure(b.figures['bundle bytes']), ...(queued ? [worker(b)] : []), b.runRecord ?? '—',
     ]),
-    flagged: n.builds.map((b) => !b.ok),
+    flagged: n.builds.map((b) => !b.ok && !b.infra),
   };
 }
 
@@ -74,9 +74,10 @@ const toolchainRule = (n: Nightly) => n.thresholds.failOnToolchainDifference
 export const HOW_IT_RUNS = 'Runs the builds one after another on this machine, or with --queue as jobs for `forge worker`s on any number of machines; the stage cache is local, a shared directory, or S3 with --cache (each worker its own --cache); the GitHub workflow .github/workflows/nightly.yml runs one job per build and reports with --from-results.';
 
 function headline(n: Nightly, cmp: Comparison): string {
-  const failed = n.builds.filter((b) => !b.ok).length;
+  const failed = n.builds.filter((b) => !b.ok && !b.infra).length;
+  const notBuilt = n.builds.filter((b) => b.infra).length;
   const figs = cmp.regressions.filter((c) => c.figure !== 'build').length;
-  if (!failed && !figs) return `ok: ${n.builds.length} builds, no regression`;
+  if (!failed && !figs) return notBuilt ? `incomplete: ${notBuilt} of ${n.builds.length} builds not built (the machines failed, not the builds), no regression` : `ok: ${n.builds.length} builds, no regression`;
   return `REGRESSION: ${failed ? `${failed} failed build${failed > 1 ? 's' : ''}` : ''}${failed && figs ? ', ' : ''}${figs ? `${figs} regressed figure${figs > 1 ? 's' : ''}` : ''}`;
 }
 

@@ -1,5 +1,6 @@
 // `forge nightly --status --queue redis://…`: every job of the latest nightly (or of --run), read
-// from BullMQ: waiting, active (on which worker, at which stage), completed or failed, and how many
+// from BullMQ: waiting, active (on which worker, at which stage), completed, failed (the build, or the
+// job) or not built (the machines failed, not the build), and how many
 // times it was started and how often its worker went away under it.
 import { Queue, type Job, type JobType } from 'bullmq';
 import { connectRedis, isJobProgress, QUEUE_NAME, type JobProgress } from './queue.js';
@@ -21,6 +22,8 @@ export interface JobStatus {
   result?: string;
   /** Workers that handed it back unrun, and why (while it waits). */
   handedBack?: Record<string, string>;
+  /** Failures of the machines' (not the build's) that handed it back, oldest first. */
+  infra?: Array<{ worker: string; reason: string }>;
 }
 
 export interface QueueStatus {
@@ -34,21 +37,26 @@ function describe(job: Job, state: string): JobStatus & { index: number; runId: 
   const data = job.data as { runId?: string; index?: number; recipe?: string; arch?: string };
   const progress = isJobProgress(job.progress) ? job.progress : undefined;
   const summary = state === 'completed' ? (job.returnvalue as BuildSummary | undefined) : undefined;
+  // BullMQ completes the job of a build that failed (the build ran; its summary says how): shown as
+  // failed, and one the machines could not build as such.
+  const shown = summary && !summary.ok ? (summary.infra ? 'not built' : 'failed') : state;
   return {
     id: String(job.id),
     runId: String(data.runId ?? ''),
     index: Number(data.index ?? 0),
     timestamp: job.timestamp,
     build: `${data.recipe}/${data.arch}`,
-    state,
+    state: shown,
     attempts: job.attemptsStarted,
     stalled: job.stalledCounter,
     ...(summary?.queue?.worker ?? progress?.worker ?? job.processedBy ? { worker: summary?.queue?.worker ?? progress?.worker ?? job.processedBy } : {}),
-    stages: summary?.stages.map((s) => ({ name: s.name, status: s.status })) ?? progress?.stages ?? [],
+    // The build's own stage statuses say 'cached' for both caches; 'cached (remote)' as its progress said it.
+    stages: summary?.stages.map((s) => ({ name: s.name, status: s.source === 'remote' ? 'cached (remote)' : s.status })) ?? progress?.stages ?? [],
     ...(state === 'active' && progress?.current ? { current: progress.current } : {}),
-    ...(summary ? { result: summary.ok ? 'ok' : `FAILED: ${summary.error ?? summary.status}` } : {}),
+    ...(summary ? { result: summary.ok ? 'ok' : summary.infra ? `NOT BUILT: ${summary.infra}` : `FAILED: ${summary.error ?? summary.status}` } : {}),
     ...(state === 'failed' ? { result: `job failed: ${job.failedReason}` } : {}),
     ...(progress?.handedBack && !['active', 'completed', 'failed'].includes(state) ? { handedBack: progress.handedBack } : {}),
+    ...(progress?.infra?.length && !summary?.infra ? { infra: progress.infra } : {}),
   };
 }
 
@@ -80,9 +88,14 @@ export function formatStatus(s: QueueStatus): string {
     const running = live ? j.stages.filter((x) => x.status === 'running').map((x) => x.name) : [];
     const c = j.current;
     const at = (name: string) => (c && c.stage === name ? `${name} ${c.done}/${c.total}${c.label ? ` ${c.label}` : ''}` : name);
-    const stages = j.stages.length ? `; stages ${done.length} done (${done.filter((x) => x.status === 'cached').length} cached)${running.length ? `, running ${running.map(at).join(', ')}` : ''}` : '';
+    // Cached is cached, from this machine's cache or the shared one ('cached (remote)').
+    const cached = done.filter((x) => x.status.startsWith('cached'));
+    const remote = cached.filter((x) => x.status === 'cached (remote)').length;
+    const stages = j.stages.length ? `; stages ${done.length} done (${cached.length} cached${remote ? `, ${remote} of them from the shared cache` : ''})${running.length ? `, running ${running.map(at).join(', ')}` : ''}` : '';
     const back = j.handedBack ? `; handed back by ${Object.entries(j.handedBack).map(([w, why]) => `${w} (${why})`).join(', ')}` : '';
-    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` ${live || j.state === 'completed' ? 'on' : 'last on'} ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}${back}`;
+    const infra = j.infra ? `; handed back after ${j.infra.length === 1 ? 'a failure' : `${j.infra.length} failures`} of the machine, not the build: ${j.infra.map((f) => `${f.worker} (${f.reason})`).join(', ')}` : '';
+    const ran = live || ['completed', 'failed', 'not built'].includes(j.state);
+    return `${j.build.padEnd(width)} ${j.state.padEnd(9)} attempts ${j.attempts}${j.stalled ? ` (stalled ${j.stalled})` : ''}${j.worker ? ` ${ran ? 'on' : 'last on'} ${j.worker}` : ''}${stages}${j.result ? `; ${j.result}` : ''}${back}${infra}`;
   });
   return [`run ${s.runId}: ${s.jobs.length} jobs`, ...lines].join('\n');
 }

@@ -34,7 +34,13 @@ export const BuildSummarySchema = z.object({
   bundle: z.string().nullable(),
   runRecord: z.string().nullable(),
   figures: z.record(z.string(), FigureSchema),
-  stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number() }).strict()),
+  /** source 'remote': a cached stage whose entry came from the shared cache. */
+  stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number(), source: z.literal('remote').optional() }).strict()),
+  /**
+   * Not built for a reason of the machines', not the build's (the shared cache unreachable, a full
+   * disk, the build process killed), on every worker that tried: never a regression of the build.
+   */
+  infra: z.string().optional(),
   tools: z.record(z.string(), z.string()),
   /** Built by a queue worker (forge nightly --queue): which one, its attempt, and how often the job stalled before. */
   queue: z.object({ worker: z.string(), attempts: z.number().int(), stalled: z.number().int() }).strict().optional(),
@@ -184,7 +190,7 @@ export function summarize(record: RunRecord, runRecord: string | null, toolchain
     bundle: record.bundle,
     runRecord,
     figures: figuresOf(record),
-    stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds })),
+    stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.source ? { source: s.source } : {}) })),
     tools: toolsOf(record),
   };
 }

@@ -70,6 +70,26 @@ describe('failed stages', () => {
   });
 });
 
+describe('a full disk in any stage', () => {
+  it("names the stage's directory when the engine's own write of its entry fails (an ENOSPC that names no file), not only the next stage", async () => {
+    // The export stage's own writes are named by its process (above); its entry's meta.json is
+    // written by the engine, where Node's ENOSPC carried no path.
+    class FullDisk extends StageCache {
+      override async adopt(tmp: string, full: Parameters<StageCache['adopt']>[1]): ReturnType<StageCache['adopt']> {
+        if (full.stage === 'export') throw Object.assign(new Error('ENOSPC: no space left on device, write'), { code: 'ENOSPC', errno: -28, syscall: 'write' });
+        return super.adopt(tmp, full);
+      }
+    }
+    const r = await run({ nodes: [write('export', { text: 'graphs' }), write('quantize', { text: 'q' }, { g: 'export' })], publish: [] }, { cache: new FullDisk(cacheRoot) });
+    expect(r.ok).toBe(false);
+    expect(r.failure?.stage).toBe('export');
+    expect(r.failure?.message).toMatch(new RegExp(`^ENOSPC: no space left on device, write \\(ENOSPC: no space left on device writing under ${join(cacheRoot, 'export', '.tmp').replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')}/\\S+, \\d+ bytes free\\)$`));
+    expect(tmpEntries('export')).toEqual([]);
+    // Said once, however many layers pass it on.
+    expect(describeFailure(new Error(r.failure!.message), '/elsewhere', 0)).toBe(r.failure!.message);
+  });
+});
+
 describe('stale temp directories', () => {
   it("are removed at the next start when their build is gone, but not while another build holds the entry's lock", async () => {
     const tmpRoot = join(cacheRoot, 'a', '.tmp');

@@ -5,13 +5,21 @@ import { freePort } from './free-port.js';
 import { Redis } from 'ioredis';
 import { ensureDebianPackages } from '../../src/toolchain/system-deps.js';
 
-export interface RedisServer { url: string; stop(): Promise<void> }
+export interface RedisServer {
+  /** redis://127.0.0.1:<port>, with the password in it when the server has one. */
+  url: string;
+  /** The same without the password (what a farm gives on the command line, the password coming from the environment). */
+  bareUrl: string;
+  stop(): Promise<void>;
+}
 
-export async function startRedis(): Promise<RedisServer> {
+/** With `password`, the server refuses clients without it (requirepass). */
+export async function startRedis(o: { password?: string } = {}): Promise<RedisServer> {
   await ensureDebianPackages({ 'redis-server': 'redis-server' }, (m) => process.stderr.write(`${m}\n`));
   const port = await freePort();
-  const proc: ChildProcess = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], { stdio: 'ignore' });
-  const url = `redis://127.0.0.1:${port}`;
+  const proc: ChildProcess = spawn('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', ...(o.password ? ['--requirepass', o.password] : [])], { stdio: 'ignore' });
+  const bareUrl = `redis://127.0.0.1:${port}`;
+  const url = o.password ? `redis://:${encodeURIComponent(o.password)}@127.0.0.1:${port}` : bareUrl;
   for (let i = 0; ; i++) {
     const probe = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null });
     probe.on('error', () => undefined);
@@ -28,6 +36,7 @@ export async function startRedis(): Promise<RedisServer> {
   }
   return {
     url,
+    bareUrl,
     stop: () => new Promise<void>((resolve) => {
       if (proc.exitCode !== null) return resolve();
       proc.once('exit', () => resolve());

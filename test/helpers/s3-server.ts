@@ -39,10 +39,11 @@ export function s3proxyJar(): string {
   return jar;
 }
 
-export async function startS3Server(): Promise<S3Server> {
+/** `port`: a given one (a server restarted where its clients expect it), else a free one. */
+export async function startS3Server(o: { port?: number } = {}): Promise<S3Server> {
   const jar = s3proxyJar();
   const dir = mkdtempSync(join(tmpdir(), 'forge-s3proxy-'));
-  const port = await freePort();
+  const port = o.port ?? (await freePort());
   const endpoint = `http://127.0.0.1:${port}`;
   const accessKeyId = 'forge-test-identity';
   const secretAccessKey = `forge-test-secret-${process.pid}`;
