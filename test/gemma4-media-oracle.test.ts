@@ -26,8 +26,8 @@ let twin = '';
 let record: any;
 
 const IMAGE_PROMPTS = [
-  { text: 'This picture shows', image: { made: 'red-circle.png' } },
-  { text: 'This picture shows', image: { made: 'blue-square.jpg' } },
+  { text: 'This picture shows a', image: { made: 'red-circle.png' } },
+  { text: 'This picture shows a', image: { made: 'blue-square.jpg' } },
 ];
 const AUDIO_PROMPTS = [
   { text: 'This sound is', audio: { made: 'low-tones.wav' } },
@@ -65,6 +65,19 @@ describe('tiny-gemma4 with image and audio prompts, up to the oracle gate', () =
     for (const p of traceMeta().prompts.filter((x) => x.image)) {
       expect(p.prompt_tokens.filter((t, k) => k >= p.image!.start && k < p.image!.start + p.image!.tokens).every((t) => t === p.prompt_tokens[p.image!.start])).toBe(true);
     }
+  });
+
+  it('gives each image the caption the twin learnt for it: confident at every traced step, parting at the first token', () => {
+    // twin.json: the twin's own greedy captions of these two pictures behind the same text (oracles/twin_training.py).
+    const learnt = JSON.parse(readFileSync(join(twin, 'twin.json'), 'utf8')).image_prompts as { image: string; tokens: number[] }[];
+    const prompts = traceMeta().prompts.filter((p) => p.image);
+    for (const p of prompts) {
+      const want = learnt.find((l) => l.image === p.image!.file)!.tokens;
+      expect(p.generated.length, p.image!.file).toBeGreaterThan(0);
+      expect(p.generated, p.image!.file).toEqual(want.slice(0, p.generated.length));
+      expect(Math.min(...p.margins), p.image!.file).toBeGreaterThanOrEqual(0.5); // the twin's margin floor (measured ≥ 4.5)
+    }
+    expect(prompts[0].generated[0]).not.toBe(prompts[1].generated[0]);
   });
 
   it('traces each clip padded to the 2 s budget (199 frames) with ceil(valid frames / 4) audio tokens between <start_of_audio> and <end_of_audio>', () => {
