@@ -297,8 +297,9 @@ def trained_like_decay(model, seed):
 @torch.no_grad()
 def finite_audio_clips(model, seed):
     """Gemma 4's audio linears clamp their input and output to recorded ranges; HF's init leaves
-    them +-inf (no clamp at all, and perturb() skips them). Set them to +-1e4, finite so a build
-    has the clamps to make, wide so they cut nothing on the random tower."""
+    them +-inf (no clamp at all, and perturb() skips them). The twin's audio tower is one forge
+    builds, so fetch's NaN/Inf check reads these bounds and would refuse +-inf: set them to +-1e4,
+    finite so a build has the clamps to make, wide so they cut nothing on the random tower."""
     del seed
     for name, b in sorted(model.named_buffers()):
         if name.startswith("model.audio_tower.") and name.rsplit(".", 1)[-1] in ("input_min", "output_min"):
