@@ -7,7 +7,8 @@ A twin has the real family's config layout, weight names, dtype (bf16), tokenize
 special tokens, at toy size (hidden 64), so forge can be tested end to end against HF in seconds.
 Each twin switches on every feature its family's real checkpoint uses (see the per-family dicts).
 A vision twin (qwen3_vl) also ships its image processor (preprocessor_config.json) and is trained
-to caption twin_images.py's pictures, so an image changes its answer.
+to caption twin_images.py's pictures, so an image changes its answer; the gemma4 twin learns to
+caption two of them as Gemma 4's processor makes them (its audio tower stays random).
 Output is byte-identical across runs: fixed seeds, deterministic BPE training, sorted JSON.
 """
 import argparse
@@ -185,10 +186,16 @@ def cfg_gemma4(tok, ids):
                                  F: {"rope_type": "proportional", "partial_rotary_factor": 0.25,
                                      "rope_theta": 1e6}},
                 pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"], eos_token_id=ids["<eos>"])
+    # Vision (trained on two pictures, twin_training.py): patch 16, pooling 3 as the real one; a
+    # position table of 210 per axis, the longest side in patches Gemma 4's processor gives within the
+    # recipes' 70-soft-token budget (70 x 3 = 210: 630 patches in one row). Audio (random, never
+    # trained): HF sizes the subsampler's Linear for (channels[0] / 4) x channels[1] inputs but feeds
+    # it (128 mel bins / 4) x channels[1], so channels[0] must be 128 for HF (and forge) to run it.
     vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                  num_key_value_heads=2, head_dim=16, patch_size=16, position_embedding_size=64)
+                  num_key_value_heads=2, head_dim=16, patch_size=16, pooling_kernel_size=3,
+                  position_embedding_size=210)
     audio = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                 subsampling_conv_channels=[8, 4], output_proj_dims=32)
+                 subsampling_conv_channels=[128, 4], output_proj_dims=32)
     return transformers.Gemma4Config(
         text_config=text, vision_config=vision, audio_config=audio, tie_word_embeddings=True,
         boi_token_id=ids["<start_of_image>"], eoi_token_id=ids["<end_of_image>"],
@@ -287,7 +294,21 @@ def trained_like_decay(model, seed):
             p.copy_(dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt)
 
 
-DYNAMICS = {"qwen3_5": trained_like_decay}
+@torch.no_grad()
+def finite_audio_clips(model, seed):
+    """Gemma 4's audio linears clamp their input and output to recorded ranges; HF's init leaves
+    them +-inf (no clamp at all, and perturb() skips them). The twin's audio tower is one forge
+    builds, so fetch's NaN/Inf check reads these bounds and would refuse +-inf: set them to +-1e4,
+    finite so a build has the clamps to make, wide so they cut nothing on the random tower."""
+    del seed
+    for name, b in sorted(model.named_buffers()):
+        if name.startswith("model.audio_tower.") and name.rsplit(".", 1)[-1] in ("input_min", "output_min"):
+            b.fill_(-1e4)
+        elif name.startswith("model.audio_tower.") and name.rsplit(".", 1)[-1] in ("input_max", "output_max"):
+            b.fill_(1e4)
+
+
+DYNAMICS = {"qwen3_5": trained_like_decay, "gemma4": finite_audio_clips}
 
 
 def build(family, tmp, steps):
@@ -342,7 +363,7 @@ def verify(family, tmp, saved_state):
     model.eval()
     tok = transformers.AutoTokenizer.from_pretrained(tmp)
     processor = transformers.AutoImageProcessor.from_pretrained(tmp) if family in PREPROCESSORS else None
-    confidence = measure_confidence(model, tok, model.generation_config, processor)
+    confidence = measure_confidence(model, tok, model.generation_config, processor, gemma4_images=family == "gemma4")
     m = confidence["margins"]
     print(f"[{family}] margins over {m['count']} greedy steps: min {m['min']} p5 {m['p5']} p50 {m['p50']}; "
           f"memorised {sum(p['memorised'] for p in confidence['prompts'])}/{m['count']}", file=sys.stderr)
@@ -350,21 +371,25 @@ def verify(family, tmp, saved_state):
         worst = min(confidence["prompts"], key=lambda p: p["min_margin"])
         raise RuntimeError(f"the trained twin is not confident: smallest top-1/top-2 margin {m['min']} "
                            f"(after {worst['prompt'][:40]!r}) is under the floor {confidence['margin_floor']}")
-    if processor is not None:  # a vision twin: confident image prompts, and each image its own answer
+    if "image_prompts" in confidence:  # a vision twin: confident image prompts, and each image its own answer
         im = confidence["image_margins"]
         for r in confidence["image_prompts"]:
             print(f"[{family}] {r['image']}: {r['continuation']!r} (min margin {r['min_margin']}, "
-                  f"memorised {r['memorised']}/{confidence['image_new_tokens']})", file=sys.stderr)
+                  f"memorised {r['memorised']}/{r.get('new_tokens', confidence.get('image_new_tokens'))})",
+                  file=sys.stderr)
         if im["min"] < confidence["margin_floor"]:
             worst = min(confidence["image_prompts"], key=lambda r: r["min_margin"])
             raise RuntimeError(f"the trained twin is not confident on its test images: smallest top-1/top-2 margin "
                                f"{im['min']} (after {worst['image']}) is under the floor {confidence['margin_floor']}")
+        # gemma4: its two images must part at the first generated token (each caption names its colour first)
+        first = family == "gemma4"
         seen = {}
         for r in confidence["image_prompts"]:
-            if tuple(r["tokens"]) in seen:
-                raise RuntimeError(f"the twin does not see its images: test images {seen[tuple(r['tokens'])]} and "
-                                   f"{r['image']} give the same continuation {r['continuation']!r}")
-            seen[tuple(r["tokens"])] = r["image"]
+            key = tuple(r["tokens"][:1] if first else r["tokens"])
+            if key in seen:
+                raise RuntimeError(f"the twin does not see its images: test images {seen[key]} and {r['image']} give "
+                                   f"the same {'first token' if first else 'continuation'} ({r['continuation']!r})")
+            seen[key] = r["image"]
     for which, g in confidence.get("router_gaps", {}).items():
         if g["min"] < confidence["router_gap_floor"]:
             raise RuntimeError(f"the MoE twin's routing is on a knife edge: smallest router {which} logit gap "

@@ -113,6 +113,14 @@ def gemma4_pixels(config, image_path, max_soft_tokens):
             int(out["num_soft_tokens_per_image"][0]))
 
 
+def gemma4_image_prompt_ids(config, tok, n, text):
+    """A Gemma 4 image prompt's ids: the text's with the image's block after its BOS:
+    <start_of_image>, n image tokens, <end_of_image>."""
+    text_ids = tok(text)["input_ids"]
+    head = text_ids[:1] if text_ids and text_ids[0] == tok.bos_token_id else []
+    return head + [config.boi_token_id] + [config.image_token_id] * n + [config.eoi_token_id] + text_ids[len(head):]
+
+
 def gemma4_image_prompt(config, tok, image_path, text, max_soft_tokens):
     """A Gemma 4 image input of trace.py: {"image": {pixel_values, image_position_ids}} (what
     trace_families.steps_gemma4 takes), the prompt ids and trace.json's record of it. The ids are the
@@ -122,9 +130,7 @@ def gemma4_image_prompt(config, tok, image_path, text, max_soft_tokens):
     pv, pos, n = gemma4_pixels(config, image_path, max_soft_tokens)
     with open(image_path, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    text_ids = tok(text)["input_ids"]
-    head = text_ids[:1] if text_ids and text_ids[0] == tok.bos_token_id else []
-    ids = head + [config.boi_token_id] + [config.image_token_id] * n + [config.eoi_token_id] + text_ids[len(head):]
+    ids = gemma4_image_prompt_ids(config, tok, n, text)
     real = pos[0][pos[0][:, 0] >= 0]
     cols, rows = int(real[:, 0].max()) + 1, int(real[:, 1].max()) + 1
     p = config.vision_config.patch_size

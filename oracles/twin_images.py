@@ -45,6 +45,11 @@ TEST_IMAGES = {
     "green-triangle.png": ("triangle", "green", "black", 128, 96),
     "yellow-cross.jpg": ("cross", "yellow", "black", 120, 160),
 }
+# The gemma4 twin's pictures (oracles/twin_training.py): it learns to caption these two only, at
+# Gemma 4's aspect-preserving resize within GEMMA4_IMAGE_TOKENS soft tokens (the recipes' budget):
+# 4:3 and square, two grids (21 x 27 and 24 x 24 patches), 63 and 64 soft tokens.
+GEMMA4_TEST_IMAGES = ("red-circle.png", "blue-square.jpg")
+GEMMA4_IMAGE_TOKENS = 70
 JPEG_QUALITY = 90
 # Where training_images() draws each shape: (centre x, centre y, half-size), fractions of the picture.
 PLACEMENTS = [(0.5, 0.5, 0.34), (0.4, 0.45, 0.28), (0.6, 0.55, 0.3)]

@@ -6,7 +6,8 @@ twin's text model is therefore trained briefly on twin_corpus.PASSAGES until it 
 deterministically on CPU (fixed seed and thread count, deterministic algorithms, full batch, fixed
 steps), and its confidence along every prompt's continuation is measured and enforced. The
 qwen3_vl twin also learns, vision tower included, to caption twin_images' pictures behind an image
-prompt, and its answers to the test images are measured too.
+prompt, and its answers to the test images are measured too; the gemma4 twin learns to caption two
+of the test images (twin_images.GEMMA4_TEST_IMAGES) as Gemma 4's processor makes them, likewise.
 """
 import io
 import math
@@ -22,9 +23,14 @@ THREADS = 2  # fixed whatever the machine: the reduction order, hence the bytes,
 # corpus on every family within the time budget (make_twin prints the final loss). qwen3_vl also
 # learns its pictures' captions, which takes the vision tower longer: at 100 steps two test images
 # were still named wrongly; at 120 all four are named, with margins >= 4.3 (140: >= 5.5; two
-# placements instead of three: one test image at 0.19-1.2).
-STEPS = {"qwen3": 36, "qwen3_odd": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 36, "qwen3_vl": 120}
+# placements instead of three: one test image at 0.19-1.2). gemma4 also learns two pictures'
+# captions (GEMMA4_IMAGE_WEIGHT 8): at 36 steps its text margins fell (min 2.21 -> 1.80, images
+# >= 4.44); at 44 text is back above the text-only twin's (min 2.63, p5 3.21, p50 4.13; images >= 4.54).
+STEPS = {"qwen3": 36, "qwen3_odd": 36, "qwen3_5": 36, "phimoe": 36, "gemma4": 44, "qwen3_vl": 120}
 LR, WARMUP, WEIGHT_DECAY = 2e-2, 5, 0.01
+# The gemma4 twin's two image captions (68 tokens against the corpus's ~1,250) count this many times
+# in the full-batch loss, so its vision tower learns them within the text's steps.
+GEMMA4_IMAGE_WEIGHT = 8
 # Greedy continuation length measured per prompt: the longest a tiny recipe traces.
 NEW_TOKENS = 64
 # Greedy continuation length measured per test image (qwen3_vl): its caption's first sentence and
@@ -98,29 +104,70 @@ def _image_batches(model, tok, image_processor):
     return out
 
 
+def gemma4_image_inputs(model, tok, name):
+    """HF's inputs for the gemma4 twin's test image name behind IMAGE_PROMPT, made as trace.py makes
+    them: the file's bytes decoded, Gemma 4's image processor at GEMMA4_IMAGE_TOKENS soft tokens
+    (pixels.gemma4_pixels: aspect ratio kept, padded to the budget's patches) and the prompt's ids
+    (pixels.gemma4_image_prompt_ids: BOS, <start_of_image>, image tokens, <end_of_image>, text)."""
+    cfg = model.config
+    pv, pos, n = pixels.gemma4_pixels(cfg, io.BytesIO(twin_images.test_image_bytes(name)),
+                                      twin_images.GEMMA4_IMAGE_TOKENS)
+    ids = torch.tensor([pixels.gemma4_image_prompt_ids(cfg, tok, n, twin_images.IMAGE_PROMPT)])
+    return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "pixel_values": pv, "image_position_ids": pos,
+            "mm_token_type_ids": (ids == cfg.image_token_id).long()}
+
+
+def _gemma4_image_batches(model, tok):
+    """The gemma4 twin's (test image, whole caption) examples in one right-padded batch, the loss on
+    the caption tokens only: [(inputs for _caption_loss, caption tokens)]."""
+    xs = [gemma4_image_inputs(model, tok, name) for name in twin_images.GEMMA4_TEST_IMAGES]
+    rows = [(x["input_ids"][0].tolist(), tok(twin_images.test_caption(name), add_special_tokens=False)["input_ids"])
+            for x, name in zip(xs, twin_images.GEMMA4_TEST_IMAGES)]
+    width = max(len(p) + len(c) for p, c in rows)
+    ids = torch.full((len(rows), width), tok.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for i, (p, c) in enumerate(rows):
+        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
+        labels[i, len(p):len(p) + len(c)] = torch.tensor(c)
+    inputs = {"input_ids": ids, "labels": labels, "pixel_values": torch.cat([x["pixel_values"] for x in xs]),
+              "image_position_ids": torch.cat([x["image_position_ids"] for x in xs])}
+    return [(inputs, sum(len(c) for _, c in rows))]
+
+
 def _caption_loss(model, inputs):
     """HF's causal-LM loss (mean cross-entropy of each labelled token given the ones before it),
     with the lm_head run only where a label follows: an image prompt is 26 tokens of which none
-    is a target, and the logits over the vocabulary are most of a tiny model's cost."""
+    is a target, and the logits over the vocabulary are most of a tiny model's cost. A final-logit
+    softcap (gemma4) is applied as HF's head applies it."""
     labels = inputs["labels"]
     hidden = model.model(**{k: v for k, v in inputs.items() if k != "labels"}, use_cache=False).last_hidden_state
     before = labels[:, 1:] != -100
-    logits = model.lm_head(hidden[:, :-1][before])
-    return torch.nn.functional.cross_entropy(logits.float(), labels[:, 1:][before])
+    logits = model.lm_head(hidden[:, :-1][before]).float()
+    cap = getattr(model.config.get_text_config(), "final_logit_softcapping", None)
+    if cap:
+        logits = torch.tanh(logits / cap) * cap
+    return torch.nn.functional.cross_entropy(logits, labels[:, 1:][before])
 
 
 def train(model, tok, family, seed, steps=None, image_processor=None):
     """Train the text model in fp32 in place; returns {steps, tokens, first/final loss}. Towers the
     text never reaches (vision, audio) get no gradient, so AdamW leaves them as initialised. With
     image_processor (qwen3_vl), the whole model, vision tower included, also learns to caption
-    twin_images' pictures (IMAGE_PROMPT + caption after the image tokens)."""
+    twin_images' pictures (IMAGE_PROMPT + caption after the image tokens). The gemma4 twin learns
+    to caption its two test images (vision tower and embedder included), each caption token
+    weighted GEMMA4_IMAGE_WEIGHT x; its audio tower gets no gradient and stays random."""
     torch.set_num_threads(THREADS)
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(seed)  # PhiMoE's router jitter and Gumbel sampling draw from it
     batches = [(dict(input_ids=ids, labels=labels), n) for ids, labels, n in _batches(tok)]
     if image_processor is not None:
         batches += _image_batches(model, tok, image_processor)
-    targets = sum(n for _, n in batches)
+    tokens = sum(n for _, n in batches)
+    if family == "gemma4":
+        extra = _gemma4_image_batches(model, tok)
+        tokens += sum(n for _, n in extra)
+        batches += [(x, n * GEMMA4_IMAGE_WEIGHT) for x, n in extra]
+    targets = sum(n for _, n in batches)  # the loss's denominator: gemma4's captions count GEMMA4_IMAGE_WEIGHT x
     steps = STEPS[family] if steps is None else steps
     params = [p for _, p in sorted(model.named_parameters()) if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=LR, betas=(0.9, 0.98), weight_decay=WEIGHT_DECAY)
@@ -150,7 +197,7 @@ def train(model, tok, family, seed, steps=None, image_processor=None):
     for h in hooks:
         h.remove()
     model.eval()
-    return {"steps": steps, "tokens": targets, "first_loss": round(losses[0], 4) if losses else None,
+    return {"steps": steps, "tokens": tokens, "first_loss": round(losses[0], 4) if losses else None,
             "final_loss": round(losses[-1], 4) if losses else None}
 
 
@@ -203,12 +250,39 @@ def measure_images(model, tok, generation_config, image_processor):
 
 
 @torch.no_grad()
-def measure_confidence(model, tok, generation_config, image_processor=None):
+def measure_gemma4_images(model, tok, generation_config):
+    """The gemma4 twin's test image prompts (as trace.py makes them): greedy continuations as long
+    as the caption it learnt (EOS not stopping them), their margins, one record per image, and the
+    margins' distribution."""
+    gc = generation_config.__class__.from_dict(generation_config.to_dict())
+    gc.eos_token_id, gc.min_new_tokens = None, None
+    gc.return_dict_in_generate, gc.output_logits = True, True
+    records, margins = [], []
+    for name in twin_images.GEMMA4_TEST_IMAGES:
+        enc = gemma4_image_inputs(model, tok, name)
+        want = tok(twin_images.test_caption(name), add_special_tokens=False)["input_ids"]
+        gc.max_new_tokens = len(want)
+        out = model.generate(**enc, generation_config=gc)
+        top = [torch.topk(l[0].float(), 2).values for l in out.logits]
+        m = [float(t[0] - t[1]) for t in top]
+        margins += m
+        got = out.sequences[0, enc["input_ids"].shape[1]:].tolist()
+        records.append({"image": name, "prompt": twin_images.IMAGE_PROMPT, "continuation": tok.decode(got),
+                        "tokens": got, "new_tokens": len(want), "prompt_tokens": enc["input_ids"].shape[1],
+                        "soft_tokens": int((enc["input_ids"] == model.config.image_token_id).sum()),
+                        "min_margin": float(f"{min(m):.6g}"), "memorised": sum(a == b for a, b in zip(got, want))})
+    return {"image_prompts": records, "image_margins": _stats(margins),
+            "image_soft_token_budget": twin_images.GEMMA4_IMAGE_TOKENS}
+
+
+@torch.no_grad()
+def measure_confidence(model, tok, generation_config, image_processor=None, gemma4_images=False):
     """Greedy-generate NEW_TOKENS after every prompt (fp32, cached decode as the trace does, EOS
     not stopping it) and collect top-1 minus top-2 logit margins at each generated step. For an MoE
     also the router's gaps over prompt and continuation: top-1 vs top-2 decides the first expert,
     top-2 vs top-3 the second (HF's sparsemixer picks them by argmax in eval). With image_processor
-    (qwen3_vl) also the test images' prompts (measure_images)."""
+    (qwen3_vl) also the test images' prompts (measure_images); with gemma4_images the gemma4 twin's
+    (measure_gemma4_images)."""
     gc = generation_config.__class__.from_dict(generation_config.to_dict())
     gc.eos_token_id, gc.max_new_tokens, gc.min_new_tokens = None, NEW_TOKENS, None
     gc.return_dict_in_generate, gc.output_logits = True, True
@@ -239,6 +313,8 @@ def measure_confidence(model, tok, generation_config, image_processor=None):
               "margin_floor": MARGIN_FLOOR}
     if image_processor is not None:
         result.update(measure_images(model, tok, generation_config, image_processor))
+    if gemma4_images:
+        result.update(measure_gemma4_images(model, tok, generation_config))
     if gaps["top1_top2"]:
         result["router_gaps"] = {k: _stats(v) for k, v in gaps.items()}
         result["router_gap_floor"] = ROUTER_GAP_FLOOR

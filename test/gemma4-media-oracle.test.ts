@@ -5,33 +5,29 @@
 // feeds their soft tokens at the placeholders (the pad token's per-layer rows there); the export adds
 // the vision and audio encoders as contexts of their own; the oracle gate holds each encoder (per
 // block / layer) and the decoder shards at every step of the media prompts to HF. At fp32, so the
-// figures are the graphs' own: the twin's towers are untrained (their soft tokens lie far from any
-// text the twin saw), and W8 error at those steps says nothing about a real model (measured: shard0
-// 0.9960 against 0.9996 on text). The twin's own audio tower is one HF cannot run (subsampling
-// channels [8, 4]), so the build reads a copy of the twin with a runnable random one
-// (test/helpers/gemma4_audio_twin.py). The runtime runs neither encoder for Gemma 4 yet, so nothing
-// here goes past the oracle.
+// figures are the graphs' own: the twin's vision tower learnt to caption only these two pictures
+// (after "This picture shows a") and its audio tower is random (its soft tokens lie far from any
+// text the twin saw), so W8 error at those steps says nothing about a real model. The build reads
+// the twin as made (its audio tower is one HF runs: subsampling channels [128, 4]). The runtime runs
+// neither encoder for Gemma 4 yet, so nothing here goes past the oracle.
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { $ } from 'zx';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 import { twinDir } from './helpers/twin.js';
-import { ensureVenv } from '../src/toolchain/venv.js';
 import { Trace, type TraceMeta } from '../src/gates/trace.js';
 import { gemma4, parseGemma4Config } from '../src/families/gemma4.js';
 import { gemma4AudioFrames } from '../src/families/gemma4-audio.js';
 
 let work = '';
 let recipes = '';
-let ckpt = '';
 let twin = '';
 let record: any;
 
 const IMAGE_PROMPTS = [
-  { text: 'This picture shows', image: { made: 'red-circle.png' } },
-  { text: 'This picture shows', image: { made: 'blue-square.jpg' } },
+  { text: 'This picture shows a', image: { made: 'red-circle.png' } },
+  { text: 'This picture shows a', image: { made: 'blue-square.jpg' } },
 ];
 const AUDIO_PROMPTS = [
   { text: 'This sound is', audio: { made: 'low-tones.wav' } },
@@ -41,10 +37,7 @@ const AUDIO_PROMPTS = [
 beforeAll(async () => {
   ({ work, recipes } = recipeSandbox('forge-gemma4-media-'));
   twin = await twinDir('gemma4');
-  ckpt = join(work, 'ckpt');
-  await $({ quiet: true })`${await ensureVenv()} test/helpers/gemma4_audio_twin.py ${twin} ${ckpt}`;
   writeRecipeVariant(recipes, 'tiny-gemma4', 'tiny-gemma4-media', (r) => {
-    r.source = { kind: 'local', path: ckpt };
     r.modalities = ['text', 'image', 'audio'];
     Object.assign(r.arch.default, { quant: 'fp32', lmHead: { placement: 'separate', quant: 'fp32' }, image: { maxSoftTokens: 70 }, audio: { maxSeconds: 2 } });
     r.gates.prompts = ['The capital of France is'];
@@ -74,13 +67,26 @@ describe('tiny-gemma4 with image and audio prompts, up to the oracle gate', () =
     }
   });
 
+  it('gives each image the caption the twin learnt for it: confident at every traced step, parting at the first token', () => {
+    // twin.json: the twin's own greedy captions of these two pictures behind the same text (oracles/twin_training.py).
+    const learnt = JSON.parse(readFileSync(join(twin, 'twin.json'), 'utf8')).image_prompts as { image: string; tokens: number[] }[];
+    const prompts = traceMeta().prompts.filter((p) => p.image);
+    for (const p of prompts) {
+      const want = learnt.find((l) => l.image === p.image!.file)!.tokens;
+      expect(p.generated.length, p.image!.file).toBeGreaterThan(0);
+      expect(p.generated, p.image!.file).toEqual(want.slice(0, p.generated.length));
+      expect(Math.min(...p.margins), p.image!.file).toBeGreaterThanOrEqual(0.5); // the twin's margin floor (measured ≥ 4.5)
+    }
+    expect(prompts[0].generated[0]).not.toBe(prompts[1].generated[0]);
+  });
+
   it('traces each clip padded to the 2 s budget (199 frames) with ceil(valid frames / 4) audio tokens between <start_of_audio> and <end_of_audio>', () => {
     const prompts = traceMeta().prompts.filter((p) => p.audio);
     expect(prompts.map((p) => p.audio!.file)).toEqual(['low-tones.wav', 'noise-burst.wav']);
     // 1.2 s = 19,200 samples: frames 0..118 see only the clip (a frame reads 321 samples from 160 before its hop); 0.7 s: 69.
     expect(prompts.map((p) => [p.audio!.frames, p.audio!.valid_frames, p.audio!.tokens])).toEqual([[199, 119, 30], [199, 69, 18]]);
     expect(gemma4AudioFrames(2)).toBe(199);
-    const cfg = JSON.parse(readFileSync(join(ckpt, 'config.json'), 'utf8'));
+    const cfg = JSON.parse(readFileSync(join(twin, 'config.json'), 'utf8'));
     for (const p of prompts) {
       const { start, tokens } = p.audio!;
       expect(p.prompt_tokens[0]).toBe(cfg.text_config.bos_token_id);
@@ -136,15 +142,18 @@ describe('tiny-gemma4 with image and audio prompts, up to the oracle gate', () =
 
   it('refuses an audio setting for a checkpoint without an audio tower, or with one forge cannot build, naming the field', () => {
     const layout = { shards: [{ first: 0, last: 7, isLast: true }], lmHeadInside: false, prefillLength: 0, maxContext: 64, audio: { maxSeconds: 2 } };
-    const raw = JSON.parse(readFileSync(join(ckpt, 'config.json'), 'utf8'));
+    const raw = JSON.parse(readFileSync(join(twin, 'config.json'), 'utf8'));
     expect(gemma4.components(parseGemma4Config(raw, 'config.json'), layout).map((c) => c.name)).toContain('audio');
     expect(() => gemma4.components(parseGemma4Config(raw, 'config.json'), { ...layout, audio: { maxSeconds: 31 } })).toThrow(/arch setting audio\.maxSeconds 31: Gemma 4's processor takes clips of at most 30 s/);
     const textOnly = { ...raw };
     delete textOnly.audio_config;
     expect(() => gemma4.components(parseGemma4Config(textOnly, 'config.json'), layout)).toThrow(/arch setting "audio".*no audio tower \(config\.json has no audio_config\)/);
-    // The twin's own tower: text and images still build, audio is refused with the field HF cannot run.
-    const own = parseGemma4Config(JSON.parse(readFileSync(join(twin, 'config.json'), 'utf8')), 'config.json');
-    expect(gemma4.components(own, { ...layout, audio: undefined }).map((c) => c.name)).not.toContain('audio');
-    expect(() => gemma4.components(own, layout)).toThrow(/audio tower cannot be built: config\.json: field audio_config\.subsampling_conv_channels\.0: must be 128/);
+    // The twin's own tower is one HF runs: subsampling channels [128, 4] (128 = mel bins).
+    expect(raw.audio_config.subsampling_conv_channels).toEqual([128, 4]);
+    // A tower HF cannot run (channels[0] ≠ 128 mel bins, as the twin's once was): text and images still
+    // build, audio is refused with the field.
+    const narrow = parseGemma4Config({ ...raw, audio_config: { ...raw.audio_config, subsampling_conv_channels: [8, 4] } }, 'config.json');
+    expect(gemma4.components(narrow, { ...layout, audio: undefined }).map((c) => c.name)).not.toContain('audio');
+    expect(() => gemma4.components(narrow, layout)).toThrow(/audio tower cannot be built: config\.json: field audio_config\.subsampling_conv_channels\.0: must be 128/);
   });
 });

@@ -25,6 +25,9 @@ interface TwinJson {
   features: { min_1d_std: number };
   router_gaps?: Record<'top1_top2' | 'top2_top3', Margins>;
   router_gap_floor?: number;
+  /** The vision twins' test image prompts (gemma4: new_tokens and soft_tokens per image). */
+  image_prompts?: { image: string; prompt: string; continuation: string; tokens: number[]; min_margin: number; memorised: number; new_tokens?: number; soft_tokens?: number }[];
+  image_margins?: Margins;
 }
 
 const sha256 = (file: string) => createHash('sha256').update(readFileSync(file)).digest('hex');
@@ -55,7 +58,7 @@ describe('tiny twins', () => {
 
   it.each(TWIN_IDS)('trains the %s twin until its greedy continuations are confident and memorised', (family) => {
     const t = twinJson(family);
-    // A random twin's loss is ~ln(vocab) ≈ 7.2; trained, measured 0.03–0.06, and 0.44 for gemma4, whose
+    // A random twin's loss is ~ln(vocab) ≈ 7.2; trained, measured 0.03–0.06, and 0.28 for gemma4, whose
     // final-logit softcap (10) flattens the last steps' gradients: at least 10× down on every family.
     expect(t.training.final_loss).toBeLessThan(t.training.first_loss / 10);
     // Every generated step of every prompt is counted, and none comes near a tie.
@@ -78,6 +81,21 @@ describe('tiny twins', () => {
       expect(Math.max(...r.gates.prompts.map((p) => covered.get(p)!.prompt_tokens)), r.id).toBeGreaterThanOrEqual(100);
       expect(r.gates.prompts.some((p) => /[^\x00-\x7f]/.test(p)), r.id).toBe(true);
     }
+  });
+
+  it('trains the gemma4 twin to caption its two test images confidently, parting at the first generated token; its audio tower is one HF runs', () => {
+    const t = twinJson('gemma4');
+    const images = t.image_prompts!;
+    // As trace.py makes them: Gemma 4's processor within 70 soft tokens, aspect ratio kept (21×27 and 24×24 patches, pooled 3×3).
+    expect(images.map((r) => [r.image, r.prompt, r.soft_tokens])).toEqual([['red-circle.png', 'This picture shows a', 63], ['blue-square.jpg', 'This picture shows a', 64]]);
+    // Every token of each whole caption is generated, memorised and confident (measured min 4.54).
+    expect(t.image_margins!.count).toBe(images.reduce((n, r) => n + r.new_tokens!, 0));
+    expect(t.image_margins!.min).toBeGreaterThanOrEqual(t.margin_floor);
+    for (const r of images) expect(r.memorised, r.image).toBe(r.new_tokens);
+    expect(images[0].tokens[0]).not.toBe(images[1].tokens[0]);
+    expect(images.map((r) => r.continuation.split('.')[0])).toEqual([' red circle on a white background', ' blue square on a white background']);
+    const config = JSON.parse(readFileSync(join(made.get('gemma4')!.dir, 'config.json'), 'utf8'));
+    expect(config.audio_config.subsampling_conv_channels).toEqual([128, 4]); // 128 = mel bins, as HF needs
   });
 
   it('keeps the MoE twin\'s top-2 routing off a knife edge on the traced prompts', () => {

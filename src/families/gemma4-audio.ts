@@ -106,8 +106,9 @@ export function gemma4AudioFrames(maxSeconds: number): number {
 
 /**
  * A checkpoint's audio tower as the family keeps it: the encoder's config, or why forge cannot build
- * it (a refusal kept for a recipe that asks for audio: the tiny-gemma4 twin's tower, subsampling
- * channels [8, 4], is one HF's own forward cannot run, and its text and images must still build),
+ * it (a refusal kept for a recipe that asks for audio: a tower with subsampling channels [8, 4],
+ * as the tiny-gemma4 twin's once was, is one HF's own forward cannot run, and the checkpoint's text
+ * and images must still build),
  * and the tokens a clip is written with (config.json's audio_token_id, boa_token_id, eoa_token_index;
  * HF's defaults when left out, as transformers reads the file).
  */
