@@ -67,6 +67,10 @@ describe('forge bisect: link hand-off', () => {
     r.id = 'tiny-gemma4-handoff-f16';
     r.source = { kind: 'local', path: hostile };
     r.arch.default.handoff = 'f16';
+    // The plant is checked on the text prompts (the trace's first four; the image path is gemma4.test.ts's).
+    r.modalities = ['text'];
+    delete r.gates.imagePrompts;
+    delete r.arch.default.image;
     mkdirSync(join(recipes, r.id));
     const recipeFile = join(recipes, r.id, 'recipe.json');
     writeFileSync(recipeFile, JSON.stringify(r, null, 2));

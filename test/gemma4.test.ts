@@ -1,5 +1,5 @@
-// Gemma 4 text (family gemma4, issue 16): the tiny twin built with every gate (oracle, host parity
-// through gemma4_split_generate, the simulator), the graphs' interfaces (PLE inputs, per-type head
+// Gemma 4 (family gemma4): the tiny twin, text and images, built with every gate (oracle, host parity
+// through gemma4_split_generate, the simulator; the runtime's image front-end against HF's), the graphs' interfaces (PLE inputs, per-type head
 // sizes, ring caches of the sliding window, KV sharing as donor caches), the bindings, the subtle
 // pieces by themselves (softcap, GELU-tanh, proportional RoPE, the PLE mixing, the ring mask), and
 // the clean refusal of a build past the oracle for a family whose host-op the runtime lacks.
@@ -78,8 +78,9 @@ describe('gemma4 config', () => {
 describe('gemma4 export', () => {
   it('writes decode-only shards taking the embedding row and each layer\'s PLE rows; KV-shared layers read their donor\'s cache and write none', () => {
     const mf = manifest(entry('export'));
-    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['shard1.decode'], ['lm_head']]);
-    const [s0, s1, head] = graphs(entry('export'));
+    // The vision encoder (the recipe reads images) is a context of its own, before the shards.
+    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['vision'], ['shard0.decode'], ['shard1.decode'], ['lm_head']]);
+    const [s0, s1, head] = graphs(entry('export')).filter((g) => g.name !== 'vision');
     expect(names(s0.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_0', 'ple_1', 'ple_2', 'attn_mask_sliding', 'past_k_0', 'past_v_0', 'past_k_1', 'past_v_1', 'past_k_2', 'past_v_2']);
     expect(names(s0.outputs)).toEqual(['hidden_out', 'new_k_0', 'new_v_0', 'new_k_1', 'new_v_1', 'new_k_2', 'new_v_2']);
     // Shard 1 (layers 3-7): layer 2's cache is read (donor of 5 and 7, in shard 0); layer 4 is donor of 6 in the same graph.
@@ -115,7 +116,7 @@ describe('gemma4 export', () => {
 
   it('binds the PLE and embedding rows to the host tables by token, sliding caches as rings of the window, the donor cache as one shared state', () => {
     const c = config();
-    const [s0, s1] = graphs(entry('quantize'));
+    const [s0, s1] = graphs(entry('quantize')).filter((g) => g.name !== 'vision');
     const b = gemma4.bindings(c, s1, 64);
     const byName = Object.fromEntries(b.inputs.map((x) => [x.name, x]));
     expect(byName.embeds).toMatchObject({ bind: 'host-rows', table: 'embedding', index: 'token' });
@@ -225,7 +226,8 @@ describe('gemma4 residual hand-off (recipe handoff: auto)', () => {
 
   it('gives every residual one context hands another as f16 at both edges, float32 inside; the manifest and card say so', () => {
     const shipped = graphs(entry('handoff'));
-    const io = (gs: ReturnType<typeof graphs>) => gs.flatMap((g) => [...g.inputs.filter((t) => t.name === g.stream!.input), ...g.outputs.filter((t) => t.name === g.stream!.output)].map((t) => `${g.name}:${t.name}:${t.dtype}`));
+    // Each shard's and the lm-head's residual (the vision encoder hands over no residual).
+    const io = (gs: ReturnType<typeof graphs>) => gs.filter((g) => g.stream).flatMap((g) => [...g.inputs.filter((t) => t.name === g.stream!.input), ...g.outputs.filter((t) => t.name === g.stream!.output)].map((t) => `${g.name}:${t.name}:${t.dtype}`));
     // The first shard's input is the host's scaled embedding row, not a hand-off: it stays float32.
     expect(io(shipped)).toEqual(['shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
     expect(io(graphs(entry('quantize'))).every((x) => x.endsWith(':float32'))).toBe(true);
@@ -243,8 +245,9 @@ describe('gemma4 on the runtime', () => {
     const parity = gates().parity;
     expect(parity.ok).toBe(true);
     for (const v of ['export', 'quantize']) expect(parity.variants[v]).toMatchObject({ ok: true, mismatches: 0, ties: 0, matched: parity.variants[v].total });
-    // 4 prompts × 40 tokens, each continuation alone longer than the 16-slot ring: it wraps while generating.
-    expect(parity.variants.quantize.total).toBe(4 * 40);
+    // 4 text and 2 image prompts × 32 tokens (an image's caption, as the twin learnt it), each
+    // continuation alone longer than the 16-slot ring: it wraps while generating.
+    expect(parity.variants.quantize.total).toBe(6 * 32);
     const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
     expect(m.hostOp).toBe('gemma4_split_generate');
     expect(m.state.filter((s) => s.kind === 'kv-cache' && s.window === 16).map((s) => s.name)).toEqual(['kv.0.k', 'kv.0.v', 'kv.1.k', 'kv.1.v', 'kv.3.k', 'kv.3.v', 'kv.4.k', 'kv.4.v']);
@@ -255,7 +258,21 @@ describe('gemma4 on the runtime', () => {
     const e = gates().emulation;
     expect(e.ok).toBe(true);
     for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(e.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
-    expect(e.parity).toMatchObject({ ok: true, matched: 160, total: 160 });
+    expect(e.parity).toMatchObject({ ok: true, matched: 192, total: 192 });
+  });
+
+  it('reads a picture as HF does and answers it: patches and positions equal the processor\'s, each picture its own caption on the host and the simulator', () => {
+    const parity = gates().parity;
+    expect(parity.pixels.map((c: { image: string; ok: boolean }) => [c.image, c.ok])).toEqual([['red-circle.png', true], ['blue-square.jpg', true]]);
+    for (const c of parity.pixels) expect(c.cosine, c.image).toBeGreaterThan(0.99999);
+    expect(gates().emulation.graphs.vision.minCosine).toBeGreaterThanOrEqual(0.999);
+    // The runtime matched HF at every step of both pictures (above), and HF's captions part at the first token.
+    const trace = JSON.parse(readFileSync(join(entry('trace'), 'trace.json'), 'utf8')) as { prompts: Array<{ image?: unknown; generated: number[] }> };
+    const [a, b] = trace.prompts.filter((p) => p.image);
+    expect(a.generated[0]).not.toBe(b.generated[0]);
+    // The text manifest (no vision encoder) on the four text prompts.
+    expect(parity.textManifest.variants.quantize).toMatchObject({ ok: true, mismatches: 0, total: 4 * 32 });
+    expect(readFileSync(join(out, 'README.md'), 'utf8')).toMatch(/## Images[\s\S]*within 70 soft tokens[\s\S]*\| `red-circle\.png` \| 1\.0000000 \|/);
   });
 
   it('prints the plan in the card: each context with its layers, planned bytes, ring caches and the caches it reads from another context', () => {

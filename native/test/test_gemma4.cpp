@@ -169,7 +169,7 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
       {"no pad token", [](json& j) { j["hostOpParams"].erase("pad_token_id"); }, "hostOpParams.pad_token_id: gemma4_split_generate needs an integer here"},
       {"an image token past the vocabulary", [](json& j) { j["hostOpParams"]["image_token_id"] = j["model"]["vocab"]; }, "hostOpParams.image_token_id: "},
       {"a budget HF does not have", [](json& j) { j["hostOpParams"]["max_soft_tokens"] = 71; }, "hostOpParams: gemma4 image spec: "},
-      {"positions as float32", [&](json& j) { j[json::json_pointer(positions_at)]["dtype"] = "float32"; }, "a second patches input"},
+      {"positions as float32", [&](json& j) { j[json::json_pointer(positions_at)]["dtype"] = "float32"; }, "must be [630,768] (3 · patch² values per patch)"},
       {"soft tokens of another width", [&](json& j) { j[json::json_pointer(vision_at)]["outputs"][0]["shape"] = {70, 7}; }, "must be [max_soft_tokens, model.hidden]"},
       {"a prefill graph", [](json& j) { j["contexts"][0]["graphs"][0]["role"] = "prefill"; j["contexts"][0]["graphs"][0]["tokens"] = 2; }, ""},
   };
@@ -187,6 +187,7 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
 TEST(Gemma4, TheShippedBundleHandsTheResidualOverInF16) {
   NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE_W8");
   const json doc = read_json(bundle + "/manifest.json");
+  ASSERT_EQ(doc["contexts"][0]["graphs"][0]["role"], "vision");  // the twin's recipe reads images
   int residuals = 0;
   std::string first_at;
   for (size_t c = 0; c < doc["contexts"].size(); c++)
@@ -196,8 +197,9 @@ TEST(Gemma4, TheShippedBundleHandsTheResidualOverInF16) {
           const json& t = doc["contexts"][c]["graphs"][g][side][i];
           if (t["bind"] != "residual") continue;
           residuals++;
-          // The first shard's input is the host's scaled embedding row in float32, not a hand-off.
-          if (c == 0 && std::string(side) == "inputs") {
+          // The first shard's input (the context after the vision encoder's) is the host's scaled
+          // embedding row in float32, not a hand-off.
+          if (c == 1 && std::string(side) == "inputs") {
             EXPECT_EQ(t["dtype"], "float32") << t["name"];
             continue;
           }

@@ -92,8 +92,15 @@ export function promptCalls(entry: GraphEntry, promptLen: number, steps: number)
 /** The lm-head at every traced step of prompt `p`: HF's final-normed hidden in, HF's logits out. */
 export async function* lmHeadCases(trace: Trace, p: number): AsyncGenerator<GateCase> {
   const H = trace.meta.hidden;
-  for (let t = 0; t < trace.meta.prompts[p].steps; t++) {
-    yield { prompt: p, step: t, feeds: { hidden: { dtype: 'float32', data: await trace.get(p, t, 'final'), dims: [1, 1, H] } }, expected: { logits: await trace.get(p, t, 'logits') } };
+  const prompt = trace.meta.prompts[p];
+  // An image's or clip's block: its soft tokens and the token that closes it are placeholders.
+  const block = prompt.image ?? prompt.audio;
+  const placeholder = (t: number) => block !== undefined && t + 1 >= block.start && t + 1 <= block.start + block.tokens;
+  for (let t = 0; t < prompt.steps; t++) {
+    yield {
+      prompt: p, step: t, feeds: { hidden: { dtype: 'float32', data: await trace.get(p, t, 'final'), dims: [1, 1, H] } }, expected: { logits: await trace.get(p, t, 'logits') },
+      ...(placeholder(t) ? { placeholder: true } : {}),
+    };
   }
 }
 

@@ -293,6 +293,12 @@ export interface GateCase {
    * chunk, zeros in `expected`); an output without a mask is compared whole.
    */
   masks?: Record<string, CompareMask>;
+  /**
+   * The step's logits predict a placeholder (the next prompt id stands for an image's or a clip's
+   * soft token, or closes its block): no one asks the model for that token, so they are compared by
+   * cosine but not counted in top-1.
+   */
+  placeholder?: boolean;
 }
 
 /** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */

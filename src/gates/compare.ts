@@ -103,7 +103,8 @@ export class GateTally {
 
   constructor(private readonly vocab: number) {}
 
-  add(name: string, actual: ArrayLike<number>, expected: ArrayLike<number>, where: string, mask?: CompareMask): void {
+  /** `top1`: whether these logits count in top-1 (not where they predict a placeholder: GateCase.placeholder). */
+  add(name: string, actual: ArrayLike<number>, expected: ArrayLike<number>, where: string, mask?: CompareMask, countTop1 = true): void {
     const r = compare(actual, expected, mask);
     const a: OutputTally = this.outputs.get(name) ?? { minCosine: Infinity, maxAbs: 0, worst: '' };
     if (r.nonFinite && !a.nonFinite) a.nonFinite = `${where} output ${name}: ${describeNonFinite(r.nonFinite)}`;
@@ -113,7 +114,7 @@ export class GateTally {
     }
     a.maxAbs = Math.max(a.maxAbs, r.maxAbs);
     this.outputs.set(name, a);
-    if (name === 'logits') {
+    if (name === 'logits' && countTop1) {
       const t = top1(actual, expected, this.vocab, mask);
       this.top1.agree += t.agree;
       this.top1.rows += t.rows;

@@ -273,7 +273,7 @@ export async function simulateGraph<C>(o: {
           const info = file.tensors.get(`${i}/${name}`);
           if (!info) throw new Error(`${what}: no output ${name} for case ${i}`);
           const actual = toFloat32(info.dtype, await file.read(info.name));
-          tally.add(name, actual, expected, `${o.entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
+          tally.add(name, actual, expected, `${o.entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name], !c.placeholder);
         }
       }
     } finally {

@@ -187,7 +187,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
-      for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name]);
+      for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name], !c.placeholder);
       if (firstLink) {
         chain.record(entry, c, output);
         half?.record(entry, c, output);

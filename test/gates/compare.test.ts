@@ -40,6 +40,14 @@ describe('top1', () => {
     expect(top1(actual, expected, 3, rowMask(1, 3, 3, 2))).toEqual({ agree: 1, rows: 2 });
   });
 
+  it('leaves logits that predict a placeholder (an image\'s soft token) out of top-1, comparing them by cosine still', () => {
+    const t = new GateTally(3);
+    t.add('logits', [0, 5, 1], [0, 4, 1], 'prompt 0 step 0');
+    t.add('logits', [3, 0, 0], [0, 0, 3], 'prompt 0 step 1', undefined, false);
+    expect(t.top1).toEqual({ agree: 1, rows: 1 });
+    expect(t.outputs.get('logits')!.minCosine).toBeLessThan(0.5);
+  });
+
   it('never counts a row with a NaN logit as agreeing (argmax over NaN is 0 on both sides)', () => {
     expect(top1([NaN, NaN, NaN], [NaN, NaN, NaN], 3)).toEqual({ agree: 0, rows: 1 });
     expect(top1([1, NaN, 0], [1, 0, 0], 3)).toEqual({ agree: 0, rows: 1 });

@@ -1,15 +1,16 @@
-// Gemma 4 image and audio prompts through one real build up to the oracle gate: the tiny-gemma4
-// twin with images given a soft-token budget (70) and clips a length budget (2 s), two image prompts
-// of different aspect ratios and two audio prompts of different clips (oracles/twin_audio.py). The
-// trace runs HF's Gemma 4 processor / feature extractor and its towers once per image or clip and
-// feeds their soft tokens at the placeholders (the pad token's per-layer rows there); the export adds
-// the vision and audio encoders as contexts of their own; the oracle gate holds each encoder (per
-// block / layer) and the decoder shards at every step of the media prompts to HF. At fp32, so the
-// figures are the graphs' own: the twin's vision tower learnt to caption only these two pictures
-// (after "This picture shows a") and its audio tower is random (its soft tokens lie far from any
-// text the twin saw), so W8 error at those steps says nothing about a real model. The build reads
-// the twin as made (its audio tower is one HF runs: subsampling channels [128, 4]). The runtime runs
-// neither encoder for Gemma 4 yet, so nothing here goes past the oracle.
+// Gemma 4 image and audio prompts through one real build to the runtime's parity gate on the host:
+// the tiny-gemma4 twin with images given a soft-token budget (70) and clips a length budget (2 s),
+// two image prompts of different aspect ratios and two audio prompts of different clips
+// (oracles/twin_audio.py). The trace runs HF's Gemma 4 processor / feature extractor and its towers
+// once per image or clip and feeds their soft tokens at the placeholders (the pad token's per-layer
+// rows there); the export adds the vision and audio encoders as contexts of their own; the oracle
+// gate holds each encoder (per block / layer) and the decoder shards at every step of the media
+// prompts to HF; the parity gate runs gemma4_split_generate with --image and --audio (the runtime's
+// own front-ends, checked against HF's processor and extractor) and compares every token with HF's.
+// At fp32, so the figures are the graphs' own: the twin's vision tower learnt to caption only these
+// two pictures (after "This picture shows a") and its audio tower is random (its soft tokens lie far
+// from any text the twin saw), so W8 error at those steps says nothing about a real model. The
+// W8 image path on v81 and v79 with the simulator is test/gemma4.test.ts's (tiny-gemma4 reads images).
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
@@ -45,7 +46,7 @@ beforeAll(async () => {
     r.gates.audioPrompts = AUDIO_PROMPTS;
     r.gates.parity.tokens = 8;
   });
-  const r = await forge(['build', 'tiny-gemma4-media', '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, 'out')], { FORGE_RECIPES: recipes });
+  const r = await forge(['build', 'tiny-gemma4-media', '--arch', 'v81', '--until', 'parity', '--json', '--out', join(work, 'out')], { FORGE_RECIPES: recipes });
   record = lastJson(r.stdout);
   if (r.code !== 0) throw new Error(`the build failed: ${r.stderr}`);
 }, 1_800_000);
@@ -56,7 +57,7 @@ afterAll(() => {
 
 const traceMeta = () => JSON.parse(readFileSync(join(stageEntry(record, 'trace'), 'trace.json'), 'utf8')) as TraceMeta;
 
-describe('tiny-gemma4 with image and audio prompts, up to the oracle gate', () => {
+describe('tiny-gemma4 with image and audio prompts, to the runtime on the host', () => {
   it('traces each image with its own grid: the aspect ratio kept within the 70-token budget', () => {
     const images = traceMeta().prompts.filter((p) => p.image).map((p) => p.image!);
     expect(images.map((i) => i.file)).toEqual(['red-circle.png', 'blue-square.jpg']);
@@ -120,6 +121,24 @@ describe('tiny-gemma4 with image and audio prompts, up to the oracle gate', () =
     console.log(`[measured] tiny-gemma4 audio encoder against HF: ${audio.map(([k, g]) => `${k} 1 − ${(1 - g.minCosine).toExponential(1)}`).join(', ')}`);
     for (const [name, g] of Object.entries(graphs)) expect(g.minCosine, name).toBeGreaterThanOrEqual(0.99999);
     expect(record.gates.oracle.ok).toBe(true);
+  });
+
+  it('runs every image and audio prompt through the runtime as HF does: each token of both variants, the front-ends equal to HF\'s', () => {
+    const parity = record.gates.parity;
+    expect(parity.ok).toBe(true);
+    // 1 text + 2 image + 2 audio prompts × 8 tokens, teacher-forced, in each variant.
+    for (const v of ['export', 'quantize']) expect(parity.variants[v], v).toMatchObject({ ok: true, matched: 40, total: 40, mismatches: 0 });
+    expect(parity.pixels.map((c: { image: string; ok: boolean }) => [c.image, c.ok])).toEqual([['red-circle.png', true], ['blue-square.jpg', true]]);
+    expect(parity.audioFeatures.map((c: { clip: string; frames: number }) => [c.clip, c.frames])).toEqual([['low-tones.wav', 119], ['noise-burst.wav', 69]]);
+    for (const c of parity.audioFeatures) {
+      console.log(`[measured] tiny-gemma4 ${c.clip}: the runtime's features against HF's extractor, cosine ${c.cosine.toFixed(9)}, max |error| ${c.maxAbs.toExponential(2)}`);
+      expect(c.cosine).toBeGreaterThan(0.99999);
+    }
+    // The text manifest (no encoders) on the text prompt.
+    expect(parity.textManifest.variants.quantize).toMatchObject({ ok: true, matched: 8, total: 8 });
+    // The runtime matched HF at every step of both clips, and HF's answers to them differ: it heard them.
+    const clips = traceMeta().prompts.filter((p) => p.audio).map((p) => p.generated.join(','));
+    expect(clips[0]).not.toBe(clips[1]);
   });
 
   it('refuses Gemma 4 image prompts without an image budget, saying what to set', async () => {
