@@ -70,6 +70,26 @@ std::string join_ids(const std::vector<int>& ids) {
   return s;
 }
 
+/**
+ * The manifest's reader of a medium (`get` picks HostOpSpec::image or ::audio), or one error: the
+ * host-op reads no such medium (naming those that do), or this manifest carries no encoder for it.
+ */
+template <typename Get>
+auto media_reader(const forge::Manifest& m, const std::string& flag, const std::string& what, Get get) {
+  const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
+  if (!get(*op)) {
+    std::string readers;
+    for (const std::string& n : forge::host_op_names())
+      if (get(*forge::find_host_op(n))) readers += (readers.empty() ? "" : ", ") + n;
+    throw std::runtime_error(flag + ": hostOp " + m.host_op + " reads no " + what + " (a host-op that does: " + readers + ")");
+  }
+  try {
+    return get(*op)(m);
+  } catch (const forge::ManifestError& e) {
+    throw std::runtime_error(flag + ": " + e.what());
+  }
+}
+
 int run(int argc, char** argv) {
   std::vector<std::string> pos;
   std::optional<std::string> prompt_ids, force_ids, image, audio;
@@ -137,49 +157,15 @@ int run(int argc, char** argv) {
   } catch (const std::exception& e) {
     tok_error = e.what();
   }
-  // An image: its host-op's reader (from the manifest alone) pre-processes it and gives the prompt's
-  // block for it. Timed on its own, not as part of load_ms.
+  // An image or a clip: its host-op's reader (from the manifest alone) pre-processes it and gives
+  // the prompt's block for it. Timed on its own, not as part of load_ms.
+  if (image && audio) throw std::runtime_error("--audio with --image: a prompt takes one image or one audio clip");
   std::optional<forge::ImagePrompt> image_prompt;
-  double preprocess_ms = 0;
-  if (image) {
-    const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
-    if (!op->image) {
-      std::string readers;
-      for (const std::string& n : forge::host_op_names())
-        if (forge::find_host_op(n)->image) readers += (readers.empty() ? "" : ", ") + n;
-      throw std::runtime_error("--image: hostOp " + m.host_op + " reads no image (a host-op that does: " + readers + ")");
-    }
-    forge::ImageReader read;
-    try {
-      read = op->image(m);
-    } catch (const forge::ManifestError& e) {
-      throw std::runtime_error(std::string("--image: ") + e.what());
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    image_prompt = read(*image);
-    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
-  // An audio clip likewise; its prompt block takes the image block's place (one medium per prompt).
   std::optional<forge::AudioPrompt> audio_prompt;
-  if (audio) {
-    if (image) throw std::runtime_error("--audio with --image: a prompt takes one image or one audio clip");
-    const forge::HostOpSpec* op = forge::find_host_op(m.host_op);
-    if (!op->audio) {
-      std::string readers;
-      for (const std::string& n : forge::host_op_names())
-        if (forge::find_host_op(n)->audio) readers += (readers.empty() ? "" : ", ") + n;
-      throw std::runtime_error("--audio: hostOp " + m.host_op + " reads no audio (a host-op that does: " + readers + ")");
-    }
-    forge::AudioReader read;
-    try {
-      read = op->audio(m);
-    } catch (const forge::ManifestError& e) {
-      throw std::runtime_error(std::string("--audio: ") + e.what());
-    }
-    const auto t0 = std::chrono::steady_clock::now();
-    audio_prompt = read(*audio);
-    preprocess_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  }
+  const auto t_media = std::chrono::steady_clock::now();
+  if (image) image_prompt = media_reader(m, "--image", "image", [](const forge::HostOpSpec& h) { return h.image; })(*image);
+  if (audio) audio_prompt = media_reader(m, "--audio", "audio", [](const forge::HostOpSpec& h) { return h.audio; })(*audio);
+  const double preprocess_ms = image || audio ? std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_media).count() : 0;
   // The medium's block and token, whichever was given.
   const std::vector<int>* block = image_prompt ? &image_prompt->block : audio_prompt ? &audio_prompt->block : nullptr;
   const int media_token = image_prompt ? image_prompt->image_token : audio_prompt ? audio_prompt->audio_token : -1;
