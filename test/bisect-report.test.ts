@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { mkdtempSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { bisectHtml } from '../src/bisect/report.js';
+import { bisectHtml, summaryText } from '../src/bisect/report.js';
 import { patternText, verdictBox } from '../src/bisect/verdict-box.js';
 import { failingBisect, LONG_NODE } from './fixtures/bisect-result.js';
 import { jsonCells, pageLayout } from './helpers/page-layout.js';
@@ -46,6 +46,10 @@ describe('bisect.html', () => {
     expect(fixes).toContain('<td>2</td><td class="name">layer 2 mlp.down_proj w4→w8</td>');
     expect(fixes).toContain('<td>-</td><td class="name">layer 2 self_attn.q_proj w4→w8</td>');
     expect(patternText('layers\\.2/self_attn\\.q_norm')).toBe('layers.2/self_attn.q_norm');
+    // The terminal's summary names the fix the same way.
+    const summary = summaryText(failingBisect());
+    expect(summary).toContain('the fix:     model.layers.2.self_attn.o_proj.weight: w4 → w8 (--apply writes it into the recipe)');
+    expect(summary).not.toMatch(/\{"match"/);
   });
 
   it('keeps the long finding below the box and escapes what it did not write', () => {

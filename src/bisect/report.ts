@@ -27,7 +27,6 @@ const esc = (s: string) => s.replace(/&/g, '&amp;').replace(/</g, '&lt;').replac
 const cos = (c: number | undefined) => (c === undefined ? '-' : c === Infinity ? '-' : c.toFixed(5));
 
 /** The override lines of the chosen fix, as they go into a recipe's `overrides`. */
-export const overrideLines = (r: BisectResult) => (r.chosen ? [...r.chosen.overrides, ...(r.chosen.rescale ?? [])].map((o) => JSON.stringify(o)).concat(r.chosen.handoff ? [`arch.${r.arch}.handoff: ${JSON.stringify(r.chosen.handoff)}`] : []) : []);
 const cost = (t: Trial) => (t.rescale ? `+${t.addedOps ?? 0} ops` : t.handoff ? `+${t.handoffBytesPerToken} B/token` : `+${t.addedBytes} B`);
 
 /** The probed ops shown: the named op's scope, with the ops just before and after it. */
@@ -99,7 +98,7 @@ export function summaryText(r: BisectResult): string {
     for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} ${cost(t).padStart(10)}  ${t.rescale ? 'simulator' : 'shipped'} min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
   }
   if (r.fixes.length) lines.push(`  ranked by cost: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (${cost(t)})`).join('; ')}`);
-  if (r.chosen) lines.push(`  recipe override: ${overrideLines(r).join(', ')}${r.applied ? ` (written into ${r.applied.file})` : ' (--apply writes it into the recipe)'}`);
+  if (r.chosen) lines.push(`  the fix:     ${fixChanges(r.chosen, r.arch).join('; ')}${r.applied ? ` (written into ${r.applied.file})` : ' (--apply writes it into the recipe)'}`);
   lines.push(`  ${r.seconds.toFixed(1)} s; the oracle build: ${r.build.stages.map((s) => `${s.name} ${s.status}`).join(', ')}`);
   return lines.join('\n');
 }
