@@ -78,7 +78,7 @@ const TextConfigSchema = z.object({
   use_bidirectional_attention: z.union([z.null(), z.literal('none')], { message: 'bidirectional attention is not supported' }).optional(),
   rope_parameters: z.object({ sliding_attention: Rope, full_attention: Rope }),
   tie_word_embeddings: z.boolean().optional(),
-  pad_token_id: z.number().int().nonnegative().optional(),
+  pad_token_id: z.number().int().nonnegative().nullable().optional(),
 }).passthrough();
 
 const ConfigSchema = z.object({
@@ -193,14 +193,15 @@ export function parseGemma4Config(raw: unknown, file: string): Gemma4Config {
 /** The vision tower's config and image tokens (a config with a vision tower must name its tokens), and the audio tower's. */
 function towers(c: z.infer<typeof ConfigSchema>, file: string): Pick<Gemma4Config, 'vision' | 'imageTokens' | 'audio' | 'padToken'> {
   const audio = parseGemma4AudioTower(c, file);
-  const padToken = c.text_config.pad_token_id ?? null;
-  if (audio?.config && padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at audio tokens');
+  // Absent: Gemma4TextConfig's default, 0. null: HF has no id to put at media tokens.
+  const padToken = c.text_config.pad_token_id === undefined ? 0 : c.text_config.pad_token_id;
+  if (audio?.config && padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is null: HF reads the pad token\'s per-layer embedding at audio tokens');
   if (c.vision_config === undefined || c.vision_config === null) return { vision: null, imageTokens: null, audio, padToken };
   const vision = parseGemma4VisionConfig(c.vision_config, file);
   for (const field of ['image_token_id', 'boi_token_id', 'eoi_token_id'] as const) {
     if (c[field] === undefined) throw new ConfigError(file, field, 'is missing: a checkpoint with a vision tower names the tokens an image is written with');
   }
-  if (padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is missing: HF reads the pad token\'s per-layer embedding at image tokens');
+  if (padToken === null) throw new ConfigError(file, 'text_config.pad_token_id', 'is null: HF reads the pad token\'s per-layer embedding at image tokens');
   return { vision, imageTokens: { image: c.image_token_id!, begin: c.boi_token_id!, end: c.eoi_token_id! }, audio, padToken };
 }
 

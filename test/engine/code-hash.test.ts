@@ -22,8 +22,8 @@ describe("a stage's code, for its cache key", () => {
     expect(uses('src/export/stage.ts')).toEqual(['quant/w8-simd.wat']);
     // The twin factory with the corpus, training, pictures and pixels it imports; the NaN/Inf scan's kernel.
     expect(uses('src/hub/fetch-stage.ts')).toEqual(['oracles/make_twin.py', 'oracles/pixels.py', 'oracles/twin_corpus.py', 'oracles/twin_images.py', 'oracles/twin_training.py', 'quant/w8-simd.wat']);
-    // The tracer with the per-family captures and the image reference it imports, and the pictures it draws.
-    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/pixels.py', 'oracles/trace.py', 'oracles/trace_families.py', 'oracles/twin_images.py']);
+    // The tracer with the modules it imports (captures, pixels, audio features, streamed weights), and the pictures and clips it draws.
+    expect(uses('src/gates/trace-stage.ts')).toEqual(['oracles/audio_features.py', 'oracles/audio_prompt.py', 'oracles/pixels.py', 'oracles/streamed_weights.py', 'oracles/trace.py', 'oracles/trace_families.py', 'oracles/twin_audio.py', 'oracles/twin_images.py']);
     expect(uses('src/toolchain/qnn/compile-stage.ts')).toContain('oracles/qnn_compile.py');
     expect(uses('src/gates/emulation.ts')).toEqual(expect.arrayContaining(['oracles/qnn_compile.py', 'oracles/qnn_simulate.py']));
   });
