@@ -9,7 +9,7 @@
 // and reports no regression.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
@@ -82,9 +82,17 @@ async function seedTwins(twins: string[]): Promise<void> {
 }
 
 /** Whether the shared cache holds a complete entry (its meta.json, written last) of the stage. */
-async function inS3(stage: string): Promise<boolean> {
+/**
+ * Whether every entry of `stage` that a worker's own cache holds is committed in S3 (its meta.json
+ * there): that worker's builds' entries, not another worker's of the same stage.
+ */
+async function inS3(worker: string, stage: string): Promise<boolean> {
+  const dir = join(work, `${worker}-cache`, stage);
+  const keys = existsSync(dir) ? readdirSync(dir).filter((k) => existsSync(join(dir, k, 'meta.json'))) : [];
+  if (!keys.length) return false;
   const r = await s3.client.send(new ListObjectsV2Command({ Bucket: BUCKET, Prefix: `nightly/${stage}/` }));
-  return (r.Contents ?? []).some((o) => /^nightly\/[^/]+\/[^/]+\/meta\.json$/.test(o.Key ?? ''));
+  const committed = new Set((r.Contents ?? []).map((o) => o.Key ?? ''));
+  return keys.every((k) => committed.has(`nightly/${stage}/${k}/meta.json`));
 }
 
 afterAll(async () => {
@@ -170,7 +178,7 @@ describe('forge nightly --queue with two workers', () => {
     // Its finished stages are written back to S3 in the background: the kill comes once they are
     // there (a stage whose upload a kill cuts short is simply built again by the next worker).
     const done = killedAt.job.stages.filter((x) => x.status === 'ran').map((x) => x.name);
-    await until('the small worker\'s finished stages in S3', async () => ((await Promise.all(done.map(inS3))).every(Boolean) ? true : undefined), 120_000);
+    await until('the small worker\'s finished stages in S3', async () => ((await Promise.all(done.map((stage) => inS3('small', stage)))).every(Boolean) ? true : undefined), 120_000);
     small.kill('SIGKILL');
     const killed = killedAt.job;
     console.log(`[measured] SIGKILL of the small worker ${((Date.now() - t0) / 1000).toFixed(1)} s into the nightly, building ${killed.build} with ${killed.stages.filter((x) => x.status !== 'running').map((x) => `${x.name} ${x.status}`).join(', ')} done`);
