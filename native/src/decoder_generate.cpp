@@ -276,6 +276,12 @@ int DecoderGenerate::step(const int* ids, int start, int valid, bool want_token,
   return run(prefill ? *prefill_ : *decode_, ids, start, valid, want_token, run_ms);
 }
 
+size_t context_of(const Manifest& m, const Graph* g) {
+  for (size_t ci = 0; ci < m.contexts.size(); ci++)
+    if (!m.contexts[ci].graphs.empty() && g >= m.contexts[ci].graphs.data() && g < m.contexts[ci].graphs.data() + m.contexts[ci].graphs.size()) return ci;
+  throw std::logic_error("graph is not in the manifest");
+}
+
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec) { return std::make_unique<DecoderGenerate>(m, exec); }
 
 }  // namespace forge

@@ -53,6 +53,9 @@ void validate_qwen3_5_generate(const Manifest& m);
 void validate_gemma4_decoder(const Manifest& m);
 std::unique_ptr<Generator> make_decoder_generate(const Manifest& m, Executor& exec);
 
+/** The index of the context holding graph `g` (an encoder graph a host-op binds itself). */
+size_t context_of(const Manifest& m, const Graph* g);
+
 /** What a host-op adds to the plain decoder's token step. */
 struct DecoderOptions {
   /** The embedding rows entering the first shard are multiplied by this (Gemma: √hidden). */

@@ -21,11 +21,6 @@ DecoderOptions gemma4_options(const Manifest& m) {
   return o;
 }
 
-size_t context_of(const Manifest& m, const Graph* g) {
-  for (size_t ci = 0; ci < m.contexts.size(); ci++)
-    if (!m.contexts[ci].graphs.empty() && g >= m.contexts[ci].graphs.data() && g < m.contexts[ci].graphs.data() + m.contexts[ci].graphs.size()) return ci;
-  throw std::logic_error("graph is not in the manifest");
-}
 
 }  // namespace
 

@@ -42,16 +42,6 @@ const Graph* qwen3_vl_vision_graph(const Manifest& m) {
   return nullptr;
 }
 
-namespace {
-
-size_t context_of(const Manifest& m, const Graph* g) {
-  for (size_t ci = 0; ci < m.contexts.size(); ci++)
-    if (!m.contexts[ci].graphs.empty() && g >= m.contexts[ci].graphs.data() && g < m.contexts[ci].graphs.data() + m.contexts[ci].graphs.size()) return ci;
-  throw std::logic_error("graph is not in the manifest");
-}
-
-}  // namespace
-
 Qwen3VLGenerate::Qwen3VLGenerate(const Manifest& manifest, Executor& executor)
     : DecoderGenerate(manifest, executor), slot_positions_(size_t(manifest.max_context) * 3, 0) {
   // The validator has checked every parameter and shape read here.
