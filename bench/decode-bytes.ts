@@ -125,7 +125,7 @@ for (const id of arg.recipes.split(',')) {
       const plan: ShardPlan = await makePlan(family, config, arch, s, undefined, precision);
       const chooser = new PrecisionChooser(s.overrides, precision);
       const layerWeights = sumBytes(layer, baseScheme(s.quant), chooser);
-      const lmHeadWeights = sumBytes(head, s.lmHead.quant, chooser);
+      const lmHeadWeights = sumBytes(head, baseScheme(s.lmHead.quant), chooser);
       // The planner's context bytes are these very sums: check, so the table cannot drift from the plan.
       const planned = plan.totalContextBytes - (plan.encoders ?? []).reduce((a, e) => a + e.weightBytes, 0);
       if (planned !== layerWeights + lmHeadWeights) throw new Error(`${id} ${archId} ${label}: the plan's contexts hold ${planned} B, this count ${layerWeights + lmHeadWeights} B`);

@@ -225,7 +225,7 @@ async function makeBundle(shape: BenchShape, dir: string): Promise<Bundle> {
   // fields the export gives it (role, per-variant layer range), in the settings' schemes (the
   // experts graph's row inputs are int8 + scales in W8).
   const dropped = new Set((plan.dropped ?? []).map((d) => d.graph));
-  const schemes = { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant };
+  const schemes = { scheme: baseScheme(settings.quant), lmHeadScheme: baseScheme(settings.lmHead.quant) };
   const contexts: ExportManifest['contexts'] = [];
   for (const c of family.components(config, layoutOf(plan, { prefillLength, maxContext }))) {
     const entries: GraphEntry[] = [];
@@ -246,7 +246,7 @@ async function makeBundle(shape: BenchShape, dir: string): Promise<Bundle> {
   log(`${shape.id}: writing the f16 embedding table [${vocab}, ${hidden}] (${((vocab * hidden * 2) / 1e9).toFixed(2)} GB)`);
   writeEmbedding(join(exportDir, 'embedding.f16.bin'), vocab, hidden);
   const exp: ExportManifest = {
-    family: shape.family, scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, w8Form: 'matmulnbits', maxContext, contexts,
+    family: shape.family, scheme: baseScheme(settings.quant), lmHeadScheme: baseScheme(settings.lmHead.quant), w8Form: 'matmulnbits', maxContext, contexts,
     embedding: { file: 'embedding.f16.bin', dtype: 'float16', shape: [vocab, hidden] },
   };
   const made = family.madeTables?.(config, baseScheme(settings.quant)).tables ?? [];

@@ -33,7 +33,7 @@ const configFile = join(ckptDir, 'config.json');
 const config = family.parseConfig(JSON.parse(readFileSync(configFile, 'utf8')), configFile);
 const plan = await makePlan(family, config, getArch('v81'), settings);
 const params: ExportParams = {
-  family: recipe.family, scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides,
+  family: recipe.family, scheme: baseScheme(settings.quant), lmHeadScheme: baseScheme(settings.lmHead.quant), overrides: settings.overrides,
   maxContext: settings.maxContext, prefillLength: settings.prefillLength, hostTables: true,
 };
 

@@ -4,7 +4,7 @@
 import { join } from 'node:path';
 import type { Pipeline, StageNode } from '../src/engine/stage.js';
 import type { HexagonArch } from '../src/arch/table.js';
-import { baseScheme, shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
+import { baseScheme, choosesPrecision, shippedMinCosine, type ArchSettings, type Recipe } from '../src/recipe/schema.js';
 import type { AutoParams } from '../src/quant/auto.js';
 import type { FetchParams } from '../src/hub/fetch-stage.js';
 import type { LocalDigest } from '../src/hub/local-digest.js';
@@ -64,11 +64,11 @@ function traceNode(recipe: Recipe, s: ArchSettings, prompts?: TraceInput[]): Sta
   return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
 }
 
-/** quant 'auto': the precision stage picks each layer's precision with the oracle before the plan (quant/auto.ts). */
+/** quant or lmHead.quant 'auto': the precision stage picks the layers' and the lm-head's precisions with the oracle before the plan (quant/auto.ts). */
 function precisionNode(recipe: Recipe, arch: Arch, s: ArchSettings): StageNode {
   const o = recipe.gates.oracle;
   const params: AutoParams = {
-    family: recipe.family, lmHeadScheme: s.lmHead.quant, maxContext: s.maxContext, overrides: s.overrides, minCosine: o.autoMinCosine, minTop1: o.minTop1,
+    family: recipe.family, layerQuant: s.quant, lmHeadQuant: s.lmHead.quant, maxContext: s.maxContext, overrides: s.overrides, minCosine: o.autoMinCosine, lmHeadMinCosine: shippedMinCosine(o, s.quant), minTop1: o.minTop1,
     parity: { recipe: { id: recipe.id, family: recipe.family }, arch: arch.id, tokens: recipe.gates.parity.tokens, minMatch: recipe.gates.parity.minMatch, maxTies: recipe.gates.parity.maxTies },
   };
   return { id: 'precision', module: src('quant/auto.ts'), params: params as any, inputs: { checkpoint: 'fetch', trace: 'trace', native: 'native' }, tools: ['onnxruntime-node'], memory: stageMemory.precision(s.maxContext) };
@@ -204,7 +204,7 @@ function bundleNode(recipe: Recipe, arch: Arch, s: ArchSettings, gates: string[]
 /** `export` writes the float32 reference graphs; `quantize` the deployable ones in the recipe's scheme. */
 function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: CompileToolchain): StageNode {
   const scheme = id === 'export' ? 'fp32' : baseScheme(s.quant);
-  const lmHeadScheme = scheme === 'fp32' ? 'fp32' : s.lmHead.quant;
+  const lmHeadScheme = scheme === 'fp32' ? 'fp32' : baseScheme(s.lmHead.quant);
   const quantized = [scheme, lmHeadScheme].some((q) => q === 'w8' || q === 'w4');
   const params: ExportParams = {
     family: recipe.family,
@@ -225,7 +225,7 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     // Exact rescalings for fp16 on the HTP: the shipped graphs only (the reference stays as HF computes).
     ...(id === 'quantize' && s.rescale.length ? { rescale: s.rescale.map(({ match, scale }) => ({ match, scale })) } : {}),
   };
-  const precision: Record<string, string> = id === 'quantize' && s.quant === 'auto' ? { precision: 'precision' } : {};
+  const precision: Record<string, string> = id === 'quantize' && choosesPrecision(s) ? { precision: 'precision' } : {};
   return { id, module: src('export/stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };
 }
 
@@ -248,7 +248,7 @@ function planNode(params: PlanParams, auto: boolean): StageNode {
 export function buildPipeline(recipe: Recipe, arch: HexagonArch, settings: ArchSettings, opts: PipelineOptions = {}): Pipeline {
   const target = opts.target ?? { kind: 'host' };
   const plan: PlanParams = { family: recipe.family, arch: arch.id, settings, expectedConfig: recipe.config, ...(opts.ceilingBytes ? { ceilingBytes: opts.ceilingBytes } : {}) };
-  const auto = settings.quant === 'auto';
+  const auto = choosesPrecision(settings);
   const toolchain = opts.toolchain ?? compileToolchain();
   const emu = emulationNode(recipe, arch, settings, toolchain);
   const emulation = typeof emu === 'string' ? null : emu;

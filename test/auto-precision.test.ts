@@ -1,12 +1,13 @@
 // quant 'auto' end to end: a tiny-qwen3 twin with one layer made W4-hostile on purpose (its
 // function unchanged: test/helpers/w4-hostile.ts) builds green with every gate, and the precision
 // stage promotes that layer, and only it; tiny-qwen3.5-auto, which fails parity at w4 everywhere,
-// gets the layers that make it pass.
+// gets the layers that make it pass and keeps its lm-head at w4 (lmHead.quant auto); a twin whose
+// lm-head was made W4-hostile gets it promoted, its w8 layers untouched.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
-import { makeW4Hostile } from './helpers/w4-hostile.js';
+import { makeLmHeadW4Hostile, makeW4Hostile } from './helpers/w4-hostile.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { PrecisionResult } from '../src/quant/auto.js';
 import { getFamily } from '../src/families/index.js';
@@ -87,6 +88,11 @@ describe('quant auto', () => {
     const promoted = precision.layers.filter((l) => l.scheme !== 'w4');
     expect(promoted.length).toBeGreaterThan(0);
     expect(promoted.length).toBeLessThan(precision.layers.length);
+    // lmHead.quant auto: alone at w4 the lm-head picks HF's token at every traced step, so it stays there.
+    expect(precision.lmHead!.scheme).toBe('w4');
+    expect(precision.lmHead!.why).toBeUndefined();
+    expect(precision.lmHead!.w4Top1.agree).toBe(precision.lmHead!.w4Top1.rows);
+    expect(precision.lmHead!.bytes).toBeLessThan(precision.lmHead!.w8Bytes);
     const plan = JSON.parse(readFileSync(join(entry(rec, 'plan'), 'plan.json'), 'utf8'));
     const bytes = (k: 'bytes' | 'w4Bytes') => precision.layers.reduce((a, l) => a + l[k], 0);
     expect(bytes('bytes')).toBeGreaterThan(bytes('w4Bytes'));
@@ -98,6 +104,41 @@ describe('quant auto', () => {
     const { recipe } = loadRecipe('tiny-qwen3.5-auto', recipes);
     const allW4 = await makePlan(family, config, getArch('v81'), { ...archSettings(recipe, 'v81').settings, quant: 'w4' });
     expect(planned(plan) - planned(allW4)).toBe(bytes('bytes') - bytes('w4Bytes'));
-    console.log(`[measured] tiny-qwen3.5-auto: promoted ${promoted.map((l) => `${l.layer} (${l.w4Cosine.toFixed(5)})`).join(', ')}; host parity all w4 ${precision.parity.w4.matched}/${precision.parity.w4.total} with ${precision.parity.w4.mismatches} mismatches, chosen 256/256; ${precision.evaluations} evaluations`);
+    expect(plan.lmHead).toMatchObject({ quant: 'auto', chosen: 'w4' });
+    console.log(`[measured] tiny-qwen3.5-auto: promoted ${promoted.map((l) => `${l.layer} (${l.w4Cosine.toFixed(5)})`).join(', ')}; host parity all w4 ${precision.parity.w4.matched}/${precision.parity.w4.total} with ${precision.parity.w4.mismatches} mismatches, chosen 256/256; lm-head w4, cosine ${precision.lmHead!.w4Cosine.toFixed(5)}, top-1 ${precision.lmHead!.w4Top1.agree}/${precision.lmHead!.w4Top1.rows}; ${precision.evaluations} evaluations`);
+  }, 900_000);
+
+  it('lmHead.quant auto climbs the lm-head\'s rungs while the oracle fails it alone, and moves nothing else', async () => {
+    const hostile = join(work, 'hostile-head');
+    await makeLmHeadW4Hostile(await twinDir('qwen3'), hostile);
+    const r = JSON.parse(readFileSync(join(recipes, 'tiny-qwen3', 'recipe.json'), 'utf8'));
+    r.id = 'tiny-qwen3-auto-head';
+    r.source = { kind: 'local', path: hostile };
+    r.arch.default.quant = 'w8';
+    r.arch.default.lmHead = { ...r.arch.default.lmHead, quant: 'auto' };
+    cpSync(join(recipes, 'tiny-qwen3'), join(recipes, r.id), { recursive: true });
+    writeFileSync(join(recipes, r.id, 'recipe.json'), JSON.stringify(r, null, 2));
+
+    const built = await forge(['build', r.id, '--arch', 'v81', '--until', 'quantize', '--json', '--out', join(work, 'head')], { FORGE_RECIPES: recipes });
+    expect(built.code, built.stderr).toBe(0);
+    const rec = lastJson(built.stdout);
+    const precision = JSON.parse(readFileSync(join(entry(rec, 'precision'), 'precision.json'), 'utf8')) as PrecisionResult;
+    expect(precision).toMatchObject({ layerQuant: 'w8', lmHeadQuant: 'auto', layers: [] });
+    const h = precision.lmHead!;
+    // Alone at w4 (fed HF's own final hidden states) it leaves HF's token; at w8 it still falls short
+    // of what the oracle gate holds w8 graphs to (0.999) or of its top-1 rule: fp16.
+    expect(h.w4Top1.agree).toBeLessThan(h.w4Top1.rows);
+    expect(h.scheme).toBe('fp16');
+    expect(h.why).toMatch(/^auto: the lm-head alone at w8 keeps (HF's token at \d+\/\d+ steps < gates\.oracle\.minTop1 1|cosine 0\.\d+ < 0\.999, the shipped graphs' threshold)$/);
+    expect(h.top1.agree).toBe(h.top1.rows);
+    expect(Object.keys(precision.matrices)).toEqual(['lm_head.weight']);
+    const plan = JSON.parse(readFileSync(join(entry(rec, 'plan'), 'plan.json'), 'utf8'));
+    expect(plan.lmHead).toMatchObject({ quant: 'auto', chosen: 'fp16' });
+    // The shipped export stores it so, with why; every layer matrix stays w8.
+    const graphs = JSON.parse(readFileSync(join(entry(rec, 'quantize'), 'graphs.json'), 'utf8')) as { contexts: Array<{ matrices?: Array<{ tensor: string; scheme: string; why?: string }> }> };
+    const matrices = graphs.contexts.flatMap((c) => c.matrices ?? []);
+    expect(matrices.find((m) => m.tensor === 'lm_head.weight')).toMatchObject({ scheme: 'fp16', why: h.why });
+    expect(matrices.filter((m) => m.tensor !== 'lm_head.weight').every((m) => m.scheme === 'w8')).toBe(true);
+    console.log(`[measured] lm-head-hostile twin, lmHead.quant auto: alone at w4 cosine ${h.w4Cosine.toFixed(5)}, top-1 ${h.w4Top1.agree}/${h.w4Top1.rows}; ${h.why}; fp16 ${h.cosine.toFixed(5)}, ${h.top1.agree}/${h.top1.rows}; ${precision.evaluations} evaluations`);
   }, 900_000);
 });

@@ -145,4 +145,15 @@ describe('model card: precision', () => {
     // A W8 build without fallbacks says nothing new.
     expect(modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'fp16', fallbacks: [], rows: precisionRows([{ tensor: 'model.layers.0.mlp.up_proj.weight', shape: [2, 2], scheme: 'w8' }]) } }, {})).not.toContain('**Precision:**');
   });
+
+  it('says the lm-head\'s precision was chosen by the gates under lmHead.quant auto, with what it kept at w4 and why it moved', () => {
+    const rows = precisionRows([{ tensor: 'model.layers.0.mlp.up_proj.weight', shape: [2, 2], scheme: 'w8' }, { tensor: 'lm_head.weight', shape: [1000, 64], scheme: 'w4' }], { layers: [], lmHead: { scheme: 'w4', w4Cosine: 0.99412, cosine: 0.99412, w4Top1: { agree: 270, rows: 270 }, top1: { agree: 270, rows: 270 }, bytes: 40_000, w4Bytes: 40_000, w8Bytes: 72_000 } });
+    expect(rows.find((r) => r.layer === '-')).toMatchObject({ w4Cosine: 0.99412, cosine: 0.99412 });
+    const kept = modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'w4', fallbacks: [], rows, lmHeadAuto: { w4Cosine: 0.99412, w4Top1: '270/270', bytes: 40_000, w4Bytes: 40_000 } } }, {});
+    // Layers in a fixed w8, the lm-head left at w4 by the gates: the card says so even though no matrix was moved.
+    expect(kept).toContain("**Precision:** layer weights w8; the lm-head w4, chosen by the gates (lmHead.quant auto: alone at w4 it picks Hugging Face's token at 270/270 traced steps, logits cosine 0.99412, and host parity holds; 40.0 kB, 1.00× its w4 size); every layer matrix w8.");
+    const why = 'auto: the lm-head alone at w4 keeps HF\'s token at 265/270 steps < gates.oracle.minTop1 1';
+    const moved = modelCard({ ...facts(clean), precision: { scheme: 'w8', lmHeadScheme: 'w8', fallbacks: [], rows, lmHeadAuto: { w4Cosine: 0.98, w4Top1: '265/270', bytes: 72_000, w4Bytes: 40_000, why } } }, {});
+    expect(moved).toContain("the lm-head w8, chosen by the gates (lmHead.quant auto: alone at w4 it picks Hugging Face's token at 265/270 traced steps, logits cosine 0.98000; the lm-head alone at w4 keeps HF's token at 265/270 steps < gates.oracle.minTop1 1; 72.0 kB, 1.80× its w4 size)");
+  });
 });

@@ -33,6 +33,17 @@ describe('shard plan', async () => {
     expect(plan.lmHead.bytes).toBe(storedBytes({ name: 'model.embed_tokens.weight', shape: [151936, 2560], role: 'matmul' }, 'fp16') + 2560 * 4);
   });
 
+  it('plans lmHead.quant auto at w4 until the precision stage has chosen, then at its choice, and says so', async () => {
+    const before = await makePlan(qwen3, config, v81, settings({ lmHead: { placement: 'separate', quant: 'auto' } }));
+    const head = { name: 'model.embed_tokens.weight', shape: [151936, 2560], role: 'matmul' as const };
+    expect(before.lmHead).toMatchObject({ quant: 'auto', chosen: 'w4', bytes: storedBytes(head, 'w4') + 2560 * 4 });
+    expect(before.precisionNote).toMatch(/^lmHead.quant 'auto' planned with the lm-head at w4 \(the least bytes\)/);
+    expect(formatPlan(before)).toContain('lm-head: separate auto (w4) (tied)');
+    const after = await makePlan(qwen3, config, v81, settings({ lmHead: { placement: 'separate', quant: 'auto' } }), undefined, { 'model.embed_tokens.weight': { scheme: 'w8', why: 'auto: …' } });
+    expect(after.lmHead).toMatchObject({ chosen: 'w8', bytes: storedBytes(head, 'w8') + 2560 * 4 });
+    expect(after.precisionNote).toBeUndefined();
+  });
+
   it('needs more shards when the weights are bigger, and balances them', async () => {
     const plan = await makePlan(qwen3, config, v81, settings({ quant: 'fp16' }));
     expect(plan.shards.length).toBe(4);

@@ -250,7 +250,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   if (!miss) {
     // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
     result.drift = await scanShipped(recipe.family, ckpt, base.dirs.trace!, base.dirs.quantize!,
-      { scheme: baseScheme(settings.quant), lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
+      { scheme: baseScheme(settings.quant), lmHeadScheme: baseScheme(settings.lmHead.quant), maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
     verdicts.drift = !!result.drift.first;
     if (result.drift.first) {
       log(driftMessage(result.drift));
@@ -372,7 +372,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   }
   if (miss.layer === null) {
     // Every layer's outputs hold and the logits do not: the lm-head's own matrices, each one rung up.
-    const found = await searchLmHead({ family: recipe.family, checkpointDir: ckpt, lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides, ...(precision ? { precision } : {}), why: `${miss.graph} ${miss.output} ${seen}`, log, tryOne });
+    const found = await searchLmHead({ family: recipe.family, checkpointDir: ckpt, lmHeadScheme: baseScheme(settings.lmHead.quant), overrides: settings.overrides, ...(precision ? { precision } : {}), why: `${miss.graph} ${miss.output} ${seen}`, log, tryOne });
     result.fixes = rank(result.trials);
     result.chosen = result.fixes[0];
     const link = `link quantization: the shipped graphs leave tolerance first at ${where}, ${seen}${at}, while every layer's outputs hold: the lm-head (${settings.lmHead.quant})`;
@@ -390,7 +390,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   log(`weighing every layer alone at ${settings.quant}`);
   const work = mkdtempSync(join(tmpdir(), 'forge-bisect-alone-'));
   try {
-    result.alone = await layersAlone({ family: recipe.family, scheme, lmHeadScheme: settings.lmHead.quant, maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}), minTop1: o.minTop1 }, ckpt, base.dirs.trace!, work);
+    result.alone = await layersAlone({ family: recipe.family, scheme, lmHeadScheme: baseScheme(settings.lmHead.quant), maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}), minTop1: o.minTop1 }, ckpt, base.dirs.trace!, work);
   } finally {
     rmSync(work, { recursive: true, force: true });
   }
@@ -425,7 +425,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     try {
       const manifest = readJson<ExportManifest>(join(base.dirs.quantize!, GRAPHS_JSON));
       result.quantOp = await probeQuantOps({
-        family: recipe.family, layer: result.layer, scheme, lmHeadScheme: settings.lmHead.quant, overrides: settings.overrides, ...(precision ? { precision } : {}),
+        family: recipe.family, layer: result.layer, scheme, lmHeadScheme: baseScheme(settings.lmHead.quant), overrides: settings.overrides, ...(precision ? { precision } : {}),
         w8Form: manifest.w8Form, maxContext: settings.maxContext, threshold: thresholds.shipped,
       }, ckpt, base.dirs.trace!, opWork);
       if (result.quantOp.drop) log(`op: ${opText(result.quantOp.drop)} (${result.quantOp.ops.length} ops, ${result.quantOp.cases} cases, ${result.quantOp.seconds.toFixed(1)} s)`);

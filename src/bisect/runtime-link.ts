@@ -56,7 +56,7 @@ export async function runtimeLink(result: BisectResult, parity: ParityJson, c: R
   if (!d || d.nonFinite || d.variant === 'export') return;
   const scheme = baseScheme(c.settings.quant);
   const attributed = await scanShipped(c.family, c.ckpt, c.traceDir, c.quantizeDir,
-    { scheme, lmHeadScheme: c.settings.lmHead.quant, maxContext: c.settings.maxContext, overrides: c.settings.overrides, ...(c.precision ? { precision: c.precision } : {}) },
+    { scheme, lmHeadScheme: baseScheme(c.settings.lmHead.quant), maxContext: c.settings.maxContext, overrides: c.settings.overrides, ...(c.precision ? { precision: c.precision } : {}) },
     { prompt: d.prompt, step: d.position, token: d.runtime.token });
   if (!attributed.layers?.length) {
     result.message = `${head}; not weighed by layer: ${attributed.notScanned ?? 'no layer attribution'}`;

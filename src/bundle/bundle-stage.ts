@@ -68,13 +68,17 @@ export function shippedPrecision(quantizeDir: string, precisionDir?: string): Sh
   const rows = precisionRows(exportMatrices(exp), auto);
   const form = exp.w8Form === 'qdq' ? { form: 'qdq' as const } : {};
   if (!auto) return { scheme: exp.scheme, lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form };
+  const h = auto.lmHead;
   return {
-    scheme: 'auto', lmHeadScheme: exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form,
-    auto: {
-      minCosine: auto.minCosine, promoted: auto.layers.filter((l) => l.scheme !== 'w4').length, layers: auto.layers.length,
-      bytes: auto.layerBytes,
-      w4Parity: parityText(auto.parity.w4),
-    },
+    scheme: auto.layers.length ? 'auto' : exp.scheme, lmHeadScheme: h?.scheme ?? exp.lmHeadScheme, fallbacks: matrixFallbacks(exp), rows, ...form,
+    ...(auto.layers.length ? {
+      auto: {
+        minCosine: auto.minCosine, promoted: auto.layers.filter((l) => l.scheme !== 'w4').length, layers: auto.layers.length,
+        bytes: auto.layerBytes,
+        w4Parity: parityText(auto.parity.w4),
+      },
+    } : {}),
+    ...(h ? { lmHeadAuto: { w4Cosine: h.w4Cosine, w4Top1: `${h.w4Top1.agree}/${h.w4Top1.rows}`, bytes: h.bytes, w4Bytes: h.w4Bytes, ...(h.why ? { why: h.why } : {}) } } : {}),
   };
 }
 

@@ -63,14 +63,19 @@ export interface ShippedPrecision {
   rows: PrecisionRow[];
   /** Under auto: the threshold, the layers promoted, the layers' bytes as chosen, all w4 and all w8, host parity all w4. */
   auto?: { minCosine: number; promoted: number; layers: number; bytes: { auto: number; w4: number; w8: number }; w4Parity: string };
+  /** Under lmHead.quant 'auto': the lm-head alone at w4 (logits cosine, HF's token at agree/steps), its bytes as chosen and at w4, why it was promoted. */
+  lmHeadAuto?: { w4Cosine: number; w4Top1: string; bytes: number; w4Bytes: number; why?: string };
   /** 'qdq': the QAIRT converter's QDQ forms (quant/weights.ts); absent: MatMulNBits. */
   form?: 'qdq';
 }
 
 /** The precision lines: the scheme, and, when not every matrix is in it, the per-layer map with why. */
 function precisionLines(p: ShippedPrecision): string[] {
-  if (p.scheme !== 'w4' && p.scheme !== 'auto' && !p.fallbacks.length && !mixed(p.rows)) return [];
-  const head = p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
+  if (p.scheme !== 'w4' && p.scheme !== 'auto' && !p.fallbacks.length && !mixed(p.rows) && !p.lmHeadAuto) return [];
+  const h = p.lmHeadAuto;
+  const head = h
+    ? `; the lm-head ${p.lmHeadScheme}, chosen by the gates (lmHead.quant auto: alone at w4 it picks Hugging Face's token at ${h.w4Top1} traced steps, logits cosine ${h.w4Cosine.toFixed(5)}${h.why ? `; ${h.why.replace(/^auto: /, '')}` : ', and host parity holds'}; ${mb(h.bytes)}, ${(h.bytes / h.w4Bytes).toFixed(2)}× its w4 size)`
+    : p.lmHeadScheme !== p.scheme ? `; the lm-head ${p.lmHeadScheme} (recipe lmHead.quant)` : ', the lm-head too';
   // W4's QDQ form has met only the stand-in SDK, never a real converter (quant/w4-qdq.ts): the card says so.
   const form = p.form === 'qdq' ? 'blocked DequantizeLinear for the QAIRT converter, checked against a stand-in SDK only, not a real one' : 'MatMulNBits';
   const w4 = `int4 blocks of ${W4_BLOCK}, ${form}`;

@@ -29,7 +29,7 @@ export function exportMatrices(exp: ExportManifest): MatrixEntry[] {
   return exp.contexts.flatMap((c) => c.matrices ?? []).filter((m) => !seen.has(m.tensor) && seen.add(m.tensor));
 }
 
-export function precisionRows(matrices: MatrixEntry[], auto?: Pick<PrecisionResult, 'layers'>): PrecisionRow[] {
+export function precisionRows(matrices: MatrixEntry[], auto?: Pick<PrecisionResult, 'layers' | 'lmHead'>): PrecisionRow[] {
   const rows = new Map<string, PrecisionRow>();
   for (const m of matrices) {
     const l = tensorLayer(m.tensor);
@@ -43,6 +43,8 @@ export function precisionRows(matrices: MatrixEntry[], auto?: Pick<PrecisionResu
     const row = rows.get(String(a.layer));
     if (row) Object.assign(row, { w4Cosine: a.w4Cosine, cosine: a.cosine });
   }
+  const head = rows.get('-');
+  if (head && auto?.lmHead) Object.assign(head, { w4Cosine: auto.lmHead.w4Cosine, cosine: auto.lmHead.cosine });
   const order = (r: PrecisionRow) => (r.layer === '-' ? Infinity : Number(r.layer));
   return [...rows.values()].sort((a, b) => order(a) - order(b));
 }

@@ -33,7 +33,7 @@ export function formatPlan(p: ShardPlan): string {
   const lines = [`${p.arch} (soc_model ${p.socModel}), ceiling ${mb(p.ceilingBytes)} per context, weights ${p.quant}`];
   for (const s of p.shards) lines.push(`  shard ${s.index}: layers ${s.first}-${s.last}  ${mb(s.weightBytes)}  graphs ${s.graphs.join('+')}`);
   for (const e of p.encoders ?? []) lines.push(`  encoder ${e.name}: ${mb(e.weightBytes)}  graphs ${e.graphs.join('+')}`);
-  lines.push(`  lm-head: ${p.lmHead.placement} ${p.lmHead.quant}${p.lmHead.tied ? ' (tied)' : ''}  ${mb(p.lmHead.bytes)}`);
+  lines.push(`  lm-head: ${p.lmHead.placement} ${p.lmHead.quant}${p.lmHead.chosen ? ` (${p.lmHead.chosen})` : ''}${p.lmHead.tied ? ' (tied)' : ''}  ${mb(p.lmHead.bytes)}`);
   for (const t of p.hostTables) lines.push(`  host ${t.name}: ${t.dtype} ${mb(t.bytes)}`);
   lines.push(`  ${p.contexts} contexts${p.graphs !== undefined ? `, ${p.graphs} graphs` : ''}, ${mb(p.totalContextBytes)} in contexts`);
   for (const d of p.dropped ?? []) lines.push(`  dropped ${d.graph}: ${d.why}`);

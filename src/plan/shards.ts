@@ -7,9 +7,9 @@
 // (families/tensors.ts), not from a list kept beside it.
 import type { HexagonArch } from '../arch/table.js';
 import { mb } from '../units.js';
-import { baseScheme, type ArchSettings } from '../recipe/schema.js';
+import { baseScheme, choosesPrecision, type ArchSettings, type QuantScheme } from '../recipe/schema.js';
 import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
-import { MADE_DTYPES, type Component, type Family } from '../families/types.js';
+import { MADE_DTYPES, type Component, type Family, type TensorSpec } from '../families/types.js';
 import { sumBytes } from '../quant/bytes.js';
 import { modelTensors } from '../families/tensors.js';
 import { graphName } from '../families/types.js';
@@ -23,7 +23,8 @@ export interface ShardPlan {
   quant: ArchSettings['quant'];
   layers: number;
   shards: Array<{ index: number; first: number; last: number; weightBytes: number; graphs: string[] }>;
-  lmHead: { placement: 'separate' | 'last-shard'; quant: ArchSettings['quant']; bytes: number; tied: boolean };
+  /** `quant`: the recipe's lmHead.quant; under 'auto', `chosen` is what the bytes count (the precision stage's choice, or w4 before it ran). */
+  lmHead: { placement: 'separate' | 'last-shard'; quant: ArchSettings['lmHead']['quant']; chosen?: QuantScheme; bytes: number; tied: boolean };
   hostTables: Array<{ name: string; dtype: 'f16' | 'f32' | 'i8'; bytes: number }>;
   /** Encoder components (a vision tower), each a context of its own in the layers' scheme. */
   encoders?: Array<{ name: string; weightBytes: number; graphs: string[] }>;
@@ -99,6 +100,12 @@ export function fitGraphs(components: Component[], arch: Pick<HexagonArch, 'id' 
   return { kept, dropped };
 }
 
+/** The scheme the auto map gives a part's matmul weights (its first one's), else `base`. */
+function chosenScheme(ts: TensorSpec[], base: QuantScheme, map?: PrecisionMap): QuantScheme {
+  const m = ts.find((t) => t.role === 'matmul');
+  return (m && map?.[m.name]?.scheme) || base;
+}
+
 /** `shardCeilingBytes` lowers the ceiling for the layer shards only (a re-plan after the compile ran out of HTP memory). */
 const numel = (shape: number[]) => shape.reduce((a, d) => a * d, 1);
 
@@ -111,7 +118,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
   const tensors = await modelTensors(family, config);
   const chooser = new PrecisionChooser(s.overrides, precision);
   const layerBytes = tensors.layers.map((t) => sumBytes(t, baseScheme(s.quant), chooser));
-  const headBytes = sumBytes(tensors.lmHead, s.lmHead.quant, chooser) + sumBytes(tensors.final, s.lmHead.quant, chooser);
+  const headBytes = sumBytes(tensors.lmHead, baseScheme(s.lmHead.quant), chooser) + sumBytes(tensors.final, baseScheme(s.lmHead.quant), chooser);
   // A line that matches no matmul weight is a typo; one that matches weights an earlier line already
   // pins (forge bisect puts its fix first) is shadowed, not wrong: first match wins, as documented.
   const matmuls = [...tensors.layers.flat(), ...tensors.lmHead, ...tensors.final, ...tensors.encoders.flatMap((e) => e.tensors)].filter((t) => t.role === 'matmul').map((t) => t.name);
@@ -182,7 +189,10 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     quant: s.quant,
     layers: n,
     shards,
-    lmHead: { placement: s.lmHead.placement, quant: s.lmHead.quant, bytes: headBytes, tied: tensors.lmHead.some((t) => hostNames.has(t.name)) },
+    lmHead: {
+      placement: s.lmHead.placement, quant: s.lmHead.quant, bytes: headBytes, tied: tensors.lmHead.some((t) => hostNames.has(t.name)),
+      ...(s.lmHead.quant === 'auto' ? { chosen: chosenScheme(tensors.lmHead, 'w4', precision) } : {}),
+    },
     hostTables: [
       ...host.map((t) => ({ name: t.name, dtype: 'f16' as const, bytes: numel(t.shape) * 2 })),
       // Made tables (expert rows) in the layers' scheme.
@@ -192,7 +202,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0) + encoders.reduce((a, e) => a + e.weightBytes, 0),
     graphs: kept.length,
-    ...(s.quant === 'auto' && !precision ? { precisionNote: "quant 'auto' planned with every layer at w4 (the least bytes): a build's precision stage promotes the layers the oracle needs to w8, which may take more bytes and contexts" } : {}),
+    ...(choosesPrecision(s) && !precision ? { precisionNote: `${s.quant === 'auto' ? "quant 'auto' planned with every layer" : ''}${s.quant === 'auto' && s.lmHead.quant === 'auto' ? ' and ' : ''}${s.lmHead.quant === 'auto' ? "lmHead.quant 'auto' planned with the lm-head" : ''} at w4 (the least bytes): a build's precision stage promotes what the oracle and host parity need to w8 (or fp16), which may take more bytes and contexts` } : {}),
     ...(dropped.length ? { dropped } : {}),
   };
 }

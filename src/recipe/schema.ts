@@ -92,6 +92,16 @@ export type LayerQuant = z.infer<typeof LayerQuantSchema>;
 export const baseScheme = (q: LayerQuant): QuantScheme => (q === 'auto' ? 'w4' : q);
 
 /**
+ * The lm-head's weight precision: a scheme, or 'auto' = it starts at w4 and the `precision` stage
+ * promotes it (w8, then fp16) while the oracle's top-1 or host parity fails, as it does a layer.
+ */
+export const LmHeadQuantSchema = LayerQuantSchema;
+export type LmHeadQuant = LayerQuant;
+
+/** Whether the build runs the `precision` stage: the layers' or the lm-head's precision is the gates' to choose. */
+export const choosesPrecision = (s: { quant: LayerQuant; lmHead: { quant: LmHeadQuant } }): boolean => s.quant === 'auto' || s.lmHead.quant === 'auto';
+
+/**
  * A recipe's pin on some matrices' precision: every matmul weight whose tensor name the regular
  * expression matches whole (first matching override wins) is stored in `quant`, whatever the
  * scheme, and `auto` never moves it. One that matches no matrix is refused at plan (a typo).
@@ -133,7 +143,7 @@ const layerRange = z
 
 const LmHeadSchema = z.object({
   placement: z.enum(['separate', 'last-shard']),
-  quant: QuantSchemeSchema,
+  quant: LmHeadQuantSchema,
 }).strict();
 
 /** Per-arch settings as written in a recipe: every field optional, no defaults (so an arch's own
