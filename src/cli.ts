@@ -55,14 +55,25 @@ program.command('list')
   .description('list the recipes')
   .option('--json', 'machine-readable output')
   .action((o: { json?: boolean }) => {
-    const rows = listRecipeIds().map((id) => {
-      const { recipe } = loadRecipe(id);
-      const source = recipe.source.kind === 'hub' ? `${recipe.source.repo}@${recipe.source.revision?.slice(0, 10) ?? 'unpinned'}` : recipe.source.kind === 'tiny' ? `tiny twin (${recipe.source.twin})` : recipe.source.path;
-      return { id, family: recipe.family, modalities: recipe.modalities, source };
+    // One invalid recipe does not hide the others: it is listed apart with its error, and the command fails.
+    const invalid: Array<{ id: string; error: string }> = [];
+    const rows = listRecipeIds().flatMap((id) => {
+      try {
+        const { recipe } = loadRecipe(id);
+        const source = recipe.source.kind === 'hub' ? `${recipe.source.repo}@${recipe.source.revision?.slice(0, 10) ?? 'unpinned'}` : recipe.source.kind === 'tiny' ? `tiny twin (${recipe.source.twin})` : recipe.source.path;
+        return [{ id, family: recipe.family, modalities: recipe.modalities, source }];
+      } catch (e) {
+        invalid.push({ id, error: (e as Error).message });
+        return [];
+      }
     });
-    if (o.json) return console.log(JSON.stringify(rows));
-    const idWidth = Math.max(16, ...rows.map((r) => r.id.length));
-    for (const r of rows) console.log(`${r.id.padEnd(idWidth)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
+    if (o.json) console.log(JSON.stringify(rows));
+    else {
+      const idWidth = Math.max(16, ...rows.map((r) => r.id.length));
+      for (const r of rows) console.log(`${r.id.padEnd(idWidth)} ${r.family.padEnd(9)} ${r.modalities.join('+').padEnd(10)} ${r.source}`);
+    }
+    for (const r of invalid) console.error(`forge: invalid recipe ${r.id}: ${r.error}`);
+    if (invalid.length) process.exitCode = 1;
   });
 
 // The shared stage cache; the environment variable lets a worker's child builds inherit it.

@@ -11,12 +11,12 @@ import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { forge, lastJson } from './helpers/forge-cli.js';
-import { makeFp16Hostile } from './helpers/fp16-overflow.js';
+import { makeFp16Hostile, makeMlpFp16Hostile } from './helpers/fp16-overflow.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { encodeModel } from '../src/onnx/writer.js';
-import { rmsNorm } from '../src/families/blocks.js';
-import { rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
+import { gatedMlp, rmsNorm, silu } from '../src/families/blocks.js';
+import { mlpRescaleCandidates, rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
@@ -81,6 +81,36 @@ describe('forge bisect --target emulation', () => {
     expect(dom).toContain(chosen.label);
   }, 1_800_000); // the twin's trace and w8 export, the native runtime, the simulator gate (~4 min here), the probe, up to two trial builds through the simulator
 
+  it('names an MLP whose act(gate)·up leaves fp16 on the simulator, and rescales it exactly', async () => {
+    // Layer 1's up_proj × 2^13, down_proj ÷ 2^13: the same function, an intermediate past 65504.
+    const hostile = join(work, 'mlp-hostile');
+    await makeMlpFp16Hostile(await twinDir('qwen3'), hostile, 1);
+    const id = 'tiny-qwen3-mlp-hostile';
+    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+      r.source = { kind: 'local', path: hostile };
+    });
+    const out = join(work, 'bisect-mlp');
+    const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastJson(run.stdout) as BisectResult;
+    expect(b.fault).toBeUndefined();
+    expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
+    // The op is the MLP's: its product, or down_proj reading it; either way its layer and module.
+    expect(b.op!.scope).toMatch(/^layers\.1\/mlp(\.down_proj)?$/);
+    expect(b.op!.layer).toBe(1);
+    expect(b.layer).toBe(1);
+    expect(b.op!.why).toMatch(/65504/);
+    expect(b.verdict).toBe('fixed');
+    const chosen = b.chosen!;
+    expect(chosen.rescale).toEqual([expect.objectContaining({ match: 'layers\\.1/mlp' })]);
+    expect(chosen.label).toMatch(/^rescale layers\.1\/mlp \(up_proj ÷ 2\^\d+, down_proj × 2\^\d+\)$/);
+    expect(chosen.minCosine!).toBeGreaterThanOrEqual(b.simulator!.threshold);
+    expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.rescale).toEqual(chosen.rescale);
+    console.log(`[measured] bisect --target emulation on the MLP-hostile twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt-mlp')], { FORGE_RECIPES: recipes });
+    expect(lastJson(rebuilt.stdout).gates.emulation.ok, rebuilt.stderr).toBe(true);
+  }, 1_800_000);
+
   it('says "no fault" on a healthy twin on the simulator, from the cache', async () => {
     const args = ['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'emulation', '--json', '--out', join(work, 'bisect-healthy')];
     const first = await forge(args, { FORGE_RECIPES: recipes });
@@ -130,7 +160,45 @@ describe('bisect on the simulator, the pure parts', () => {
     // Layer 3 is not in this probe's ops (another graph would hold it): named by pattern.
     expect(new Set(all.scopes)).toEqual(new Set(['layers.2/input_layernorm', 'layers.2/post_attention_layernorm', 'final_norm', 'layers.3/input_layernorm', 'layers.3/post_attention_layernorm']));
     expect(all.rescale[0].scale).toBe(2 ** -5); // 410 → 12.8
-    // A non-norm op has no rescale here.
-    expect(rescaleCandidates({ ...probe, first: op('layers.2/mlp/Gemm', 10, 70000) }, 4)).toEqual([]);
+    // An op neither in a norm nor in a gated MLP has no rescale here.
+    expect(rescaleCandidates({ ...probe, first: op('layers.2/self_attn.o_proj/Gemm', 10, 70000) }, 4)).toEqual([]);
+  });
+
+  it('rescales a gated MLP exactly, and offers it when its intermediate leaves fp16, smallest power of two first', async () => {
+    const x = Float32Array.from({ length: 2 * 8 }, (_, i) => Math.sin(i) * 3);
+    const weights = { gate_proj: [16, 8, 1], up_proj: [16, 8, 2], down_proj: [8, 16, 3] } as const;
+    const run = async (rescale: Array<{ match: string; scale: number }>) => {
+      const g = new GraphBuilder('mlp', { rescale });
+      const input = g.input('x', 'float32', [1, 2, 8]);
+      // The store's part: the weight as read, times the scale asked for.
+      const project = async (v: string, m: keyof typeof weights, scale: number) => {
+        const [rows, cols, k] = weights[m];
+        const wt = g.constFloat32(Array.from({ length: rows * cols }, (_, i) => Math.cos(i * k) * 40 * scale), [rows, cols]);
+        return g.op('MatMul', [v, g.op('Transpose', [wt])]);
+      };
+      const y = await g.scoped('layers.1', () => gatedMlp(g, input, silu, project));
+      g.output(y, 'y', { shape: [1, 2, 8] });
+      expect(g.unusedRescales()).toEqual([]);
+      const names = (g.toModelProto().graph!.node ?? []).map((n) => n.name!);
+      const s = await ort.InferenceSession.create(encodeModel(g));
+      return { y: (await s.run({ x: new ort.Tensor('float32', x, [1, 2, 8]) })).y.data as Float32Array, names };
+    };
+    const plain = await run([]);
+    const scaled = await run([{ match: 'layers\\.1/mlp', scale: 2 ** -4 }]);
+    for (let i = 0; i < plain.y.length; i++) expect(scaled.y[i]).toBe(plain.y[i]); // powers of two: bit for bit
+    expect(scaled.names).toEqual(plain.names); // no op added: the weights carry the scale
+    for (const scope of ['layers.1/mlp.gate_proj/', 'layers.1/mlp.up_proj/', 'layers.1/mlp/', 'layers.1/mlp.down_proj/']) expect(plain.names.some((n) => n.startsWith(scope)), scope).toBe(true);
+
+    const op = (node: string, inputMaxAbs: number, cpuMaxAbs: number): OpFigure => ({ node, op: 'Mul', scope: node.slice(0, node.lastIndexOf('/')), layer: 1, value: `${node}_out`, cosine: 0.5, cpuMaxAbs, inputMaxAbs, simMaxAbs: 0, simNonFinite: 0, simSaturated: 0 });
+    const product = op('layers.1/mlp/Mul_3', 40, 72304);
+    const down = op('layers.1/mlp.down_proj/MatMulNBits', 72304, 900);
+    const probe = { graph: 'shard0.decode', cases: [], ops: [product, down], first: down, why: 'cosine', graphSha256: '', cached: false, seconds: 0 } as ProbeResult;
+    // 72304 / 2^4 = 4519 ≤ 2^13; then 2^4 further.
+    expect(rescaleCandidates(probe, 4).map((c) => [c.label, c.rescale[0].match, c.rescale[0].scale, c.addedOps])).toEqual([
+      ['rescale layers.1/mlp (up_proj ÷ 2^4, down_proj × 2^4)', 'layers\\.1/mlp', 2 ** -4, 0],
+      ['rescale layers.1/mlp (up_proj ÷ 2^8, down_proj × 2^8)', 'layers\\.1/mlp', 2 ** -8, 0],
+    ]);
+    // An MLP whose intermediate fits fp16 is not this fault: no MLP rescale.
+    expect(mlpRescaleCandidates({ ...probe, ops: [op('layers.1/mlp/Mul_3', 40, 3000), op('layers.1/mlp.down_proj/MatMulNBits', 3000, 900)] })).toEqual([]);
   });
 });

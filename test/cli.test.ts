@@ -203,6 +203,17 @@ describe('forge plan, list, doctor', () => {
     expect(lastJson(r.stdout).map((x: any) => x.id)).toEqual(expect.arrayContaining(['qwen3-4b', 'tiny-qwen3']));
   });
 
+  it('lists the valid recipes beside an invalid one, names the invalid one and its error, and fails', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-list-'));
+    cpSync('recipes/tiny-qwen3', join(dir, 'tiny-qwen3'), { recursive: true });
+    mkdirSync(join(dir, 'broken'));
+    writeFileSync(join(dir, 'broken', 'recipe.json'), JSON.stringify({ id: 'broken', family: 'qwen4' }));
+    const r = await forge(['list', '--json'], { FORGE_RECIPES: dir });
+    expect(r.code).toBe(1);
+    expect(lastJson(r.stdout).map((x: any) => x.id)).toEqual(['tiny-qwen3']);
+    expect(r.stderr).toMatch(/^forge: invalid recipe broken: .*broken\/recipe\.json.*family/m);
+  });
+
   it('reports node, the python env and the toolchain versions', async () => {
     const r = await forge(['doctor', '--json']);
     expect(r.code).toBe(0);

@@ -114,7 +114,7 @@ describe('build report', () => {
     expect(g.map((x) => x.gate)).toEqual(['oracle export:fp32', 'oracle quantize:w8', 'hand-off', 'parity export', 'parity quantize', 'emulation cosine', 'emulation parity']);
     const w8 = g[1];
     expect(w8).toEqual({ gate: 'oracle quantize:w8', verdict: 'pass', figure: 'min cosine 0.9995127', threshold: '≥ 0.999', detail: 'per graph: shard0.decode 0.9995127, lm_head 0.9999999 (top-1 270/270); largest logit error 0.2089.' });
-    expect(g[4]).toMatchObject({ figure: '128/128 matched, 0 ties', threshold: '≤ 0 ties, no other mismatch' });
+    expect(g[4]).toMatchObject({ figure: '128/128 equal to HF, 0 ties', threshold: '≤ 0 ties, no other mismatch' });
     expect(g[4].detail).toBe('greedy on host, teacher-forced on HF\'s tokens; a mismatch counts as a tie within a logit margin of 0.4178; load 98.8 ms, prefill 40.3 ms, decode 1.09 ms per token.');
     expect(g[5].detail).toBe('On the x86 HTP simulator, soc_model 87 (v81), QAIRT 2.51.0, fp16 activations, against HF; per graph: shard0.decode 0.9994537, 60.6 ms a call; lm_head 0.9999999 (top-1 270/270), 10.3 ms a call.');
     expect(g[6].detail).toBe('greedy on the simulator over 32 tokens a prompt; 79.3 ms per token simulated; prefill 5.23 s simulated.');

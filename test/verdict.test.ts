@@ -66,8 +66,8 @@ describe('the build verdict', () => {
       'ok: tiny-qwen3 for v81, every gate passed',
       '  oracle     pass     min cosine vs HF fp32: export:fp32 0.9999991 (threshold 0.99999), quantize:w8 0.9995127 (threshold 0.999)',
       '  hand-off            float16 residual between contexts (f16 chain keeps every greedy decision)',
-      '  parity     pass     greedy vs HF on host: export 128/128 matched, 0 ties; quantize 120/128 matched, 1 mismatch (1 tie) (threshold: ≤ 1 tie, no other mismatch)',
-      '  emulation  pass     on the x86 HTP simulator: min cosine 0.9994537 at shard0.decode (threshold 0.999), parity 128/128 matched, 0 ties (threshold: ≤ 1 tie, no other mismatch), 79.3 ms/token simulated',
+      '  parity     pass     greedy vs HF on host: export 128/128 equal to HF, 0 ties; quantize 127/128 equal to HF (the first 120 in a row), 1 mismatch (1 tie) (threshold: ≤ 1 tie, no other mismatch)',
+      '  emulation  pass     on the x86 HTP simulator: min cosine 0.9994537 at shard0.decode (threshold 0.999), parity 128/128 equal to HF, 0 ties (threshold: ≤ 1 tie, no other mismatch), 79.3 ms/token simulated',
       'bundle: /out/tiny-qwen3/v81 (976.8 kB, 11 files, 2 contexts)',
       'report: /out/tiny-qwen3/v81/build/report.html',
       'run record: /out/tiny-qwen3/v81/build/run.json',
@@ -104,7 +104,12 @@ describe('the build verdict', () => {
     expect(lines[0]).toBe('FAILED: oracle: gate oracle failed');
     expect(lines[1]).toBe('  oracle     FAIL     min cosine vs HF fp32: export:fp32 0.9999995 (threshold 0.99999), quantize:w8 0.5000000 (threshold 0.999); '
       + 'failed: quantize:w8/shard0.decode cosine 0.5000000, quantize:w8/lm_head cosine 0.9999000 top-1 200/270; first miss: quantize:w8 shard0.decode layer 3 h.3 (cosine 0.5000000)');
-    expect(lines.find((l) => l.startsWith('  parity'))).toBe('  parity     FAIL     greedy vs HF on host: export 128/128 matched, 0 ties; quantize 40/128 matched, 9 mismatches (0 ties) FAIL (threshold: ≤ 1 tie, no other mismatch)');
+    expect(lines.find((l) => l.startsWith('  parity'))).toBe('  parity     FAIL     greedy vs HF on host: export 128/128 equal to HF, 0 ties; quantize 119/128 equal to HF (the first 40 in a row), 9 mismatches (0 ties) FAIL (threshold: ≤ 1 tie, no other mismatch)');
+    // With the listed mismatches in the record, the first one that is not a tie is named.
+    r.gates.parity.mismatches = { count: 9, listed: [{ variant: 'quantize', prompt: 1, step: 40, hf: { token: 516 }, runtime: { token: 439 }, margin: 0.00011, tie: true }, { variant: 'quantize', prompt: 1, step: 44, hf: { token: 12 }, runtime: { token: 13 }, margin: 2.5, tie: false }] };
+    expect(verdictLines(r, { oracleThreshold: thresholds }).find((l) => l.startsWith('  parity'))).toMatch(/; first: quantize prompt 1 generated token 44: HF 12 \(HF's margin 2\.5e\+0\), the runtime 13$/);
+    // What to do next: bisect, and for parity the tie allowance.
+    expect(lines).toContain("next: ./forge bisect tiny-qwen3 --arch v81 names where the shipped graphs first leave Hugging Face and tries the cheapest fix (docs/bisect.md); a mismatch where HF's own margin is tiny may be allowed with gates.parity.maxTies and tiesWhy (docs/gates.md#parity)");
     expect(lines).toContain('  emulation  not run  no QAIRT SDK');
     expect(lines.some((l) => l.startsWith('bundle:'))).toBe(false); // no bundle was made
     expect(lines.slice(-2)).toEqual(['report: /out/tiny-qwen3/v81.incomplete/build/report.html', 'run record: /out/tiny-qwen3/v81.incomplete/build/run.json']);

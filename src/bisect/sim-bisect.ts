@@ -11,7 +11,7 @@ import { Trace } from '../gates/trace.js';
 import { qnnSimulateScript, type EmulationRan, type EmulationResult } from '../gates/emulation.js';
 import { ensureVenv } from '../toolchain/venv.js';
 import type { Rescale } from '../recipe/schema.js';
-import { probeGraph, type ProbeResult } from './probe.js';
+import { FP16_MAX, probeGraph, type ProbeResult } from './probe.js';
 import { rescaleCandidates, simulatorFigures, simulatorMiss, type SimulatorMiss } from './simulator.js';
 import type { Trial } from './fixes.js';
 import { familyConfig } from './family-config.js';
@@ -91,7 +91,8 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   if (!f) return { simulator, simFault: miss, probe, trials: [], verdict: 'unfixed', message: `link compile/fp16 at ${where}: no op of the probed cases leaves the CPU's numbers (probed ${probe.cases.length} cases)` };
   const whyOp = probe.why === 'overflow'
     ? `overflows fp16: its inputs up to ${f.inputMaxAbs.toPrecision(4)}, its result up to ${f.cpuMaxAbs.toPrecision(4)} on the CPU > 65504; on the simulator ${f.simNonFinite} non-finite and ${f.simSaturated} saturated entries, cosine ${fmt(f.cosine)}`
-    : probe.why === 'non-finite' ? `non-finite on the simulator (${f.simNonFinite} entries) from finite inputs` : `cosine ${fmt(f.cosine)} with the CPU < ${e.thresholds.minCosine}`;
+    : probe.why === 'non-finite' ? `non-finite on the simulator (${f.simNonFinite} entries) from finite inputs`
+      : `cosine ${fmt(f.cosine)} with the CPU < ${e.thresholds.minCosine}${f.inputMaxAbs > FP16_MAX ? `; its input reaches ${f.inputMaxAbs.toPrecision(4)} on the CPU, beyond fp16's ${FP16_MAX}${f.simSaturated ? ` (${f.simSaturated} entries saturated on the simulator)` : ''}` : ''}`;
   const op = { node: f.node, op: f.op, scope: f.scope, layer: f.layer, why: whyOp };
   c.log(`op: ${f.node} (${f.op}) ${whyOp}`);
 
@@ -114,7 +115,7 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   }
   const fixed = trials.find((t) => t.ok);
   const head = `link compile/fp16: the shipped graphs hold on the CPU, the compiled ${miss.graph} leaves tolerance on the simulator at ${where}; op ${f.node} (layer ${f.layer ?? '-'}) ${whyOp}`;
-  if (!fixed) return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : 'no rescale applies to this op (only RMSNorms are rescalable)'}` };
+  if (!fixed) return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : 'no rescale applies to this op (RMSNorms and gated MLPs are rescalable)'}` };
   return { simulator, simFault: miss, probe, op, trials, verdict: 'fixed', message: `${head}; fix: ${fixed.label} (an exact power-of-two rescale, ${fixed.addedOps} op${fixed.addedOps === 1 ? '' : 's'} added; simulator min cosine ${fmt(fixed.minCosine ?? NaN)})` };
 }
 

@@ -7,7 +7,8 @@
 // Which fixes: the QNN EP's enable_htp_fp16_precision is one switch per session (per context), so
 // "fp32 for an op" is not something the HTP offers inside a graph. What keeps an op out of fp16's
 // range problem without leaving the graph is an exact rewrite: a power-of-two scale before the op,
-// undone after it (for an RMSNorm, which is scale-invariant, nothing needs undoing: ε takes s²).
+// undone after it (for an RMSNorm, which is scale-invariant, nothing needs undoing: ε takes s²; for a
+// gated MLP, up_proj's weight scaled down and down_proj's scaled back up).
 // The recipe's `rescale` lines say which op scopes get one (recipe/schema.ts RescaleSchema).
 import type { EmulationRan, SimulatedGraph } from '../gates/emulation.js';
 import type { Rescale } from '../recipe/schema.js';
@@ -64,7 +65,7 @@ const RESIDUAL_NORM = /(?:^|\/)(?:input_layernorm|post_attention_layernorm|final
 export interface RescaleCandidate {
   label: string;
   rescale: Rescale[];
-  /** Ops the rewrite adds to the graphs: one Mul per norm (the fix's cost). */
+  /** Ops the rewrite adds to the graphs: one Mul per norm, none for an MLP (its weights are scaled): the fix's cost. */
   addedOps: number;
   scopes: string[];
 }
@@ -74,6 +75,31 @@ export const scaleFor = (maxAbs: number) => 2 ** -Math.max(1, Math.ceil(Math.log
 
 const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
+/** A gated MLP's ops (families/blocks.ts gatedMlp): its projections, and `mlp` (the activation and the product). */
+const MLP = /^((?:[\w.]+\/)*layers\.\d+)\/mlp(?:\.(?:gate|up|down)_proj)?$/;
+/** What an MLP rescale aims the intermediate's peak at: 2^13, room for 8× more on inputs the trace did not show. */
+const MLP_PEAK = 2 ** 13;
+
+/**
+ * The candidate fixes for an op the probe named inside a gated MLP whose intermediate (act(gate)·up,
+ * down_proj's input) leaves fp16's range on the CPU: the MLP rescaled (up's output × s, down's × 1/s),
+ * the smallest power of two that brings the peak to 2^13 first, then one 2^4 smaller.
+ */
+export function mlpRescaleCandidates(probe: ProbeResult): RescaleCandidate[] {
+  const first = probe.first;
+  const m = first ? MLP.exec(first.scope) : null;
+  if (!first || !m) return [];
+  const mlp = `${m[1]}/mlp`;
+  // The product's own values, and what down_proj read.
+  const peak = Math.max(...probe.ops.filter((o) => o.scope === mlp).map((o) => o.cpuMaxAbs), ...probe.ops.filter((o) => o.scope === `${mlp}.down_proj`).map((o) => o.inputMaxAbs));
+  if (!(peak > FP16_MAX)) return [];
+  const why = `forge bisect: ${mlp}'s act(gate)·up reaches ${peak.toPrecision(4)} on the CPU > ${FP16_MAX} (down_proj's input, beyond fp16 on the HTP)`;
+  const k = Math.max(1, Math.ceil(Math.log2(peak / MLP_PEAK)));
+  return [k, k + 4].map((e) => ({
+    label: `rescale ${mlp} (up_proj ÷ 2^${e}, down_proj × 2^${e})`, rescale: [{ match: escapeRe(mlp), scale: 2 ** -e, why }], addedOps: 0, scopes: [mlp],
+  }));
+}
+
 /**
  * The candidate fixes for an op the probe named, when it is inside a rescalable norm: that norm and
  * every other the probe shows overflowing; then every residual-stream norm from it on (a residual
@@ -82,6 +108,7 @@ const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
  */
 export function rescaleCandidates(probe: ProbeResult, layers: number): RescaleCandidate[] {
   const first = probe.first;
+  if (first && MLP.test(first.scope)) return mlpRescaleCandidates(probe);
   if (!first || !NORM.test(first.scope)) return [];
   const why = `forge bisect: ${first.node} overflows fp16 on the HTP (|x| up to ${first.inputMaxAbs.toPrecision(4)}, its result up to ${first.cpuMaxAbs.toPrecision(4)} > ${FP16_MAX})`;
   const inputMax = (scopes: string[]) => Math.max(first.inputMaxAbs, ...probe.ops.filter((o: OpFigure) => scopes.includes(o.scope) && o.op === 'Mul').map((o) => o.inputMaxAbs));

@@ -198,7 +198,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
     lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);
   }
-  lines.push('', '## Run it', '', '```sh');
+  lines.push('', '## Run it', '', 'From this folder, with the runner and the QNN and ONNX Runtime libraries beside it:', '', '```sh');
   lines.push(`adb push . /data/local/tmp/${recipe.id}`);
   lines.push(`adb shell "cd /data/local/tmp/${recipe.id} && LD_LIBRARY_PATH=\\$PWD ADSP_LIBRARY_PATH=\\$PWD \\`);
   // A model with a chat template is asked as its users do: the prompt wrapped in one user turn.
@@ -238,7 +238,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
     const each = Object.entries(text.variants).map(([v, r]) => `${v === 'quantize' ? 'shipped' : 'fp32 reference'} ${r.total - r.mismatches}/${r.total} equal to HF${r.ties ? ` (${r.ties} ties)` : ''}`);
     lines.push('', `**Text-only manifest** (\`${text.file}\`: the same graphs without the image and audio encoders) on the text prompts: ${each.join(', ')}${Object.values(text.variants).every((r) => r.ok) ? '' : ' — FAIL'}.`);
   }
-  if (f.parity.tiesWhy) lines.push('', `This recipe allows up to ${f.parity.maxTies} ties per variant: ${f.parity.tiesWhy}.`);
+  if (f.parity.tiesWhy) lines.push('', `This recipe allows up to ${f.parity.maxTies} tie${f.parity.maxTies === 1 ? '' : 's'} per variant: ${f.parity.tiesWhy}.`);
   lines.push('', onDevice
     ? `Timings measured on the device ${f.parity.target.slice(4)}.`
     : 'Parity ran on the host CPU (ONNX Runtime CPU EP on the ONNX graphs), not on a phone: **no device figure was measured for this bundle.**', '');

@@ -89,7 +89,11 @@ export function matchedText(v: Obj): string {
   const mismatches = num(v.mismatches) ?? (isObj(v.mismatches) ? num(v.mismatches.count) : undefined);
   const ties = num(v.ties) ?? 0;
   const more = mismatches ? `, ${mismatches} mismatch${mismatches === 1 ? '' : 'es'} (${ties} tie${ties === 1 ? '' : 's'})` : `, ${ties} tie${ties === 1 ? '' : 's'}`;
-  return `${num(v.matched) ?? '?'}/${num(v.total) ?? '?'} matched${more}`;
+  // Tokens equal to HF's of all (every step is teacher-forced), and, when some differ, the free-running prefix before the first.
+  const total = num(v.total);
+  const equal = total !== undefined && mismatches !== undefined ? total - mismatches : mismatches === undefined && total !== undefined && num(v.matched) === total ? total : undefined;
+  const prefix = mismatches ? ` (the first ${num(v.matched) ?? '?'} in a row)` : '';
+  return `${equal ?? num(v.matched) ?? '?'}/${total ?? '?'} equal to HF${prefix}${more}`;
 }
 
 function parityText(g: GateRecord): string {
@@ -98,6 +102,13 @@ function parityText(g: GateRecord): string {
   const t = isObj(g.thresholds) ? g.thresholds : {};
   const rule = parityRuleText(num(t.minMatch), num(t.maxTies));
   let text = `greedy vs HF on ${typeof g.target === 'string' ? g.target : 'the runtime'}: ${parts.join('; ') || 'no variants in the record'}${rule ? ` (threshold: ${rule})` : ''}`;
+  // Where it failed: the first listed mismatch that is not a tie (or the first tie), with HF's margin there.
+  const listed = isObj(g.mismatches) && Array.isArray(g.mismatches.listed) ? (g.mismatches.listed as Obj[]) : [];
+  const m = g.ok === false ? listed.find((x) => x.tie === false) ?? listed[0] : undefined;
+  if (m && isObj(m.hf) && isObj(m.runtime)) {
+    const margin = num(m.margin);
+    text += `; first: ${String(m.variant ?? 'shipped')} prompt ${String(m.prompt)} generated token ${String(m.step)}: HF ${String(m.hf.token)}${margin !== undefined ? ` (HF's margin ${margin.toExponential(1)})` : ''}, the runtime ${String(m.runtime.token)}${m.tie ? ', a tie' : ''}`;
+  }
   if (isObj(g.nonFinite)) text += `; non-finite in ${String(g.nonFinite.variant)}: ${String(g.nonFinite.message)}`;
   return text;
 }
@@ -208,6 +219,8 @@ export function verdictLines(r: RunRecord, opts: VerdictOptions = {}): string[] 
   lines.push(headline(r));
   for (const v of gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe))) lines.push(gateLine(v.name, v.verdict, v.text));
   if (r.bundle) lines.push(bundleText(r));
+  const failed = gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe)).filter((v) => v.verdict === 'FAIL').map((v) => v.name);
+  if (failed.length) lines.push(`next: ./forge bisect ${r.recipe} --arch ${r.arch} names where the shipped graphs first leave Hugging Face and tries the cheapest fix (docs/bisect.md)${failed.includes('parity') ? "; a mismatch where HF's own margin is tiny may be allowed with gates.parity.maxTies and tiesWhy (docs/gates.md#parity)" : ''}`);
   if (r.buildDir) lines.push(`report: ${r.buildDir}/report.html`, `run record: ${r.buildDir}/run.json`); else lines.push('the run record could not be written (it is printed by --json)');
   return lines;
 }

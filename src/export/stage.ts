@@ -143,7 +143,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
     }
     // A rule no op asked for is a typo or a family whose builder cannot rescale that op: said, not ignored.
     const unused = (p.rescale ?? []).filter((r) => !usedRescales.has(r));
-    if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms are rescalable)`);
+    if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms and gated MLPs, as "layers\\.2/mlp", are rescalable)`);
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, ...(p.image ? { image: p.image } : {}), ...(p.audio ? { audio: p.audio } : {}), contexts };
     if (links?.files().length) manifest.linked = links.files();
     const made = family.madeTables?.(config, p.scheme);

@@ -133,7 +133,26 @@ export function geluErf(g: GraphBuilder, x: string): string {
 
 /** silu(gate) · up, the gated half of a SwiGLU MLP (the projections are the caller's linear layers). */
 export function swiGate(g: GraphBuilder, gate: string, up: string): string {
-  return g.op('Mul', [g.op('Mul', [gate, g.op('Sigmoid', [gate])]), up]);
+  return g.op('Mul', [silu(g, gate), up]);
+}
+
+/** A gated MLP's projection, as the checkpoint names it under `mlp.`. */
+export type MlpProjection = 'gate_proj' | 'up_proj' | 'down_proj';
+
+/**
+ * A gated MLP, down(act(gate) · up), its ops named under the caller's scope as `mlp.gate_proj/…`,
+ * `mlp.up_proj/…`, `mlp/…` (the activation and the product) and `mlp.down_proj/…`. A recipe
+ * `rescale` rule for `<scope>/mlp` (forge bisect's fix when act(gate)·up leaves fp16's range on the
+ * HTP, as a large up_proj makes it) stores up_proj's weight times s and down_proj's times 1/s: s is
+ * a power of two, so this is the same function, with a product fp16 can hold and no op added.
+ * `project(x, which, scale)` reads the projection's weight multiplied by `scale`.
+ */
+export async function gatedMlp(g: GraphBuilder, x: string, act: (g: GraphBuilder, x: string) => string, project: (x: string, which: MlpProjection, scale: number) => Promise<string>): Promise<string> {
+  const s = g.rescaleFor(`${g.scope}/mlp`) ?? 1;
+  const gate = await g.scoped('mlp.gate_proj', () => project(x, 'gate_proj', 1));
+  const up = await g.scoped('mlp.up_proj', () => project(x, 'up_proj', s));
+  const product = await g.scoped('mlp', async () => g.op('Mul', [act(g, gate), up]));
+  return g.scoped('mlp.down_proj', () => project(product, 'down_proj', 1 / s));
 }
 
 /** Additive mask value for hidden slots: finite in fp16 so the HTP never sees -inf − -inf. */

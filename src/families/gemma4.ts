@@ -31,7 +31,7 @@ import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type 
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { GraphEntry } from './types.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
-import { cachedAttention, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+import { cachedAttention, gatedMlp, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
 
 export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
@@ -398,7 +398,7 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
   const o = await lin(mergeHeads(g, attn, heads, d, 1), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, await norm(o, 'post_attention_layernorm', H)]);
   const m = await norm(h1, 'pre_feedforward_layernorm', H);
-  const mlp = await lin(g.op('Mul', [geluTanh(g, await lin(m, 'mlp.gate_proj', [ffn, H])), await lin(m, 'mlp.up_proj', [ffn, H])]), 'mlp.down_proj', [H, ffn]);
+  const mlp = await gatedMlp(g, m, geluTanh, (x, which, s) => w.store.linear(g, x, `${p}.mlp.${which}.weight`, which === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, 1, undefined, undefined, s));
   const h2 = g.op('Add', [h1, await norm(mlp, 'post_feedforward_layernorm', H)]);
   const gated = g.op('Mul', [geluTanh(g, await lin(h2, 'per_layer_input_gate', [c.ple, H])), ple]);
   const h3 = g.op('Add', [h2, await norm(await lin(gated, 'per_layer_projection', [H, c.ple]), 'post_per_layer_input_norm', H)]);

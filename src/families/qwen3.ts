@@ -6,7 +6,7 @@ import { ConfigError, parseConfigWith, type Family, type GraphWeights, type Tens
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { applyRope, cachedAttention, mergeHeads, rmsNorm, splitHeads, swiGate } from './blocks.js';
+import { applyRope, cachedAttention, gatedMlp, mergeHeads, rmsNorm, silu, splitHeads } from './blocks.js';
 import { ATTENTION_DECODER_FIELDS, attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
 
 const ConfigSchema = z.object({
@@ -74,9 +74,7 @@ export async function qwen3Layer(
   const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, o]);
   const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps, 'post_attention_layernorm');
-  const gate = await lin(mlpIn, 'mlp.gate_proj', [ffn, H]);
-  const up = await lin(mlpIn, 'mlp.up_proj', [ffn, H]);
-  const mlp = await lin(swiGate(g, gate, up), 'mlp.down_proj', [H, ffn]);
+  const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, n, undefined, undefined, s));
   const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
   const kv = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, ctx, d] });
   const kvNew = (name: string) => ({ name, dtype: 'float32' as const, shape: [1, kvHeads, n, d] });

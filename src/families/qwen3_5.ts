@@ -24,7 +24,7 @@ import { CacheBuilder, kvDecoderBindings, lmHeadCases } from './kv-decoder.js';
 import type { Feed, GateCase } from './types.js';
 import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
-  rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, swiGate,
+  rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, gatedMlp,
 } from './blocks.js';
 import { attentionDecoderConfig, decoderComponents, lmHeadGraph, LM_HEAD_KIND, type AttentionDecoderConfig } from './decoder.js';
 import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
@@ -284,8 +284,7 @@ async function qwen35Layer(g: GraphBuilder, c: Qwen35Config, layer: number, x: s
     : await linearAttention(g, c, layer, xn, w, io);
   const h1 = g.op('Add', [x, mixed]);
   const mlpIn = rmsNorm(g, h1, await w.store.small(g, `${p}.post_attention_layernorm.weight`, [H], onePlus), eps);
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.mlp.${name}.weight`, shape, w.scheme, 1);
-  const mlp = await lin(swiGate(g, await lin(mlpIn, 'gate_proj', [ffn, H]), await lin(mlpIn, 'up_proj', [ffn, H])), 'down_proj', [H, ffn]);
+  const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, 1, undefined, undefined, s));
   const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
   return { out, ...io };
 }

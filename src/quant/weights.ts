@@ -158,8 +158,8 @@ export class WeightStore {
     return [...this.ckpt.expectShape(name, expected).shape];
   }
 
-  private async store(name: string, expected: number[], scheme: QuantScheme | 'f32-small', range?: RowRange): Promise<Stored> {
-    const key = `${name}${range ? `[${range[0]}:${range[1]}]` : ''}@${scheme}`;
+  private async store(name: string, expected: number[], scheme: QuantScheme | 'f32-small', range?: RowRange, scale = 1): Promise<Stored> {
+    const key = `${name}${range ? `[${range[0]}:${range[1]}]` : ''}@${scheme}${scale !== 1 ? `×${scale}` : ''}`;
     const hit = this.stored.get(key);
     if (hit) return hit;
     const whole = this.shapeOf(name, expected);
@@ -181,7 +181,10 @@ export class WeightStore {
     const asStored = (data: Float32Array, n: number) => (wide ? padColumns(data, cols, k, wide.subarray(0, n * k)) : data);
     let stored: Stored;
     // In place means the whole tensor's bytes in its file: a row range is converted like any other weight.
-    const inPlace = scheme === 'fp32' && this.inPlace && !range ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
+    const inPlace = scheme === 'fp32' && this.inPlace && !range && scale === 1 ? IN_PLACE[this.ckpt.info(name).dtype] : undefined;
+    // A power-of-two weight scale (a gated MLP's rescale): a quantized matrix keeps its codes and
+    // scales its scales; a float one is scaled as it is read (the bf16 fast paths do not scale).
+    const scaled = (x: Float32Array) => (scale !== 1 && x.forEach((v, i) => (x[i] = v * scale)), x);
     if (inPlace) {
       stored = { dtype: inPlace, dims, ref: await this.checkpointBytes(name, ELEM[inPlace].bytes) };
     } else if (scheme === 'w8' && bf16 && !wide) {
@@ -193,8 +196,8 @@ export class WeightStore {
           return codes;
         }),
       );
-      stored = this.w8Scales(name, rows, cols, scales, ref);
-    } else if (scheme === 'fp16' && bf16) {
+      stored = this.w8Scales(name, rows, cols, scaled(scales), ref);
+    } else if (scheme === 'fp16' && bf16 && scale === 1) {
       const copy = this.f16Copy && !this.f16Copy.written && this.f16Copy.tensor === name && !range ? this.f16Copy : undefined;
       const toF16 = (write: Write[]) =>
         this.streamBf16(name, first, rows, cols, write, (src, out) => {
@@ -205,7 +208,7 @@ export class WeightStore {
         copy ? copy.sink.appendStream(rows * cols * 2, (w2) => toF16([write, w2])).then(() => void (copy.written = true)) : toF16([write]),
       );
       stored = { dtype: 'float16', dims, ref };
-    } else if (scheme === 'fp32' && bf16) {
+    } else if (scheme === 'fp32' && bf16 && scale === 1) {
       // The reference export: bf16 widens to f32 exactly, so this is a shift, streamed like the rest.
       const ref = await this.sink.appendStream(rows * cols * 4, (write) =>
         this.streamBf16(name, first, rows, cols, [write], (src, out) => {
@@ -241,7 +244,7 @@ export class WeightStore {
               write(qdq ? toOnnxInt4(bytes) : bytes);
             }
           });
-      const scaleRef = this.sink.append(new Uint8Array(scales.buffer));
+      const scaleRef = this.sink.append(new Uint8Array(scaled(scales).buffer));
       stored = qdq
         ? { dtype: 'int4', dims: [rows, k], ref, scale: { ref: scaleRef, dims: [rows, blocks] }, blockSize: W4_BLOCK }
         : { dtype: 'uint8', dims: [rows, blocks, W4_BLOCK / 2], ref, scale: { ref: scaleRef, dims: [rows * blocks] }, blockSize: W4_BLOCK, bits: 4 };
@@ -259,13 +262,13 @@ export class WeightStore {
           write(codes.subarray(0, n * k));
         }
       });
-      stored = this.w8Scales(name, rows, k, scales, ref);
+      stored = this.w8Scales(name, rows, k, scaled(scales), ref);
     } else {
       const half = scheme === 'fp16';
       const bytesPer = half ? 2 : 4;
       const ref = await this.sink.appendChunked(rows * cols * bytesPer, async (write) => {
         for (let r0 = 0; r0 < rows; r0 += rowsPerChunk) {
-          const data = await this.ckpt.readRows(name, first + r0, Math.min(rowsPerChunk, rows - r0));
+          const data = scaled(await this.ckpt.readRows(name, first + r0, Math.min(rowsPerChunk, rows - r0)));
           const out = half ? f32ToF16Array(data) : data;
           write(new Uint8Array(out.buffer, out.byteOffset, out.byteLength));
         }
@@ -329,13 +332,14 @@ export class WeightStore {
    * to them (Pad, constant 0: quant/pad.ts). The scheme is the graph's; the matrix's own comes from
    * the store's PrecisionChooser (recipe overrides, the auto map). `rows` [first, end): only those
    * rows of the weight (out = end − first), read and stored alone: a graph that uses a slice of a
-   * matrix's outputs stores just that slice (Gemma 4's per-layer projection, per shard).
+   * matrix's outputs stores just that slice (Gemma 4's per-layer projection, per shard). `weightScale`: a
+   * power of two the weight is multiplied by (an exact rescale: families/blocks.ts gatedMlp).
    */
-  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string, rows?: RowRange): Promise<string> {
+  async linear(g: GraphBuilder, x: string, name: string, shape: [number, number], scheme: QuantScheme, n: number, bias?: string, rows?: RowRange, weightScale = 1): Promise<string> {
     const inDim = shape[1];
     const out = rows ? rows[1] - rows[0] : shape[0];
     const p = this.chooser.choose(name, scheme);
-    const s = await this.store(name, shape, p.scheme, rows);
+    const s = await this.store(name, shape, p.scheme, rows, weightScale);
     this.noteMatrix(name, rows ? [out, inDim] : shape, p);
     // A row range is its own initializer (one graph could read two ranges of one tensor).
     const init = rows ? `${name}.rows_${rows[0]}_${rows[1]}` : name;

@@ -1,33 +1,52 @@
-// A checkpoint that computes what its source computes but whose one op fp16 cannot hold (a Qwen3
-// twin): layer `layer`'s q_proj is multiplied by `factor`. q_norm, an RMSNorm over each head, is
-// scale-invariant, so HF's outputs do not move (ε aside: 1e-6 against a mean square of thousands);
-// but q now holds values in the thousands, which fit fp16, and q_norm squares them (x·x), which does
-// not (max 65504). On the HTP, which runs float graphs in fp16, that square overflows; fp32 on the CPU
-// is fine. The factor is a power of two (exact in bf16) and W8's per-row scale takes it whole.
+// Checkpoints that compute what their source computes but hold one op fp16 cannot (a Qwen3 twin). On
+// the HTP, which runs float graphs in fp16 (max 65504), that op overflows; fp32 on the CPU is fine.
+// Every factor is a power of two: exact in bf16, and W8's per-row scale takes it whole.
 import { cpSync, readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
 import { f32ToBf16Array, f32ToF16Array } from '../../src/io/dtype.js';
 
+/**
+ * Layer `layer`'s q_proj × `factor`. q_norm, an RMSNorm over each head, is scale-invariant, so HF's
+ * outputs do not move (ε aside: 1e-6 against a mean square of thousands); but q now holds values in
+ * the thousands, which fit fp16, and q_norm squares them (x·x), which does not.
+ */
 export async function makeFp16Hostile(src: string, out: string, layer: number, factor = 1024): Promise<void> {
+  const q = `model.layers.${layer}.self_attn.q_proj.weight`;
+  await rewrite(src, out, factor, { [q]: (data) => scaleAll(data, factor) });
+}
+
+/**
+ * Layer `layer`'s MLP with up_proj × `factor` and down_proj ÷ `factor`: down(silu(gate)·up) does not
+ * move, but the intermediate silu(gate)·up, down_proj's input, grows by `factor` past fp16's range
+ * (the drift of the hand-made Gemma-4 audio path, planted).
+ */
+export async function makeMlpFp16Hostile(src: string, out: string, layer: number, factor = 2 ** 13): Promise<void> {
+  const at = (m: string) => `model.layers.${layer}.mlp.${m}.weight`;
+  await rewrite(src, out, factor, { [at('up_proj')]: (data) => scaleAll(data, factor), [at('down_proj')]: (data) => scaleAll(data, 1 / factor) });
+}
+
+const scaleAll = (data: Float32Array, by: number) => data.forEach((x, i) => (data[i] = x * by));
+
+async function rewrite(src: string, out: string, factor: number, edits: Record<string, (data: Float32Array) => void>): Promise<void> {
   if (Math.log2(factor) % 1 !== 0) throw new Error(`factor ${factor} is not a power of two`);
   cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
   const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
   if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
   const ckpt = await openCheckpoint(src);
   try {
-    const q = `model.layers.${layer}.self_attn.q_proj.weight`;
     const tensors: TensorWithData[] = [];
     for (const name of ckpt.names()) {
       const info = ckpt.info(name);
       const data = await ckpt.readF32(name);
-      if (name === q) for (let i = 0; i < data.length; i++) data[i] *= factor;
+      edits[name]?.(data);
       const dtype = info.dtype;
       if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
       tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
     }
-    if (!tensors.some((t) => t.name === q)) throw new Error(`${src} has no ${q}`);
+    const missing = Object.keys(edits).filter((n) => !tensors.some((t) => t.name === n));
+    if (missing.length) throw new Error(`${src} has no ${missing.join(', ')}`);
     await writeSafetensors(join(out, files[0]), tensors);
   } finally {
     await ckpt.close();
