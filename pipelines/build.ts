@@ -180,7 +180,8 @@ function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: C
   };
   return {
     id: 'emulation', module: src('gates/emulation.ts'), params: params as any,
-    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: shippedGraphs(s), native: 'native' },
+    // The oracle's chained logit error: the simulator's parity judges ties by the host's rule.
+    inputs: { checkpoint: 'fetch', trace: 'trace', quantize: shippedGraphs(s), native: 'native', oracle: 'oracle' },
     tools: toolchain.env ? pinnedToolchainTools : ['onnxruntime', 'onnxruntime-qnn', 'python-env'], memory: stageMemory.emulation, timeoutSeconds: 1800,
   };
 }

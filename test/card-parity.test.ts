@@ -86,7 +86,7 @@ describe('model card: parity', () => {
       ok: true, simulator: 'x86 HTP simulator', graphs: {},
       parity: { matched: 64, total: 64, ties: 0, maxTies: 0, tieMargin: 0.125, mismatches: { count: 0, listed: [] } },
     };
-    expect(modelCard(facts(clean, emulation), {})).toContain('parity (teacher-forced) 64/64 equal to HF, 0 ties (0 allowed; tie margin 1.25e-1, twice the simulator\'s largest logit error).');
+    expect(modelCard(facts(clean, emulation), {})).toContain('parity (teacher-forced) 64/64 equal to HF, 0 ties (0 allowed; tie margin 1.25e-1, twice the larger of the simulator\'s lm-head logit error and the shipped graphs\' chained one on the CPU).');
   });
 });
 

@@ -245,7 +245,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   for (const [gate, why] of Object.entries(f.gatesNotRun ?? {})) lines.push(`**${gate[0].toUpperCase()}${gate.slice(1)}: not run** — ${why}.`, '');
   if (f.emulation) {
     const ep = f.emulation.parity;
-    lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity (teacher-forced) ${ep.total - ep.mismatches.count}/${ep.total} equal to HF, ${ep.ties} ties (${ep.maxTies} allowed; tie margin ${ep.tieMargin === null ? 'none measured' : `${ep.tieMargin.toExponential(2)}, twice the simulator's largest logit error`}).`);
+    lines.push(`**Emulation** (the shipped graphs compiled as separate, not weight-shared, contexts — the simulator cannot load shared ones — on the ${f.emulation.simulator}): ${f.emulation.ok ? 'pass' : 'FAIL'}; parity (teacher-forced) ${ep.total - ep.mismatches.count}/${ep.total} equal to HF, ${ep.ties} ties (${ep.maxTies} allowed; tie margin ${ep.tieMargin === null ? 'none measured' : `${ep.tieMargin.toExponential(2)}, twice the larger of the simulator's lm-head logit error and the shipped graphs' chained one on the CPU`}).`);
     lines.push(...mismatchLines(ep.mismatches.listed, ep.mismatches.count), '');
     lines.push('| graph | min cosine vs HF | top-1 |', '|---|---|---|');
     for (const [g, e] of Object.entries(f.emulation.graphs)) lines.push(`| ${g} | ${e.minCosine.toFixed(7)} | ${e.top1 ?? '-'} |`);

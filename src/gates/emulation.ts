@@ -37,6 +37,7 @@ import type { CompileToolchain } from '../toolchain/qnn/compile-stage.js';
 import { EXIT_NON_FINITE_LOGITS, parseQhxJson, qhxArgs, qhxFailure, type Target } from '../targets/target.js';
 import { checkParity, parityRule, variantOk, type VariantResult } from './parity.js';
 import type { NativeRecord } from './native-stage.js';
+import type { OracleResult } from './oracle.js';
 import { Trace } from './trace.js';
 import { GateTally, type OutputTally } from './compare.js';
 
@@ -122,7 +123,7 @@ export interface EmulationRan {
   thresholds: { minCosine: number; minTop1: number; minMatch: number; maxTies: number; tokens: number };
   compiled: CompiledGraph[];
   oracle: { ok: boolean; graphs: Record<string, SimulatedGraph> };
-  /** Teacher-forced on HF's tokens; ties measured against the simulator's own largest logit error (logitError). */
+  /** Teacher-forced on HF's tokens; ties measured against the larger of the simulator's own lm-head logit error and the oracle's chained one (logitError). */
   parity: VariantResult & { ok: boolean; rule: string };
   /** qhx_generate's decode time per token on the simulator (mean over prompts). */
   msPerToken: number;
@@ -152,6 +153,12 @@ export interface EmulationInput extends EmulationParams {
   python?: string;
   /** The simulator runner (default oracles/qnn_simulate.py); tests substitute their own. */
   script?: string;
+  /**
+   * The oracle gate's chained logit error of these graphs on the CPU (each one-token graph fed the
+   * previous one's output), the host parity gate's tie rule: the simulator's ties are judged against
+   * the larger of it and the simulator's own lm-head error, so one near-tie is a tie on both.
+   */
+  chainedLogitError?: number | null;
   log?: (message: string) => void;
   progress?: (done: number, total: number, label?: string) => void;
 }
@@ -428,7 +435,9 @@ export async function runEmulation(i: EmulationInput): Promise<EmulationResult> 
     const bundle = join(i.work, 'bundle');
     await assembleBundle({ recipe: i.recipe, arch: i.arch, graphsDir: i.graphsDir, embeddingDir: i.graphsDir, checkpointDir: i.checkpointDir, maxNewTokens: i.tokens }, bundle);
     await attachQnnContexts(bundle, compiled);
-    const parity = await checkParity(simulatorTarget(i.qhxGenerate, sim, timeoutSeconds), bundle, trace, i.tokens, simulatedLogitError(graphs));
+    const own = simulatedLogitError(graphs);
+    const error = own === null ? null : Math.max(own, i.chainedLogitError ?? 0);
+    const parity = await checkParity(simulatorTarget(i.qhxGenerate, sim, timeoutSeconds), bundle, trace, i.tokens, error);
     const parityOk = variantOk(parity, i.minMatch, i.maxTies);
     const paritySeconds = (Date.now() - t) / 1000;
     log(`parity on the simulator: ${parity.matched}/${parity.total} before the first mismatch, ${parity.mismatchCount} mismatches teacher-forced, ${parity.ties} ties (tie margin ${parity.tieMargin ?? 'none'}), ${parity.timings.decode_ms_per_token.toFixed(1)} ms/token${parity.nonFinite ? `; NON-FINITE: ${parity.nonFinite}` : ''}`);
@@ -472,12 +481,14 @@ export function emulationSummary(r: EmulationResult) {
 
 export const stage: StageModule<EmulationParams> = {
   name: 'emulation',
-  version: '2',
+  version: '3',
   async run(ctx) {
     const p = ctx.params;
     const native = JSON.parse(readFileSync(join(ctx.inputs.native, 'native.json'), 'utf8')) as NativeRecord;
+    const oracle = JSON.parse(readFileSync(join(ctx.inputs.oracle, 'oracle.json'), 'utf8')) as Pick<OracleResult, 'logitError'>;
     const result = await runEmulation({
       ...p,
+      chainedLogitError: oracle.logitError.quantize ?? null,
       checkpointDir: readCheckpointRef(ctx.inputs.checkpoint).absDir,
       traceDir: ctx.inputs.trace,
       graphsDir: ctx.inputs.quantize,
