@@ -75,7 +75,7 @@ export function summaryText(r: BisectResult): string {
   for (const [name, x] of [['runtime', r.runtime], ['device', r.device]] as const) {
     if (!x) continue;
     const p = x.parity;
-    lines.push(`  ${`${name}:`.padEnd(12)} ${p.target} parity ${p.matched}/${p.total} teacher-forced, ${p.holds ? 'holds' : 'fails'}${p.ties ? ` (${p.ties} ties)` : ''}`);
+    lines.push(`  ${`${name}:`.padEnd(12)} ${p.target} parity ${p.total - p.mismatches}/${p.total} equal to HF teacher-forced, ${p.holds ? 'holds' : 'fails'}${p.ties ? ` (${p.ties} tie${p.ties === 1 ? '' : 's'})` : ''}`);
     const d = x.divergence;
     if (d) lines.push(`  first step:  ${divergenceText(d, p.target)}`);
   }

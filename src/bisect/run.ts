@@ -36,7 +36,7 @@ import { opText, probeQuantOps, type QuantOpProbe } from './quant-op.js';
 import { GRAPHS_JSON, type ExportManifest } from '../export/graphs.js';
 import type { DriftResult } from './drift.js';
 import type { TargetSpec } from '../gates/parity.js';
-import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';
+import { deviceMessage, firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, tiesOnly, type DeviceFindings, type Link, type LinkVerdicts, type ParityJson, type RuntimeFindings } from './runtime.js';
 import { deviceFindings, deviceSpec, promptLengths, runtimeHealthy, runtimeLink } from './runtime-link.js';
 import { defaultTarget, fromText, readFromFile, resolveStart, type FromFile } from './from.js';
 import { firstRunDivergence, runDivergenceText, type RunDivergence } from './runtime-run.js';
@@ -282,7 +282,8 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     host = await chain({ until: 'parity', target: { kind: 'host' }, verbose: req.verbose, quiet: true });
     if (!host.parity) throw new Error(`forge bisect: the build of ${recipe.id} for ${arch.id} stopped before the parity gate gave a verdict: ${host.record.error ?? 'no parity stage ran'}`);
     result.runtime = { parity: paritySnapshot(host.parity) };
-    verdicts.runtime = parityHolds(host.parity);
+    // A gate failed on ties alone is HF's hesitation, not the runtime's: said in the healthy message.
+    verdicts.runtime = parityHolds(host.parity) || tiesOnly(host.parity);
     if (!verdicts.runtime) {
       await runtimeLink(result, host.parity, {
         traceDir: base.dirs.trace!, ckpt, quantizeDir: base.dirs.quantize!, family: recipe.family, settings, ...(precision ? { precision } : {}), log,

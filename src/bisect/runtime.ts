@@ -49,6 +49,16 @@ export function parityHolds(p: Pick<ParityJson, 'ok' | 'detail'>): boolean {
   return p.ok && Object.values(p.detail).every(variantHolds);
 }
 
+/**
+ * The gate failed only on ties: every mismatch within the tie margin (HF's own margin there smaller
+ * than the precision's measured logit error can move), more of them than the recipe allows. Not a
+ * fault of any link: HF hesitates at those steps.
+ */
+export function tiesOnly(p: Pick<ParityJson, 'ok' | 'detail'>): boolean {
+  const vs = Object.values(p.detail);
+  return !p.ok && vs.every(variantHolds) && vs.some((v) => v.ties > 0);
+}
+
 /** What one runtime did at one step: HF's token, a token within the tie margin, another, or unknown (past the listed mismatches). */
 export type StepVerdict =
   | { verdict: 'hf' }
