@@ -14,7 +14,7 @@ import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeW4Hostile } from './helpers/w4-hostile.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { firstFailedRow, locateMiss } from '../src/bisect/locate.js';
-import { candidates, shortName } from '../src/bisect/fixes.js';
+import { candidates, shortName, together } from '../src/bisect/fixes.js';
 import { applyOverrides } from '../src/bisect/apply.js';
 import { PrecisionChooser } from '../src/quant/precision.js';
 import { storedBytes } from '../src/quant/bytes.js';
@@ -111,6 +111,30 @@ describe('forge bisect', () => {
     expect(dom).toContain(op.node);
   }, 900_000); // the twin (cold cache ~50 s), its w4 build through the oracle, 7 single-matrix trial builds (~10–15 s each here), the rebuild
 
+  it('names every layer that fails alone, not only the first, and finds and verifies a fix of them together', async () => {
+    // Layers 0 (×16) and 3 (×256) made W4-hostile: each fails the w4 threshold alone, so no fix of one passes.
+    const mid = join(work, 'hostile-0');
+    const both = join(work, 'hostile-0-3');
+    await makeW4Hostile(await twinDir('qwen3'), mid, 0);
+    await makeW4Hostile(mid, both, 3, 256);
+    const id = 'tiny-qwen3-two-hostile';
+    writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+      r.source = { kind: 'local', path: both };
+      r.arch.default.quant = 'w4';
+    });
+    const run = await forge(['bisect', id, '--arch', 'v81', '--json', '--out', join(work, 'bisect-two')], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastBisect(run.stdout);
+    expect(b.faulty).toEqual([0, 3]);
+    for (const l of b.faulty!) expect(b.alone!.find((a) => a.layer === l)!.cosine).toBeLessThan(b.thresholds.shipped);
+    expect(b.message).toMatch(/layers 0, 3 each fail alone \(0: 0\.\d+, 3: 0\.\d+ < 0\.85\)/);
+    // Every trial moves matrices of both layers; the one chosen passed the gate.
+    for (const t of b.trials) expect(new Set(t.tensors.map((x) => /layers\.(\d+)\./.exec(x.name)![1]))).toEqual(new Set(['0', '3']));
+    expect(b.verdict).toBe('fixed');
+    expect(b.chosen!.ok).toBe(true);
+    console.log(`[measured] bisect on the twin with layers 0 and 3 W4-hostile: alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+  }, 900_000);
+
   it('says "no fault" on a healthy twin, from the cache', async () => {
     const args = ['bisect', 'tiny-qwen3', '--arch', 'v81', '--json', '--out', join(work, 'bisect-healthy')];
     const first = await forge(args, { FORGE_RECIPES: recipes }); // may build the twin through the oracle
@@ -164,6 +188,23 @@ describe('bisect, the pure parts', () => {
     expect(chooser.choose(ts[1].name, 'w4').scheme).toBe('fp16');
     expect(chooser.choose('model.layers.14.self_attn.q_proj.weight', 'w4').scheme).toBe('w4');
     expect(whole!.addedBytes).toBe(single[0].addedBytes + single[1].addedBytes);
+  });
+
+  it('puts several layers\' whole matrices together, one rung up or more, each matrix from where it ships', () => {
+    const t = (l: number, n: string): TensorSpec => ({ name: `model.layers.${l}.${n}.weight`, shape: [64, 64], role: 'matmul' });
+    const layers = [0, 3].map((l) => ({ layer: l, tensors: [t(l, 'self_attn.o_proj'), t(l, 'mlp.down_proj')] }));
+    const pins = [{ match: 'model\\.layers\\.3\\.mlp\\.down_proj\\.weight', quant: 'fp16' as const }];
+    const one = together(layers, 'w4', pins)!;
+    expect(one.label).toBe('layers 0 and 3 whole (4 matrices)');
+    expect(one.layer).toBeUndefined();
+    expect(one.tensors.map((x) => `${x.name.replace(/^model\.layers\./, '')} ${x.from}→${x.to}`)).toEqual(['0.self_attn.o_proj.weight w4→w8', '0.mlp.down_proj.weight w4→w8', '3.self_attn.o_proj.weight w4→w8', '3.mlp.down_proj.weight fp16→fp32']);
+    const two = together(layers, 'w4', pins, undefined, '', 2)!;
+    expect(two.label).toBe('layers 0 and 3 whole (4 matrices), 2 rungs up');
+    expect(two.tensors.map((x) => x.to)).toEqual(['fp16', 'fp16', 'fp16', 'fp32']); // fp32 is the top: no rung past it
+    const chooser = new PrecisionChooser([...two.overrides, ...pins]);
+    expect(layers.flatMap((l) => l.tensors).map((x) => chooser.choose(x.name, 'w4').scheme)).toEqual(['fp16', 'fp16', 'fp16', 'fp32']);
+    // One layer is not "together".
+    expect(together(layers.slice(0, 1), 'w4', [])).toBeUndefined();
   });
 
   it('--apply puts the lines first in the list the arch reads, and refuses them a second time naming the file', () => {

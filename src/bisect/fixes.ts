@@ -69,6 +69,26 @@ export function candidates(layer: number, tensors: TensorSpec[], scheme: QuantSc
 }
 
 /**
+ * Several layers' whole matrices together, `rungs` steps up from where each ships (each matrix at most
+ * to fp32): the fix when more than one layer does damage (a gate left by two layers cannot pass while
+ * either is left as it was). `layers` with the tensors each reads.
+ */
+export function together(layers: Array<{ layer: number; tensors: TensorSpec[] }>, scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = '', rungs = 1, restores = 'the oracle gate'): Candidate | undefined {
+  const moves = layers.flatMap((l) => rungUp(l.tensors, scheme, overrides, map, rungs));
+  if (!moves.length || layers.length < 2) return undefined;
+  const names = layers.map((l) => l.layer);
+  const list = `${names.slice(0, -1).join(', ')} and ${names[names.length - 1]}`;
+  return candidateOf(`layers ${list} whole (${moves.length} matrices)${rungs > 1 ? `, ${rungs} rungs up` : ''}`, undefined, moves, without, restores);
+}
+
+/** Named matrices of several layers together, one rung up each (each faulty layer's worst matrix, from its op probe). */
+export function matricesTogether(picks: Array<{ layer: number; tensor: TensorSpec }>, scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = '', restores = 'the oracle gate'): Candidate | undefined {
+  const moves = picks.flatMap((p) => rungUp([p.tensor], scheme, overrides, map).map((m) => ({ m, layer: p.layer })));
+  if (moves.length < 2) return undefined;
+  return candidateOf(`layers ${moves.map(({ m, layer }) => `${layer} ${shortName(m.t.name, layer)}`).join(' + ')} ${moves[0].m.from}→${moves[0].m.to}`, undefined, moves.map((x) => x.m), without, restores);
+}
+
+/**
  * The lm-head's candidates: each matrix it reads (its weight; a tied model's embedding) one rung up
  * from where the lm-head's scheme and the recipe's overrides put it. A fault the gate sees only in
  * the logits (every layer's probes within tolerance) is the lm-head's own.
@@ -79,12 +99,13 @@ export function lmHeadCandidates(tensors: TensorSpec[], lmHeadScheme: QuantSchem
 
 interface Move { t: TensorSpec; from: QuantScheme; to: QuantScheme }
 
-/** Each movable matmul weight with the precision it ships at now and the rung above it. */
-function rungUp(tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap): Move[] {
+/** Each movable matmul weight with the precision it ships at now and the one `rungs` above it (as far as there is one). */
+function rungUp(tensors: TensorSpec[], scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, rungs = 1): Move[] {
   const chooser = new PrecisionChooser(overrides, map);
   return tensors.filter((t) => t.role === 'matmul').flatMap((t) => {
     const from = chooser.choose(t.name, scheme).scheme;
-    const to = NEXT[from];
+    let to: QuantScheme | undefined;
+    for (let i = 0, at: QuantScheme | undefined = from; i < rungs && at && NEXT[at]; i++) to = at = NEXT[at];
     return to ? [{ t, from, to }] : [];
   });
 }

@@ -25,7 +25,8 @@ import type { PrecisionResult } from '../quant/auto.js';
 import { layerFigures, locateMiss, type LayerFigures, type Miss } from './locate.js';
 import { scanSteps, type StepScan } from './steps.js';
 import { layersAlone, type AloneFigure } from './alone.js';
-import { candidates, judge, rank, readJson, stageDir, type Candidate, type Trial } from './fixes.js';
+import { candidates, judge, rank, readJson, stageDir, together, matricesTogether, type Candidate, type Trial } from './fixes.js';
+import type { TensorSpec } from '../families/types.js';
 import { applyHandoff, applyOverrides } from './apply.js';
 import { handoffBisect, handoffOnly, type HandoffFindings } from './handoff-bisect.js';
 import { writeBisectOutput } from './report.js';
@@ -90,6 +91,8 @@ export interface BisectResult {
   /** The oracle build bisect read: its status and stages (cached or ran). */
   build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number; key?: string }> };
   fault?: Miss;
+  /** Every layer that fails the shipped threshold alone (fed HF's inputs), worst first. */
+  faulty?: number[];
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
   steps?: StepScan;
   /** Per layer, each variant's smallest cosine in the oracle gate (teacher-forced per graph). */
@@ -402,45 +405,73 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   result.suspects = [];
 
   const tensors = (await modelTensors(family, config)).layers;
-  for (const [i, s] of suspects.entries()) {
-    result.suspects.push({ layer: s.layer, why: why(s, i) });
-    const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, `${miss.graph} ${miss.output} ${seen}`);
-    if (!single.length) {
-      log(`layer ${s.layer}: every matrix already at fp32: nothing to promote`);
-      continue;
+  // Every layer that fails alone, wherever it is: a gate left by two cannot pass while either stays.
+  result.faulty = result.alone.filter((f) => f.nonFinite || f.cosine < thresholds.shipped).sort((a, b) => badness(a) - badness(b) || a.layer - b.layer).map((f) => f.layer);
+  const without = `${miss.graph} ${miss.output} ${seen}`;
+  const manifest = readJson<ExportManifest>(join(base.dirs.quantize!, GRAPHS_JSON));
+  const probeOps = async (layer: number) => {
+    const opWork = mkdtempSync(join(tmpdir(), 'forge-bisect-ops-'));
+    try {
+      return await probeQuantOps({
+        family: recipe.family, layer, scheme, lmHeadScheme: baseScheme(settings.lmHead.quant), overrides: settings.overrides, ...(precision ? { precision } : {}),
+        w8Form: manifest.w8Form, maxContext: settings.maxContext, threshold: thresholds.shipped,
+      }, ckpt, base.dirs.trace!, opWork);
+    } finally {
+      rmSync(opWork, { recursive: true, force: true });
     }
-    log(`layer ${s.layer} (alone ${fmt(s.cosine)}): each matrix one precision up`);
-    let restored = false;
-    for (const c of single) restored = (await tryOne(c)).ok || restored;
-    if (!restored && whole) restored = (await tryOne(whole)).ok;
-    if (restored) break;
+  };
+  const damaged = [...result.faulty].sort((a, b) => a - b);
+  if (damaged.length > 1) {
+    // Several layers each fail alone: no fix of one of them can pass. Each one's worst matrix (its op
+    // probe) together, then each whole one rung up together, then two.
+    log(`layers ${damaged.join(', ')} each fail alone: fixing them together`);
+    const picks: Array<{ layer: number; tensor: TensorSpec }> = [];
+    for (const l of damaged) {
+      const drop = (await probeOps(l).catch(() => undefined))?.drop;
+      const t = drop?.matrix ? tensors[l].find((x) => x.name === drop.matrix) : undefined;
+      if (t) picks.push({ layer: l, tensor: t });
+    }
+    const worst = picks.length === damaged.length ? matricesTogether(picks, scheme, settings.overrides, precision, without) : undefined;
+    const tries = [worst, ...[1, 2].map((rungs) => together(damaged.map((l) => ({ layer: l, tensors: tensors[l] })), scheme, settings.overrides, precision, without, rungs))];
+    for (const c of tries) if (c && (await tryOne(c)).ok) break;
+  } else {
+    for (const [i, s] of suspects.entries()) {
+      result.suspects.push({ layer: s.layer, why: why(s, i) });
+      const { single, whole } = candidates(s.layer, tensors[s.layer], scheme, settings.overrides, precision, without);
+      if (!single.length) {
+        log(`layer ${s.layer}: every matrix already at fp32: nothing to promote`);
+        continue;
+      }
+      log(`layer ${s.layer} (alone ${fmt(s.cosine)}): each matrix one precision up`);
+      let restored = false;
+      for (const c of single) restored = (await tryOne(c)).ok || restored;
+      if (!restored && whole) restored = (await tryOne(whole)).ok;
+      if (restored) break;
+    }
   }
   result.fixes = rank(result.trials);
   result.chosen = result.fixes[0];
-  result.layer = result.chosen?.layer ?? suspects[0]?.layer;
+  result.layer = result.chosen?.layer ?? suspects[0]?.layer ?? result.faulty[0];
   const alone = result.alone.find((a) => a.layer === result.layer);
   if (result.layer !== undefined) {
     // Which op of that layer loses the numbers: the layer alone at fp32 and shipped, op by op.
     log(`probing layer ${result.layer} op by op (fp32 vs ${settings.quant})`);
-    const opWork = mkdtempSync(join(tmpdir(), 'forge-bisect-ops-'));
     try {
-      const manifest = readJson<ExportManifest>(join(base.dirs.quantize!, GRAPHS_JSON));
-      result.quantOp = await probeQuantOps({
-        family: recipe.family, layer: result.layer, scheme, lmHeadScheme: baseScheme(settings.lmHead.quant), overrides: settings.overrides, ...(precision ? { precision } : {}),
-        w8Form: manifest.w8Form, maxContext: settings.maxContext, threshold: thresholds.shipped,
-      }, ckpt, base.dirs.trace!, opWork);
+      result.quantOp = await probeOps(result.layer);
       if (result.quantOp.drop) log(`op: ${opText(result.quantOp.drop)} (${result.quantOp.ops.length} ops, ${result.quantOp.cases} cases, ${result.quantOp.seconds.toFixed(1)} s)`);
     } catch (e) {
       // The op is a finer picture of a layer already named: its failure is said, not fatal to the fix found.
       result.quantOpError = (e as Error).message;
       log(`op probe of layer ${result.layer} failed: ${result.quantOpError}`);
-    } finally {
-      rmSync(opWork, { recursive: true, force: true });
     }
   }
   const opPart = result.quantOp?.drop ? `, op ${opText(result.quantOp.drop)}` : '';
-  const damage = result.layer === undefined || !alone ? '' : `; layer ${result.layer} (alone at ${settings.quant} ${fmt(alone.cosine)}) is where ${result.chosen ? 'a fix restores it' : 'the search looked'}${result.layer < miss.layer ? `, its error carried by the later layers to layer ${miss.layer}` : ''}${opPart}`;
-  const link = `link quantization: the shipped ${settings.quant} graphs leave tolerance first at ${where}, ${seen}${at}, while fp32 holds (≥ ${thresholds.fp32})${damage}`;
+  const joint = result.chosen && result.chosen.layer === undefined && damaged.length > 1;
+  const damage = joint ? `; layers ${damaged.join(', ')} together are where a fix restores it${opPart ? ` (layer ${result.layer}'s${opPart.slice(1)})` : ''}`
+    : result.layer === undefined || !alone ? '' : `; layer ${result.layer} (alone at ${settings.quant} ${fmt(alone.cosine)}) is where ${result.chosen ? 'a fix restores it' : 'the search looked'}${result.layer < miss.layer ? `, its error carried by the later layers to layer ${miss.layer}` : ''}${opPart}`;
+  const others = result.faulty.filter((l) => l !== result.layer);
+  const faultyText = others.length ? `; ${result.faulty.length > 1 ? `layers ${result.faulty.join(', ')} each fail` : `layer ${result.faulty[0]} fails`} alone (${result.faulty.map((l) => `${l}: ${fmt(result.alone!.find((a) => a.layer === l)!.cosine)}`).join(', ')} < ${thresholds.shipped})` : '';
+  const link = `link quantization: the shipped ${settings.quant} graphs leave tolerance first at ${where}, ${seen}${at}, while fp32 holds (≥ ${thresholds.fp32})${damage}${faultyText}`;
   if (!result.chosen) {
     result.verdict = 'unfixed';
     result.message = `${link}; no candidate restores the gate (tried ${result.trials.length}: ${result.trials.map((t) => t.label).join(', ')})`;
