@@ -1,7 +1,7 @@
 // Bytes one decode step moves, per recipe, arch, position and layout: the weights from the planner's
 // own accounting (quant/bytes.ts over families/tensors.ts modelTensors, checked against makePlan under
 // the recipe's settings), and everything else from the family's own graph interfaces and bindings
-// (bench/decode-traffic.ts): KV caches and recurrent state read and written, host-table rows (the
+// (src/bundle/decode-traffic.ts): KV caches and recurrent state read and written, host-table rows (the
 // embedding row, Gemma's per-layer-embedding rows, PhiMoE's two selected experts' int8 rows and
 // scales per layer), masks, and the other graph inputs and outputs (residual hand-offs, positions,
 // routing weights, logits). No checkpoint, no timing: decode on the NPU is bound by these bytes over
@@ -38,7 +38,8 @@ import { PrecisionChooser, type PrecisionMap } from '../src/quant/precision.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
 import { baseScheme, type ArchSettings, type QuantScheme } from '../src/recipe/schema.js';
 import { benchArgs } from './util.js';
-import { AS_BUILT, decodeGraphs, embeddingTable, emptyIo, familyTables, qdqW8Bytes, stepIo, type IoParts, type StateForm } from './decode-traffic.js';
+import { AS_BUILT, emptyIo, qdqW8Bytes, type StateForm } from '../src/bundle/decode-traffic.js';
+import { decodeSteps, partsSum, type DecodeParts } from '../src/bundle/decode-bytes.js';
 
 const { values: arg } = benchArgs({
   recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b,gemma-4-e4b,phi-tiny-moe,qwen3-vl-2b' },
@@ -70,12 +71,7 @@ function readMap(file: string): Map<string, MapScheme> | null {
   return m;
 }
 
-interface Parts extends IoParts {
-  /** Every layer's weights (matmuls in the scheme shipped, float tensors float32). */
-  layerWeights: number;
-  /** The final norm and the lm-head matrix. */
-  lmHeadWeights: number;
-}
+type Parts = DecodeParts;
 
 interface Row {
   recipe: string;
@@ -90,7 +86,7 @@ interface Row {
   contexts: number | null;
 }
 
-const sum = (p: Parts) => Object.values(p).reduce((a, b) => a + b, 0);
+const sum = partsSum;
 
 function positionsFor(maxContext: number): number[] {
   const ps = arg.positions.split(',').map((s) => (s.trim() === 'max' ? maxContext : Number(s)));
@@ -115,34 +111,12 @@ for (const id of arg.recipes.split(',')) {
     const unknown = [...map.keys()].filter((k) => !known.has(k));
     if (unknown.length) process.stderr.write(`[decode-bytes] ${id}: ${unknown.length} map entries name no layer tensor of this model (ignored), e.g. ${unknown.slice(0, 3).join(', ')}\n`);
   }
-  const embedding = embeddingTable(family, config);
 
   for (const archId of arg.archs.split(',')) {
     const { arch, settings } = archSettings(recipe, archId, file);
 
-    /** A forge layout: the plan under `s` gives the weights (checked against its own bytes) and the graphs. */
-    const forge = async (label: string, s: ArchSettings, form: StateForm, precision?: PrecisionMap) => {
-      const plan: ShardPlan = await makePlan(family, config, arch, s, undefined, precision);
-      const chooser = new PrecisionChooser(s.overrides, precision);
-      const layerWeights = sumBytes(layer, baseScheme(s.quant), chooser);
-      const lmHeadWeights = sumBytes(head, baseScheme(s.lmHead.quant), chooser);
-      // The planner's context bytes are these very sums: check, so the table cannot drift from the plan.
-      const planned = plan.totalContextBytes - (plan.encoders ?? []).reduce((a, e) => a + e.weightBytes, 0);
-      if (planned !== layerWeights + lmHeadWeights) throw new Error(`${id} ${archId} ${label}: the plan's contexts hold ${planned} B, this count ${layerWeights + lmHeadWeights} B`);
-      const layout: ComponentLayout = {
-        shards: plan.shards.map((x, i) => ({ first: x.first, last: x.last, isLast: i === plan.shards.length - 1 })),
-        lmHeadInside: s.lmHead.placement === 'last-shard',
-        prefillLength: s.prefillLength,
-        maxContext: s.maxContext,
-        ...(s.image ? { image: s.image } : {}),
-      };
-      const graphs = await decodeGraphs(family, config, layout, baseScheme(s.quant));
-      const tables = familyTables(family, config, baseScheme(s.quant));
-      return (position: number) => {
-        const { hostRowsByTable, ...io } = stepIo(graphs, tables, embedding, position, form);
-        return { parts: { layerWeights, lmHeadWeights, ...io }, hostRowsByTable, contexts: plan.contexts };
-      };
-    };
+    /** A forge layout: the plan under `s` gives the weights (checked against its own bytes) and the graphs (src/bundle/decode-bytes.ts). */
+    const forge = (s: ArchSettings, form: StateForm, precision?: PrecisionMap) => decodeSteps(family, config, arch, s, form, precision);
 
     const handLmHead: QuantScheme = HAND_MADE_LM_HEAD[id] ?? 'fp16';
     const handMade: Parts = {
@@ -153,10 +127,10 @@ for (const id of arg.recipes.split(',')) {
     // Later steps of issue 34 add their layouts here (f16 state I/O, caches read as far as filled) once built.
     const layouts: Array<[string, (p: number) => { parts: Parts; hostRowsByTable: Record<string, number>; contexts: number | null }]> = [
       ['hand-made', () => ({ parts: handMade, hostRowsByTable: {}, contexts: null })],
-      ['forge-before', await forge('forge-before', settings, AS_BUILT)],
+      ['forge-before', await forge(settings, AS_BUILT)],
     ];
-    if (precisionMap) layouts.push(['forge-before (w4 + map)', await forge('w4 + map', { ...settings, quant: 'auto' }, AS_BUILT, precisionMap)]);
-    layouts.push(['forge-w4-f16-projection', await forge('projection', { ...settings, quant: 'w4', lmHead: { ...settings.lmHead, quant: 'w4' } }, { bytes: 2, cacheRead: 'filled' })]);
+    if (precisionMap) layouts.push(['forge-before (w4 + map)', await forge({ ...settings, quant: 'auto' }, AS_BUILT, precisionMap)]);
+    layouts.push(['forge-w4-f16-projection', await forge({ ...settings, quant: 'w4', lmHead: { ...settings.lmHead, quant: 'w4' } }, { bytes: 2, cacheRead: 'filled' })]);
     for (const position of positionsFor(settings.maxContext)) {
       const base = sum(handMade);
       for (const [layout, at] of layouts) {

@@ -189,7 +189,7 @@ function emulationNode(recipe: Recipe, arch: Arch, s: ArchSettings, toolchain: C
 function bundleNode(recipe: Recipe, arch: Arch, s: ArchSettings, gates: string[], gatesNotRun: Record<string, string> | undefined, auto: boolean, toolchain: CompileToolchain): StageNode {
   const params: BundleParams = {
     recipe: { id: recipe.id, family: recipe.family, source: recipe.source, card: recipe.card }, arch: arch.id, maxNewTokens: recipe.gates.parity.tokens,
-    ...(gatesNotRun ? { gatesNotRun } : {}),
+    ...(gatesNotRun ? { gatesNotRun } : {}), settings: s,
   };
   return {
     id: 'bundle', module: src('bundle/bundle-stage.ts'), params: params as any,

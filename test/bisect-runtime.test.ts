@@ -20,6 +20,7 @@ import type { Mismatch, VariantResult } from '../src/gates/parity.js';
 import type { BisectResult } from '../src/bisect/run.js';
 import { firstBrokenLink, firstDivergence, parityHolds, paritySnapshot, tiesOnly, verdictAt, type ParityJson } from '../src/bisect/runtime.js';
 import { runtimeHealthy, runtimeLink } from '../src/bisect/runtime-link.js';
+import { noFaultWarnings } from '../src/bisect/warnings.js';
 
 const mismatch = (prompt: number, step: number, tie: boolean, token = 5): Mismatch => ({ prompt, step, hf: { token: 9, logit: 3 }, runtime: { token, hfLogit: 1 }, margin: 2, tie });
 const variant = (m: Mismatch[], over: Partial<VariantResult> = {}): VariantResult => ({
@@ -58,6 +59,16 @@ describe('which link bisect names', () => {
     const snap = { ...paritySnapshot({ ...ties, total: 128, ties: 1, mismatches: { count: 1, listed: [] } } as ParityJson) };
     const message = runtimeHealthy({ fp32: 0.99999, shipped: 0.999, quant: 'w8' } as BisectResult['thresholds'], { runtime: { parity: snap } } as BisectResult);
     expect(message).toMatch(/^no fault: .*\(parity 127\/128 equal to HF teacher-forced, 1 tie within the margin\); the parity gate fails only on 1 tie, .*gates\.parity\.maxTies and a tiesWhy/);
+  });
+
+  it('says what still deserves a look when nothing broke: a layer far weaker than the median, steps HF decides by less than twice the logit error', () => {
+    const layers = [0.9995, 0.9996, 0.9994, 0.9861, 0.9995].map((shipped, layer) => ({ layer, fp32: 1, shipped }));
+    const w = noFaultWarnings(layers, 0.05, [3, 0.07, 2.5, 0.2]);
+    expect(w.map((x) => x.kind)).toEqual(['weak-layer', 'logit-error']);
+    expect(w[0].text).toBe('layer 3 keeps 0.98610 against a median of 0.99950 over 5 layers: it passes, and it is where drift would start');
+    expect(w[1].text).toBe('the shipped graphs move the logits by up to 0.0500: 1 of 4 traced steps have HF margins under twice that (smallest 0.0700) and could flip on another run or input');
+    // Layers alike and margins wide: nothing to say.
+    expect(noFaultWarnings(layers.map((l) => ({ ...l, shipped: 0.9995 })), 0.05, [3, 2.5])).toEqual([]);
   });
 
   it('names the fp32 graphs\' step first (no precision fixes it), a step beyond the tie margin before a tie, at the traced position', () => {

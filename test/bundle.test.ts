@@ -72,6 +72,25 @@ describe('bundle', () => {
     expect(card).not.toMatch(/\d+\.\d+ ms/); // host timings live in build/report.md, not in the card
   });
 
+  it('says on its card and in its run record how many bytes a decode step moves: the planned weights, the whole K/V caches, the rest', () => {
+    const card = readFileSync(join(a.bundle!, 'README.md'), 'utf8');
+    const plan = a.summaries.plan as any;
+    const m = JSON.parse(readFileSync(join(a.bundle!, 'manifest.json'), 'utf8'));
+    // The twin's K/V caches: per layer K and V, [kvHeads, maxContext, headDim] float32, read whole at every position.
+    const kv = m.contexts.flatMap((c: any) => c.graphs).filter((g: any) => g.role === 'decode').flatMap((g: any) => g.inputs).filter((i: any) => i.bind === 'state' && /^past_[kv]_/.test(i.name));
+    expect(kv.length).toBeGreaterThan(0);
+    const kvBytes = kv.reduce((s: number, i: any) => s + i.shape.reduce((x: number, y: number) => x * y, 1) * 4, 0);
+    const perToken = (a.summaries.bundle as any).decodeBytesPerToken;
+    expect(Object.keys(perToken)).toEqual(['128', '256']); // 128, 512, 2048 and maxContext, within maxContext 256
+    // Weights (the plan's contexts) and caches are most of it; masks, hand-offs and logits the rest.
+    const rest = perToken['128'] - plan.totalContextBytes - kvBytes;
+    expect(rest).toBeGreaterThan(0);
+    expect(rest).toBeLessThan(0.05 * perToken['128']);
+    expect(perToken['256']).toBe(perToken['128']); // caches read whole: the same at every position, as built
+    expect(card).toContain('**Bytes per decode token** (counted from the plan and the graphs, not measured on a device');
+    expect(card).toMatch(/\| 128 \| \d+\.\d kB \| \d+\.\d kB \| \d+\.\d kB \| \d+\.\d kB \|/);
+  });
+
   it('has a card and a report that show the trace\'s margin distribution beside each precision\'s largest logit error', () => {
     const card = readFileSync(join(a.bundle!, 'README.md'), 'utf8');
     const md = readFileSync(join(a.bundle!, 'build', 'report.md'), 'utf8');

@@ -121,6 +121,16 @@ describe('model card: run command', () => {
   });
 });
 
+describe('model card: bytes per decode token', () => {
+  it('tabulates what a decode step moves at each position, weights and caches apart, and says it is counted, not measured', () => {
+    const rows = [{ position: 128, bytesPerToken: 5_677_700_000, weights: 4_468_800_000, kvRead: 1_208_000_000, other: 900_000 }];
+    const card = modelCard({ ...facts(clean), decodeBytes: rows }, {});
+    expect(card).toContain('**Bytes per decode token** (counted from the plan and the graphs, not measured on a device');
+    expect(card).toContain('| position | per token | weights | KV caches read | other |\n|---|---|---|---|---|\n| 128 | 5.68 GB | 4.47 GB | 1.21 GB | 900.0 kB |');
+    expect(modelCard(facts(clean), {})).not.toContain('Bytes per decode token');
+  });
+});
+
 describe('model card: precision', () => {
   it('lists every matrix that is not in the W4 scheme with why, and the lm-head\'s own scheme', () => {
     const why = 'in-features 48 are not a multiple of the W4 block 32';

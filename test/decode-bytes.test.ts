@@ -11,7 +11,7 @@ import { phimoe } from '../src/families/phimoe.js';
 import type { Family } from '../src/families/types.js';
 import {
   AS_BUILT, cacheSlotsRead, decodeGraphs, embeddingTable, familyTables, kvLayerBytes, qdqW8Bytes, recurrentLayerBytes, stepIo, type StateForm,
-} from '../bench/decode-traffic.js';
+} from '../src/bundle/decode-traffic.js';
 
 const twinConfig = (family: string) => JSON.parse(readFileSync(`test/fixtures/twin-configs/${family}.json`, 'utf8'));
 const F16_FILLED: StateForm = { bytes: 2, cacheRead: 'filled' };

@@ -93,6 +93,7 @@ export function summaryText(r: BisectResult): string {
   }
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
+  for (const w of r.warnings ?? []) lines.push(`  look at:     ${w.text}`);
   if (r.faulty?.length) lines.push(`  alone under: ${r.faulty.map((l) => `layer ${l}`).join(', ')} (each fails the shipped threshold by itself)`);
   if (r.trials.length) {
     lines.push(`  fixes tried (rebuilt through the ${r.trials.some((t) => t.rescale) ? 'emulation' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);

@@ -27,6 +27,7 @@ import { scanSteps, type StepScan } from './steps.js';
 import { layersAlone, type AloneFigure } from './alone.js';
 import { candidates, judge, rank, readJson, stageDir, together, matricesTogether, type Candidate, type Trial } from './fixes.js';
 import type { TensorSpec } from '../families/types.js';
+import { noFaultWarnings, type Warning } from './warnings.js';
 import { applyHandoff, applyOverrides } from './apply.js';
 import { handoffBisect, handoffOnly, type HandoffFindings } from './handoff-bisect.js';
 import { writeBisectOutput } from './report.js';
@@ -91,6 +92,8 @@ export interface BisectResult {
   /** The oracle build bisect read: its status and stages (cached or ran). */
   build: { status: string; seconds: number; stages: Array<{ name: string; status: string; seconds: number; key?: string }> };
   fault?: Miss;
+  /** Under a "no fault" verdict: a weak but passing layer, a logit error close to HF's margins. */
+  warnings?: Warning[];
   /** Every layer that fails the shipped threshold alone (fed HF's inputs), worst first. */
   faulty?: number[];
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
@@ -225,6 +228,14 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const finish = () => {
     const link = firstBrokenLink(verdicts);
     if (link) result.link = link;
+    if (result.verdict === 'no-fault' && base.oracle) {
+      // Nothing broke: what still deserves a look (a weak but passing layer, logits close to HF's margins).
+      const w = noFaultWarnings(layers, base.oracle.logitError.quantize, readTraceMeta(base.dirs.trace!).prompts.flatMap((p) => p.margins));
+      if (w.length) {
+        result.warnings = w;
+        result.message += `; worth a look: ${w.map((x) => x.text).join('; ')}`;
+      }
+    }
     result.seconds = (performance.now() - t0) / 1000;
     if (run) result.message = `${runDivergenceText(run)}; the chain on that prompt: ${result.message}`;
     writeBisectOutput(outDir, result);
@@ -301,7 +312,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
       return finish();
     }
-    log(`the native runtime follows HF on this CPU: parity ${host.parity.matched}/${host.parity.total}${host.parity.ties ? `, ${host.parity.ties} ties` : ''}`);
+    log(`the native runtime follows HF on this CPU: parity ${host.parity.matched}/${host.parity.total}${host.parity.ties ? `, ${host.parity.ties} tie${host.parity.ties === 1 ? '' : 's'}` : ''}`);
   }
   if (!miss && target !== 'host') {
     // The host chain holds: the next link is the compile for the HTP and its fp16 on the simulator.

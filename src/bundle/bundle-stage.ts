@@ -7,7 +7,11 @@ import { readFileSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
-import type { FamilyId, Recipe } from '../recipe/schema.js';
+import type { ArchSettings, FamilyId, Recipe } from '../recipe/schema.js';
+import { getFamily } from '../families/index.js';
+import { AS_BUILT } from './decode-traffic.js';
+import { cardPositions, decodeRow, decodeSteps, type DecodeBytesRow } from './decode-bytes.js';
+import type { PrecisionMap } from '../quant/precision.js';
 import { getArch } from '../arch/table.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
@@ -29,6 +33,8 @@ export interface BundleParams {
   maxNewTokens: number;
   /** Gates the pipeline left out, and why: the card says so. */
   gatesNotRun?: Record<string, string>;
+  /** The arch's settings the build used: the card's bytes per decode token are counted from them. */
+  settings: ArchSettings;
 }
 
 export const SUMS = 'SHA256SUMS';
@@ -82,9 +88,19 @@ export function shippedPrecision(quantizeDir: string, precisionDir?: string): Sh
   };
 }
 
+/** The card's bytes per decode token at its positions, for the build's own settings and auto's map. */
+async function decodeBytes(p: BundleParams, plan: ShardPlan, checkpointDir: string, precisionDir?: string): Promise<DecodeBytesRow[]> {
+  const family = getFamily(p.recipe.family);
+  const file = join(checkpointDir, 'config.json');
+  const config = family.parseConfig(JSON.parse(readFileSync(file, 'utf8')), file);
+  const map = precisionDir ? (JSON.parse(readFileSync(join(precisionDir, PRECISION_JSON), 'utf8')) as { matrices: PrecisionMap }).matrices : undefined;
+  const at = await decodeSteps(family, config, getArch(p.arch), p.settings, AS_BUILT, map, plan);
+  return cardPositions(p.settings.maxContext).map((position) => decodeRow(position, at(position)));
+}
+
 export const stage: StageModule<BundleParams> = {
   name: 'bundle',
-  version: '1',
+  version: '2',
   async run(ctx) {
     const p = ctx.params;
     const arch = getArch(p.arch);
@@ -110,6 +126,7 @@ export const stage: StageModule<BundleParams> = {
       planKept: { contexts: plan.contexts, graphs: plan.graphs },
       plan,
       precision: shippedPrecision(ctx.inputs.quantize, ctx.inputs.precision),
+      decodeBytes: await decodeBytes(p, plan, readCheckpointRef(ctx.inputs.checkpoint).absDir, ctx.inputs.precision),
     };
     const files = await listFiles(ctx.out);
     const sizes = Object.fromEntries(files.map((f) => [f, statSync(join(ctx.out, f)).size]));
@@ -120,6 +137,6 @@ export const stage: StageModule<BundleParams> = {
     const known = manifestHashes(manifest);
     const sums = await Promise.all(all.map(async (f) => `${known.get(f) ?? (await sha256OfFile(join(ctx.out, f)))}  ${f}`));
     await writeFile(join(ctx.out, SUMS), sums.join('\n') + '\n');
-    return { summary: { files: all.length + 1, bytes: Object.values(sizes).reduce((a, b) => a + b, 0) } };
+    return { summary: { files: all.length + 1, bytes: Object.values(sizes).reduce((a, b) => a + b, 0), decodeBytesPerToken: Object.fromEntries(facts.decodeBytes!.map((r) => [String(r.position), r.bytesPerToken])) } };
   },
 };

@@ -10,6 +10,7 @@ import { confidenceSection, type Confidence } from './confidence.js';
 import { W4_BLOCK } from '../quant/w4.js';
 import { mixed, precisionTable, type PrecisionRow } from './precision-map.js';
 import { planLines } from './plan-table.js';
+import type { DecodeBytesRow } from './decode-bytes.js';
 import { sizeText as mb } from '../units.js';
 import type { ShardPlan } from '../plan/shards.js';
 import type { PixelCheck } from '../gates/pixels.js';
@@ -33,6 +34,8 @@ export interface ParityFacts {
 
 export interface CardFacts {
   recipe: { id: string; family: string; source: Recipe['source']; card: Recipe['card'] };
+  /** Bytes one decode step moves at a few positions (decode-bytes.ts), as built: float32 state, caches read whole. */
+  decodeBytes?: DecodeBytesRow[];
   arch: HexagonArch;
   manifest: Manifest;
   compiled: CompiledContext[];
@@ -123,6 +126,16 @@ function source(s: Recipe['source']): string {
   return 'a local checkpoint';
 }
 
+/** What a decode step moves, per position: decode on the NPU is bound by these bytes over the memory bandwidth. */
+function decodeBytesLines(rows: DecodeBytesRow[]): string[] {
+  const out = [
+    '**Bytes per decode token** (counted from the plan and the graphs, not measured on a device: every weight of the contexts a step runs, the KV caches and recurrent state it reads and writes, the host-table rows and the graphs\' other inputs and outputs; the caches cross the graph boundary as float32 and are read whole at every position). Decode on the NPU is bound by these bytes:',
+    '', '| position | per token | weights | KV caches read | other |', '|---|---|---|---|---|',
+  ];
+  for (const r of rows) out.push(`| ${r.position} | ${mb(r.bytesPerToken)} | ${mb(r.weights)} | ${mb(r.kvRead)} | ${mb(r.other)} |`);
+  return [...out, ''];
+}
+
 /** Each listed mismatch with HF's margin there, and whether it was a tie. */
 function mismatchLines(listed: ListedMismatch[], count: number): string[] {
   if (!count) return [];
@@ -194,6 +207,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   }
   if (f.plan) lines.push(...planLines(f.plan, manifest));
   if (f.precision) lines.push(...precisionLines(f.precision));
+  if (f.decodeBytes?.length) lines.push(...decodeBytesLines(f.decodeBytes));
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
     lines.push(`| \`${file}\` | ${sizes[file] !== undefined ? mb(sizes[file]) : '-'} | ${role(file, f)} |`);

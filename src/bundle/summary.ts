@@ -49,6 +49,9 @@ function sizeLines(r: RunRecord, contexts: SummaryInput['contexts']): string[] {
   const compiled = contexts ?? (isObj(r.summaries?.compile) && Array.isArray(r.summaries.compile.contexts) ? (r.summaries.compile.contexts as Array<{ name: string; bytes: number }>) : []);
   const listed = compiled.filter((c) => typeof c?.name === 'string' && typeof c?.bytes === 'number');
   if (listed.length) out.push(`contexts: ${listed.map((c) => `${c.name} ${sizeText(c.bytes)}`).join(', ')}`);
+  // What a decode step moves (the bundle stage's count from the plan and the graphs), per position.
+  const perToken = isObj(r.summaries?.bundle) && isObj(r.summaries.bundle.decodeBytesPerToken) ? Object.entries(r.summaries.bundle.decodeBytesPerToken).filter(([, b]) => typeof b === 'number') : [];
+  if (perToken.length) out.push(`per decode token: ${perToken.map(([p, b]) => `${sizeText(b as number)} at position ${p}`).join(', ')}`);
   return out;
 }
 

@@ -1,0 +1,38 @@
+// forge bisect's "no fault" is not "nothing to watch": a layer far weaker than the others while
+// passing, and a shipped logit error large against the model's own margins, are what a real model
+// with smaller margins, or a longer conversation, would not survive. Said beside the verdict, from
+// figures the bisect already has (the oracle's per-layer rows and chained logit error, the trace's
+// margins): nothing is rebuilt.
+import type { LayerFigures } from './locate.js';
+
+export interface Warning {
+  kind: 'weak-layer' | 'logit-error';
+  text: string;
+}
+
+/** How many times the median's distance from cosine 1 a layer's must be to stand out, and the least that counts. */
+const OUTLIER = 4;
+const MIN_DISTANCE = 1e-3;
+
+/**
+ * The weakest layers (shipped, along the chain) that stand out from the median, and the steps HF
+ * decides by less than twice the shipped graphs' chained logit error.
+ */
+export function noFaultWarnings(layers: LayerFigures[], shippedLogitError: number | undefined, stepMargins: number[]): Warning[] {
+  const out: Warning[] = [];
+  const shipped = layers.filter((l) => l.shipped !== undefined).map((l) => ({ layer: l.layer, d: 1 - l.shipped! }));
+  if (shipped.length >= 3) {
+    const sorted = shipped.map((x) => x.d).sort((a, b) => a - b);
+    const median = sorted[Math.floor(sorted.length / 2)];
+    const weak = shipped.filter((x) => x.d >= MIN_DISTANCE && x.d > OUTLIER * Math.max(median, 1e-9)).sort((a, b) => b.d - a.d);
+    if (weak.length) {
+      out.push({ kind: 'weak-layer', text: `${weak.map((w) => `layer ${w.layer} keeps ${(1 - w.d).toFixed(5)}`).join(', ')} against a median of ${(1 - median).toFixed(5)} over ${shipped.length} layers: it passes, and it is where drift would start` });
+    }
+  }
+  if (shippedLogitError !== undefined && stepMargins.length) {
+    const close = stepMargins.filter((m) => m < 2 * shippedLogitError).length;
+    const min = Math.min(...stepMargins);
+    if (close) out.push({ kind: 'logit-error', text: `the shipped graphs move the logits by up to ${shippedLogitError.toFixed(4)}: ${close} of ${stepMargins.length} traced steps have HF margins under twice that (smallest ${min.toFixed(4)}) and could flip on another run or input` });
+  }
+  return out;
+}
