@@ -33,6 +33,9 @@ describe('forge bisect --target emulation', () => {
     const id = 'tiny-qwen3-fp16-hostile';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };
+      // Two prompts, 8 new tokens: q_norm's square overflows at every step, and the simulator's time goes with the steps.
+      r.gates.prompts = r.gates.prompts.slice(0, 2);
+      r.gates.parity.tokens = 8;
     });
 
     const out = join(work, 'bisect');
@@ -82,12 +85,18 @@ describe('forge bisect --target emulation', () => {
   }, 1_800_000); // the twin's trace and w8 export, the native runtime, the simulator gate (~4 min here), the probe, up to two trial builds through the simulator
 
   it('names an MLP whose act(gate)·up leaves fp16 on the simulator, and rescales it exactly', async () => {
-    // Layer 1's up_proj × 2^13, down_proj ÷ 2^13: the same function, an intermediate past 65504.
+    // Layer 1's up_proj × 2^13, down_proj ÷ 2^13: the same function, an intermediate past 65504. Run
+    // after the q_norm case over the same cache: its graphs' files are byte for byte the q_norm twin's
+    // (the weights are external data), and the probe must not read that twin's result for them.
     const hostile = join(work, 'mlp-hostile');
     await makeMlpFp16Hostile(await twinDir('qwen3'), hostile, 1);
     const id = 'tiny-qwen3-mlp-hostile';
     const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
       r.source = { kind: 'local', path: hostile };
+      // The recipe's long prompt alone, 8 new tokens: its steps take the intermediate past 65504 (a short
+      // prompt's do not), and the simulator's time goes with the steps.
+      r.gates.prompts = r.gates.prompts.filter((p: string) => p.startsWith('The lighthouse keeper'));
+      r.gates.parity.tokens = 8;
     });
     const out = join(work, 'bisect-mlp');
     const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });

@@ -36,7 +36,7 @@ let qhxGenerate: string;
 beforeAll(async () => {
   dir = mkdtempSync(join(tmpdir(), 'forge-emulation-'));
   // Only the stages the gate reads (whatever else the pipeline holds is not run).
-  for (const until of ['quantize', 'trace', 'native']) {
+  for (const until of ['quantize', 'trace', 'native', 'oracle']) {
     const record = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: join(dir, `build-${until}`), until, progress: silentProgress });
     if (!record.ok) throw new Error(record.error);
     for (const s of record.stages) if (s.key) inputs[s.name === 'fetch' ? 'checkpoint' : s.name] = join(cacheRoot(), s.name, s.key);

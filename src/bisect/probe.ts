@@ -11,7 +11,8 @@
 // attention mask's −1e9) is the graph's intent, not a fault, and what reads it is not named. Failing
 // that, the first op whose simulator output is non-finite, and failing that the first whose cosine
 // with the CPU falls under the threshold.
-import { existsSync, mkdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
 import { OnnxModel } from '../onnx/reader.js';
@@ -136,7 +137,11 @@ export async function probeGraph<C>(o: ProbeInput<C>): Promise<ProbeResult> {
   const model = join(o.graphsDir, o.entry.file);
   const n = o.cases ?? 4;
   const sha = await sha256OfFile(model);
-  const cacheFile = join(o.cacheDir, `${sha.slice(0, 32)}.${o.fp16 ? 'fp16' : 'fp32'}.${n}.${o.threshold}.json`);
+  // The graph file holds no weights (they are external data) and the cases come from the trace: two
+  // checkpoints with one architecture give the same file. The key adds the export's and the trace's
+  // cache entries (each named by the digest of everything it was made from).
+  const from = createHash('sha256').update(`${sha}\n${realpathSync(o.graphsDir)}\n${realpathSync(o.trace.dir)}`).digest('hex');
+  const cacheFile = join(o.cacheDir, `${from.slice(0, 32)}.${o.fp16 ? 'fp16' : 'fp32'}.${n}.${o.threshold}.json`);
   if (existsSync(cacheFile)) return { ...(JSON.parse(readFileSync(cacheFile, 'utf8')) as ProbeResult), cached: true, seconds: (performance.now() - t0) / 1000 };
   const values = probedValues(model);
   if (!values.length) throw new Error(`${model}: no scoped node outputs to probe (its nodes have no layers.i/… names: exported before name scopes?)`);

@@ -38,9 +38,10 @@ describe('per-matrix precision (recipe overrides, the auto map)', () => {
 });
 
 describe('recipe: quant auto and overrides', () => {
-  it("accepts 'auto' for the layers, not for the lm-head", () => {
+  it("accepts 'auto' for the layers and for the lm-head, and names the field of a scheme it does not know", () => {
     expect(ArchSettingsPatchSchema.parse({ quant: 'auto' }).quant).toBe('auto');
-    const r = ArchSettingsPatchSchema.safeParse({ lmHead: { placement: 'separate', quant: 'auto' } });
+    expect(ArchSettingsPatchSchema.parse({ lmHead: { placement: 'separate', quant: 'auto' } }).lmHead!.quant).toBe('auto');
+    const r = ArchSettingsPatchSchema.safeParse({ lmHead: { placement: 'separate', quant: 'w3' } });
     expect(r.success).toBe(false);
     expect(r.error!.issues[0].path).toEqual(['lmHead', 'quant']);
   });
