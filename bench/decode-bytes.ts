@@ -31,15 +31,15 @@
 import { readFileSync } from 'node:fs';
 import { getFamily } from '../src/families/index.js';
 import { modelTensors } from '../src/families/tensors.js';
-import type { ComponentLayout, TensorSpec } from '../src/families/types.js';
-import { makePlan, type ShardPlan } from '../src/plan/shards.js';
-import { storedBytes, sumBytes } from '../src/quant/bytes.js';
-import { PrecisionChooser, type PrecisionMap } from '../src/quant/precision.js';
+import type { TensorSpec } from '../src/families/types.js';
+import { storedBytes } from '../src/quant/bytes.js';
+import type { PrecisionMap } from '../src/quant/precision.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
-import { baseScheme, type ArchSettings, type QuantScheme } from '../src/recipe/schema.js';
+import type { ArchSettings, QuantScheme } from '../src/recipe/schema.js';
 import { benchArgs } from './util.js';
-import { AS_BUILT, emptyIo, qdqW8Bytes, type StateForm } from '../src/bundle/decode-traffic.js';
-import { decodeSteps, partsSum, type DecodeParts } from '../src/bundle/decode-bytes.js';
+import { AS_BUILT, emptyIo, type StateForm } from '../src/bundle/decode-traffic.js';
+import { qdqW8Bytes } from './hand-made.js';
+import { decodeSteps, partsSum as sum, type DecodeParts as Parts } from '../src/bundle/decode-bytes.js';
 
 const { values: arg } = benchArgs({
   recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b,gemma-4-e4b,phi-tiny-moe,qwen3-vl-2b' },
@@ -71,8 +71,6 @@ function readMap(file: string): Map<string, MapScheme> | null {
   return m;
 }
 
-type Parts = DecodeParts;
-
 interface Row {
   recipe: string;
   arch: string;
@@ -86,7 +84,6 @@ interface Row {
   contexts: number | null;
 }
 
-const sum = partsSum;
 
 function positionsFor(maxContext: number): number[] {
   const ps = arg.positions.split(',').map((s) => (s.trim() === 'max' ? maxContext : Number(s)));

@@ -26,22 +26,29 @@ let work: string;
 let recipes: string;
 beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp16-')));
 
+/**
+ * A planted twin as recipe `id` (tiny-qwen3 with its checkpoint and `prompts` of the recipe's, 8 new
+ * tokens: the simulator's time goes with the steps), bisected on the simulator with --apply.
+ */
+async function bisectPlanted(id: string, checkpoint: string, prompts: (all: string[]) => string[], out: string) {
+  const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+    r.source = { kind: 'local', path: checkpoint };
+    r.gates.prompts = prompts(r.gates.prompts);
+    r.gates.parity.tokens = 8;
+  });
+  const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+  expect(run.code, run.stderr).toBe(0);
+  return { recipeFile, b: lastJson(run.stdout) as BisectResult };
+}
+
 describe('forge bisect --target emulation', () => {
   it('names the op that overflows fp16 on the simulator, the link compile/fp16, and the rescale that makes the simulator gate pass', async () => {
     const hostile = join(work, 'fp16-hostile');
     await makeFp16Hostile(await twinDir('qwen3'), hostile, 2, 1024);
     const id = 'tiny-qwen3-fp16-hostile';
-    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
-      r.source = { kind: 'local', path: hostile };
-      // Two prompts, 8 new tokens: q_norm's square overflows at every step, and the simulator's time goes with the steps.
-      r.gates.prompts = r.gates.prompts.slice(0, 2);
-      r.gates.parity.tokens = 8;
-    });
-
     const out = join(work, 'bisect');
-    const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
-    expect(run.code, run.stderr).toBe(0);
-    const b = lastJson(run.stdout) as BisectResult;
+    // Two prompts: q_norm's square overflows at every step.
+    const { recipeFile, b } = await bisectPlanted(id, hostile, (all) => all.slice(0, 2), out);
     // The CPU chain holds (fp32 and the shipped w8 graphs within tolerance): not quantization's doing.
     expect(b.fault).toBeUndefined();
     expect(b.layers.every((l) => l.fp32! >= b.thresholds.fp32 && l.shipped! >= b.thresholds.shipped)).toBe(true);
@@ -91,17 +98,8 @@ describe('forge bisect --target emulation', () => {
     const hostile = join(work, 'mlp-hostile');
     await makeMlpFp16Hostile(await twinDir('qwen3'), hostile, 1);
     const id = 'tiny-qwen3-mlp-hostile';
-    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
-      r.source = { kind: 'local', path: hostile };
-      // The recipe's long prompt alone, 8 new tokens: its steps take the intermediate past 65504 (a short
-      // prompt's do not), and the simulator's time goes with the steps.
-      r.gates.prompts = r.gates.prompts.filter((p: string) => p.startsWith('The lighthouse keeper'));
-      r.gates.parity.tokens = 8;
-    });
-    const out = join(work, 'bisect-mlp');
-    const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
-    expect(run.code, run.stderr).toBe(0);
-    const b = lastJson(run.stdout) as BisectResult;
+    // The recipe's long prompt alone: its steps take the intermediate past 65504 (a short prompt's do not).
+    const { recipeFile, b } = await bisectPlanted(id, hostile, (all) => all.filter((p) => p.startsWith('The lighthouse keeper')), join(work, 'bisect-mlp'));
     expect(b.fault).toBeUndefined();
     expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
     // The op is the MLP's: its product, or down_proj reading it; either way its layer and module.

@@ -10,8 +10,9 @@ import { gemma4 } from '../src/families/gemma4.js';
 import { phimoe } from '../src/families/phimoe.js';
 import type { Family } from '../src/families/types.js';
 import {
-  AS_BUILT, cacheSlotsRead, decodeGraphs, embeddingTable, familyTables, kvLayerBytes, qdqW8Bytes, recurrentLayerBytes, stepIo, type StateForm,
+  AS_BUILT, cacheSlotsRead, decodeGraphs, embeddingTable, familyTables, kvLayerBytes, recurrentLayerBytes, stepIo, type StateForm,
 } from '../src/bundle/decode-traffic.js';
+import { qdqW8Bytes } from '../bench/hand-made.js';
 
 const twinConfig = (family: string) => JSON.parse(readFileSync(`test/fixtures/twin-configs/${family}.json`, 'utf8'));
 const F16_FILLED: StateForm = { bytes: 2, cacheRead: 'filled' };

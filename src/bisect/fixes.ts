@@ -85,7 +85,7 @@ export function together(layers: Array<{ layer: number; tensors: TensorSpec[] }>
 export function matricesTogether(picks: Array<{ layer: number; tensor: TensorSpec }>, scheme: QuantScheme, overrides: PrecisionOverride[], map?: PrecisionMap, without = '', restores = 'the oracle gate'): Candidate | undefined {
   const moves = picks.flatMap((p) => rungUp([p.tensor], scheme, overrides, map).map((m) => ({ m, layer: p.layer })));
   if (moves.length < 2) return undefined;
-  return candidateOf(`layers ${moves.map(({ m, layer }) => `${layer} ${shortName(m.t.name, layer)}`).join(' + ')} ${moves[0].m.from}→${moves[0].m.to}`, undefined, moves.map((x) => x.m), without, restores);
+  return candidateOf(`layers ${moves.map(({ m, layer }) => `${layer} ${shortName(m.t.name, layer)} ${m.from}→${m.to}`).join(' + ')}`, undefined, moves.map((x) => x.m), without, restores);
 }
 
 /**

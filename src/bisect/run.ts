@@ -438,7 +438,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     log(`layers ${damaged.join(', ')} each fail alone: fixing them together`);
     const picks: Array<{ layer: number; tensor: TensorSpec }> = [];
     for (const l of damaged) {
-      const drop = (await probeOps(l).catch(() => undefined))?.drop;
+      const drop = (await probeOps(l).catch((e: Error) => void log(`op probe of layer ${l} failed (its whole layer is tried instead): ${e.message}`)))?.drop;
       const t = drop?.matrix ? tensors[l].find((x) => x.name === drop.matrix) : undefined;
       if (t) picks.push({ layer: l, tensor: t });
     }

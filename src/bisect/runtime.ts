@@ -129,7 +129,7 @@ export function firstDivergence(p: Pick<ParityJson, 'detail' | 'variants'>, prom
 /** A parity run in brief, for bisect.json. */
 export function paritySnapshot(p: ParityJson) {
   return {
-    ok: p.ok, holds: parityHolds(p), target: p.target, matched: p.matched, total: p.total, ties: p.ties, mismatches: p.mismatches.count,
+    ok: p.ok, holds: parityHolds(p), tiesOnly: tiesOnly(p), target: p.target, matched: p.matched, total: p.total, ties: p.ties, mismatches: p.mismatches.count,
     variants: Object.fromEntries(Object.entries(p.variants).map(([k, v]) => [k, { ok: v.ok, matched: v.matched, total: v.total, ties: v.ties, mismatches: v.mismatches, tieMargin: v.tieMargin }])),
   };
 }

@@ -82,7 +82,7 @@ const MLP_PEAK = 2 ** 13;
 
 /**
  * The candidate fixes for an op the probe named inside a gated MLP whose intermediate (act(gate)·up,
- * down_proj's input) leaves fp16's range on the CPU: the MLP rescaled (up's output × s, down's × 1/s),
+ * down_proj's input) leaves fp16's range on the CPU: the MLP rescaled (up_proj's weight × s, down_proj's × 1/s),
  * the smallest power of two that brings the peak to 2^13 first, then one 2^4 smaller.
  */
 export function mlpRescaleCandidates(probe: ProbeResult): RescaleCandidate[] {

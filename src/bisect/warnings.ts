@@ -4,6 +4,7 @@
 // figures the bisect already has (the oracle's per-layer rows and chained logit error, the trace's
 // margins): nothing is rebuilt.
 import type { LayerFigures } from './locate.js';
+import { nearTies } from '../bundle/confidence.js';
 
 export interface Warning {
   kind: 'weak-layer' | 'logit-error';
@@ -30,7 +31,7 @@ export function noFaultWarnings(layers: LayerFigures[], shippedLogitError: numbe
     }
   }
   if (shippedLogitError !== undefined && stepMargins.length) {
-    const close = stepMargins.filter((m) => m < 2 * shippedLogitError).length;
+    const close = nearTies({ stepMargins }, shippedLogitError);
     const min = Math.min(...stepMargins);
     if (close) out.push({ kind: 'logit-error', text: `the shipped graphs move the logits by up to ${shippedLogitError.toFixed(4)}: ${close} of ${stepMargins.length} traced steps have HF margins under twice that (smallest ${min.toFixed(4)}) and could flip on another run or input` });
   }

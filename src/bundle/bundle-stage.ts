@@ -12,6 +12,7 @@ import { getFamily } from '../families/index.js';
 import { AS_BUILT } from './decode-traffic.js';
 import { cardPositions, decodeRow, decodeSteps, type DecodeBytesRow } from './decode-bytes.js';
 import type { PrecisionMap } from '../quant/precision.js';
+import { top1Text } from '../gates/top1.js';
 import { getArch } from '../arch/table.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { listFiles, sha256OfFile } from '../engine/hash.js';
@@ -84,7 +85,7 @@ export function shippedPrecision(quantizeDir: string, precisionDir?: string): Sh
         w4Parity: parityText(auto.parity.w4),
       },
     } : {}),
-    ...(h ? { lmHeadAuto: { w4Cosine: h.w4Cosine, w4Top1: `${h.w4Top1.agree}/${h.w4Top1.rows}`, bytes: h.bytes, w4Bytes: h.w4Bytes, ...(h.why ? { why: h.why } : {}) } } : {}),
+    ...(h ? { lmHeadAuto: { w4Cosine: h.w4Cosine, w4Top1: top1Text(h.w4Top1), bytes: h.bytes, w4Bytes: h.w4Bytes, ...(h.why ? { why: h.why } : {}) } } : {}),
   };
 }
 

@@ -60,7 +60,7 @@ export function buildConfidence(trace: Pick<TraceMeta, 'prompts' | 'margins'>, o
 }
 
 /** Steps whose margin is below twice `error`: where that error may flip HF's token. */
-export function nearTies(c: Confidence, error: number): number {
+export function nearTies(c: Pick<Confidence, 'stepMargins'>, error: number): number {
   return c.stepMargins.filter((m) => m < 2 * error).length;
 }
 

@@ -1,12 +1,12 @@
 // What one decode step moves besides the weights, counted from the family's own graph interfaces and
 // bindings (the ones a build writes into the manifest): KV caches and recurrent state read and
-// written, host-table rows, masks, and the other graph inputs and outputs. bench/decode-bytes.ts adds
-// the planner's weight bytes; test/decode-bytes.test.ts checks these against hand-computed figures
-// for the twins' configs. Nothing here reads a checkpoint or runs a graph.
+// written, host-table rows, masks, and the other graph inputs and outputs. decode-bytes.ts adds the
+// planner's weight bytes; test/decode-bytes.test.ts checks these against hand-computed figures for
+// the twins' configs. Nothing here reads a checkpoint or runs a graph.
 import { GraphBuilder } from '../onnx/builder.js';
 import { ELEM, type ElemType } from '../onnx/dtype.js';
 import { ROLES } from '../families/phimoe.js';
-import { MADE_DTYPES, graphName, type ComponentLayout, type Family, type GraphBindings, type GraphEntry, type TensorSpec } from '../families/types.js';
+import { MADE_DTYPES, graphName, type ComponentLayout, type Family, type GraphBindings, type GraphEntry } from '../families/types.js';
 import type { WeightStore } from '../quant/weights.js';
 import type { QuantScheme } from '../recipe/schema.js';
 
@@ -36,7 +36,7 @@ export interface StateForm {
 /** As forge builds today: float32 state, whole caches every step. */
 export const AS_BUILT: StateForm = { bytes: null, cacheRead: 'all' };
 
-/** Bytes per step, by what moves (everything but the weights; bench/decode-bytes.ts adds those). */
+/** Bytes per step, by what moves (everything but the weights; decode-bytes.ts adds those). */
 export interface IoParts {
   /** Host-table rows read: the token's embedding row, Gemma's per-layer-embedding rows, PhiMoE's selected experts' rows and scales. */
   hostRows: number;
@@ -192,16 +192,4 @@ export async function decodeGraphs<C>(family: Family<C>, config: C, layout: Comp
     }
   }
   return out;
-}
-
-/**
- * A W8 matrix as a hand-made W8A16 bundle stores it (the QAIRT QDQ form): int8 codes and one float32
- * scale per row, no padding; other tensors as storedBytes counts them. Fewer bytes than forge's
- * MatMulNBits form (a scale per block of at most 256): the conservative count of the baseline.
- */
-export function qdqW8Bytes(t: TensorSpec): number {
-  const rows = t.rows ? t.rows[1] - t.rows[0] : t.shape[0];
-  const n = rows * (numel(t.shape) / t.shape[0]);
-  if (t.role !== 'matmul') return n * 4;
-  return n + rows * 4;
 }

@@ -91,9 +91,9 @@ export function matchedText(v: Obj): string {
   const more = mismatches ? `, ${mismatches} mismatch${mismatches === 1 ? '' : 'es'} (${ties} tie${ties === 1 ? '' : 's'})` : `, ${ties} tie${ties === 1 ? '' : 's'}`;
   // Tokens equal to HF's of all (every step is teacher-forced), and, when some differ, the free-running prefix before the first.
   const total = num(v.total);
-  const equal = total !== undefined && mismatches !== undefined ? total - mismatches : mismatches === undefined && total !== undefined && num(v.matched) === total ? total : undefined;
+  const equal = total !== undefined && mismatches !== undefined ? total - mismatches : num(v.matched);
   const prefix = mismatches ? ` (the first ${num(v.matched) ?? '?'} in a row)` : '';
-  return `${equal ?? num(v.matched) ?? '?'}/${total ?? '?'} equal to HF${prefix}${more}`;
+  return `${equal ?? '?'}/${total ?? '?'} equal to HF${prefix}${more}`;
 }
 
 function parityText(g: GateRecord): string {
@@ -217,9 +217,10 @@ export function verdictLines(r: RunRecord, opts: VerdictOptions = {}): string[] 
     lines.push('');
   }
   lines.push(headline(r));
-  for (const v of gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe))) lines.push(gateLine(v.name, v.verdict, v.text));
+  const verdicts = gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe));
+  for (const v of verdicts) lines.push(gateLine(v.name, v.verdict, v.text));
   if (r.bundle) lines.push(bundleText(r));
-  const failed = gateVerdicts(r, opts.oracleThreshold ?? recipeOracleThreshold(r.recipe)).filter((v) => v.verdict === 'FAIL').map((v) => v.name);
+  const failed = verdicts.filter((v) => v.verdict === 'FAIL').map((v) => v.name);
   if (failed.length) lines.push(`next: ./forge bisect ${r.recipe} --arch ${r.arch} names where the shipped graphs first leave Hugging Face and tries the cheapest fix (docs/bisect.md)${failed.includes('parity') ? "; a mismatch where HF's own margin is tiny may be allowed with gates.parity.maxTies and tiesWhy (docs/gates.md#parity)" : ''}`);
   if (r.buildDir) lines.push(`report: ${r.buildDir}/report.html`, `run record: ${r.buildDir}/run.json`); else lines.push('the run record could not be written (it is printed by --json)');
   return lines;

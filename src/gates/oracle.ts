@@ -5,6 +5,7 @@
 // its one-token graphs chained end to end (`logitError`: the bound below which an HF top-1/top-2
 // margin is a near-tie for that precision).
 import { readFileSync, rmSync } from 'node:fs';
+import { top1Text } from './top1.js';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
@@ -287,7 +288,7 @@ export async function runOracleGate(
       }
       const entry: { minCosine: number; ok: boolean; top1?: string } = { minCosine: graphMin, ok: graphOk };
       if (r.tops.rows) {
-        entry.top1 = `${r.tops.agree}/${r.tops.rows}`;
+        entry.top1 = top1Text(r.tops);
         if (r.tops.agree < minTop1 * r.tops.rows) entry.ok = false;
       }
       ok &&= entry.ok;

@@ -8,6 +8,7 @@ import type { RunRecord } from '../engine/record.js';
 import { loadRecipe, RecipeError } from '../recipe/load.js';
 import { shippedMinCosine, type LayerQuant } from '../recipe/schema.js';
 import { buildId, fieldPath, ThresholdsSchema } from './matrix.js';
+import { parseTop1 } from '../gates/top1.js';
 
 export const FigureSchema = z.object({
   /** cosine: higher is better, 1 at most; matched: tokens or steps out of `total`; bytes; seconds and ms: timings. */
@@ -82,10 +83,10 @@ type Obj = Record<string, unknown>;
 const isObj = (v: unknown): v is Obj => typeof v === 'object' && v !== null && !Array.isArray(v);
 const num = (v: unknown): number | undefined => (typeof v === 'number' && Number.isFinite(v) ? v : undefined);
 
-/** "270/270" → matched of total. */
+/** A gate's "270/270" top-1 as a matched-of-total figure. */
 function fraction(v: unknown): { value: number; total: number } | undefined {
-  const m = typeof v === 'string' ? /^(\d+)\/(\d+)$/.exec(v) : null;
-  return m ? { value: Number(m[1]), total: Number(m[2]) } : undefined;
+  const t = parseTop1(v);
+  return t ? { value: t.agree, total: t.rows } : undefined;
 }
 
 /**

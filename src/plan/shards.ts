@@ -202,7 +202,7 @@ export async function makePlan<C>(family: Family<C>, config: C, arch: HexagonArc
     contexts,
     totalContextBytes: shards.reduce((a, x) => a + x.weightBytes, 0) + (s.lmHead.placement === 'separate' ? headBytes : 0) + encoders.reduce((a, e) => a + e.weightBytes, 0),
     graphs: kept.length,
-    ...(choosesPrecision(s) && !precision ? { precisionNote: `${s.quant === 'auto' ? "quant 'auto' planned with every layer" : ''}${s.quant === 'auto' && s.lmHead.quant === 'auto' ? ' and ' : ''}${s.lmHead.quant === 'auto' ? "lmHead.quant 'auto' planned with the lm-head" : ''} at w4 (the least bytes): a build's precision stage promotes what the oracle and host parity need to w8 (or fp16), which may take more bytes and contexts` } : {}),
+    ...(choosesPrecision(s) && !precision ? { precisionNote: `${[...(s.quant === 'auto' ? ["quant 'auto' planned with every layer"] : []), ...(s.lmHead.quant === 'auto' ? ["lmHead.quant 'auto' planned with the lm-head"] : [])].join(' and ')} at w4 (the least bytes): a build's precision stage promotes what the oracle and host parity need to w8 (or fp16), which may take more bytes and contexts` } : {}),
     ...(dropped.length ? { dropped } : {}),
   };
 }

@@ -41,6 +41,7 @@ import { getArch } from '../arch/table.js';
 import type { NativeRecord } from '../gates/native-stage.js';
 import { sumBytes } from './bytes.js';
 import { PrecisionChooser, PRECISION_JSON, type PrecisionMap } from './precision.js';
+import { parseTop1, top1Text, type Top1 } from '../gates/top1.js';
 
 export interface AutoParams {
   family: FamilyId;
@@ -89,11 +90,6 @@ export interface LmHeadChoice {
   w4Bytes: number;
   w8Bytes: number;
   why?: string;
-}
-
-export interface Top1 {
-  agree: number;
-  rows: number;
 }
 
 export interface PrecisionResult {
@@ -174,11 +170,7 @@ class Rungs {
   }
 }
 
-const top1Of = (s: string | undefined): Top1 | undefined => {
-  const m = s ? /^(\d+)\/(\d+)$/.exec(s) : null;
-  return m ? { agree: Number(m[1]), rows: Number(m[2]) } : undefined;
-};
-const top1Text = (t: Top1 | undefined) => (t ? `${t.agree}/${t.rows}` : 'none');
+const top1Or = (t: Top1 | undefined) => (t ? top1Text(t) : 'none');
 
 /**
  * Exports the layers one per graph in the rungs' precisions, gates each alone (oracle) and runs the
@@ -204,7 +196,7 @@ async function evaluate(p: AutoParams & { layers: number }, at: { checkpointDir:
       const entry = r.graphs[`auto:${scheme}/${g.name}`];
       cosine[i] = Math.min(cosine[i], entry.minCosine);
       nonFinite[i] ??= r.rows.find((x) => x.graph === g.name && x.nonFinite)?.nonFinite;
-      if (head) top1 = top1Of(entry.top1);
+      if (head) top1 = parseTop1(entry.top1);
     }
     // The same graphs in the runtime, greedy on its own caches, under the recipe's parity rule.
     writeCpuFormExport(dir, `${dir}.cpu`);
@@ -247,7 +239,7 @@ export async function choosePrecision(p: AutoParams, checkpointDir: string, trac
     const e = await evaluate(q, { checkpointDir, traceDir, trace, qhxGenerate, work }, rungs, evaluations++, (d, t, g) => progress(d, t, `${label}: ${g ?? ''}`));
     const d = e.decisions;
     const cos = e.cosine.filter((_, i) => parts[i].layer !== undefined);
-    log(`${label}: ${rungs.text()}; ${cos.length ? `smallest layer cosine ${fmt(Math.min(...cos))}; ` : ''}${head >= 0 ? `lm-head cosine ${fmt(e.cosine[head])}, HF's token at ${top1Text(e.top1)}; ` : ''}host parity ${parityText(e.parity)}${e.parity.ok ? '' : ' ✗'}; chained on HF's caches: HF's token at ${d ? `${d.agree}/${d.steps}` : 'no'} greedy steps`);
+    log(`${label}: ${rungs.text()}; ${cos.length ? `smallest layer cosine ${fmt(Math.min(...cos))}; ` : ''}${head >= 0 ? `lm-head cosine ${fmt(e.cosine[head])}, HF's token at ${top1Or(e.top1)}; ` : ''}host parity ${parityText(e.parity)}${e.parity.ok ? '' : ' ✗'}; chained on HF's caches: HF's token at ${d ? `${d.agree}/${d.steps}` : 'no'} greedy steps`);
     return e;
   };
   try {
@@ -305,8 +297,10 @@ export async function choosePrecision(p: AutoParams, checkpointDir: string, trac
       layer: pt.layer, scheme: rungs.rung[i], w4Cosine: first.cosine[i], cosine: e.cosine[i], bytes: rungs.bytes(i), w4Bytes: rungs.bytes(i, 'w4'), w8Bytes: rungs.bytes(i, 'w8'), ...(rungs.why[i] ? { why: rungs.why[i] } : {}),
     }]));
     const sum = (k: 'bytes' | 'w4Bytes' | 'w8Bytes') => layers.reduce((a, l) => a + l[k], 0);
+    // The lm-head graph's logits are always compared with HF's greedy tokens: no top-1 is a broken gate, not a zero.
+    if (head >= 0 && (!first.top1 || !e.top1)) throw new Error('auto: the oracle gate gave the lm-head graph no top-1 against HF\'s tokens');
     const lmHead: LmHeadChoice | undefined = head < 0 ? undefined : {
-      scheme: rungs.rung[head], w4Cosine: first.cosine[head], cosine: e.cosine[head], w4Top1: first.top1 ?? { agree: 0, rows: 0 }, top1: e.top1 ?? { agree: 0, rows: 0 },
+      scheme: rungs.rung[head], w4Cosine: first.cosine[head], cosine: e.cosine[head], w4Top1: first.top1!, top1: e.top1!,
       bytes: rungs.bytes(head), w4Bytes: rungs.bytes(head, 'w4'), w8Bytes: rungs.bytes(head, 'w8'), ...(rungs.why[head] ? { why: rungs.why[head] } : {}),
     };
     return {
