@@ -11,12 +11,12 @@ import { venvPython } from '../src/toolchain/venv.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
 import type { ExportManifest } from '../src/export/graphs.js';
 import { runOracleGate, firstMiss, type OracleResult } from '../src/gates/oracle.js';
+import { readTraceMeta } from '../src/gates/trace.js';
 import { assembleBundle } from '../src/bundle/assemble.js';
 import { qwen3_5, parseQwen35Config } from '../src/families/qwen3_5.js';
 import { componentTensors, headTensors, layerTensors } from '../src/families/tensors.js';
 import { layoutOf } from '../src/export/graphs.js';
 import { openCheckpoint } from '../src/io/checkpoint.js';
-import { GraphBuilder } from '../src/onnx/builder.js';
 import { makePlan } from '../src/plan/shards.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
 import { getArch } from '../src/arch/table.js';
@@ -38,15 +38,19 @@ beforeAll(async () => {
 }, 1_800_000); // the trained twin is made first: minutes on two cores
 
 describe('qwen3_5 export', () => {
-  it('writes decode-only shards that split across both layer kinds, with every state as graph I/O', () => {
+  it('writes prefill and decode shards that split across both layer kinds, with every state as graph I/O', () => {
     const mf = manifest(entry('export'));
-    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.decode'], ['shard1.decode'], ['lm_head']]);
-    const [s0, s1] = graphs(entry('export'));
-    // Shard 0 holds linear-attention layers only: no positions or mask.
+    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['shard0.prefill', 'shard0.decode'], ['shard1.prefill', 'shard1.decode'], ['lm_head']]);
+    const [p0, s0, p1, s1] = graphs(entry('export'));
+    // Shard 0 holds linear-attention layers only: no positions, and no mask when it decodes.
     expect(names(s0.inputs)).toEqual(['hidden_in', 'conv_state_0', 'rec_state_0', 'conv_state_1', 'rec_state_1', 'conv_state_2', 'rec_state_2']);
     expect(names(s0.outputs)).toEqual(['hidden_out', 'new_conv_state_0', 'new_rec_state_0', 'new_conv_state_1', 'new_rec_state_1', 'new_conv_state_2', 'new_rec_state_2']);
     expect(names(s1.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'past_k_3', 'past_v_3', 'conv_state_4', 'rec_state_4',
       'conv_state_5', 'rec_state_5', 'conv_state_6', 'rec_state_6', 'past_k_7', 'past_v_7']);
+    // Its prefill reads which rows of a chunk are real from the mask: a padding row writes no state.
+    expect(names(p0.inputs)).toEqual(['hidden_in', 'attn_mask', ...names(s0.inputs).slice(1)]);
+    expect(names(p0.outputs)).toEqual(names(s0.outputs));
+    expect(names(p1.inputs)).toEqual(names(s1.inputs));
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs, ...s1.outputs].map((t) => [t.name, t]));
     // Twin: conv channels 2·2·16 + 4·32 = 192, kernel 4; S [Hv 4, dk 16, dv 32]; KV [kv 2, ctx 256, d 32].
     expect(io['conv_state_0']).toMatchObject({ dtype: 'float32', shape: [1, 192, 4] });
@@ -55,6 +59,12 @@ describe('qwen3_5 export', () => {
     expect(io['new_rec_state_6']).toMatchObject({ dtype: 'float32', shape: [1, 4, 16, 32] });
     expect(io['past_k_3']).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 32] });
     expect(io['new_k_7']).toMatchObject({ dtype: 'float32', shape: [1, 2, 1, 32] });
+    // A prefill call of 16 tokens: 16 residual and K/V rows, the states whole.
+    const pio = Object.fromEntries([...p0.inputs, ...p0.outputs, ...p1.inputs, ...p1.outputs].map((t) => [t.name, t]));
+    expect(pio['hidden_in'].shape).toEqual([1, 16, 64]);
+    expect(pio['attn_mask'].shape).toEqual([1, 1, 16, 256 + 16]);
+    expect(pio['new_k_7'].shape).toEqual([1, 2, 16, 32]);
+    expect(pio['new_rec_state_0'].shape).toEqual([1, 4, 16, 32]);
   });
 
   it("runs every gate: the runtime's qwen3_5_generate matches HF N/N on every prompt in fp32 and in the shipped W8, no ties allowed", () => {
@@ -73,7 +83,12 @@ describe('qwen3_5 export', () => {
     for (const c of compile.contexts) expect(c).toMatchObject({ dspArch: 'v81', socModel: 87 });
     const emu = record.gates.emulation as any;
     expect(emu).toMatchObject({ ok: true, ran: true });
-    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
+    for (const g of ['shard0.prefill', 'shard0.decode', 'shard1.prefill', 'shard1.decode', 'lm_head']) expect(emu.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
+    // Every prefill chunk of every prompt is gated (the long prompt crosses several, its last one padded).
+    const chunks = readTraceMeta(entry('trace')).prompts.reduce((n, p) => n + Math.ceil(p.prompt_tokens.length / 16), 0);
+    expect(readTraceMeta(entry('trace')).prompts.some((p) => p.prompt_tokens.length > 2 * 16 && p.prompt_tokens.length % 16 !== 0)).toBe(true);
+    const cases = JSON.parse(readFileSync(join(entry('emulation'), 'emulation.json'), 'utf8')).oracle.graphs;
+    for (const g of ['shard0.prefill', 'shard1.prefill']) expect(cases[g].cases, g).toBe(chunks);
   });
 
   it('writes graphs that pass the full onnx.checker', async () => {
@@ -109,14 +124,6 @@ describe('qwen3_5 export', () => {
     }
   });
 
-  it('refuses to build a prefill (N > 1) graph, saying why', async () => {
-    const config = parseQwen35Config(JSON.parse(readFileSync(join(readCheckpointRef(entry('fetch')).absDir, 'config.json'), 'utf8')), 'config.json');
-    const g = new GraphBuilder('prefill');
-    const [shard] = qwen3_5.components(config, { shards: [{ first: 0, last: 2, isLast: false }], lmHeadInside: true, prefillLength: 8, maxContext: 128 });
-    expect(shard.variants.map((v) => [v.name, v.n])).toEqual([['prefill', 8], ['decode', 1]]);
-    await expect(shard.variants[0].build(g, {} as never)).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
-  });
-
   it('assembles a manifest the runtime accepts: recurrent states replaced whole, KV caches by rows', async () => {
     const { recipe } = loadRecipe('tiny-qwen3.5');
     const { arch } = archSettings(recipe, 'v81');
@@ -131,8 +138,8 @@ describe('qwen3_5 export', () => {
     expect(state['kv.3.k']).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 256, 32], positionAxis: 2 });
     expect(Object.keys(state).sort()).toEqual(['conv.0', 'conv.1', 'conv.2', 'conv.4', 'conv.5', 'conv.6', 'kv.3.k', 'kv.3.v', 'kv.7.k', 'kv.7.v',
       'rec.0', 'rec.1', 'rec.2', 'rec.4', 'rec.5', 'rec.6']);
-    const shard1 = m.contexts[1].graphs[0];
-    expect(shard1.role).toBe('decode');
+    expect(m.contexts[1].graphs.map((g) => [g.role, g.tokens])).toEqual([['prefill', 16], ['decode', 1]]);
+    const shard1 = m.contexts[1].graphs[1];
     expect(shard1.inputs.find((i) => i.name === 'rec_state_4')).toMatchObject({ bind: 'state', state: 'rec.4' });
     expect(shard1.outputs.find((o) => o.name === 'new_rec_state_4')).toMatchObject({ bind: 'state-replace', state: 'rec.4' });
     expect(shard1.outputs.find((o) => o.name === 'new_conv_state_5')).toMatchObject({ bind: 'state-replace', state: 'conv.5' });
@@ -151,10 +158,12 @@ describe('qwen3_5 oracle gate', () => {
     const rows = result().rows;
     for (const variant of ['export:fp32', 'quantize:w8']) {
       const mine = rows.filter((r) => r.variant === variant && r.graph !== 'lm_head');
+      // The prefill graphs are gated as the decode graphs are: the same outputs, every state.
+      expect([...new Set(mine.map((r) => r.graph))].sort()).toEqual(['shard0.decode', 'shard0.prefill', 'shard1.decode', 'shard1.prefill']);
       // Every linear-attention layer's conv and recurrent state, every full layer's K and V, every residual.
       const kinds = new Set(mine.map((r) => `${kind(r.output)}`));
       expect([...kinds].sort()).toEqual(['conv', 'kv', 'rec', 'residual']);
-      expect(mine.filter((r) => kind(r.output) === 'rec').map((r) => r.output).sort())
+      expect([...new Set(mine.filter((r) => kind(r.output) === 'rec').map((r) => r.output))].sort())
         .toEqual(['new_rec_state_0', 'new_rec_state_1', 'new_rec_state_2', 'new_rec_state_4', 'new_rec_state_5', 'new_rec_state_6']);
       // Each state row of the per-layer table names its layer (what a bisecting porter reads first).
       for (const r of mine.filter((x) => kind(x.output) !== 'residual')) expect(r.layer, r.output).toBe(/(\d+)$/.exec(r.output)![1]);
@@ -199,9 +208,9 @@ describe('qwen3_5 plan and config', () => {
     expect(config.layerTypes.flatMap((t, i) => (t === 'full_attention' ? [i] : []))).toEqual([3, 7, 11, 15, 19, 23, 27, 31]);
   });
 
-  it('cuts Qwen3.5-4B W8 for v81 into two 16-layer decode shards of ~1.8 GB, lm-head fp16 apart, embedding on the host', async () => {
+  it('cuts Qwen3.5-4B W8 for v81 into two 16-layer shards of ~1.8 GB with prefill and decode graphs, lm-head fp16 apart, embedding on the host', async () => {
     const plan = await planRecipe('qwen3.5-4b', 'v81');
-    expect(plan.shards.map((s) => [s.first, s.last, s.graphs])).toEqual([[0, 15, ['decode']], [16, 31, ['decode']]]);
+    expect(plan.shards.map((s) => [s.first, s.last, s.graphs])).toEqual([[0, 15, ['prefill', 'decode']], [16, 31, ['prefill', 'decode']]]);
     const mm = (o: number, i: number) => o * i + o * (i / 256) * 4; // int8 codes + a float32 scale per 256-wide block of a row (2560, 4096, 9216 are multiples of 256)
     const mlp = 2 * mm(9216, 2560) + mm(2560, 9216) + 2 * 2560 * 4;
     const linear = mlp + mm(8192, 2560) + mm(4096, 2560) + 2 * mm(32, 2560) + mm(2560, 4096) + 8192 * 4 * 4 + 2 * 32 * 4 + 128 * 4;

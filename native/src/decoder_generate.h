@@ -4,8 +4,8 @@
 //   decoder_generate   dense decoders (Qwen3): KV caches; batched prefill when every shard has a
 //                      prefill graph, else decode over the prompt.
 //   qwen3_5_generate   hybrids (Qwen3.5): KV caches for the full-attention layers plus recurrent
-//                      state (conv FIFO, delta-rule state) that each call replaces whole; decode
-//                      over the prompt (a prefill would need the chunked delta rule), lm-head separate.
+//                      state (conv FIFO, delta-rule state) that each call replaces whole; batched
+//                      prefill as decoder_generate (the graphs run the chunked delta rule), lm-head separate.
 //   gemma4_split_generate  Gemma 4 (gemma4_generate/): parts in sequence, per-layer-embedding
 //                      rows gathered per token from a host table, K/V of a donor layer shared across
 //                      parts, ring caches of the sliding window, decode over the prompt; with its

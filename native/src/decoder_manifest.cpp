@@ -269,9 +269,8 @@ void validate_gemma4_decoder(const Manifest& m) {
 // Qwen3-VL's text decoder: dense shards with multimodal positions and DeepStack rows; batched prefill as decoder_generate.
 void validate_qwen3_vl_decoder(const Manifest& m) { validate_decoder(m, {false, nullptr, false, false, true}); }
 
-// Hybrids (Qwen3.5): recurrent state besides the KV caches, decoded over the prompt, a separate lm-head.
-void validate_qwen3_5_generate(const Manifest& m) {
-  validate_decoder(m, {true, "decodes over the prompt: a prefill graph would need the chunked delta rule", true});
-}
+// Hybrids (Qwen3.5): recurrent state besides the KV caches, a separate lm-head; batched prefill (the
+// chunked delta rule inside the graphs) when every shard has a prefill graph, as decoder_generate.
+void validate_qwen3_5_generate(const Manifest& m) { validate_decoder(m, {true, nullptr, true}); }
 
 }  // namespace forge

@@ -406,15 +406,33 @@ TEST(Tool, GeneratedIdsTheTokenizerCannotDecodeGiveNullTextNotAFailure) {
   EXPECT_EQ(r["text_error"].get<std::string>(), "generated ids not decodable: token id " + std::to_string(top) + " is outside the tokenizer's vocabulary");
 }
 
-// qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each step, KV caches
-// for the full-attention layers, a shard of linear-attention layers only, decode over the prompt.
+// qwen3_5_generate on the tiny Qwen3.5 twin: conv and recurrent state replaced each call, KV caches
+// for the full-attention layers, a shard of linear-attention layers only, the prompt prefilled in
+// chunks (the chunked delta rule in the graphs).
 TEST(Hybrid, Fp32GreedyParityWithHF) {
   NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
   NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");
   auto l = load(bundle);
   ASSERT_EQ(l->manifest.host_op, "qwen3_5_generate");
-  ASSERT_FALSE(l->gen->has_prefill());
+  ASSERT_TRUE(l->gen->has_prefill()) << "the tiny Qwen3.5 bundle is expected to have prefill graphs";
   expect_parity_with_hf("qwen3_5 fp32", *l, trace);
+}
+
+// Prefill hands the decode graphs the same conv and recurrent states as decoding over the prompt:
+// the same tokens on prompts of several chunks, a padded last one, and one exactly filling two.
+TEST(Hybrid, PrefillEqualsDecodeOverPrompt) {
+  NEED_ENV(bundle, "FORGE_TEST_HYBRID_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_HYBRID_TRACE");
+  auto l = load(bundle);
+  ASSERT_TRUE(l->gen->has_prefill());
+  int chunk = l->manifest.contexts[0].graph(forge::role::prefill)->tokens;
+  for (const auto& p : forge_test::prefill_test_prompts(trace, chunk, l->manifest.vocab)) {
+    auto a = l->gen->generate(p, {16, true, true});
+    auto b = l->gen->generate(p, {16, true, false});
+    EXPECT_TRUE(a.used_prefill);
+    EXPECT_FALSE(b.used_prefill);
+    EXPECT_EQ(a.generated, b.generated) << "prompt of " << p.size() << " tokens";
+  }
 }
 
 // The shipped precision of the hybrid, every token of every prompt, as for the dense twin.

@@ -218,8 +218,6 @@ TEST(Manifest, EachMutationNamesTheFieldPath) {
          g["inputs"].erase(3);   // past_k_0
          g["outputs"].erase(1);  // new_k_0
        }, "contexts[0].graphs[0].inputs: carries other state than the context's decode graph"},
-      {"qwen3_5_generate with a prefill graph", [](json& j) { j["hostOp"] = "qwen3_5_generate"; },
-       "contexts[0].graphs[0].role: qwen3_5_generate decodes over the prompt"},
       // Only a graph that reads no KV cache (Qwen3.5's linear-attention shard) may go without a mask.
       {"kv graph without mask", [](json& j) { j["contexts"][0]["graphs"][1]["inputs"].erase(2); }, "contexts[0].graphs[1].inputs: a decode graph needs a mask input"},
       {"nondeterministic without a digest", [](json& j) { j["contexts"][0]["files"][0]["nondeterministic"] = {{"why", "x"}}; },

@@ -39,5 +39,14 @@ export function planLines(plan: ShardPlan, m: Manifest): string[] {
     lines.push(`| ${c.name} | ${layers ? `${layers[0]}–${layers[1]}` : 'lm-head'} | ${w === undefined ? '-' : bytes(w)} | ${stateWords(m, ci)} |`);
   });
   lines.push('', `Host tables: ${plan.hostTables.map((t) => `${t.name} ${bytes(t.bytes)} (${t.dtype})`).join(', ')}.`, '');
+  lines.push(promptLine(m), '');
   return lines;
+}
+
+/** How the runtime takes a prompt: batched prefill calls of N tokens, or one token per call. */
+export function promptLine(m: Manifest): string {
+  const n = Math.max(0, ...m.contexts.flatMap((c) => c.graphs.filter((g) => g.role.includes('prefill')).map((g) => g.tokens)));
+  return n > 1
+    ? `**Prompt:** prefilled ${n} tokens per call (batched prefill graphs): a longer prompt runs in chunks of ${n}, the last one padded; the runtime decodes over the prompt instead when asked to (\`--no-prefill\`).`
+    : '**Prompt:** decoded one token per call (this bundle has no prefill graphs).';
 }

@@ -140,7 +140,7 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
 }
 
 /** Masks for a chunk whose last n - valid rows are padding: residual rows [1, n, H], logits [1, n, V], K/V rows [1, kv, n, d]. */
-function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
+export function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
   const masks: Record<string, CompareMask> = {};
   const residual = rowMask(1, n, H, valid);
   for (const name of Object.keys(expected)) masks[name] = residual;

@@ -13,14 +13,16 @@
 //    gate applied as attn·sigmoid(gate) before o_proj); partial rotary (the first
 //    d·partial_rotary_factor dims, rotate_half pairing inside them); GQA over an explicit KV cache.
 //    M-RoPE with equal text/height/width positions (text tokens) is plain 1-D RoPE.
-//  - Decode graphs only (N = 1): a prefill graph would have to run the chunked delta rule; recipes
-//    set prefillLength 0 (decode over the prompt), and the shard builder refuses N > 1.
+//  - Batched prefill (N tokens per call): the linear-attention layers run the causal conv over the
+//    chunk and HF's chunked delta rule as static ops (delta-rule.ts: the intra-chunk triangular
+//    system by matmuls only), the full-attention layers AR-N over the cache; both hand the decode
+//    graphs the states after the last real row (padding rows write nothing).
 import { z } from 'zod';
 import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './types.js';
-import { CacheBuilder, kvDecoderBindings, lmHeadCases } from './kv-decoder.js';
+import { CacheBuilder, type KvLayout, kvDecoderBindings, lmHeadCases, paddingMasks, promptCalls, stackKv, stackRows } from './kv-decoder.js';
 import type { Feed, GateCase } from './types.js';
 import {
   applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
@@ -28,6 +30,7 @@ import {
 } from './blocks.js';
 import { attentionDecoderConfig, decoderComponents, lmHeadGraph, LM_HEAD_KIND, type AttentionDecoderConfig } from './decoder.js';
 import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
+import { causalConvChunk, chunkedGatedDelta, realRows } from './delta-rule.js';
 
 const LAYER_TYPES = ['linear_attention', 'full_attention'] as const;
 type LayerType = (typeof LAYER_TYPES)[number];
@@ -135,16 +138,16 @@ const isFull = (c: Qwen35Config, i: number) => c.layerTypes[i] === 'full_attenti
 // ---- state layout -----------------------------------------------------------------------------
 
 /** Every full-attention layer's KV cache has the same heads and head size. */
-const kvLayout = (c: Qwen35Config, maxContext: number) => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
+const kvLayout = (c: Qwen35Config, maxContext: number): KvLayout => ({ maxContext, layer: () => ({ kvHeads: c.kvHeads, headDim: c.headDim }) });
 
 /** The per-layer state a graph exchanges, by graph input name. */
-function stateShapes(c: Qwen35Config, maxContext: number) {
+function stateShapes(c: Qwen35Config, maxContext: number, n = 1) {
   const { vHeads, kDim, vDim, convDim, convKernel } = c.linear;
   return {
     conv: [1, convDim, convKernel],
     rec: [1, vHeads, kDim, vDim],
     kvCache: [1, c.kvHeads, maxContext, c.headDim],
-    kvRow: [1, c.kvHeads, 1, c.headDim],
+    kvRow: [1, c.kvHeads, n, c.headDim],
   };
 }
 
@@ -178,6 +181,10 @@ interface LayerIO {
   rope?: { cos: string; sin: string };
   mask?: string;
   ctx: number;
+  /** Tokens per call. */
+  n: number;
+  /** Prefill: which rows are real, [1, 1, N, 1] (delta-rule.ts realRows). */
+  real?: string;
 }
 
 interface LayerResult {
@@ -186,12 +193,17 @@ interface LayerResult {
   outputs: TensorIO[];
 }
 
-/** One GatedDeltaNet token mixer step (N = 1) on the normed input xn [1, 1, H]; returns [1, 1, H]. */
-async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn: string, w: GraphWeights, io: { inputs: TensorIO[]; outputs: TensorIO[] }): Promise<string> {
+/**
+ * The GatedDeltaNet token mixer on the normed input xn [1, N, H]; returns [1, N, H]. One token steps
+ * the conv FIFO and the recurrent state; N tokens (a prefill call) run the causal conv over the
+ * chunk and the chunked delta rule (delta-rule.ts), padding rows (lio.real) writing no state.
+ */
+async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn: string, w: GraphWeights, lio: LayerIO, io: { inputs: TensorIO[]; outputs: TensorIO[] }): Promise<string> {
   const { hidden: H, eps } = c;
   const { kHeads: Hk, vHeads: Hv, kDim: dk, vDim: dv, convDim: C, convKernel: K } = c.linear;
+  const n = lio.n;
   const p = `${layerPrefix(layer)}.linear_attn`;
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1);
+  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
   const shapes = stateShapes(c, 0);
   const f32 = 'float32' as const;
 
@@ -206,50 +218,57 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
 
   // Causal depthwise conv over the FIFO, then SiLU.
   const taps = g.op('Reshape', [await w.store.small(g, `${p}.conv1d.weight`, [C, 1, K]), g.constInt64([1, C, K])]);
-  const conv = causalConvStep(g, convIn, g.op('Reshape', [qkv, g.constInt64([1, C, 1])]), taps, K);
+  const channels = n === 1 ? g.op('Reshape', [qkv, g.constInt64([1, C, 1])]) : g.op('Transpose', [qkv], { perm: [0, 2, 1] }); // [1, C, N]
+  const conv = n === 1 ? causalConvStep(g, convIn, channels, taps, K) : causalConvChunk(g, convIn, channels, taps, K, n, lio.real!);
   const convOut = g.output(conv.next, recurrentOut(CONV, layer), { shape: shapes.conv });
   io.outputs.push({ name: convOut, dtype: f32, shape: shapes.conv });
-  const mixed = silu(g, conv.out); // [1, C]
-  const [q0, k0, v0] = g.op('Split', [mixed, g.constInt64([Hk * dk, Hk * dk, Hv * dv])], { axis: 1 }, 3);
+  const mixed = silu(g, n === 1 ? conv.out : g.op('Transpose', [conv.out], { perm: [0, 2, 1] })); // [1, C] or [1, N, C]
+  const [q0, k0, v0] = g.op('Split', [mixed, g.constInt64([Hk * dk, Hk * dk, Hv * dv])], { axis: -1 }, 3);
 
   // l2-normalised q and k (eps 1e-6, as HF/FLA), q / sqrt(dk); key head ⌊h·Hk/Hv⌋ serves value head h.
+  const byHead = (x: string, heads: number, d: number) => (n === 1
+    ? g.op('Reshape', [x, g.constInt64([1, heads, 1, d])])
+    : g.op('Transpose', [g.op('Reshape', [x, g.constInt64([1, n, heads, d])])], { perm: [0, 2, 1, 3] })); // [1, heads, N, d]
   const heads = (x: string) => {
-    const n = l2Norm(g, g.op('Reshape', [x, g.constInt64([1, Hk, 1, dk])]), 1e-6);
-    if (Hk === Hv) return n;
+    const normed = l2Norm(g, byHead(x, Hk, dk), 1e-6);
+    if (Hk === Hv) return normed;
     const r = Hv / Hk;
-    return g.op('Reshape', [g.op('Expand', [n, g.constInt64([1, Hk, r, dk])]), g.constInt64([1, Hv, 1, dk])]);
+    return g.op('Reshape', [g.op('Expand', [g.op('Reshape', [normed, g.constInt64([1, Hk, 1, n, dk])]), g.constInt64([1, Hk, r, n, dk])]), g.constInt64([1, Hv, n, dk])]);
   };
   const q = g.op('Div', [heads(q0), g.constFloat32([Math.sqrt(dk)], [])]);
   const k = heads(k0);
-  const v = g.op('Reshape', [v0, g.constInt64([1, Hv, 1, dv])]);
+  const v = byHead(v0, Hv, dv);
 
-  // β = sigmoid(b); g = -exp(A_log)·softplus(a + dt_bias); the state decays by exp(g).
-  const perHead = g.constInt64([1, Hv, 1, 1]);
-  const beta = g.op('Reshape', [g.op('Sigmoid', [b]), perHead]);
+  // β = sigmoid(b); g = -exp(A_log)·softplus(a + dt_bias); the state decays by exp(g). Per head
+  // and token as [1, Hv, N, 1]; padding rows get β = 0 and g = 0 (no write, no decay).
+  const perHead = (x: string) => (n === 1 ? g.op('Reshape', [x, g.constInt64([1, Hv, 1, 1])])
+    : g.op('Mul', [g.op('Reshape', [g.op('Transpose', [x], { perm: [0, 2, 1] }), g.constInt64([1, Hv, n, 1])]), lio.real!]));
+  const beta = perHead(g.op('Sigmoid', [b]));
   const dtBias = await w.store.small(g, `${p}.dt_bias`, [Hv]);
   const aLog = await w.store.small(g, `${p}.A_log`, [Hv]);
-  const gate = g.op('Mul', [g.op('Neg', [g.op('Exp', [aLog])]), softplus(g, g.op('Add', [a, dtBias]))]);
-  const decay = g.op('Reshape', [g.op('Exp', [gate]), perHead]);
+  const logDecay = perHead(g.op('Mul', [g.op('Neg', [g.op('Exp', [aLog])]), softplus(g, g.op('Add', [a, dtBias]))]));
 
-  const step = gatedDeltaStep(g, { q, k, v, beta, decay, state: recIn });
+  const step = n === 1
+    ? gatedDeltaStep(g, { q, k, v, beta, decay: g.op('Exp', [logDecay]), state: recIn })
+    : chunkedGatedDelta(g, { q, k, v, beta, logDecay, state: recIn }, n);
   const recOut = g.output(step.next, recurrentOut(REC, layer), { shape: shapes.rec });
   io.outputs.push({ name: recOut, dtype: f32, shape: shapes.rec });
 
   // Per-head gated RMSNorm with z (plain weight), then out_proj.
-  const o = g.op('Reshape', [step.out, g.constInt64([1, 1, Hv, dv])]);
-  const zh = g.op('Reshape', [z, g.constInt64([1, 1, Hv, dv])]);
+  const o = n === 1 ? g.op('Reshape', [step.out, g.constInt64([1, 1, Hv, dv])]) : g.op('Transpose', [step.out], { perm: [0, 2, 1, 3] }); // [1, N, Hv, dv]
+  const zh = g.op('Reshape', [z, g.constInt64([1, n, Hv, dv])]);
   const normed = gatedRmsNorm(g, o, zh, await w.store.small(g, `${p}.norm.weight`, [dv]), eps);
-  return lin(g.op('Reshape', [normed, g.constInt64([1, 1, Hv * dv])]), 'out_proj', [H, Hv * dv]);
+  return lin(g.op('Reshape', [normed, g.constInt64([1, n, Hv * dv])]), 'out_proj', [H, Hv * dv]);
 }
 
-/** Gated full attention over the KV cache (N = 1) on the normed input xn [1, 1, H]; returns [1, 1, H]. */
+/** Gated full attention over the KV cache on the normed input xn [1, N, H]; returns [1, N, H]. */
 async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn: string, w: GraphWeights, lio: LayerIO, io: { inputs: TensorIO[]; outputs: TensorIO[] }): Promise<string> {
   const { hidden: H, heads, kvHeads, headDim: d, eps } = c;
-  const n = 1;
+  const n = lio.n;
   const p = `${layerPrefix(layer)}.self_attn`;
   const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
   const norm = (name: string) => w.store.small(g, `${p}.${name}.weight`, [d], onePlus);
-  const shapes = stateShapes(c, lio.ctx);
+  const shapes = stateShapes(c, lio.ctx, n);
   const f32 = 'float32' as const;
 
   const pastK = g.input(pastKv('k', layer), f32, shapes.kvCache);
@@ -281,38 +300,45 @@ async function qwen35Layer(g: GraphBuilder, c: Qwen35Config, layer: number, x: s
   const xn = rmsNorm(g, x, await w.store.small(g, `${p}.input_layernorm.weight`, [H], onePlus), eps);
   const mixed = isFull(c, layer)
     ? await fullAttention(g, c, layer, xn, w, lio, io)
-    : await linearAttention(g, c, layer, xn, w, io);
+    : await linearAttention(g, c, layer, xn, w, lio, io);
   const h1 = g.op('Add', [x, mixed]);
   const mlpIn = rmsNorm(g, h1, await w.store.small(g, `${p}.post_attention_layernorm.weight`, [H], onePlus), eps);
-  const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, 1, undefined, undefined, s));
+  const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, lio.n, undefined, undefined, s));
   const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
   return { out, ...io };
 }
 
-/** A decode shard: hidden_in [1,1,H] (+ position and mask when it holds a full-attention layer) and every layer's state. */
+/**
+ * A shard over N tokens per call (1: decode; N: a prefill chunk): hidden_in [1, N, H], every layer's
+ * state, and the position and mask when it holds a full-attention layer. A prefill shard always takes
+ * the mask: its linear-attention layers read from it which rows are real.
+ */
 export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec, w: GraphWeights): Promise<GraphInterface> {
-  if (s.n !== 1) {
-    throw new Error(`qwen3_5: only decode graphs (1 token per call) are built, not ${s.n}: linear-attention layers step their recurrent state one token at a time; set prefillLength 0 in the recipe (decode over the prompt)`);
-  }
   const { hidden: H } = c;
   const ctx = s.maxContext;
+  const n = s.n;
   const f32 = 'float32' as const;
-  const x0 = g.input('hidden_in', f32, [1, 1, H]);
-  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, 1, H] }];
+  const x0 = g.input('hidden_in', f32, [1, n, H]);
+  const inputs: TensorIO[] = [{ name: x0, dtype: f32, shape: [1, n, H] }];
   const outputs: TensorIO[] = [];
   const probes: Record<string, TensorIO> = {};
-  const lio: LayerIO = { ctx };
+  const lio: LayerIO = { ctx, n };
   const layers = Array.from({ length: s.last - s.first + 1 }, (_, k) => s.first + k);
-  if (layers.some((i) => isFull(c, i))) {
-    // Positions and the mask only matter to full-attention layers; a linear-only shard takes neither.
-    const position = g.input('position', 'int32', [1]);
-    const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
+  const hasFull = layers.some((i) => isFull(c, i));
+  if (hasFull) {
+    // Positions only matter to full-attention layers; a linear-only decode shard takes no mask either.
+    const position = g.input('position', 'int32', [n]);
     const tables = ropeTables(ctx, c.rotaryDim, c.ropeTheta);
     lio.rope = ropeGather(g, position, {
       cos: g.initializer('rope.cos', tables.cos, [ctx, c.rotaryDim]), sin: g.initializer('rope.sin', tables.sin, [ctx, c.rotaryDim]),
-    }, 1, c.rotaryDim);
+    }, n, c.rotaryDim);
+    inputs.push({ name: position, dtype: 'int32', shape: [n] });
+  }
+  if (hasFull || n > 1) {
+    const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
     lio.mask = mask;
-    inputs.push({ name: position, dtype: 'int32', shape: [1] }, { name: mask, dtype: f32, shape: [1, 1, 1, ctx + 1] });
+    if (n > 1) lio.real = realRows(g, mask, ctx, n);
+    inputs.push({ name: mask, dtype: f32, shape: [1, 1, n, ctx + n] });
   }
   let x = x0;
   for (const i of layers) {
@@ -320,14 +346,14 @@ export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec
     inputs.push(...r.inputs);
     outputs.push(...r.outputs);
     x = r.out;
-    if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, 1, H] };
+    if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, n, H] };
   }
   if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H], onePlus), c.eps);
-  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
-  outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, 1, H] });
+  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
+  outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, n, H] });
   if (s.isLast && s.lmHeadInside) {
-    const logits = g.output(await w.store.linear(g, hiddenOut, lmHeadWeight(c), [c.vocab, H], w.lmHeadScheme, 1), 'logits', { shape: [1, 1, c.vocab] });
-    outputs.push({ name: logits, dtype: f32, shape: [1, 1, c.vocab] });
+    const logits = g.output(await w.store.linear(g, hiddenOut, lmHeadWeight(c), [c.vocab, H], w.lmHeadScheme, n), 'logits', { shape: [1, n, c.vocab] });
+    outputs.push({ name: logits, dtype: f32, shape: [1, n, c.vocab] });
   }
   return { inputs, outputs, probes };
 }
@@ -335,55 +361,59 @@ export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec
 // ---- trace → graph inputs ---------------------------------------------------------------------
 
 /**
- * Teacher-forced decode calls: at step t every graph gets HF's residual entering its first layer,
- * the KV rows of steps < t for full-attention layers, and for linear-attention layers the conv and
- * recurrent state HF held after step t-1 (zeros at t = 0); it must give back step t's residuals,
- * KV rows and the states HF held after step t.
+ * Teacher-forced calls (promptCalls: decode steps one by one, prefill chunks over the prompt): a call
+ * at steps start.. gets HF's residuals entering its first layer, the KV rows of steps < start for
+ * full-attention layers, and for linear-attention layers the conv and recurrent state HF held after
+ * step start - 1 (zeros at 0); it must give back its rows' residuals and KV rows and the states HF
+ * held after its last real step. Padding rows of a short chunk are not compared.
  */
 export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
   const H = trace.meta.hidden;
+  const n = entry.n;
   const shapes = stateShapes(c, maxContext);
+  const kv = kvLayout(c, maxContext);
   const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
   for (let p = 0; p < trace.meta.prompts.length; p++) {
-    const steps = trace.meta.prompts[p].steps;
+    const prompt = trace.meta.prompts[p];
     if (entry.kind === LM_HEAD_KIND) {
       yield* lmHeadCases(trace, p);
       continue;
     }
-    if (entry.n !== 1) throw new Error(`${entry.name}: qwen3_5 graphs take one token per call, this one takes ${entry.n}`);
     const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
     const full = layers.filter((i) => isFull(c, i));
     const linearLayers = layers.filter((i) => !isFull(c, i));
-    const takesPosition = entry.inputs.some((i) => i.name === 'position');
-    const cache = new CacheBuilder(full, kvLayout(c, maxContext));
+    const takes = (name: string) => entry.inputs.some((i) => i.name === name);
+    const cache = new CacheBuilder(full, kv);
     const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
-    for (let t = 0; t < steps; t++) {
-      if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
-      await cache.fillTo(trace, p, t);
-      const feeds: Record<string, Feed> = { hidden_in: f(await trace.get(p, t, `h.${entry.first}`), [1, 1, H]) };
+    for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
+      if (start + valid > maxContext) throw new Error(`prompt ${p}: step ${start + valid - 1} is past the graph's ${maxContext} cache slots`);
+      await cache.fillTo(trace, p, start);
+      const steps = Array.from({ length: valid }, (_, r) => start + r);
+      const last = start + valid - 1;
+      const feeds: Record<string, Feed> = { hidden_in: f(await stackRows(trace, p, steps, n, `h.${entry.first}`, H), [1, n, H]) };
       const expected: Record<string, Float32Array> = {};
-      if (takesPosition) {
-        feeds.position = { dtype: 'int32', data: Int32Array.of(t), dims: [1] };
-        feeds.attn_mask = f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]);
-      }
+      if (takes('position')) feeds.position = { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, maxContext - 1)), dims: [n] };
+      if (takes('attn_mask')) feeds.attn_mask = f(attentionMask(maxContext, n, start, valid), [1, 1, n, maxContext + n]);
       for (const i of full) {
         feeds[pastKv('k', i)] = f(cache.k.get(i)!, shapes.kvCache);
         feeds[pastKv('v', i)] = f(cache.v.get(i)!, shapes.kvCache);
-        expected[newKv('k', i)] = await trace.get(p, t, `k.${i}`);
-        expected[newKv('v', i)] = await trace.get(p, t, `v.${i}`);
+        expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, kv.layer(i));
+        expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, kv.layer(i));
       }
+      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
+      expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
+      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
+      // Rows are masked where they are padding; a state is compared whole.
+      const masks = valid < n ? paddingMasks(expected, full, n, valid, H, trace.meta.vocab, kv) : undefined;
       for (const i of linearLayers) {
-        feeds[recurrentIn(CONV, i)] = f(t === 0 ? zeros.conv : await trace.get(p, t - 1, `${CONV}.${i}`), shapes.conv);
-        feeds[recurrentIn(REC, i)] = f(t === 0 ? zeros.rec : await trace.get(p, t - 1, `${REC}.${i}`), shapes.rec);
-        expected[recurrentOut(CONV, i)] = await trace.get(p, t, `${CONV}.${i}`);
-        expected[recurrentOut(REC, i)] = await trace.get(p, t, `${REC}.${i}`);
+        feeds[recurrentIn(CONV, i)] = f(start === 0 ? zeros.conv : await trace.get(p, start - 1, `${CONV}.${i}`), shapes.conv);
+        feeds[recurrentIn(REC, i)] = f(start === 0 ? zeros.rec : await trace.get(p, start - 1, `${REC}.${i}`), shapes.rec);
+        expected[recurrentOut(CONV, i)] = await trace.get(p, last, `${CONV}.${i}`);
+        expected[recurrentOut(REC, i)] = await trace.get(p, last, `${REC}.${i}`);
       }
-      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
-      expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
-      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await trace.get(p, t, 'logits');
       // The feeds were consumed by the run before this generator resumes, so the cache filling the
-      // next step's slot in place is safe.
-      yield { prompt: p, step: t, feeds, expected };
+      // next call's slots in place is safe.
+      yield { prompt: p, step: start, feeds, expected, ...(masks ? { masks } : {}) };
     }
   }
 }
