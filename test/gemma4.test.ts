@@ -280,6 +280,7 @@ describe('gemma4 on the runtime', () => {
     expect(card).toMatch(/\| shard0 \| 0–2 \| [\d.]+ kB \| 6 kv-cache \(4 rings of 16 slots\) \|/);
     expect(card).toMatch(/\| shard1 \| 3–7 \| [\d.]+ kB \| 4 kv-cache \(4 rings of 16 slots\); reads kv\.2\.k, kv\.2\.v \(written by shard0\) \|/);
     expect(card).toMatch(/Host tables: embedding 131\.1 kB \(f16\), per_layer_embedding 262\.1 kB \(f16\)\./);
+    expect(card).toContain('**Prompt:** decoded one token per call (this bundle has no prefill graphs).');
   });
 
   it("masks a ring slot exactly when HF's sliding rule hides the position it holds", () => {

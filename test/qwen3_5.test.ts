@@ -89,6 +89,8 @@ describe('qwen3_5 export', () => {
     expect(readTraceMeta(entry('trace')).prompts.some((p) => p.prompt_tokens.length > 2 * 16 && p.prompt_tokens.length % 16 !== 0)).toBe(true);
     const cases = JSON.parse(readFileSync(join(entry('emulation'), 'emulation.json'), 'utf8')).oracle.graphs;
     for (const g of ['shard0.prefill', 'shard1.prefill']) expect(cases[g].cases, g).toBe(chunks);
+    // The card says how the runtime takes a prompt.
+    expect(readFileSync(join(record.bundle!, 'README.md'), 'utf8')).toContain('**Prompt:** prefilled 16 tokens per call (batched prefill graphs): a longer prompt runs in chunks of 16, the last one padded');
   });
 
   it('writes graphs that pass the full onnx.checker', async () => {
