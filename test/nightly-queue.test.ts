@@ -9,7 +9,7 @@
 // and reports no regression.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
+import { cpSync, existsSync, mkdtempSync, readdirSync, readFileSync, writeFileSync, createWriteStream } from 'node:fs';
 import { hostname, tmpdir } from 'node:os';
 import { dirname, join, resolve } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
@@ -23,6 +23,7 @@ import { twinDir } from './helpers/twin.js';
 import { RemoteCache } from '../src/engine/remote-cache.js';
 
 let work: string;
+let recipes: string; // FORGE_RECIPES of every worker and nightly here
 let redis: RedisServer;
 let s3: S3Server;
 const BUCKET = 'forge-farm';
@@ -36,7 +37,7 @@ const QUEUE_ENV = { FORGE_QUEUE_LOCK_MS: '10000', FORGE_QUEUE_STALLED_MS: '3000'
 function startWorker(name: string, budgetGB: number): ChildProcess {
   const log = createWriteStream(join(work, `${name}.log`));
   const w = spawn(resolve('forge'), ['worker', '--queue', redis.url, '--memory-budget', String(budgetGB), '--out', join(work, name), '--cache', SHARED], {
-    env: { ...process.env, CI: '1', ...QUEUE_ENV, ...s3.env, FORGE_CACHE: join(work, `${name}-cache`) }, stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, CI: '1', ...QUEUE_ENV, ...s3.env, FORGE_RECIPES: recipes, FORGE_CACHE: join(work, `${name}-cache`) }, stdio: ['ignore', 'pipe', 'pipe'],
   });
   w.stdout!.pipe(log);
   w.stderr!.pipe(log);
@@ -56,6 +57,14 @@ const until = async <T>(what: string, f: () => Promise<T | undefined>, timeoutMs
 
 beforeAll(async () => {
   work = mkdtempSync(join(tmpdir(), 'forge-nightly-queue-'));
+  // The farm is what this file tests, not the twins' graphs (their own tests gate them on the
+  // simulator): tiny-qwen3.5, the longest cold build here, skips the simulator's gate (~150 s).
+  recipes = join(work, 'recipes');
+  cpSync('recipes', recipes, { recursive: true });
+  const q35 = join(recipes, 'tiny-qwen3.5', 'recipe.json');
+  const recipe = JSON.parse(readFileSync(q35, 'utf8'));
+  recipe.gates.emulation = false;
+  writeFileSync(q35, JSON.stringify(recipe, null, 2));
   redis = await startRedis();
   s3 = await startS3Server();
   await s3.createBucket(BUCKET);
@@ -166,7 +175,7 @@ describe('forge nightly --queue with two workers', () => {
     // The big worker first, so it takes the first job; the small one then takes the next.
     const big = startWorker('big', 8);
     const t0 = Date.now();
-    const first = forge(['nightly', '--queue', redis.url, '--matrix', matrix, '--out', out, '--json'], QUEUE_ENV);
+    const first = forge(['nightly', '--queue', redis.url, '--matrix', matrix, '--out', out, '--json'], { ...QUEUE_ENV, FORGE_RECIPES: recipes });
     await until('the big worker on tiny-qwen3.5', async () => ((await queueStatus(redis.url)).jobs.some((j) => j.state === 'active' && j.worker === nameOf(big)) ? true : undefined), 300_000);
     const small = startWorker('small', 2);
     // Watch the jobs (what --status prints) until the small worker's build has finished a stage.
@@ -227,7 +236,7 @@ describe('forge nightly --queue with two workers', () => {
     expect(text.stdout).toContain(`${killed.build.padEnd(16)} completed attempts ${resumed.queue!.attempts} (stalled 1) on ${spareName}`);
 
     // Nothing changed: a second nightly, on the workers that are left, is all cached and flags nothing.
-    const b = await forge(['nightly', '--queue', redis.url, '--matrix', matrix, '--out', out, '--json'], QUEUE_ENV);
+    const b = await forge(['nightly', '--queue', redis.url, '--matrix', matrix, '--out', out, '--json'], { ...QUEUE_ENV, FORGE_RECIPES: recipes });
     expect(b.code, b.stderr.slice(-3000)).toBe(0);
     const again: Nightly = lastJson(b.stdout);
     expect(again.comparedWith).toBe(join(out, 'nightly.json'));

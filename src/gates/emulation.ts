@@ -39,6 +39,7 @@ import { checkParity, parityRule, variantOk, type VariantResult } from './parity
 import type { NativeRecord } from './native-stage.js';
 import type { OracleResult } from './oracle.js';
 import { Trace } from './trace.js';
+import { LM_HEAD_KIND } from '../families/decoder.js';
 import { GateTally, type OutputTally } from './compare.js';
 
 /** fp16 activations on the HTP: the teacher-forced cosine a W8 graph must keep on the simulator. */
@@ -250,6 +251,8 @@ export async function simulateGraph<C>(o: {
   /** The export the graph is from (its made tables feed the cases). */
   graphsDir: string;
   arch: HtpArch; fp16: boolean; minCosine: number; minTop1: number; python: string; script: string; work: string; timeoutSeconds: number;
+  /** Only the calls after each prompt (a decode graph of a bundle that prefills: the prompt is the prefill graph's). */
+  generatedOnly?: boolean;
 }): Promise<SimulatedGraph> {
   const outputNames = new Set(o.entry.outputs.map((t) => t.name));
   const tally = new GateTally(o.trace.meta.vocab);
@@ -297,6 +300,7 @@ export async function simulateGraph<C>(o: {
   // A residual the graph takes as f16 (the handoff stage's rewrite) is fed as the host hands it over.
   const half = new Set(o.entry.inputs.filter((t) => t.dtype === 'float16').map((t) => t.name));
   for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
+    if (o.generatedOnly && c.step < o.trace.meta.prompts[c.prompt].prompt_tokens.length) continue;
     // gateCases may reuse its buffers (the KV cache grows in place from case to case): keep copies.
     const feeds: GateCase['feeds'] = {};
     for (const [name, f] of Object.entries(c.feeds)) {
@@ -417,12 +421,18 @@ export async function runEmulation(i: EmulationInput): Promise<EmulationResult> 
     // 2. teacher-forced on the simulator
     t = Date.now();
     const graphs: Record<string, SimulatedGraph> = {};
+    // A bundle whose every layer context has a prefill graph prefills the prompt with it: its decode
+    // graphs are checked on the calls they make, the generated tokens (the CPU oracle gate checks
+    // them over the prompt too, as the runtime runs them with --no-prefill).
+    const layerContexts = exp.contexts.filter((c) => c.graphs.some((g) => g.n === 1 && g.kind !== LM_HEAD_KIND));
+    const prefills = layerContexts.length > 0 && layerContexts.every((c) => c.graphs.some((g) => g.n > 1));
     let done = 0;
     for (const entry of entries) {
       progress(done++, steps, entry.name);
       const g = await simulateGraph({
         family, config, entry, compiled: compiled.get(entry.name)!, trace, maxContext: exp.maxContext, graphsDir: i.graphsDir, arch: i.arch, fp16: i.fp16,
         minCosine, minTop1: i.minTop1, python, script, work: join(i.work, 'cases'), timeoutSeconds,
+        generatedOnly: prefills && entry.n === 1 && entry.kind !== LM_HEAD_KIND,
       });
       graphs[entry.name] = g;
       log(`${entry.name}: min cosine ${g.minCosine.toFixed(6)} over ${g.cases} calls${g.top1 ? `, top-1 ${g.top1}` : ''}, ${g.msPerCall.toFixed(1)} ms/call on the simulator${g.nonFinite ? `; NON-FINITE: ${g.nonFinite}` : ''}`);
