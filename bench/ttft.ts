@@ -76,7 +76,7 @@ async function planRows(): Promise<PlanRow[]> {
     const { recipe, file } = loadRecipe(id);
     if (!recipe.config) throw new Error(`${file}: no recorded config (bench/ttft.ts plans from it)`);
     const family = getFamily(recipe.family);
-    const config = family.parseConfig(recipe.config, file) as { experts?: number; layers?: number };
+    const config = family.parseConfig(recipe.config, file) as { experts?: number };
     const experts = config.experts ?? 0;
     for (const archId of list(arg.archs)) {
       const plan = await planRecipe(id, archId);
@@ -135,7 +135,9 @@ async function twinRows(): Promise<TwinRow[]> {
       const args = [join(dir, MANIFEST), 'cpu', '-', dir, '1', '--prompt-ids', prompt.join(','), '--json', '--ignore-eos', ...(prefill ? [] : ['--no-prefill'])];
       const r = spawnSync(native.qhxGenerate, args, { encoding: 'utf8', maxBuffer: 64 << 20 });
       if (r.status !== 0) throw new Error(`qhx_generate ${args.join(' ')} exited ${r.status}: ${r.stderr.trim()}`);
-      const out = JSON.parse(r.stdout.trim().split('\n').pop()!) as { timings: { prefill_ms: number }; generated_ids: number[]; used_prefill?: boolean };
+      const out = JSON.parse(r.stdout.trim().split('\n').pop()!) as { timings: { prefill_ms: number }; generated_ids: number[]; prefill: boolean };
+      // The runtime says which way it took the prompt: a bundle it would not prefill measures nothing here.
+      if (out.prefill !== prefill) throw new Error(`${id}: qhx_generate ${prefill ? 'did not prefill' : 'prefilled'} the prompt (${args.join(' ')})`);
       return out;
     };
     const a = Array.from({ length: repeat }, () => run(true));

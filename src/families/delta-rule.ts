@@ -19,9 +19,7 @@ export function deltaChunk(n: number): number {
  */
 export function realRows(g: GraphBuilder, mask: string, ctx: number, n: number): string {
   const own = g.op('Slice', [mask, g.constInt64([ctx]), g.constInt64([ctx + n]), g.constInt64([3])]); // [1, 1, N, N]
-  const eye = new Float32Array(n * n);
-  for (let r = 0; r < n; r++) eye[r * n + r] = 1;
-  const diag = g.op('ReduceSum', [g.op('Mul', [own, g.constFloat32(Array.from(eye), [n, n])]), g.constInt64([-1])], { keepdims: 1 });
+  const diag = g.op('ReduceSum', [g.op('Mul', [own, triangle(g, n, (i, j) => i === j)]), g.constInt64([-1])], { keepdims: 1 });
   return g.op('Cast', [g.op('Greater', [diag, g.constFloat32([MASKED / 2], [])])], { to: 1 });
 }
 

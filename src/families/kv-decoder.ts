@@ -104,9 +104,21 @@ export async function* lmHeadCases(trace: Trace, p: number): AsyncGenerator<Gate
   }
 }
 
-export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLayout): AsyncGenerator<GateCase> {
+/** What a family adds to the KV decoder's teacher-forced calls. */
+export interface KvCaseHooks {
+  /** The layers whose KV caches the graph reads and writes (default: every layer it holds; Qwen3.5: its full-attention ones). */
+  kvLayers?: (layers: number[]) => number[];
+  /**
+   * A family's own feeds and expected outputs for a call, compared whole (no padding mask): Qwen3.5's
+   * conv and recurrent states in (after step start - 1) and out (after the call's last real step).
+   */
+  extra?: (call: { prompt: number; start: number; valid: number; layers: number[] }, feeds: Record<string, Feed>, expected: Record<string, Float32Array>) => Promise<void>;
+}
+
+export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLayout, hooks: KvCaseHooks = {}): AsyncGenerator<GateCase> {
   const H = trace.meta.hidden;
   const n = entry.n;
+  const takes = (name: string) => entry.inputs.some((i) => i.name === name);
   for (let p = 0; p < trace.meta.prompts.length; p++) {
     const prompt = trace.meta.prompts[p];
     if (entry.kind === LM_HEAD_KIND) {
@@ -114,17 +126,18 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       continue;
     }
     const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
-    const cache = new CacheBuilder(layers, kv);
+    const cached = hooks.kvLayers?.(layers) ?? layers;
+    const cache = new CacheBuilder(cached, kv);
     for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
+      if (start + valid > kv.maxContext) throw new Error(`prompt ${p}: step ${start + valid - 1} is past the graph's ${kv.maxContext} cache slots`);
       await cache.fillTo(trace, p, start);
       const steps = Array.from({ length: valid }, (_, r) => start + r);
-      const feeds: Record<string, Feed> = {
-        hidden_in: { dtype: 'float32', data: await stackRows(trace, p, steps, n, `h.${entry.first}`, H), dims: [1, n, H] },
-        position: { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, kv.maxContext - 1)), dims: [n] },
-        attn_mask: { dtype: 'float32', data: attentionMask(kv.maxContext, n, start, valid), dims: [1, 1, n, kv.maxContext + n] },
-      };
+      const feeds: Record<string, Feed> = { hidden_in: { dtype: 'float32', data: await stackRows(trace, p, steps, n, `h.${entry.first}`, H), dims: [1, n, H] } };
+      // A graph without attention over the cache (Qwen3.5's linear-only decode shard) takes neither.
+      if (takes('position')) feeds.position = { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, kv.maxContext - 1)), dims: [n] };
+      if (takes('attn_mask')) feeds.attn_mask = { dtype: 'float32', data: attentionMask(kv.maxContext, n, start, valid), dims: [1, 1, n, kv.maxContext + n] };
       const expected: Record<string, Float32Array> = {};
-      for (const i of layers) {
+      for (const i of cached) {
         const l = kv.layer(i);
         feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
         feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
@@ -134,13 +147,18 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
       expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
       if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
-      yield { prompt: p, step: start, feeds, expected, ...(valid < n ? { masks: paddingMasks(expected, layers, n, valid, H, trace.meta.vocab, kv) } : {}) };
+      // Rows are masked where they are padding; what `extra` adds is compared whole.
+      const masks = valid < n ? paddingMasks(expected, cached, n, valid, H, trace.meta.vocab, kv) : undefined;
+      await hooks.extra?.({ prompt: p, start, valid, layers }, feeds, expected);
+      // The feeds were consumed by the run before this generator resumes, so the cache filling the
+      // next call's slots in place is safe.
+      yield { prompt: p, step: start, feeds, expected, ...(masks ? { masks } : {}) };
     }
   }
 }
 
 /** Masks for a chunk whose last n - valid rows are padding: residual rows [1, n, H], logits [1, n, V], K/V rows [1, kv, n, d]. */
-export function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
+function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
   const masks: Record<string, CompareMask> = {};
   const residual = rowMask(1, n, H, valid);
   for (const name of Object.keys(expected)) masks[name] = residual;

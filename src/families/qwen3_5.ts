@@ -22,13 +22,13 @@ import { checkElements, ConfigError, MAX_DIM, parseConfigWith, type Family, type
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './types.js';
-import { CacheBuilder, type KvLayout, kvDecoderBindings, lmHeadCases, paddingMasks, promptCalls, stackKv, stackRows } from './kv-decoder.js';
+import { type KvLayout, kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import type { Feed, GateCase } from './types.js';
 import {
-  applyPartialRope, attentionMask, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
+  applyPartialRope, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
   rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, gatedMlp,
 } from './blocks.js';
-import { attentionDecoderConfig, decoderComponents, lmHeadGraph, LM_HEAD_KIND, type AttentionDecoderConfig } from './decoder.js';
+import { attentionDecoderConfig, decoderComponents, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
 import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
 import { causalConvChunk, chunkedGatedDelta, realRows } from './delta-rule.js';
 
@@ -361,61 +361,26 @@ export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec
 // ---- trace → graph inputs ---------------------------------------------------------------------
 
 /**
- * Teacher-forced calls (promptCalls: decode steps one by one, prefill chunks over the prompt): a call
- * at steps start.. gets HF's residuals entering its first layer, the KV rows of steps < start for
- * full-attention layers, and for linear-attention layers the conv and recurrent state HF held after
- * step start - 1 (zeros at 0); it must give back its rows' residuals and KV rows and the states HF
- * held after its last real step. Padding rows of a short chunk are not compared.
+ * Teacher-forced calls (kvDecoderCases: decode steps one by one, prefill chunks over the prompt),
+ * the KV caches of the full-attention layers only; each linear-attention layer gets the conv and
+ * recurrent state HF held after step start - 1 (zeros at 0) and must give back the states HF held
+ * after the call's last real step.
  */
-export async function* qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
-  const H = trace.meta.hidden;
-  const n = entry.n;
+export function qwen35Cases(c: Qwen35Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
   const shapes = stateShapes(c, maxContext);
-  const kv = kvLayout(c, maxContext);
+  const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
   const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
-  for (let p = 0; p < trace.meta.prompts.length; p++) {
-    const prompt = trace.meta.prompts[p];
-    if (entry.kind === LM_HEAD_KIND) {
-      yield* lmHeadCases(trace, p);
-      continue;
-    }
-    const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
-    const full = layers.filter((i) => isFull(c, i));
-    const linearLayers = layers.filter((i) => !isFull(c, i));
-    const takes = (name: string) => entry.inputs.some((i) => i.name === name);
-    const cache = new CacheBuilder(full, kv);
-    const zeros = { conv: new Float32Array(shapes.conv.reduce((a, b) => a * b, 1)), rec: new Float32Array(shapes.rec.reduce((a, b) => a * b, 1)) };
-    for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
-      if (start + valid > maxContext) throw new Error(`prompt ${p}: step ${start + valid - 1} is past the graph's ${maxContext} cache slots`);
-      await cache.fillTo(trace, p, start);
-      const steps = Array.from({ length: valid }, (_, r) => start + r);
-      const last = start + valid - 1;
-      const feeds: Record<string, Feed> = { hidden_in: f(await stackRows(trace, p, steps, n, `h.${entry.first}`, H), [1, n, H]) };
-      const expected: Record<string, Float32Array> = {};
-      if (takes('position')) feeds.position = { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, maxContext - 1)), dims: [n] };
-      if (takes('attn_mask')) feeds.attn_mask = f(attentionMask(maxContext, n, start, valid), [1, 1, n, maxContext + n]);
-      for (const i of full) {
-        feeds[pastKv('k', i)] = f(cache.k.get(i)!, shapes.kvCache);
-        feeds[pastKv('v', i)] = f(cache.v.get(i)!, shapes.kvCache);
-        expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, kv.layer(i));
-        expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, kv.layer(i));
-      }
-      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
-      expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
-      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
-      // Rows are masked where they are padding; a state is compared whole.
-      const masks = valid < n ? paddingMasks(expected, full, n, valid, H, trace.meta.vocab, kv) : undefined;
-      for (const i of linearLayers) {
+  return kvDecoderCases(entry, trace, kvLayout(c, maxContext), {
+    kvLayers: (layers) => layers.filter((i) => isFull(c, i)),
+    extra: async ({ prompt: p, start, valid, layers }, feeds, expected) => {
+      for (const i of layers.filter((l) => !isFull(c, l))) {
         feeds[recurrentIn(CONV, i)] = f(start === 0 ? zeros.conv : await trace.get(p, start - 1, `${CONV}.${i}`), shapes.conv);
         feeds[recurrentIn(REC, i)] = f(start === 0 ? zeros.rec : await trace.get(p, start - 1, `${REC}.${i}`), shapes.rec);
-        expected[recurrentOut(CONV, i)] = await trace.get(p, last, `${CONV}.${i}`);
-        expected[recurrentOut(REC, i)] = await trace.get(p, last, `${REC}.${i}`);
+        expected[recurrentOut(CONV, i)] = await trace.get(p, start + valid - 1, `${CONV}.${i}`);
+        expected[recurrentOut(REC, i)] = await trace.get(p, start + valid - 1, `${REC}.${i}`);
       }
-      // The feeds were consumed by the run before this generator resumes, so the cache filling the
-      // next call's slots in place is safe.
-      yield { prompt: p, step: start, feeds, expected, ...(masks ? { masks } : {}) };
-    }
-  }
+    },
+  });
 }
 
 /** How the runtime binds each input/output: KV caches by rows, conv/recurrent states replaced whole. */

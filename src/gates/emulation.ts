@@ -40,6 +40,7 @@ import type { NativeRecord } from './native-stage.js';
 import type { OracleResult } from './oracle.js';
 import { Trace } from './trace.js';
 import { LM_HEAD_KIND } from '../families/decoder.js';
+import { top1Text } from './top1.js';
 import { GateTally, type OutputTally } from './compare.js';
 
 /** fp16 activations on the HTP: the teacher-forced cosine a W8 graph must keep on the simulator. */
@@ -326,7 +327,7 @@ export async function simulateGraph<C>(o: {
   const uncompared = [...outputNames].filter((n) => !acc.has(n));
   if (uncompared.length) g.uncompared = uncompared; // as in the CPU oracle gate: only what the trace defines is compared
   if (tops.rows) {
-    g.top1 = `${tops.agree}/${tops.rows}`;
+    g.top1 = top1Text(tops);
     if (tops.agree < o.minTop1 * tops.rows) g.ok = false;
   }
   return g;
