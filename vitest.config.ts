@@ -1,4 +1,5 @@
 import { defineConfig } from 'vitest/config';
+import Sequencer from './test/sequencer.js';
 
 export default defineConfig({
   test: {
@@ -8,5 +9,6 @@ export default defineConfig({
     hookTimeout: 600_000,
     // Builds spawn Python and native tools; two cores on CI, so keep files from fighting.
     fileParallelism: false,
+    sequence: { sequencer: Sequencer },
   },
 });

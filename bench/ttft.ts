@@ -14,7 +14,7 @@
 //    of 2N + 3 tokens (two full chunks and a padded one).
 //
 //   node --import tsx bench/ttft.ts [--recipes qwen3-4b,qwen3.5-4b,gemma-4-e4b,phi-tiny-moe,qwen3-vl-2b]
-//       [--archs v79,v81] [--lengths 128,512,2048] [--twins tiny-qwen3,tiny-qwen3.5,tiny-phimoe | --twins '']
+//       [--archs v79,v81] [--lengths 128,512,2048] [--twins tiny-qwen3,tiny-qwen3.5,tiny-phimoe,tiny-gemma4 | --twins '']
 //       [--repeat 3] [--json]
 import { spawnSync } from 'node:child_process';
 import { mkdtempSync } from 'node:fs';
@@ -36,7 +36,7 @@ const { values: arg, num } = benchArgs({
   recipes: { type: 'string', default: 'qwen3-4b,qwen3.5-4b,gemma-4-e4b,phi-tiny-moe,qwen3-vl-2b' },
   archs: { type: 'string', default: 'v79,v81' },
   lengths: { type: 'string', default: '128,512,2048' },
-  twins: { type: 'string', default: 'tiny-qwen3,tiny-qwen3.5,tiny-phimoe' },
+  twins: { type: 'string', default: 'tiny-qwen3,tiny-qwen3.5,tiny-phimoe,tiny-gemma4' },
   repeat: { type: 'string', default: '3' },
   json: { type: 'boolean' },
 });
@@ -130,7 +130,9 @@ async function twinRows(): Promise<TwinRow[]> {
     if (!n) throw new Error(`${id}: the recipe sets no prefill length, nothing to compare`);
     const dir = mkdtempSync(join(tmpdir(), 'forge-ttft-bundle-'));
     const manifest = await assembleBundle({ recipe, arch, graphsDir: entry('quantize'), embeddingDir: entry('quantize'), checkpointDir: readCheckpointRef(entry('fetch')).absDir, maxNewTokens: 4 }, dir);
-    const prompt = Array.from({ length: 2 * n + 3 }, (_, i) => (i * 37 + 11) % manifest.model.vocab);
+    // Text ids only: an image or audio token would ask for an encoder output the prompt does not bring.
+    const media = new Set(Object.entries(manifest.hostOpParams ?? {}).filter(([k]) => /^(image|audio)_token_id$/.test(k)).map(([, v]) => v));
+    const prompt = Array.from({ length: 2 * n + 3 }, (_, i) => (i * 37 + 11) % manifest.model.vocab).map((id) => (media.has(id) ? 1 : id));
     const run = (prefill: boolean) => {
       const args = [join(dir, MANIFEST), 'cpu', '-', dir, '1', '--prompt-ids', prompt.join(','), '--json', '--ignore-eos', ...(prefill ? [] : ['--no-prefill'])];
       const r = spawnSync(native.qhxGenerate, args, { encoding: 'utf8', maxBuffer: 64 << 20 });

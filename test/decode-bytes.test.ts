@@ -97,7 +97,9 @@ describe('a decode step, from the graphs and bindings of the twins', () => {
   it('gemma4: sliding rings of the window, a shared donor re-read by the shard without it, PLE rows once a step', async () => {
     // Layers S S F S S F S F; 5 (F) and 7 (F) share layer 2's K/V, 6 (S) layer 4's. Shard 0 = 0-2,
     // shard 1 = 3-7 (the tiny-gemma4 recipe): shard 1 reads its own 3, 4 and donor 2's cache.
-    const ring = 2 * 16 * 32 * 4; // one sliding cache: 2 heads × 16 slots × 32
+    // One sliding cache: 2 heads × 23 slots × 32 (a ring of the 16-token window plus 8 - 1 for the
+    // layout's 8-token prefill: a prefill call never overwrites a position its rows still see).
+    const ring = 2 * 23 * 32 * 4;
     const full = 2 * 256 * 64 * 4; // one full cache: 2 heads × 256 slots × 64
     const { io: r } = await io(gemma4, twinConfig('gemma4'), [[0, 2], [3, 7]], 256, 10, AS_BUILT);
     expect(r).toEqual({
@@ -105,17 +107,17 @@ describe('a decode step, from the graphs and bindings of the twins', () => {
       kvWrite: 4 * 2 * (2 * 32 * 4) + 2 * (2 * 64 * 4), // layers 0, 1, 3, 4 and 2 compute K/V
       stateRead: 0, stateWrite: 0,
       hostRows: 64 * 2 + 8 * 16 * 2, hostRowsByTable: { embedding: 128, per_layer_embedding: 256 },
-      masks: 2 * (257 * 4 + 17 * 4), // the full mask and the ring's, a shard
+      masks: 2 * (257 * 4 + 24 * 4), // the full mask and the ring's, a shard
       // hidden_in, position and the float32 copies of the embedding and PLE rows a shard; the lm-head's hidden.
       graphIn: (64 * 4 + 4 + 64 * 4 + 3 * 16 * 4) + (64 * 4 + 4 + 64 * 4 + 5 * 16 * 4) + 64 * 4,
       graphOut: 2 * 64 * 4 + 1024 * 4,
     });
-    // Projected at position 100: a ring reads its 16 slots, a full cache 100.
+    // Projected at position 100: a ring reads its 23 slots, a full cache 100.
     const { io: p } = await io(gemma4, twinConfig('gemma4'), [[0, 2], [3, 7]], 256, 100, F16_FILLED);
-    const ringF16 = 2 * 16 * 32 * 2;
+    const ringF16 = 2 * 23 * 32 * 2;
     const fullF16 = 2 * 100 * 64 * 2;
     expect(p.kvRead).toBe(2 * (4 * ringF16 + 2 * fullF16));
-    expect(p.masks).toBe(2 * (101 * 4 + 17 * 4));
+    expect(p.masks).toBe(2 * (101 * 4 + 24 * 4));
   });
 
   it('phimoe: the experts graph runs once a layer, fed the two selected experts\' int8 rows and scales', async () => {

@@ -28,7 +28,7 @@ describe('gemma-4-e4b recipe', () => {
     expect([...new Set(config.layer.slice(24).map((l) => l.kvFrom))].sort()).toEqual([22, 23]);
     expect(config.layer.slice(0, 24).every((l, i) => l.kvFrom === i)).toBe(true);
     const s = archSettings(recipe, 'v81').settings;
-    expect(s).toMatchObject({ shards: 'auto', quant: 'w8', maxContext: 4096, prefillLength: 0, lmHead: { placement: 'separate', quant: 'fp16' } });
+    expect(s).toMatchObject({ shards: 'auto', quant: 'w8', maxContext: 4096, prefillLength: 128, lmHead: { placement: 'separate', quant: 'fp16' } });
   });
 });
 
@@ -47,6 +47,10 @@ describe('gemma-4-e4b plan', () => {
       }
       expect(json.lmHead).toMatchObject({ placement: 'separate', quant: 'fp16', tied: true, bytes: V * H * 2 + H * 4 });
       expect(json.contexts).toBe(4);
+      // Each part prefills 128 tokens a call and decodes one, in one context: 7 graphs, nothing dropped.
+      for (const s of json.shards) expect(s.graphs).toEqual(['prefill', 'decode']);
+      expect(json.graphs).toBe(7);
+      expect(json.dropped).toBeUndefined();
       expect(json.hostTables).toEqual([
         { name: 'embedding', dtype: 'f16', bytes: V * H * 2 },
         { name: 'per_layer_embedding', dtype: 'f16', bytes: V * L * P * 2 },

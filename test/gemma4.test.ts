@@ -4,7 +4,7 @@
 // pieces by themselves (softcap, GELU-tanh, proportional RoPE, the PLE mixing, the ring mask), and
 // the clean refusal of a build past the oracle for a family whose host-op the runtime lacks.
 import { describe, it, expect, beforeAll, afterAll } from 'vitest';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import * as ort from 'onnxruntime-node';
@@ -76,11 +76,11 @@ describe('gemma4 config', () => {
 });
 
 describe('gemma4 export', () => {
-  it('writes decode-only shards taking the embedding row and each layer\'s PLE rows; KV-shared layers read their donor\'s cache and write none', () => {
+  it('writes shards taking the embedding rows and each layer\'s PLE rows, prefill (16 tokens) and decode; KV-shared layers read their donor\'s cache and write none', () => {
     const mf = manifest(entry('export'));
     // The vision encoder (the recipe reads images) is a context of its own, before the shards.
-    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['vision'], ['shard0.decode'], ['shard1.decode'], ['lm_head']]);
-    const [s0, s1, head] = graphs(entry('export')).filter((g) => g.name !== 'vision');
+    expect(mf.contexts.map((c) => c.graphs.map((g) => g.name))).toEqual([['vision'], ['shard0.prefill', 'shard0.decode'], ['shard1.prefill', 'shard1.decode'], ['lm_head']]);
+    const [s0, s1, head] = graphs(entry('export')).filter((g) => g.name !== 'vision' && !g.name.endsWith('.prefill'));
     expect(names(s0.inputs)).toEqual(['hidden_in', 'position', 'attn_mask', 'embeds', 'ple_0', 'ple_1', 'ple_2', 'attn_mask_sliding', 'past_k_0', 'past_v_0', 'past_k_1', 'past_v_1', 'past_k_2', 'past_v_2']);
     expect(names(s0.outputs)).toEqual(['hidden_out', 'new_k_0', 'new_v_0', 'new_k_1', 'new_v_1', 'new_k_2', 'new_v_2']);
     // Shard 1 (layers 3-7): layer 2's cache is read (donor of 5 and 7, in shard 0); layer 4 is donor of 6 in the same graph.
@@ -88,14 +88,28 @@ describe('gemma4 export', () => {
       'past_k_3', 'past_v_3', 'past_k_4', 'past_v_4', 'past_k_2', 'past_v_2']);
     expect(names(s1.outputs)).toEqual(['hidden_out', 'new_k_3', 'new_v_3', 'new_k_4', 'new_v_4']);
     const io = Object.fromEntries([...s0.inputs, ...s0.outputs, ...s1.inputs].map((t) => [t.name, t]));
-    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 16, 32] }); // sliding: head_dim 32, a ring of the 16-token window
-    expect(io.attn_mask_sliding).toMatchObject({ dtype: 'float32', shape: [1, 1, 1, 17] });
+    // Sliding: head_dim 32, a ring of the 16-token window plus 15 slots, so that a 16-token prefill
+    // call never overwrites a position one of its rows still sees.
+    expect(io.past_k_0).toMatchObject({ dtype: 'float32', shape: [1, 2, 31, 32] });
+    expect(io.attn_mask_sliding).toMatchObject({ dtype: 'float32', shape: [1, 1, 1, 32] });
     expect(io.past_k_2).toMatchObject({ dtype: 'float32', shape: [1, 2, 256, 64] }); // full: head_dim 64
     expect(io.new_v_2).toMatchObject({ shape: [1, 2, 1, 64] });
     expect(io.ple_3).toMatchObject({ dtype: 'float32', shape: [1, 1, 16] });
     expect(io.embeds).toMatchObject({ shape: [1, 1, 64] });
     expect(names(head.inputs)).toEqual(['hidden']);
     expect(names(head.outputs)).toEqual(['logits']);
+    // The prefill graphs: the same inputs and outputs for 16 tokens (the ring slots of each), the same caches.
+    const p1 = graphs(entry('export')).find((g) => g.name === 'shard1.prefill')!;
+    expect(names(p1.inputs)).toEqual(names(s1.inputs));
+    expect(names(p1.outputs)).toEqual(names(s1.outputs));
+    const pio = Object.fromEntries([...p1.inputs, ...p1.outputs].map((t) => [t.name, t]));
+    expect(pio.hidden_in.shape).toEqual([1, 16, 64]);
+    expect(pio.position.shape).toEqual([16]);
+    expect(pio.attn_mask.shape).toEqual([1, 1, 16, 256 + 16]);
+    expect(pio.attn_mask_sliding.shape).toEqual([1, 1, 16, 31 + 16]);
+    expect(pio.ple_5.shape).toEqual([1, 16, 16]);
+    expect(pio.past_k_4.shape).toEqual([1, 2, 31, 32]);
+    expect(pio.new_k_4.shape).toEqual([1, 2, 16, 32]);
   });
 
   it('puts the softcapped lm-head inside the last shard when planned there (tied: the embedding); a layer reads its weights, the PLE projection, and no K/V weight when shared', async () => {
@@ -109,14 +123,16 @@ describe('gemma4 export', () => {
     expect(read).toContain('model.language_model.embed_tokens.weight');
     expect(read).toContain('model.language_model.per_layer_model_projection.weight');
     expect(read.filter((n) => /layers\.[567]\.self_attn\.[kv]_(proj|norm)/.test(n))).toEqual([]);
-    const prefill = gemma4.components(c, { shards: [{ first: 0, last: 7, isLast: true }], lmHeadInside: false, prefillLength: 4, maxContext: 8 })[0].variants[0];
-    expect(prefill.n).toBe(4);
-    await expect(prefill.build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' })).rejects.toThrow(/only decode graphs .* set prefillLength 0/);
+    // With the lm-head inside, a prefill graph gives the logits of its N rows.
+    const [withPrefill] = gemma4.components(c, { shards: [{ first: 3, last: 7, isLast: true }], lmHeadInside: true, prefillLength: 4, maxContext: 64 });
+    expect(withPrefill.variants.map((v) => [v.name, v.n])).toEqual([['prefill', 4], ['decode', 1]]);
+    const p = await withPrefill.variants[0].build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' });
+    expect(p.outputs.find((t) => t.name === 'logits')!.shape).toEqual([1, 4, 1024]);
   });
 
   it('binds the PLE and embedding rows to the host tables by token, sliding caches as rings of the window, the donor cache as one shared state', () => {
     const c = config();
-    const [s0, s1] = graphs(entry('quantize')).filter((g) => g.name !== 'vision');
+    const [s0, s1] = graphs(entry('quantize')).filter((g) => g.name.endsWith('.decode'));
     const b = gemma4.bindings(c, s1, 64);
     const byName = Object.fromEntries(b.inputs.map((x) => [x.name, x]));
     expect(byName.embeds).toMatchObject({ bind: 'host-rows', table: 'embedding', index: 'token' });
@@ -125,8 +141,9 @@ describe('gemma4 export', () => {
     // Full layer 2 (read by 5 and 7 in the other shard): every position; sliding layer 3: a ring of 16.
     expect(b.state.find((s) => s.name === 'kv.2.k')).toMatchObject({ kind: 'kv-cache', shape: [1, 2, 64, 64], shared: true });
     expect(b.state.find((s) => s.name === 'kv.2.k')!).not.toHaveProperty('window');
-    expect(b.state.find((s) => s.name === 'kv.3.k')).toEqual({ name: 'kv.3.k', kind: 'kv-cache', dtype: 'float32', shape: [1, 2, 16, 32], positionAxis: 2, window: 16 });
-    expect(byName.attn_mask_sliding).toMatchObject({ bind: 'mask', window: 16, shape: [1, 1, 1, 17] });
+    // The ring's slots (window 16 + prefill 16 - 1) and, on the mask, the window a row sees.
+    expect(b.state.find((s) => s.name === 'kv.3.k')).toEqual({ name: 'kv.3.k', kind: 'kv-cache', dtype: 'float32', shape: [1, 2, 31, 32], positionAxis: 2, window: 31 });
+    expect(byName.attn_mask_sliding).toMatchObject({ bind: 'mask', window: 31, sliding: 16, shape: [1, 1, 1, 32] });
     expect(byName.attn_mask).toMatchObject({ bind: 'mask', shape: [1, 1, 1, 257] });
     expect(byName.attn_mask).not.toHaveProperty('window');
     // The window reaches past a short maxContext: no ring, no sliding mask.
@@ -161,7 +178,7 @@ describe('gemma4 fetch', () => {
 describe('gemma4 oracle gate', () => {
   const result = () => JSON.parse(readFileSync(join(entry('oracle'), 'oracle.json'), 'utf8')) as OracleResult;
 
-  it("meets HF's fp32 trace in every graph and output (residuals, K/V rows, each layer's mixed PLE input, the softcapped logits), W8 within 0.999", () => {
+  it("meets HF's fp32 trace in every graph and output (residuals, K/V rows, each layer's mixed PLE input, the softcapped logits), W8 within 0.999, prefill graphs on every chunk", () => {
     const r = result();
     expect(r.ok).toBe(true);
     const rows = (variant: string) => r.rows.filter((x) => x.variant === variant);
@@ -171,8 +188,9 @@ describe('gemma4 oracle gate', () => {
     expect(outputs('shard0.decode')).toEqual(['h.1', 'h.2', 'hidden_out', 'new_k_0', 'new_k_1', 'new_k_2', 'new_v_0', 'new_v_1', 'new_v_2', 'ple.0', 'ple.1', 'ple.2']);
     expect(outputs('shard1.decode')).toEqual(['h.4', 'h.5', 'h.6', 'h.7', 'h.8', 'hidden_out', 'new_k_3', 'new_k_4', 'new_v_3', 'new_v_4', 'ple.3', 'ple.4', 'ple.5', 'ple.6', 'ple.7']);
     expect(outputs('lm_head')).toEqual(['logits']);
+    expect(outputs('shard1.prefill')).toEqual(outputs('shard1.decode'));
     for (const v of ['export:fp32', 'quantize:w8']) {
-      for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(r.graphs[`${v}/${g}`].ok, `${v}/${g}`).toBe(true);
+      for (const g of ['shard0.prefill', 'shard0.decode', 'shard1.prefill', 'shard1.decode', 'lm_head']) expect(r.graphs[`${v}/${g}`].ok, `${v}/${g}`).toBe(true);
       expect(r.graphs[`${v}/lm_head`].top1).toMatch(/^(\d+)\/\1$/);
     }
     // The traces run past the twin's sliding window (16): the masked window is exercised.
@@ -180,6 +198,44 @@ describe('gemma4 oracle gate', () => {
     expect(Math.max(...trace.prompts.map((p: { steps: number }) => p.steps))).toBeGreaterThan(2 * 16);
     console.log(`tiny-gemma4 build: ${seconds.toFixed(1)} s; ` + Object.entries(r.graphs).map(([k, g]) => `${k} ${g.minCosine.toFixed(7)}`).join(', '));
   });
+});
+
+describe('gemma4 prefill where a shard holds only KV-shared layers', () => {
+  // gemma-4-e4b's plan puts layers 28-41, every one KV-shared, in a shard of their own: they read
+  // their donors' caches (layers 22 and 23, a ring and a full cache) after the donors' context wrote
+  // the call's rows. The twin cut the same way (shard 1 = layers 5-7, donors 2 and 4 in shard 0),
+  // its prefill graphs gated against HF on every chunk: the ring holds the chunk's rows without
+  // losing a position a row of the chunk still sees.
+  it("meets HF's trace in fp32 and W8 on every chunk and step, its donors' rows read from their caches", async () => {
+    const recipes = mkdtempSync(join(tmpdir(), 'forge-gemma4-recipes-'));
+    const { recipe } = loadRecipe('tiny-gemma4');
+    const cut = { ...recipe, arch: { default: { ...recipe.arch.default, shards: [[0, 4], [5, 7]] } } };
+    mkdirSync(join(recipes, 'tiny-gemma4'));
+    writeFileSync(join(recipes, 'tiny-gemma4', 'recipe.json'), JSON.stringify(cut, null, 2));
+    const before = process.env.FORGE_RECIPES;
+    process.env.FORGE_RECIPES = recipes;
+    try {
+      const r = await build({ recipe: 'tiny-gemma4', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-gemma4-cut-')), progress: silentProgress, until: 'oracle' });
+      expect(r.error).toBeUndefined();
+      const dir = join(cacheRoot(), 'oracle', r.stages.find((x) => x.name === 'oracle')!.key!);
+      const o = JSON.parse(readFileSync(join(dir, 'oracle.json'), 'utf8')) as OracleResult;
+      expect(o.ok).toBe(true);
+      const shard1 = graphs(join(cacheRoot(), 'export', r.stages.find((x) => x.name === 'export')!.key!)).find((g) => g.name === 'shard1.prefill')!;
+      // No cache of its own: it reads donor 2's full cache and donor 4's ring (at the call's 16 ring
+      // slots), and writes no rows.
+      expect(names(shard1.inputs).filter((n) => n.startsWith('past_'))).toEqual(['past_k_2', 'past_v_2', 'past_k_4', 'past_v_4']);
+      expect(shard1.inputs.find((t) => t.name === 'ring_slot')!.shape).toEqual([16]);
+      expect(names(shard1.outputs)).toEqual(['hidden_out']);
+      for (const v of ['export:fp32', 'quantize:w8']) {
+        for (const g of ['shard0.prefill', 'shard0.decode', 'shard1.prefill', 'shard1.decode']) expect(o.graphs[`${v}/${g}`].ok, `${v}/${g}`).toBe(true);
+      }
+      for (const row of o.rows.filter((x) => x.variant === 'export:fp32')) expect(row.minCosine, `${row.graph} ${row.output}`).toBeGreaterThanOrEqual(0.99999);
+    } finally {
+      if (before === undefined) delete process.env.FORGE_RECIPES;
+      else process.env.FORGE_RECIPES = before;
+      rmSync(recipes, { recursive: true, force: true });
+    }
+  }, 900_000);
 });
 
 describe('gemma4 pieces', () => {
@@ -229,11 +285,11 @@ describe('gemma4 residual hand-off (recipe handoff: auto)', () => {
     // Each shard's and the lm-head's residual (the vision encoder hands over no residual).
     const io = (gs: ReturnType<typeof graphs>) => gs.filter((g) => g.stream).flatMap((g) => [...g.inputs.filter((t) => t.name === g.stream!.input), ...g.outputs.filter((t) => t.name === g.stream!.output)].map((t) => `${g.name}:${t.name}:${t.dtype}`));
     // The first shard's input is the host's scaled embedding row, not a hand-off: it stays float32.
-    expect(io(shipped)).toEqual(['shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
+    expect(io(shipped)).toEqual(['shard0.prefill:hidden_in:float32', 'shard0.prefill:hidden_out:float16', 'shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.prefill:hidden_in:float16', 'shard1.prefill:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
     expect(io(graphs(entry('quantize'))).every((x) => x.endsWith(':float32'))).toBe(true);
     const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
     const bound = m.contexts.flatMap((c) => c.graphs.flatMap((g) => [...g.inputs, ...g.outputs].filter((t) => t.bind === 'residual').map((t) => `${g.name}:${t.name}:${t.dtype}`)));
-    expect(bound).toEqual(['shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
+    expect(bound).toEqual(['shard0.prefill:hidden_in:float32', 'shard0.prefill:hidden_out:float16', 'shard0.decode:hidden_in:float32', 'shard0.decode:hidden_out:float16', 'shard1.prefill:hidden_in:float16', 'shard1.prefill:hidden_out:float16', 'shard1.decode:hidden_in:float16', 'shard1.decode:hidden_out:float16', 'lm_head:hidden:float16']);
     expect(readFileSync(join(out, 'README.md'), 'utf8')).toMatch(/\*\*Residual hand-off\*\* between contexts \(shard → shard → lm-head\), chosen by the oracle gate: float16\. f16 hand-offs keep every greedy decision/);
   });
 });
@@ -246,18 +302,18 @@ describe('gemma4 on the runtime', () => {
     expect(parity.ok).toBe(true);
     for (const v of ['export', 'quantize']) expect(parity.variants[v]).toMatchObject({ ok: true, mismatches: 0, ties: 0, matched: parity.variants[v].total });
     // 4 text and 2 image prompts × 32 tokens (an image's caption, as the twin learnt it), each
-    // continuation alone longer than the 16-slot ring: it wraps while generating.
+    // continuation alone longer than the 31-slot ring: it wraps while generating.
     expect(parity.variants.quantize.total).toBe(6 * 32);
     const m = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8')) as Manifest;
     expect(m.hostOp).toBe('gemma4_split_generate');
-    expect(m.state.filter((s) => s.kind === 'kv-cache' && s.window === 16).map((s) => s.name)).toEqual(['kv.0.k', 'kv.0.v', 'kv.1.k', 'kv.1.v', 'kv.3.k', 'kv.3.v', 'kv.4.k', 'kv.4.v']);
+    expect(m.state.filter((s) => s.kind === 'kv-cache' && s.window === 31).map((s) => s.name)).toEqual(['kv.0.k', 'kv.0.v', 'kv.1.k', 'kv.1.v', 'kv.3.k', 'kv.3.v', 'kv.4.k', 'kv.4.v']);
     expect(m.hostTables.map((t) => t.use)).toEqual(['embedding', 'per-layer-embedding']);
   });
 
   it("passes the simulator gate: the compiled graphs within W8's cosine of HF, parity on the simulator", () => {
     const e = gates().emulation;
     expect(e.ok).toBe(true);
-    for (const g of ['shard0.decode', 'shard1.decode', 'lm_head']) expect(e.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
+    for (const g of ['shard0.prefill', 'shard0.decode', 'shard1.prefill', 'shard1.decode', 'lm_head']) expect(e.graphs[g].minCosine, g).toBeGreaterThanOrEqual(0.999);
     expect(e.parity).toMatchObject({ ok: true, matched: 192, total: 192 });
   });
 
@@ -277,21 +333,32 @@ describe('gemma4 on the runtime', () => {
 
   it('prints the plan in the card: each context with its layers, planned bytes, ring caches and the caches it reads from another context', () => {
     const card = readFileSync(join(out, 'README.md'), 'utf8');
-    expect(card).toMatch(/\| shard0 \| 0–2 \| [\d.]+ kB \| 6 kv-cache \(4 rings of 16 slots\) \|/);
-    expect(card).toMatch(/\| shard1 \| 3–7 \| [\d.]+ kB \| 4 kv-cache \(4 rings of 16 slots\); reads kv\.2\.k, kv\.2\.v \(written by shard0\) \|/);
+    expect(card).toMatch(/\| shard0 \| 0–2 \| [\d.]+ kB \| 6 kv-cache \(4 rings of 31 slots\) \|/);
+    expect(card).toMatch(/\| shard1 \| 3–7 \| [\d.]+ kB \| 4 kv-cache \(4 rings of 31 slots\); reads kv\.2\.k, kv\.2\.v \(written by shard0\) \|/);
     expect(card).toMatch(/Host tables: embedding 131\.1 kB \(f16\), per_layer_embedding 262\.1 kB \(f16\)\./);
-    expect(card).toContain('**Prompt:** decoded one token per call (this bundle has no prefill graphs).');
+    expect(card).toContain('**Prompt:** prefilled 16 tokens per call (batched prefill graphs)');
   });
 
-  it("masks a ring slot exactly when HF's sliding rule hides the position it holds", () => {
+  it("masks a ring slot exactly when HF's sliding rule hides the position it holds, one token or a prefill chunk over a ring of window + N - 1 slots", () => {
     const W = 4;
-    for (let p = 0; p < 11; p++) {
-      const m = ringMask(W, p);
-      for (let slot = 0; slot < W; slot++) {
-        const q = p - 1 - ((((p - 1 - slot) % W) + W) % W); // the position the slot holds before this step's row
-        expect(m[slot], `position ${p} slot ${slot}`).toBe(q >= 0 && p - q < W ? 0 : MASKED);
+    for (const n of [1, 3]) {
+      const slots = W + n - 1;
+      for (let start = 0; start < 13; start += n) {
+        for (const valid of [n, 1]) {
+          const m = ringMask(slots, W, start, n, valid);
+          for (let r = 0; r < n; r++) {
+            const row = m.subarray(r * (slots + n), (r + 1) * (slots + n));
+            for (let slot = 0; slot < slots; slot++) {
+              const q = start - 1 - ((((start - 1 - slot) % slots) + slots) % slots); // the position the slot holds before the call's rows
+              const seen = q >= 0 && start + r - q < W;
+              expect(row[slot], `start ${start} row ${r} slot ${slot}`).toBe(seen ? 0 : MASKED);
+              // A slot a row sees is not one the call's rows overwrite.
+              if (seen) for (let k = 0; k < valid; k++) expect((start + k) % slots).not.toBe(slot);
+            }
+            for (let k = 0; k < n; k++) expect(row[slots + k]).toBe(k <= r && k < valid ? 0 : MASKED);
+          }
+        }
       }
-      expect(m[W]).toBe(0);
     }
   });
 });

@@ -154,7 +154,7 @@ std::unique_ptr<DecoderGenerate::Pass> DecoderGenerate::make_pass(const char* va
           }
           case InputBind::mask: {
             auto& mask = pass->masks[i.window.value_or(0)];
-            if (!mask) mask = std::make_unique<StepMask>(*i.window, n, m_.mask_masked, true);
+            if (!mask) mask = std::make_unique<StepMask>(*i.window, n, m_.mask_masked, true, i.sliding.value_or(*i.window));
             b->bind_input(i.name, mask->data(), i.shape);
             break;
           }

@@ -106,7 +106,8 @@ void token_rows(const Manifest& m, const GraphInput& in) {
 
 /**
  * Ring caches: a graph reading a ring of w slots binds the mask over w slots; a windowed mask or
- * positions input serves a ring of that width the graph reads.
+ * positions input serves a ring of that width the graph reads; a prefill graph's ring has room for
+ * its rows.
  */
 void rings(const Manifest& m, const Graph& g) {
   std::set<int> read, masked;
@@ -115,7 +116,15 @@ void rings(const Manifest& m, const Graph& g) {
   for (const GraphInput& in : g.inputs) {
     if (!in.window) continue;
     if (!read.count(*in.window)) m.fail(in.path + ".window", "the graph reads no ring cache of " + std::to_string(*in.window) + " slots");
-    if (in.bind == InputBind::mask) masked.insert(*in.window);
+    if (in.bind != InputBind::mask) continue;
+    masked.insert(*in.window);
+    // N rows are written into the ring at once: a ring shorter than window + N - 1 would overwrite a
+    // position an earlier row of the call (or a later context reading the ring) still sees. A ring
+    // of maxContext slots never wraps.
+    const int S = in.sliding.value_or(*in.window);
+    if (g.tokens > 1 && *in.window < m.max_context && *in.window < S + g.tokens - 1)
+      m.fail(in.path + ".window", "a ring of " + std::to_string(*in.window) + " slots under a " + std::to_string(S) + "-position window cannot take " +
+                                      std::to_string(g.tokens) + " tokens per call: it needs window + tokens - 1 = " + std::to_string(S + g.tokens - 1));
   }
   for (int w : read)
     if (!masked.count(w)) m.fail(g.path + ".inputs", "reads a ring cache of " + std::to_string(w) + " slots but binds no mask with window " + std::to_string(w));
@@ -260,11 +269,10 @@ void validate_decoder(const Manifest& m, const DecoderRules& r) {
 // Dense decoders (Qwen3): KV caches only; batched prefill when every shard has a prefill graph.
 void validate_decoder_generate(const Manifest& m) { validate_decoder(m, {false, nullptr, false}); }
 
-// Gemma 4's decoder: decoded over the prompt (its graphs take one token), rows and scales from the
-// host, ring and shared caches; its vision context is gemma4_manifest.cpp's.
-void validate_gemma4_decoder(const Manifest& m) {
-  validate_decoder(m, {false, "decodes over the prompt (its graphs take one token per call)", false, true});
-}
+// Gemma 4's decoder: rows and scales from the host, ring and shared caches; batched prefill when
+// every shard has a prefill graph (its rings hold window + N - 1 slots, the masks say the window);
+// its vision context is gemma4_manifest.cpp's.
+void validate_gemma4_decoder(const Manifest& m) { validate_decoder(m, {false, nullptr, false, true}); }
 
 // Qwen3-VL's text decoder: dense shards with multimodal positions and DeepStack rows; batched prefill as decoder_generate.
 void validate_qwen3_vl_decoder(const Manifest& m) { validate_decoder(m, {false, nullptr, false, false, true}); }

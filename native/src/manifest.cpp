@@ -76,13 +76,21 @@ struct Parser {
     else if (bind == "routing-weights") in.object({"name", "dtype", "shape", "bind"}, {"layer"});
     else if (bind == "hand-off") in.object({"name", "dtype", "shape", "bind", "handoff"});
     else if (bind == "encoder-output") in.object({"name", "dtype", "shape", "bind", "component"}, {"output"});
-    else if (bind == "positions" || bind == "mask") in.object({"name", "dtype", "shape", "bind"}, {"window"});
+    else if (bind == "positions") in.object({"name", "dtype", "shape", "bind"}, {"window"});
+    else if (bind == "mask") in.object({"name", "dtype", "shape", "bind"}, {"window", "sliding"});
     else in.object({"name", "dtype", "shape", "bind"});
     static_cast<TensorSpec&>(gi) = tensor(in);
     // A window: the positions as ring slots (position mod window), the mask over a ring of window slots.
     if (in.has("window")) {
       gi.window = in.at("window").int32(1);
       if (*gi.window > C) in.at("window").fail(std::to_string(*gi.window) + " is wider than limits.maxContext " + std::to_string(C));
+    }
+    // A ring may hold more slots than a row sees (a prefill chunk's rows must not overwrite a slot
+    // another row of the chunk still reads): sliding is the window, window the ring.
+    if (in.has("sliding")) {
+      if (!gi.window) in.at("sliding").fail("a sliding window is a mask over a ring: give its window (ring slots) too");
+      gi.sliding = in.at("sliding").int32(1);
+      if (*gi.sliding > *gi.window) in.at("sliding").fail(std::to_string(*gi.sliding) + " is wider than the ring's " + std::to_string(*gi.window) + " slots");
     }
     if (bind == "residual") {
       gi.bind = InputBind::residual;  // float16: a hand-off in f16 (the host-op's validator says where)

@@ -49,6 +49,7 @@ struct GraphInput : TensorSpec {
   std::optional<int> layer;    // host_rows, routing_weights (optional: absent = the layer whose router ran last)
   std::optional<int> slot;     // host_rows: which of the selected experts
   std::optional<int> window;   // positions: ring slots (position mod window); mask: over a ring of window slots
+  std::optional<int> sliding;  // mask over a ring: how far back a row sees (q - p < sliding, HF's sliding window); absent: the ring's slots
   std::string component;       // encoder_output: the encoder component (absent from a manifest that runs without it: the host-op says what it feeds)
   std::string output;          // encoder_output: which of the component's encoder-output outputs ("" = not named)
   std::string handoff;         // hand_off: what an earlier graph of the same step handed over

@@ -22,23 +22,25 @@ void gather_rows(const uint16_t* table, int64_t cols, int64_t offset, int64_t wi
   }
 }
 
-StepMask::StepMask(int slots, int n, float masked, bool ring)
-    : C_(slots), n_(n), masked_(masked), ring_(ring), mask_(size_t(n) * size_t(slots + n), masked) {
-  if (ring && n != 1) throw std::logic_error("a ring mask serves one token per call");
+StepMask::StepMask(int slots, int n, float masked, bool ring, int sliding)
+    : C_(slots), n_(n), S_(sliding > 0 ? sliding : slots), masked_(masked), ring_(ring), mask_(size_t(n) * size_t(slots + n), masked) {
+  if (S_ > C_) throw std::logic_error("a ring mask's window is wider than its ring");
 }
 
 void StepMask::fill(int start, int valid) {
   const int W = C_ + n_;
   if (ring_) {
-    // Slots < start hold positions 0..start-1 until the ring is full; then slot start mod C holds
-    // start - C, one position too old, and every other slot a position inside the window.
-    std::fill(mask_.begin(), mask_.begin() + C_, masked_);
-    if (start < C_) std::fill(mask_.begin(), mask_.begin() + start, 0.0f);
-    else {
-      std::fill(mask_.begin(), mask_.begin() + C_, 0.0f);
-      mask_[size_t(start % C_)] = masked_;
+    // Before this call's rows are written, slot j holds the latest position p < start with
+    // p = j (mod C); row r (position start + r) sees it while start + r - p < S. New token k shows to
+    // row r when it is real, not later than r, and inside the window.
+    for (int r = 0; r < n_; r++) {
+      float* row = mask_.data() + size_t(r) * W;
+      for (int j = 0; j < C_; j++) {
+        const int p = start - 1 - ((start - 1 - j) % C_ + C_) % C_;
+        row[j] = p >= 0 && start + r - p < S_ ? 0.0f : masked_;
+      }
+      for (int k = 0; k < n_; k++) row[C_ + k] = k <= r && k < valid && r - k < S_ ? 0.0f : masked_;
     }
-    mask_[size_t(C_)] = valid > 0 ? 0.0f : masked_;
     return;
   }
   if (n_ == 1 && visible_ >= 0 && start >= visible_) {

@@ -18,13 +18,15 @@ void gather_rows(const uint16_t* table, int64_t cols, int64_t offset, int64_t wi
 
 /**
  * The mask [n, C + n] of n new tokens at positions start.. (valid of them real), kept across calls.
- * A ring mask (one token per call) covers a ring cache of C = window slots, where position q lives in
- * slot q mod C: a slot is visible while its position is within the window (start - q < C), so once
- * the ring is full every slot shows but the one the new token's row will overwrite.
+ * A ring mask covers a ring cache of C slots, where position q lives in slot q mod C: a slot is
+ * visible to the row at q while the position it holds is within the sliding window (q - p < S, S
+ * the window, C by default). With C = S (decode) that is every slot but the one the new token's row
+ * will overwrite once the ring is full; a ring of S + n - 1 slots lets n rows be written at once
+ * without overwriting a position another row of the call still sees.
  */
 class StepMask {
  public:
-  StepMask(int slots, int n, float masked, bool ring = false);
+  StepMask(int slots, int n, float masked, bool ring = false, int sliding = 0);
   /** Fills it for this call: cache slot j < start visible; new token k visible to row r when k <= r and k is real. */
   void fill(int start, int valid);
   /** Forgets what the decode row shows (a new sequence). */
@@ -32,7 +34,7 @@ class StepMask {
   float* data() { return mask_.data(); }
 
  private:
-  int C_, n_;
+  int C_, n_, S_;
   float masked_;
   bool ring_;
   std::vector<float> mask_;

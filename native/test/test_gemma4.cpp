@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cctype>
 #include <functional>
+#include <set>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -85,6 +86,51 @@ TEST(Gemma4, W8GreedyParityWithHFPastTheSlidingWindow) {
   expect_parity_past_the_window("gemma4 w8", bundle, trace);
 }
 
+// Prefill hands decode the same caches as decoding over the prompt (the rings written N rows at
+// a time, the donor caches read by the other context after the rows are written): the same tokens
+// on the traced prompts (the image ones with their picture, its soft tokens across several chunks),
+// one of 2N + 3 tokens and one of exactly 2N, in fp32 and W8.
+void expect_prefill_equals_decode(const std::string& bundle, const std::string& trace) {
+  auto l = load(bundle);
+  ASSERT_TRUE(l->gen->has_prefill()) << "the tiny bundle is expected to have prefill graphs";
+  int chunk = 0;
+  for (const auto& c : l->manifest.contexts)
+    if (const auto* g = c.graph(forge::role::prefill)) chunk = g->tokens;
+  std::set<int> media;  // a synthetic prompt must not hold an image or audio token (no encoder output to put there)
+  for (const char* key : {"image_token_id", "audio_token_id"})
+    if (l->manifest.host_op_numbers.count(key)) media.insert(int(l->manifest.host_op_numbers.at(key)));
+  auto prompts = forge_test::load_trace(trace);
+  for (auto p : forge_test::prefill_test_prompts(trace, chunk, l->manifest.vocab)) {
+    if (p.size() < size_t(2 * chunk)) continue;  // the traced ones are above
+    for (int& id : p)
+      if (media.count(id)) id = 1;
+    forge_test::TracePrompt tp;
+    tp.prompt_tokens = p;
+    tp.text = "synthetic " + std::to_string(p.size());
+    prompts.push_back(tp);
+  }
+  for (const auto& tp : prompts) {
+    if (!tp.image.empty()) l->gen->encode_image(forge::find_host_op(l->manifest.host_op)->image(l->manifest)(tp.image).pixels);
+    auto a = l->gen->generate(tp.prompt_tokens, {24, true, true});
+    auto b = l->gen->generate(tp.prompt_tokens, {24, true, false});
+    EXPECT_TRUE(a.used_prefill);
+    EXPECT_FALSE(b.used_prefill);
+    EXPECT_EQ(a.generated, b.generated) << "'" << tp.text << "' (" << tp.prompt_tokens.size() << " tokens)";
+  }
+}
+
+TEST(Gemma4, PrefillEqualsDecodeOverPrompt) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  expect_prefill_equals_decode(bundle, trace);
+}
+
+TEST(Gemma4, W8PrefillEqualsDecodeOverPrompt) {
+  NEED_ENV(bundle, "FORGE_TEST_GEMMA4_BUNDLE_W8");
+  NEED_ENV(trace, "FORGE_TEST_GEMMA4_TRACE");
+  expect_prefill_equals_decode(bundle, trace);
+}
+
 // HF's sliding rule: a key at q is seen from position p while p - q < window. In a ring of window
 // slots, position q lives in slot q mod window; the new token's own column always shows.
 TEST(RingMask, ShowsExactlyThePositionsInsideTheWindow) {
@@ -100,6 +146,36 @@ TEST(RingMask, ShowsExactlyThePositionsInsideTheWindow) {
     }
     EXPECT_EQ(mask.data()[W], 0.0f);
   }
+}
+
+// Prefill: n rows at once over a ring of S + n - 1 slots. Each row sees exactly the positions HF's
+// sliding rule shows it (q - p < S), and no slot a row sees is overwritten by the call's own rows:
+// a later context reading the ring after this call's rows were written (a KV-shared layer whose
+// donor is in an earlier context) finds what the mask opens.
+TEST(RingMask, PrefillRowsSeeTheirWindowAndTheRingKeepsIt) {
+  const int S = 4;
+  for (int n : {1, 3, 4}) {
+    const int C = S + n - 1;
+    forge::StepMask mask(C, n, kMasked, true, S);
+    for (int start = 0; start < 15; start += n)
+      for (int valid : {n, 1}) {
+        mask.fill(start, valid);
+        for (int r = 0; r < n; r++) {
+          const float* row = mask.data() + size_t(r) * size_t(C + n);
+          const int q = start + r;
+          for (int slot = 0; slot < C; slot++) {
+            const int p = start - 1 - ((start - 1 - slot) % C + C) % C;  // held before the call's rows
+            const bool visible = p >= 0 && q - p < S;
+            EXPECT_EQ(row[slot], visible ? 0.0f : kMasked) << "n " << n << " start " << start << " row " << r << " slot " << slot;
+            // Not overwritten by a real row of this call: no position start + k lives in this slot.
+            if (visible)
+              for (int k = 0; k < valid; k++) EXPECT_NE((start + k) % C, slot) << "n " << n << " start " << start << " row " << r;
+          }
+          for (int k = 0; k < n; k++) EXPECT_EQ(row[C + k], k <= r && k < valid ? 0.0f : kMasked) << "n " << n << " start " << start << " row " << r << " new " << k;
+        }
+      }
+  }
+  EXPECT_THROW(forge::StepMask(4, 1, kMasked, true, 5), std::logic_error);
 }
 
 TEST(RingMask, RowsGoToTheirSlotModuloTheWindow) {
@@ -164,6 +240,10 @@ TEST(Gemma4Manifest, ItsHostOpRulesHold) {
       {"no embed scale", [](json& j) { j["hostOpParams"].erase("embed_scale"); }, "hostOpParams.embed_scale: gemma4_split_generate needs a positive number here"},
       {"zero PLE scale", [](json& j) { j["hostOpParams"]["per_layer_embed_scale"] = 0; }, "hostOpParams.per_layer_embed_scale: gemma4_split_generate needs a positive number here"},
       {"ring read without its mask", [&](json& j) { j[json::json_pointer(mask_at)].erase("window"); }, path(mask_at)},
+      // The first ring mask is shard0's prefill graph's (16 tokens, a ring of 16 + 16 - 1 slots).
+      {"a window wider than its ring", [&](json& j) { j[json::json_pointer(mask_at)]["sliding"] = 32; }, path(mask_at) + ".sliding: 32 is wider than the ring's 31 slots"},
+      {"a ring too short for the prefill rows", [&](json& j) { j[json::json_pointer(mask_at)]["sliding"] = 31; },
+       path(mask_at) + ".window: a ring of 31 slots under a 31-position window cannot take 16 tokens per call: it needs window + tokens - 1 = 46"},
       {"per-layer rows without a layer", [&](json& j) { j[json::json_pointer(rows_at)].erase("layer"); }, path(rows_at) + ".layer: per-layer-embedding rows need the layer whose slice they are"},
       {"the bundle under decoder_generate", [](json& j) { j["hostOp"] = "decoder_generate"; }, "decoder_generate has no ring caches"},
       {"no pad token", [](json& j) { j["hostOpParams"].erase("pad_token_id"); }, "hostOpParams.pad_token_id: gemma4_split_generate needs an integer here"},
@@ -206,8 +286,8 @@ TEST(Gemma4, TheShippedBundleHandsTheResidualOverInF16) {
           EXPECT_EQ(t["dtype"], "float16") << t["name"];
           if (first_at.empty()) first_at = "/contexts/" + std::to_string(c) + "/graphs/" + std::to_string(g) + "/" + side + "/" + std::to_string(i);
         }
-  // shard0's input and output, shard1's input and output, the lm-head's input.
-  EXPECT_EQ(residuals, 5);
+  // shard0's input and output and shard1's, in its prefill and decode graphs; the lm-head's input.
+  EXPECT_EQ(residuals, 9);
   json mixed = doc;
   mixed[json::json_pointer(first_at)]["dtype"] = "float32";
   const std::string err = error_of(mixed, bundle);

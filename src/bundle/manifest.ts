@@ -42,8 +42,9 @@ const InputSchema = z.discriminatedUnion('bind', [
   // int32 [3, N]: multimodal RoPE (Qwen3-VL), rows t, h, w: equal for text, (s, s+row, s+col) for an image's tokens.
   z.object({ ...tensor, bind: z.literal('positions'), window: z.number().int().positive().optional() }).strict(),
   // additive [1, 1, N, C+N]: see `mask` below; with `window`, over a ring cache of that many slots
-  // ([1, 1, N, window+N]: a slot shows while its position is within the window).
-  z.object({ ...tensor, bind: z.literal('mask'), window: z.number().int().positive().optional() }).strict(),
+  // ([1, 1, N, window+N]: a slot shows while its position is within the window); `sliding`, when the
+  // ring holds more slots than a row sees (window + N - 1 for N-token prefill): a row at q sees p > q - sliding.
+  z.object({ ...tensor, bind: z.literal('mask'), window: z.number().int().positive().optional(), sliding: z.number().int().positive().optional() }).strict(),
   z.object({ ...tensor, bind: z.literal('state'), state: z.string().min(1) }).strict(), // a state buffer, bound in place
   // Rows of a host table gathered per call: by token id (per-layer embeddings) or by the selected
   // expert (its int8 rows / scales); `layer` picks the layer's slice, `slot` which of the top-k experts.

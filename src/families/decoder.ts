@@ -186,7 +186,7 @@ export function decoderComponents(layout: ComponentLayout, build: {
     },
     variants: calls.map((c) => ({
       ...c,
-      build: (g: GraphBuilder, w: GraphWeights) => build.shard(g, { first, last, n: c.n, maxContext: layout.maxContext, isLast, lmHeadInside: layout.lmHeadInside }, w),
+      build: (g: GraphBuilder, w: GraphWeights) => build.shard(g, { first, last, n: c.n, maxContext: layout.maxContext, prefillLength: layout.prefillLength, isLast, lmHeadInside: layout.lmHeadInside }, w),
     })),
   }));
   if (!layout.lmHeadInside) {

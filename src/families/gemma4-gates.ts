@@ -2,70 +2,77 @@
 // must give back (the graphs are in gemma4.ts).
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './types.js';
-import { CacheBuilder, lmHeadCases } from './kv-decoder.js';
+import { CacheBuilder, lmHeadCases, promptCalls, rowMask, stackKv, stackRows } from './kv-decoder.js';
+import type { CompareMask } from '../gates/compare.js';
 import type { Feed, GateCase } from './types.js';
 import { MASKED, attentionMask } from './blocks.js';
 import { LM_HEAD_KIND } from './decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringOf, type Gemma4Config } from './gemma4.js';
+import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringIn, type Gemma4Config } from './gemma4.js';
 import { SOFT_TOKENS, VISION_PIXELS, VISION_POSITIONS } from './gemma4-vision.js';
 import { AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, MEL_BINS } from './gemma4-audio.js';
 
 /**
- * The runtime's mask over a ring of `slots` slots for the token at `position` (native StepMask, ring):
- * slots of earlier positions show while inside the window; once the ring is full, all but the slot
- * about to be overwritten (it holds position - slots). The new token's own column shows.
+ * The runtime's mask [n, slots + n] over a ring of `slots` slots for n tokens at positions start..
+ * (valid of them real; native StepMask, ring): before the call's rows are written slot j holds the
+ * latest position p < start with p = j mod slots, which row r (position q = start + r) sees while
+ * q − p < window; new token k shows to row r when it is real, k ≤ r and r − k < window.
  */
-export function ringMask(slots: number, position: number): Float32Array {
-  const m = new Float32Array(slots + 1).fill(MASKED);
-  if (position < slots) m.fill(0, 0, position);
-  else {
-    m.fill(0, 0, slots);
-    m[position % slots] = MASKED;
+export function ringMask(slots: number, window: number, start: number, n = 1, valid = n): Float32Array {
+  const m = new Float32Array(n * (slots + n)).fill(MASKED);
+  for (let r = 0; r < n; r++) {
+    const row = m.subarray(r * (slots + n), (r + 1) * (slots + n));
+    for (let j = 0; j < slots; j++) {
+      const p = start - 1 - ((((start - 1 - j) % slots) + slots) % slots);
+      if (p >= 0 && start + r - p < window) row[j] = 0;
+    }
+    for (let k = 0; k <= r && k < valid; k++) if (r - k < window) row[slots + k] = 0;
   }
-  m[slots] = 0;
   return m;
 }
 
 /**
- * At step t a shard gets HF's residual entering its first layer, HF's embedding row (h.0) and each
- * layer's scaled PLE token rows (ple_in.i), and the K/V caches: its own layers' rows of steps < t,
- * and for a donor it reads but does not hold (KV-shared layers whose donor is in an earlier shard)
- * the rows of steps ≤ t, as the runtime has them once the donor's context wrote step t's row. It
- * must give back h.{last+1} (or final), its layers' new K/V rows, and (probes) each layer's mixed
- * per-layer input ple.i and residual.
+ * Each call a shard takes (every step one by one for a decode graph, the prompt in chunks of N for a
+ * prefill graph; the last chunk's padding rows not compared) gets HF's residual entering its first
+ * layer, HF's embedding rows (h.0) and each layer's scaled PLE token rows (ple_in.i), and the K/V
+ * caches: its own layers' rows of steps before the call, and for a donor it reads but does not hold
+ * (KV-shared layers whose donor is in an earlier shard) the rows up to the call's last, as the
+ * runtime has them once the donor's context wrote the call's rows. It must give back h.{last+1} (or
+ * final), its layers' new K/V rows, and (probes) each layer's mixed per-layer input ple.i and residual.
  */
 export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
   const H = trace.meta.hidden;
-  const kv = kvLayout(c, maxContext);
+  const n = entry.n;
+  const ring = ringIn(c, entry, maxContext);
+  const kv = kvLayout(c, maxContext, ring);
   const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
+  const takes = (name: string) => entry.inputs.some((t) => t.name === name);
   for (let p = 0; p < trace.meta.prompts.length; p++) {
-    const steps = trace.meta.prompts[p].steps;
+    const prompt = trace.meta.prompts[p];
     if (entry.kind === LM_HEAD_KIND) {
       yield* lmHeadCases(trace, p);
       continue;
     }
-    if (entry.n !== 1) throw new Error(`${entry.name}: gemma4 graphs take one token per call, this one takes ${entry.n}`);
     const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
     const own = layers.filter((i) => c.layer[i].kvFrom === i);
     const foreign = [...new Set(layers.map((i) => c.layer[i].kvFrom).filter((d) => !layers.includes(d)))];
     const ownCache = new CacheBuilder(own, kv);
     const donorCache = new CacheBuilder(foreign, kv);
-    for (let t = 0; t < steps; t++) {
-      if (t >= maxContext) throw new Error(`prompt ${p}: step ${t} is past the graph's ${maxContext} cache slots`);
-      await ownCache.fillTo(trace, p, t);
-      await donorCache.fillTo(trace, p, t + 1);
+    for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
+      if (start + valid > maxContext) throw new Error(`prompt ${p}: step ${start + valid - 1} is past the graph's ${maxContext} cache slots`);
+      await ownCache.fillTo(trace, p, start);
+      await donorCache.fillTo(trace, p, start + valid);
+      const steps = Array.from({ length: valid }, (_, r) => start + r);
+      const rows = (what: string, width: number) => stackRows(trace, p, steps, n, what, width);
       const feeds: Record<string, Feed> = {
-        hidden_in: f(await trace.get(p, t, `h.${entry.first}`), [1, 1, H]),
-        position: { dtype: 'int32', data: Int32Array.of(t), dims: [1] },
-        attn_mask: f(attentionMask(maxContext, 1, t), [1, 1, 1, maxContext + 1]),
-        [EMBEDS]: f(await trace.get(p, t, 'h.0'), [1, 1, H]),
+        hidden_in: f(await rows(`h.${entry.first}`, H), [1, n, H]),
+        position: { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, maxContext - 1)), dims: [n] },
+        attn_mask: f(attentionMask(maxContext, n, start, valid), [1, 1, n, maxContext + n]),
+        [EMBEDS]: f(await rows('h.0', H), [1, n, H]),
       };
-      const expected: Record<string, Float32Array> = {};
-      for (const i of layers) feeds[pleInput(i)] = f(await trace.get(p, t, `ple_in.${i}`), [1, 1, c.ple]);
-      const ring = ringOf(c, maxContext);
-      if (ring && entry.inputs.some((t) => t.name === RING_MASK)) feeds[RING_MASK] = f(ringMask(ring, t), [1, 1, 1, ring + 1]);
-      if (ring && entry.inputs.some((t) => t.name === RING_SLOT)) feeds[RING_SLOT] = { dtype: 'int32', data: Int32Array.of(t % ring), dims: [1] };
+      for (const i of layers) feeds[pleInput(i)] = f(await rows(`ple_in.${i}`, c.ple), [1, n, c.ple]);
+      if (ring && takes(RING_MASK)) feeds[RING_MASK] = f(ringMask(ring, c.slidingWindow, start, n, valid), [1, 1, n, ring + n]);
+      if (ring && takes(RING_SLOT)) feeds[RING_SLOT] = { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => (start + r) % ring), dims: [n] };
       for (const [cache, ids] of [[ownCache, own], [donorCache, foreign]] as const) {
         for (const i of ids) {
           const shape = [1, c.layer[i].kvHeads, kv.layer(i).ring ?? maxContext, c.layer[i].headDim];
@@ -73,15 +80,23 @@ export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Tr
           feeds[pastKv('v', i)] = f(cache.v.get(i)!, shape);
         }
       }
+      const expected: Record<string, Float32Array> = {};
+      const masks: Record<string, CompareMask> = {};
       for (const i of own) {
-        expected[newKv('k', i)] = await trace.get(p, t, `k.${i}`);
-        expected[newKv('v', i)] = await trace.get(p, t, `v.${i}`);
+        for (const what of ['k', 'v'] as const) {
+          expected[newKv(what, i)] = await stackKv(trace, p, steps, n, `${what}.${i}`, kv.layer(i));
+          if (valid < n) masks[newKv(what, i)] = rowMask(c.layer[i].kvHeads, n, c.layer[i].headDim, valid);
+        }
       }
-      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await trace.get(p, t, probe.name);
-      expected.hidden_out = await trace.get(p, t, entry.isLast ? 'final' : `h.${entry.last! + 1}`);
-      if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await trace.get(p, t, 'logits');
+      const byRow: Array<[string, string, number]> = Object.entries(entry.probes).map(([value, probe]) => [value, probe.name, probe.shape[probe.shape.length - 1]]);
+      byRow.push(['hidden_out', entry.isLast ? 'final' : `h.${entry.last! + 1}`, H]);
+      if (entry.outputs.some((o) => o.name === 'logits')) byRow.push(['logits', 'logits', trace.meta.vocab]);
+      for (const [value, what, width] of byRow) {
+        expected[value] = await rows(what, width);
+        if (valid < n) masks[value] = rowMask(1, n, width, valid);
+      }
       // The run consumed the feeds before this generator resumes: filling the caches in place is safe.
-      yield { prompt: p, step: t, feeds, expected };
+      yield { prompt: p, step: start, feeds, expected, ...(valid < n ? { masks } : {}) };
     }
   }
 }
@@ -100,12 +115,12 @@ export async function* gemma4VisionCases(entry: GraphEntry, trace: Trace): Async
   for (const { i } of prompts) {
     const pos = await trace.getPrompt(i, 'vision.positions');
     const real = pos.filter((_, k) => k % 2 === 0 && pos[k] >= 0).length;
-    const patchRows = (width: number) => rowMask(positions.shape[0], width, real);
+    const patchRows = (width: number) => rowMask(1, positions.shape[0], width, real);
     const tokens = await trace.getPrompt(i, 'vision.tokens');
     const [L, T] = out.shape;
     const n = tokens.length / T;
     const expected: Record<string, Float32Array> = { [SOFT_TOKENS]: padRows(tokens, L * T) };
-    const masks: Record<string, Uint8Array> = { [SOFT_TOKENS]: rowMask(L, T, n) };
+    const masks: Record<string, Uint8Array> = { [SOFT_TOKENS]: rowMask(1, L, T, n) };
     for (const [value, probe] of Object.entries(entry.probes)) {
       const width = probe.shape[probe.shape.length - 1];
       const want = await trace.getPrompt(i, probe.name);
@@ -144,11 +159,11 @@ export async function* gemma4AudioCases(entry: GraphEntry, trace: Trace): AsyncG
     const tokens = await trace.getPrompt(i, 'audio.tokens');
     if (tokens.length !== n * H) throw new Error(`${entry.name}: prompt ${i} (${p.audio!.file}): HF gave ${tokens.length / H} soft tokens, the mask's valid frames make ${n}`);
     const expected: Record<string, Float32Array> = { [AUDIO_EMBEDS]: padRows(tokens, T * H) };
-    const masks: Record<string, Uint8Array> = { [AUDIO_EMBEDS]: rowMask(T, H, n) };
+    const masks: Record<string, Uint8Array> = { [AUDIO_EMBEDS]: rowMask(1, T, H, n) };
     for (const [value, probe] of Object.entries(entry.probes)) {
       const width = probe.shape[probe.shape.length - 1];
       expected[value] = padRows(await trace.getPrompt(i, probe.name), T * width);
-      masks[value] = rowMask(T, width, n);
+      masks[value] = rowMask(1, T, width, n);
     }
     yield {
       prompt: i, step: 0, expected, masks,
@@ -166,11 +181,4 @@ function padRows(data: Float32Array, size: number): Float32Array {
   const out = new Float32Array(size);
   out.set(data.subarray(0, size));
   return out;
-}
-
-/** A compare mask over `rows` rows of `width` values: the first `keep` rows compared. */
-function rowMask(rows: number, width: number, keep: number): Uint8Array {
-  const m = new Uint8Array(rows * width);
-  m.fill(1, 0, keep * width);
-  return m;
 }

@@ -19,13 +19,16 @@
 //    wrote this step's row, and reads that row at its slot (a one-hot MatMul) (the runtime must write state rows
 //    before running the next context — the contract the gemma4 host-op keeps).
 //  - layer_scalar multiplies each layer's output; GELU-tanh MLP; final logit softcap c·tanh(x/c); tied lm-head.
-//  - Sliding layers' caches are rings of `sliding_window` slots (position q in slot q mod W) when the
-//    window is shorter than maxContext, with their own mask (attn_mask_sliding, the runtime's ring
-//    mask) and, where a shard reads a sliding donor's cache, the ring slot of the call (ring_slot);
-//    full layers keep maxContext slots.
-// Decode graphs only (N = 1): the runtime decodes over the prompt. An image's soft tokens enter at
-// its placeholder tokens as the residual and the per-layer projection's input (`embeds`), with the
-// pad token's per-layer rows (Gemma4Model.forward; the trace feeds them so: trace_families.steps_gemma4).
+//  - Sliding layers' caches are rings (position q in slot q mod R) when the window W is shorter than
+//    maxContext, with their own mask (attn_mask_sliding, the runtime's ring mask: a row at q sees
+//    p > q − W) and, where a shard reads a sliding donor's cache, the ring slots of the call
+//    (ring_slot); full layers keep maxContext slots. R = W + N − 1 with N-token prefill: the N rows a
+//    call writes then never overwrite a position a row of the call still sees — which matters where a
+//    shard reads a donor's ring after the donor's context wrote the call's rows (R = W for decode only).
+// Prefill graphs take N tokens per call (AR-N over the caches and rings, the per-layer inputs of N
+// tokens), decode graphs one. An image's soft tokens enter at its placeholder tokens as the residual
+// and the per-layer projection's input (`embeds`), with the pad token's per-layer rows
+// (Gemma4Model.forward; the trace feeds them so: trace_families.steps_gemma4).
 import { z } from 'zod';
 import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type Component, type Family, type GraphBindings, type GraphInterface, type GraphWeights, type ImageLayout, type ShardSpec, type TensorIO } from './types.js';
 import type { GraphBuilder } from '../onnx/builder.js';
@@ -217,20 +220,34 @@ export const pleInput = (layer: number) => `ple_${layer}`;
 /** Ring-cache inputs: the sliding layers' mask over the ring, and the call's slot (position mod window). */
 export const RING_MASK = 'attn_mask_sliding';
 export const RING_SLOT = 'ring_slot';
-/** The ring width of a sliding layer's cache, or null where the cache keeps every position (the window reaches past maxContext). */
-export const ringOf = (c: Gemma4Config, maxContext: number): number | null => (c.slidingWindow < maxContext ? c.slidingWindow : null);
+/**
+ * The slots of a sliding layer's ring cache, or null where the cache keeps every position (the window
+ * reaches past maxContext): the window, plus N − 1 for N-token prefill (at most maxContext slots; a
+ * ring of maxContext never wraps).
+ */
+export const ringOf = (c: Gemma4Config, maxContext: number, prefillLength = 0): number | null =>
+  (c.slidingWindow < maxContext ? Math.min(c.slidingWindow + Math.max(prefillLength, 1) - 1, maxContext) : null);
+
+/** The ring slots a built graph's sliding caches have (its attn_mask_sliding says, else its sliding caches' shape); null: none read. */
+export function ringIn(c: Gemma4Config, entry: Pick<GraphEntry, 'inputs' | 'n'>, maxContext: number): number | null {
+  if (c.slidingWindow >= maxContext) return null;
+  const mask = entry.inputs.find((t) => t.name === RING_MASK);
+  if (mask) return mask.shape[3] - entry.n;
+  const past = entry.inputs.find((t) => /^past_k_\d+$/.test(t.name) && c.layer[Number(t.name.slice(7))].type === 'sliding_attention');
+  return past ? past.shape[2] : null;
+}
 
 /** Host-table names in the manifest. */
 export const TABLES = { embedding: 'embedding', ple: 'per_layer_embedding' } as const;
 /** The runtime host-op for this family (native/src/gemma4_generate/). */
 export const HOST_OP = 'gemma4_split_generate';
 
-/** Each layer's KV cache: its own heads and head size, a ring for sliding layers; KV-shared layers have none (they read the donor's). */
-export const kvLayout = (c: Gemma4Config, maxContext: number): KvLayout => ({
+/** Each layer's KV cache: its own heads and head size, a ring of `ring` slots for sliding layers; KV-shared layers have none (they read the donor's). */
+export const kvLayout = (c: Gemma4Config, maxContext: number, ring: number | null): KvLayout => ({
   maxContext,
   layer: (i) => {
-    const ring = c.layer[i].type === 'sliding_attention' ? ringOf(c, maxContext) : null;
-    return { kvHeads: c.layer[i].kvHeads, headDim: c.layer[i].headDim, ...(ring ? { ring } : {}) };
+    const slots = c.layer[i].type === 'sliding_attention' ? ring : null;
+    return { kvHeads: c.layer[i].kvHeads, headDim: c.layer[i].headDim, ...(slots ? { ring: slots } : {}) };
   },
 });
 
@@ -329,14 +346,16 @@ export function ropeTablesFrom(ctx: number, inv: Float32Array): { cos: Float32Ar
 
 interface ShardIO {
   ctx: number;
+  /** Tokens per call. */
+  n: number;
   position: string;
   /** The call's ring slot (position mod window), declared when a shard reads a sliding donor's ring. */
   slot: () => string;
   /** Cache slots per layer type (a ring for sliding layers when the window is shorter than ctx). */
   slots: Record<LayerType, number>;
   /**
-   * One-hot [1,1,1,slots] of this call's slot in a layer type's cache: a MatMul with it reads the row
-   * the donor's context wrote. Not a Gather on the slot axis: on the HTP simulator that returned
+   * One-hot [1,1,N,slots] of this call's slots in a layer type's cache: a MatMul with it reads the
+   * rows the donor's context wrote. Not a Gather on the slot axis: on the HTP simulator that returned
    * another head's numbers for some positions (tiny-gemma4, position 39: cosine 0.73).
    */
   pick: (type: LayerType) => string;
@@ -362,31 +381,32 @@ function pastOf(g: GraphBuilder, c: Gemma4Config, d: number, s: ShardIO): { k: s
   return p;
 }
 
-/** One decoder layer on x [1,1,H] with its mixed per-layer input ple [1,1,P]; returns h.{i+1}. */
+/** One decoder layer on x [1,N,H] with its mixed per-layer input ple [1,N,P]; returns h.{i+1}. */
 async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: string, ple: string, w: GraphWeights, s: ShardIO): Promise<string> {
   const { hidden: H, eps } = c;
   const { heads, kvHeads, headDim: d, ffn, type, kvFrom } = c.layer[i];
   const p = layerPrefix(i);
   // Ops named as the checkpoint's modules (`layers.3/self_attn.q_norm/Mul` under the caller's
   // `layers.i` scope): forge bisect's probes name them, and recipe `rescale` lines reach the norms.
-  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(name, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, 1));
+  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(name, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, s.n));
   const norm = (x: string, name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]).then((wt) => rmsNorm(g, x, wt, eps, name));
   const rope = s.rope[type]!;
+  const n = s.n;
 
   const xn = await norm(x, 'input_layernorm', H);
-  const q = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, 1), 'self_attn.q_norm', d), rope);
+  const q = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, n), 'self_attn.q_norm', d), rope);
   const past = pastOf(g, c, kvFrom, s);
   let kv: { k: string; v: string };
   if (kvFrom === i) {
-    const k = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, 1), 'self_attn.k_norm', d), rope);
+    const k = applyRope(g, await norm(splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, n), 'self_attn.k_norm', d), rope);
     // v_norm: RMSNorm without a weight.
-    const v = rmsNorm(g, splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, 1), g.constFloat32([1], []), eps, 'self_attn.v_norm');
-    const row = [1, kvHeads, 1, d];
+    const v = rmsNorm(g, splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, n), g.constFloat32([1], []), eps, 'self_attn.v_norm');
+    const row = [1, kvHeads, n, d];
     kv = { k: g.output(k, newKv('k', i), { shape: row }), v: g.output(v, newKv('v', i), { shape: row }) };
     s.outputs.push(io(kv.k, row), io(kv.v, row));
     s.fresh.set(i, kv);
   } else {
-    // The donor's row of this step: computed here, or already written into its cache by the donor's context.
+    // The donor's rows of this call: computed here, or already written into its cache by the donor's context.
     const fresh = s.fresh.get(kvFrom);
     if (fresh) kv = fresh;
     else {
@@ -394,11 +414,11 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
       kv = { k: g.op('MatMul', [pick, past.k]), v: g.op('MatMul', [pick, past.v]) };
     }
   }
-  const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n: 1, ctx: s.slots[type], scale: 1 });
-  const o = await lin(mergeHeads(g, attn, heads, d, 1), 'self_attn.o_proj', [H, heads * d]);
+  const attn = cachedAttention(g, q, kv.k, kv.v, past.k, past.v, s.mask[type], { heads, kvHeads, headDim: d, n, ctx: s.slots[type], scale: 1 });
+  const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
   const h1 = g.op('Add', [x, await norm(o, 'post_attention_layernorm', H)]);
   const m = await norm(h1, 'pre_feedforward_layernorm', H);
-  const mlp = await gatedMlp(g, m, geluTanh, (x, which, s) => w.store.linear(g, x, `${p}.mlp.${which}.weight`, which === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, 1, undefined, undefined, s));
+  const mlp = await gatedMlp(g, m, geluTanh, (x, which, scale) => w.store.linear(g, x, `${p}.mlp.${which}.weight`, which === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, n, undefined, undefined, scale));
   const h2 = g.op('Add', [h1, await norm(mlp, 'post_feedforward_layernorm', H)]);
   const gated = g.op('Mul', [geluTanh(g, await lin(h2, 'per_layer_input_gate', [c.ple, H])), ple]);
   const h3 = g.op('Add', [h2, await norm(await lin(gated, 'per_layer_projection', [H, c.ple]), 'post_per_layer_input_norm', H)]);
@@ -407,7 +427,7 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
 
 /**
  * The per-layer inputs of layers first..last: rms(proj(e)·H^-½) sliced per layer, plus the token's
- * rows, times 2^-½ (HF's project_per_layer_inputs). Returns one [1,1,P] value per layer.
+ * rows, times 2^-½ (HF's project_per_layer_inputs). Returns one [1,N,P] value per layer.
  * The projection [L·P, H] is read for this shard's layers only (rows first·P..(last+1)·P): each
  * output row depends on its weight row alone (W8/W4 scales are per row, or per block within a row),
  * so the slice of the weight gives the same values as slicing the product, and a shard stores
@@ -416,7 +436,7 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
 async function perLayerInputs(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights, embeds: string, rows: string[]): Promise<string[]> {
   const { hidden: H, layers: L, ple: P } = c;
   const mine = [s.first * P, (s.last + 1) * P] as const;
-  const weight = await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, 1, undefined, mine);
+  const weight = await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, s.n, undefined, mine);
   const proj = g.op('Mul', [weight, g.constFloat32([Math.fround(H ** -0.5)], [])]);
   const normW = await w.store.small(g, `${PREFIX}.per_layer_projection_norm.weight`, [P]);
   return rows.map((row, k) => {
@@ -427,40 +447,43 @@ async function perLayerInputs(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w:
   });
 }
 
-/** A decode shard: hidden_in, position, mask, the embedding row and PLE rows, each layer's cache (donors' for shared layers). */
+/**
+ * A shard of N tokens per call (N = 1: decode): hidden_in, positions, mask, the embedding rows and
+ * PLE rows, each layer's cache (donors' for shared layers).
+ */
 export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights): Promise<GraphInterface> {
-  if (s.n !== 1) throw new Error(`gemma4: only decode graphs (1 token per call) are built, not ${s.n}: set prefillLength 0 in the recipe (decode over the prompt)`);
   const { hidden: H, ple: P } = c;
-  const ctx = s.maxContext;
-  const x0 = g.input('hidden_in', f32, [1, 1, H]);
-  const position = g.input('position', 'int32', [1]);
-  const mask = g.input('attn_mask', f32, [1, 1, 1, ctx + 1]);
-  const embeds = g.input(EMBEDS, f32, [1, 1, H]);
+  const { n, maxContext: ctx } = s;
+  const x0 = g.input('hidden_in', f32, [1, n, H]);
+  const position = g.input('position', 'int32', [n]);
+  const mask = g.input('attn_mask', f32, [1, 1, n, ctx + n]);
+  const embeds = g.input(EMBEDS, f32, [1, n, H]);
   const layers = Array.from({ length: s.last - s.first + 1 }, (_, k) => s.first + k);
-  const rows = layers.map((i) => g.input(pleInput(i), f32, [1, 1, P]));
-  const inputs = [io(x0, [1, 1, H]), io(position, [1], 'int32'), io(mask, [1, 1, 1, ctx + 1]), io(embeds, [1, 1, H]), ...rows.map((r) => io(r, [1, 1, P]))];
-  const ring = ringOf(c, ctx);
+  const rows = layers.map((i) => g.input(pleInput(i), f32, [1, n, P]));
+  const inputs = [io(x0, [1, n, H]), io(position, [n], 'int32'), io(mask, [1, 1, n, ctx + n]), io(embeds, [1, n, H]), ...rows.map((r) => io(r, [1, n, P]))];
+  const ring = ringOf(c, ctx, s.prefillLength ?? 0);
   let slot: string | undefined;
   const picks = new Map<number, string>();
   const sio: ShardIO = {
-    ctx, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [],
+    ctx, n, position, rope: {}, mask: { full_attention: mask, sliding_attention: mask }, past: new Map(), fresh: new Map(), inputs, outputs: [],
     slots: { full_attention: ctx, sliding_attention: ring ?? ctx },
     slot: () => {
       if (!slot) {
-        slot = g.input(RING_SLOT, 'int32', [1]);
-        inputs.push(io(slot, [1], 'int32'));
+        slot = g.input(RING_SLOT, 'int32', [n]);
+        inputs.push(io(slot, [n], 'int32'));
       }
       return slot;
     },
-    // By slot count: a ring's one-hot is at the ring slot, a full cache's at the position (the two
-    // layer types share one when there is no ring).
+    // By slot count: a ring's one-hot rows are at the ring slots, a full cache's at the positions
+    // (the two layer types share one when there is no ring).
     pick: (type) => {
-      const n = sio.slots[type];
-      let hot = picks.get(n);
+      const slots = sio.slots[type];
+      let hot = picks.get(slots);
       if (!hot) {
-        const index = g.initializer(`slot_index.${n}`, Int32Array.from({ length: n }, (_, j) => j), [n], 'int32');
-        hot = g.op('Reshape', [g.op('Cast', [g.op('Equal', [index, n < ctx ? sio.slot() : position])], { to: 1 }), g.constInt64([1, 1, 1, n])]);
-        picks.set(n, hot);
+        const index = g.initializer(`slot_index.${slots}`, Int32Array.from({ length: slots }, (_, j) => j), [1, slots], 'int32');
+        const at = g.op('Reshape', [type === 'sliding_attention' && ring ? sio.slot() : position, g.constInt64([n, 1])]);
+        hot = g.op('Reshape', [g.op('Cast', [g.op('Equal', [index, at])], { to: 1 }), g.constInt64([1, 1, n, slots])]);
+        picks.set(slots, hot);
       }
       return hot;
     },
@@ -470,31 +493,31 @@ export async function gemma4Shard(g: GraphBuilder, c: Gemma4Config, s: ShardSpec
     const inv = c.invFreq[type];
     const t = ropeTablesFrom(ctx, inv);
     const d = inv.length * 2;
-    sio.rope[type] = ropeGather(g, position, { cos: g.initializer(`rope.${type}.cos`, t.cos, [ctx, d]), sin: g.initializer(`rope.${type}.sin`, t.sin, [ctx, d]) }, 1, d);
+    sio.rope[type] = ropeGather(g, position, { cos: g.initializer(`rope.${type}.cos`, t.cos, [ctx, d]), sin: g.initializer(`rope.${type}.sin`, t.sin, [ctx, d]) }, n, d);
   }
   // Without a ring every cached position is inside the window (ctx ≤ window): the full mask serves.
   if (ring && layers.some((i) => c.layer[c.layer[i].kvFrom].type === 'sliding_attention')) {
-    sio.mask.sliding_attention = g.input(RING_MASK, f32, [1, 1, 1, ring + 1]);
-    inputs.push(io(sio.mask.sliding_attention, [1, 1, 1, ring + 1]));
+    sio.mask.sliding_attention = g.input(RING_MASK, f32, [1, 1, n, ring + n]);
+    inputs.push(io(sio.mask.sliding_attention, [1, 1, n, ring + n]));
   }
   const ple = await perLayerInputs(g, c, s, w, embeds, rows);
   const probes: Record<string, TensorIO> = {};
   let x = x0;
   for (const [k, i] of layers.entries()) {
-    probes[ple[k]] = io(`ple.${i}`, [1, 1, P]);
+    probes[ple[k]] = io(`ple.${i}`, [1, n, P]);
     x = await g.scoped(`layers.${i}`, () => gemma4Layer(g, c, i, x, ple[k], w, sio));
-    if (i < s.last || s.isLast) probes[x] = io(`h.${i + 1}`, [1, 1, H]);
+    if (i < s.last || s.isLast) probes[x] = io(`h.${i + 1}`, [1, n, H]);
   }
   if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H]), c.eps, 'final_norm');
-  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, 1, H] });
-  const outputs = [io(hiddenOut, [1, 1, H]), ...sio.outputs];
-  if (s.isLast && s.lmHeadInside) outputs.push(io(await logits(g, c, hiddenOut, w), [1, 1, c.vocab]));
+  const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
+  const outputs = [io(hiddenOut, [1, n, H]), ...sio.outputs];
+  if (s.isLast && s.lmHeadInside) outputs.push(io(await logits(g, c, hiddenOut, w, n), [1, n, c.vocab]));
   return { inputs: sio.inputs, outputs, probes };
 }
 
-async function logits(g: GraphBuilder, c: Gemma4Config, x: string, w: GraphWeights): Promise<string> {
-  const raw = await w.store.linear(g, x, lmHeadWeight(c), [c.vocab, c.hidden], w.lmHeadScheme, 1);
-  return g.output(c.softcap ? softcap(g, raw, c.softcap) : raw, 'logits', { shape: [1, 1, c.vocab] });
+async function logits(g: GraphBuilder, c: Gemma4Config, x: string, w: GraphWeights, n = 1): Promise<string> {
+  const raw = await w.store.linear(g, x, lmHeadWeight(c), [c.vocab, c.hidden], w.lmHeadScheme, n);
+  return g.output(c.softcap ? softcap(g, raw, c.softcap) : raw, 'logits', { shape: [1, n, c.vocab] });
 }
 
 /** Final-normed hidden [1,1,H] → softcapped logits [1,1,V]. */
@@ -510,12 +533,12 @@ async function gemma4LmHead(g: GraphBuilder, c: Gemma4Config, w: GraphWeights): 
  * donor's cache read by a shard that does not write it is the same state, marked shared.
  */
 function gemma4Bindings(c: Gemma4Config, entry: GraphEntry, maxContext: number): GraphBindings {
-  const ring = ringOf(c, maxContext);
+  const ring = ringIn(c, entry, maxContext);
   const extra = new Set([EMBEDS, RING_MASK, RING_SLOT, ...Array.from({ length: c.layers }, (_, i) => pleInput(i))]);
-  const plain = kvDecoderBindings({ ...entry, inputs: entry.inputs.filter((t) => !extra.has(t.name)) }, kvLayout(c, maxContext));
+  const plain = kvDecoderBindings({ ...entry, inputs: entry.inputs.filter((t) => !extra.has(t.name)) }, kvLayout(c, maxContext, ring));
   const inputs = entry.inputs.map((t) => {
     if (t.name === EMBEDS) return { ...t, bind: 'host-rows' as const, table: TABLES.embedding, index: 'token' as const };
-    if (t.name === RING_MASK) return { ...t, bind: 'mask' as const, window: ring! };
+    if (t.name === RING_MASK) return { ...t, bind: 'mask' as const, window: ring!, sliding: c.slidingWindow };
     if (t.name === RING_SLOT) return { ...t, bind: 'positions' as const, window: ring! };
     const m = /^ple_(\d+)$/.exec(t.name);
     if (m) return { ...t, bind: 'host-rows' as const, table: TABLES.ple, index: 'token' as const, layer: Number(m[1]) };

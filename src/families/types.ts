@@ -231,6 +231,8 @@ export interface ShardSpec {
   n: number;
   /** KV cache slots. */
   maxContext: number;
+  /** The recipe's prefill length (0: none): both graphs of a shard size their state for it (Gemma 4's rings). */
+  prefillLength?: number;
   /** The last shard applies the final norm (and the lm-head when it is placed there). */
   isLast: boolean;
   lmHeadInside: boolean;
