@@ -436,15 +436,21 @@ async function gemma4Layer(g: GraphBuilder, c: Gemma4Config, i: number, x: strin
 async function perLayerInputs(g: GraphBuilder, c: Gemma4Config, s: ShardSpec, w: GraphWeights, embeds: string, rows: string[]): Promise<string[]> {
   const { hidden: H, layers: L, ple: P } = c;
   const mine = [s.first * P, (s.last + 1) * P] as const;
-  const weight = await w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, s.n, undefined, mine);
+  // Ops named as the checkpoint's modules (per_layer_model_projection, each layer's
+  // per_layer_inputs.i/per_layer_projection_norm): forge bisect names them, rescale lines reach the norms.
+  const weight = await g.scoped('per_layer_model_projection', () => w.store.linear(g, embeds, `${PREFIX}.per_layer_model_projection.weight`, [L * P, H], w.scheme, s.n, undefined, mine));
   const proj = g.op('Mul', [weight, g.constFloat32([Math.fround(H ** -0.5)], [])]);
   const normW = await w.store.small(g, `${PREFIX}.per_layer_projection_norm.weight`, [P]);
-  return rows.map((row, k) => {
+  const out: string[] = [];
+  for (const [k, row] of rows.entries()) {
     const i = s.first + k;
-    const part = g.op('Slice', [proj, g.constInt64([k * P]), g.constInt64([(k + 1) * P]), g.constInt64([2])]);
-    const mixed = g.op('Mul', [g.op('Add', [rmsNorm(g, part, normW, c.eps), row]), g.constFloat32([Math.fround(2 ** -0.5)], [])]);
-    return g.op('Identity', [mixed], {}, 1, { outputs: [`ple.${i}`] });
-  });
+    out.push(await g.scoped(`per_layer_inputs.${i}`, async () => {
+      const part = g.op('Slice', [proj, g.constInt64([k * P]), g.constInt64([(k + 1) * P]), g.constInt64([2])]);
+      const mixed = g.op('Mul', [g.op('Add', [rmsNorm(g, part, normW, c.eps, 'per_layer_projection_norm'), row]), g.constFloat32([Math.fround(2 ** -0.5)], [])]);
+      return g.op('Identity', [mixed], {}, 1, { outputs: [`ple.${i}`] });
+    }));
+  }
+  return out;
 }
 
 /**

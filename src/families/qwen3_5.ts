@@ -203,7 +203,8 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const { kHeads: Hk, vHeads: Hv, kDim: dk, vDim: dv, convDim: C, convKernel: K } = c.linear;
   const n = lio.n;
   const p = `${layerPrefix(layer)}.linear_attn`;
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
+  // Ops named as the checkpoint's modules under the caller's `layers.i` scope (forge bisect names them).
+  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(`linear_attn.${name}`, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n));
   const shapes = stateShapes(c, 0);
   const f32 = 'float32' as const;
 
@@ -219,7 +220,7 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   // Causal depthwise conv over the FIFO, then SiLU.
   const taps = g.op('Reshape', [await w.store.small(g, `${p}.conv1d.weight`, [C, 1, K]), g.constInt64([1, C, K])]);
   const channels = n === 1 ? g.op('Reshape', [qkv, g.constInt64([1, C, 1])]) : g.op('Transpose', [qkv], { perm: [0, 2, 1] }); // [1, C, N]
-  const conv = n === 1 ? causalConvStep(g, convIn, channels, taps, K) : causalConvChunk(g, convIn, channels, taps, K, n, lio.real!);
+  const conv = await g.scoped('linear_attn.conv1d', async () => (n === 1 ? causalConvStep(g, convIn, channels, taps, K) : causalConvChunk(g, convIn, channels, taps, K, n, lio.real!)));
   const convOut = g.output(conv.next, recurrentOut(CONV, layer), { shape: shapes.conv });
   io.outputs.push({ name: convOut, dtype: f32, shape: shapes.conv });
   const mixed = silu(g, n === 1 ? conv.out : g.op('Transpose', [conv.out], { perm: [0, 2, 1] })); // [1, C] or [1, N, C]
@@ -248,16 +249,17 @@ async function linearAttention(g: GraphBuilder, c: Qwen35Config, layer: number, 
   const aLog = await w.store.small(g, `${p}.A_log`, [Hv]);
   const logDecay = perHead(g.op('Mul', [g.op('Neg', [g.op('Exp', [aLog])]), softplus(g, g.op('Add', [a, dtBias]))]));
 
-  const step = n === 1
+  const step = await g.scoped('linear_attn.delta_rule', async () => (n === 1
     ? gatedDeltaStep(g, { q, k, v, beta, decay: g.op('Exp', [logDecay]), state: recIn })
-    : chunkedGatedDelta(g, { q, k, v, beta, logDecay, state: recIn }, n);
+    : chunkedGatedDelta(g, { q, k, v, beta, logDecay, state: recIn }, n)));
   const recOut = g.output(step.next, recurrentOut(REC, layer), { shape: shapes.rec });
   io.outputs.push({ name: recOut, dtype: f32, shape: shapes.rec });
 
   // Per-head gated RMSNorm with z (plain weight), then out_proj.
   const o = n === 1 ? g.op('Reshape', [step.out, g.constInt64([1, 1, Hv, dv])]) : g.op('Transpose', [step.out], { perm: [0, 2, 1, 3] }); // [1, N, Hv, dv]
   const zh = g.op('Reshape', [z, g.constInt64([1, n, Hv, dv])]);
-  const normed = gatedRmsNorm(g, o, zh, await w.store.small(g, `${p}.norm.weight`, [dv]), eps);
+  const normW = await w.store.small(g, `${p}.norm.weight`, [dv]);
+  const normed = await g.scoped('linear_attn.norm', async () => gatedRmsNorm(g, o, zh, normW, eps));
   return lin(g.op('Reshape', [normed, g.constInt64([1, n, Hv * dv])]), 'out_proj', [H, Hv * dv]);
 }
 
@@ -266,7 +268,7 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const { hidden: H, heads, kvHeads, headDim: d, eps } = c;
   const n = lio.n;
   const p = `${layerPrefix(layer)}.self_attn`;
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
+  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(`self_attn.${name}`, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n));
   const norm = (name: string) => w.store.small(g, `${p}.${name}.weight`, [d], onePlus);
   const shapes = stateShapes(c, lio.ctx, n);
   const f32 = 'float32' as const;
@@ -282,8 +284,8 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const gate = g.op('Reshape', [gate0, g.constInt64([1, n, heads * d])]);
   const k = splitHeads(g, await lin(xn, 'k_proj', [kvHeads * d, H]), kvHeads, d, n);
   const v = splitHeads(g, await lin(xn, 'v_proj', [kvHeads * d, H]), kvHeads, d, n);
-  const qr = applyPartialRope(g, rmsNorm(g, q, await norm('q_norm'), eps), lio.rope!, c.rotaryDim, d);
-  const kr = applyPartialRope(g, rmsNorm(g, k, await norm('k_norm'), eps), lio.rope!, c.rotaryDim, d);
+  const qr = applyPartialRope(g, rmsNorm(g, q, await norm('q_norm'), eps, 'self_attn.q_norm'), lio.rope!, c.rotaryDim, d);
+  const kr = applyPartialRope(g, rmsNorm(g, k, await norm('k_norm'), eps, 'self_attn.k_norm'), lio.rope!, c.rotaryDim, d);
   const newK = g.output(kr, newKv('k', layer), { shape: shapes.kvRow });
   const newV = g.output(v, newKv('v', layer), { shape: shapes.kvRow });
   io.outputs.push({ name: newK, dtype: f32, shape: shapes.kvRow }, { name: newV, dtype: f32, shape: shapes.kvRow });
@@ -297,12 +299,12 @@ async function qwen35Layer(g: GraphBuilder, c: Qwen35Config, layer: number, x: s
   const { hidden: H, ffn, eps } = c;
   const p = layerPrefix(layer);
   const io = { inputs: [] as TensorIO[], outputs: [] as TensorIO[] };
-  const xn = rmsNorm(g, x, await w.store.small(g, `${p}.input_layernorm.weight`, [H], onePlus), eps);
+  const xn = rmsNorm(g, x, await w.store.small(g, `${p}.input_layernorm.weight`, [H], onePlus), eps, 'input_layernorm');
   const mixed = isFull(c, layer)
     ? await fullAttention(g, c, layer, xn, w, lio, io)
     : await linearAttention(g, c, layer, xn, w, lio, io);
   const h1 = g.op('Add', [x, mixed]);
-  const mlpIn = rmsNorm(g, h1, await w.store.small(g, `${p}.post_attention_layernorm.weight`, [H], onePlus), eps);
+  const mlpIn = rmsNorm(g, h1, await w.store.small(g, `${p}.post_attention_layernorm.weight`, [H], onePlus), eps, 'post_attention_layernorm');
   const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, lio.n, undefined, undefined, s));
   const out = g.op('Add', [h1, mlp], {}, 1, { outputs: [`h.${layer + 1}`] });
   return { out, ...io };
@@ -342,13 +344,13 @@ export async function qwen35Shard(g: GraphBuilder, c: Qwen35Config, s: ShardSpec
   }
   let x = x0;
   for (const i of layers) {
-    const r = await qwen35Layer(g, c, i, x, w, lio);
+    const r = await g.scoped(`layers.${i}`, () => qwen35Layer(g, c, i, x, w, lio));
     inputs.push(...r.inputs);
     outputs.push(...r.outputs);
     x = r.out;
     if (i < s.last || s.isLast) probes[x] = { name: `h.${i + 1}`, dtype: f32, shape: [1, n, H] };
   }
-  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H], onePlus), c.eps);
+  if (s.isLast) x = rmsNorm(g, x, await w.store.small(g, `${PREFIX}.norm.weight`, [H], onePlus), c.eps, 'final_norm');
   const hiddenOut = g.output(x, 'hidden_out', { shape: [1, n, H] });
   outputs.unshift({ name: hiddenOut, dtype: f32, shape: [1, n, H] });
   if (s.isLast && s.lmHeadInside) {
