@@ -94,7 +94,9 @@ void GreedyGenerator::loop(const std::vector<int>& prompt, const GenerateOptions
   double run_ms = 0;
   auto t0 = Clock::now();
   int next;
-  if (const int P = prefill_tokens(); P > 0 && opts.use_prefill) {
+  // A one-token prompt is decoded: one call either way, reading the same weights, and the decode
+  // graph computes one row where a prefill call computes N.
+  if (const int P = prefill_tokens(); P > 0 && opts.use_prefill && L > 1) {
     res.used_prefill = true;
     for (int s = 0;; s += P) {
       int valid = std::min(P, L - s);

@@ -82,6 +82,11 @@ TEST(Generate, PrefillEqualsDecodeOverPrompt) {
     EXPECT_FALSE(b.used_prefill);
     EXPECT_EQ(a.generated, b.generated) << "prompt of " << p.size() << " tokens";
   }
+  // A one-token prompt is decoded even with prefill on (one call either way; the decode graph
+  // computes one row instead of N).
+  auto one = l->gen->generate({prompts[0][0]}, {8, true, true});
+  EXPECT_FALSE(one.used_prefill);
+  EXPECT_EQ(one.generated, l->gen->generate({prompts[0][0]}, {8, true, false}).generated);
 }
 
 // The W8 graphs with their residual hand-offs in f16 (the handoff stage's rewrite, as a recipe saying

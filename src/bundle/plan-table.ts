@@ -47,6 +47,6 @@ export function planLines(plan: ShardPlan, m: Manifest): string[] {
 export function promptLine(m: Manifest): string {
   const n = Math.max(0, ...m.contexts.flatMap((c) => c.graphs.filter((g) => g.role.includes('prefill')).map((g) => g.tokens)));
   return n > 1
-    ? `**Prompt:** prefilled ${n} tokens per call (batched prefill graphs): a longer prompt runs in chunks of ${n}, the last one padded; the runtime decodes over the prompt instead when asked to (\`--no-prefill\`).`
+    ? `**Prompt:** prefilled ${n} tokens per call (batched prefill graphs): a longer prompt runs in chunks of ${n}, the last one padded; a one-token prompt is decoded (one call either way, and the decode graph computes one row instead of ${n}); the runtime decodes over the prompt instead when asked to (\`--no-prefill\`).`
     : '**Prompt:** decoded one token per call (this bundle has no prefill graphs).';
 }

@@ -252,7 +252,7 @@ export async function simulateGraph<C>(o: {
   /** The export the graph is from (its made tables feed the cases). */
   graphsDir: string;
   arch: HtpArch; fp16: boolean; minCosine: number; minTop1: number; python: string; script: string; work: string; timeoutSeconds: number;
-  /** Only the calls after each prompt (a decode graph of a bundle that prefills: the prompt is the prefill graph's). */
+  /** Only the calls after each prompt (a decode graph of a bundle that prefills: the prompt is the prefill graph's, unless it is one token). */
   generatedOnly?: boolean;
 }): Promise<SimulatedGraph> {
   const outputNames = new Set(o.entry.outputs.map((t) => t.name));
@@ -301,7 +301,9 @@ export async function simulateGraph<C>(o: {
   // A residual the graph takes as f16 (the handoff stage's rewrite) is fed as the host hands it over.
   const half = new Set(o.entry.inputs.filter((t) => t.dtype === 'float16').map((t) => t.name));
   for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
-    if (o.generatedOnly && c.step < o.trace.meta.prompts[c.prompt].prompt_tokens.length) continue;
+    // The runtime decodes a one-token prompt (native greedy_loop): that step is the decode graph's too.
+    const promptLength = o.trace.meta.prompts[c.prompt].prompt_tokens.length;
+    if (o.generatedOnly && c.step < promptLength && promptLength > 1) continue;
     // gateCases may reuse its buffers (the KV cache grows in place from case to case): keep copies.
     const feeds: GateCase['feeds'] = {};
     for (const [name, f] of Object.entries(c.feeds)) {
