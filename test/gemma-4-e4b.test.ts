@@ -2,7 +2,8 @@
 // config: the parts fit each arch's per-context ceiling (the lm-head apart, or inside the last part
 // where a recipe asks: it fits too), the plan JSON carries the two host tables with their bytes, and each part stores only its layers' rows of
 // the per-layer projection (per_layer_model_projection [42·256, 2560]), so the model's parts hold
-// that matrix once between them instead of once per layer.
+// that matrix once between them instead of once per layer; the parts' prefill graphs take 128
+// tokens over rings of window + 127 slots, the last part reading its donors' caches.
 import { describe, expect, it } from 'vitest';
 import { loadRecipe, archSettings } from '../src/recipe/load.js';
 import { planRecipe } from '../src/plan/for-recipe.js';
@@ -11,6 +12,7 @@ import { getArch } from '../src/arch/table.js';
 import { gemma4, parseGemma4Config, PREFIX } from '../src/families/gemma4.js';
 import { componentTensors, layerTensors, modelTensors, allTensors } from '../src/families/tensors.js';
 import { storedBytes, sumBytes } from '../src/quant/bytes.js';
+import { GraphBuilder } from '../src/onnx/index.js';
 
 const PROJ = `${PREFIX}.per_layer_model_projection.weight`;
 const { recipe } = loadRecipe('gemma-4-e4b');
@@ -95,5 +97,39 @@ describe('gemma-4-e4b plan', () => {
     expect(perLayerWhole).toBeGreaterThan(1.1e9);
     // The checkpoint's tensor list keeps the whole matrix.
     expect(allTensors(m).find((t) => t.name === PROJ)).toEqual({ name: PROJ, shape: [L * P, H], role: 'matmul', scheme: 'fp32' });
+  });
+});
+
+describe('gemma-4-e4b prefill graphs (built dry: no checkpoint)', () => {
+  // A store whose every read is one node: the graphs' interfaces, not their numbers.
+  const store = {
+    linear: async (g: GraphBuilder, x: string) => g.op('Identity', [x]),
+    small: async (g: GraphBuilder, name: string, shape: number[]) => g.initializer(name.replace(/\W/g, '_'), new Float32Array(shape.reduce((a, b) => a * b, 1)), shape, 'float32'),
+  };
+  it('takes 128 tokens a call over rings of 639 slots (window 512 + 127); the last part, KV-shared layers only, reads donor 22\'s ring and 23\'s cache at the call\'s slots and writes none', async () => {
+    const s = archSettings(recipe, 'v81').settings;
+    const plan = await makePlan(gemma4, config, getArch('v81'), s);
+    const layout = { shards: plan.shards.map((x, i) => ({ first: x.first, last: x.last, isLast: i === plan.shards.length - 1 })), lmHeadInside: false, prefillLength: s.prefillLength, maxContext: s.maxContext };
+    const parts = gemma4.components(config, layout).filter((c) => c.entry.shard !== undefined);
+    expect(parts.map((c) => c.variants.map((v) => `${v.name}:${v.n}`))).toEqual(Array(3).fill(['prefill:128', 'decode:1']));
+    const io = async (part: number, variant: number) => {
+      const built = await parts[part].variants[variant].build(new GraphBuilder('p'), { store: store as any, scheme: 'fp32', lmHeadScheme: 'fp32' });
+      return { in: Object.fromEntries(built.inputs.map((t) => [t.name, t.shape])), out: built.outputs.map((t) => t.name) };
+    };
+    const first = await io(0, 0);
+    expect(first.in.hidden_in).toEqual([1, 128, H]);
+    expect(first.in.attn_mask).toEqual([1, 1, 128, 4096 + 128]);
+    expect(first.in.attn_mask_sliding).toEqual([1, 1, 128, 639 + 128]);
+    expect(first.in.past_k_0).toEqual([1, 2, 639, 256]); // sliding: a ring
+    expect(first.in.past_k_5).toEqual([1, 2, 4096, 512]); // full: every position
+    const last = await io(2, 0);
+    expect(Object.keys(last.in).filter((n) => n.startsWith('past_'))).toEqual(['past_k_22', 'past_v_22', 'past_k_23', 'past_v_23']);
+    expect(last.in.past_k_22).toEqual([1, 2, 639, 256]);
+    expect(last.in.ring_slot).toEqual([128]);
+    expect(last.out).toEqual(['hidden_out']);
+    // The decode graph of the same part reads the same caches, one token a call.
+    const decode = await io(2, 1);
+    expect(decode.in.past_k_22).toEqual([1, 2, 639, 256]);
+    expect(decode.in.attn_mask_sliding).toEqual([1, 1, 1, 640]);
   });
 });
