@@ -345,16 +345,23 @@ describe('gemma4 on the runtime', () => {
       const slots = W + n - 1;
       for (let start = 0; start < 13; start += n) {
         for (const valid of [n, 1]) {
+          // The ring as the runtime leaves it: positions 0..start-1 written in order, each at its slot.
+          const held = new Array<number>(slots).fill(-1);
+          for (let q = 0; q < start; q++) held[q % slots] = q;
+          const after = [...held];
+          for (let k = 0; k < valid; k++) after[(start + k) % slots] = start + k;
           const m = ringMask(slots, W, start, n, valid);
           for (let r = 0; r < n; r++) {
             const row = m.subarray(r * (slots + n), (r + 1) * (slots + n));
             for (let slot = 0; slot < slots; slot++) {
-              const q = start - 1 - ((((start - 1 - slot) % slots) + slots) % slots); // the position the slot holds before the call's rows
-              const seen = q >= 0 && start + r - q < W;
+              const seen = held[slot] >= 0 && start + r - held[slot] < W;
               expect(row[slot], `start ${start} row ${r} slot ${slot}`).toBe(seen ? 0 : MASKED);
-              // A slot a row sees is not one the call's rows overwrite.
-              if (seen) for (let k = 0; k < valid; k++) expect((start + k) % slots).not.toBe(slot);
+              // A context reading the ring after the call's rows were written finds what the row sees.
+              if (seen) expect(after[slot], `start ${start} row ${r} slot ${slot}`).toBe(held[slot]);
             }
+            // Every position the window holds for this row is shown: in the ring or among the new rows.
+            const shown = row.reduce((a, x) => a + (x === 0 ? 1 : 0), 0);
+            expect(shown, `start ${start} row ${r}`).toBe(r < valid ? Math.min(W, start + r + 1) : Math.min(W, start + r + 1) - (r + 1 - valid));
             for (let k = 0; k < n; k++) expect(row[slots + k]).toBe(k <= r && k < valid ? 0 : MASKED);
           }
         }

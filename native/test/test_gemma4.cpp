@@ -159,17 +159,20 @@ TEST(RingMask, PrefillRowsSeeTheirWindowAndTheRingKeepsIt) {
     forge::StepMask mask(C, n, kMasked, true, S);
     for (int start = 0; start < 15; start += n)
       for (int valid : {n, 1}) {
+        // The ring as the runtime writes it (StateRows::write): positions 0..start-1, then the call's rows.
+        std::vector<int> held(size_t(C), -1);
+        for (int q = 0; q < start; q++) held[size_t(q % C)] = q;
+        std::vector<int> after = held;
+        for (int k = 0; k < valid; k++) after[size_t((start + k) % C)] = start + k;
         mask.fill(start, valid);
         for (int r = 0; r < n; r++) {
           const float* row = mask.data() + size_t(r) * size_t(C + n);
-          const int q = start + r;
           for (int slot = 0; slot < C; slot++) {
-            const int p = start - 1 - ((start - 1 - slot) % C + C) % C;  // held before the call's rows
-            const bool visible = p >= 0 && q - p < S;
+            const int p = held[size_t(slot)];
+            const bool visible = p >= 0 && start + r - p < S;
             EXPECT_EQ(row[slot], visible ? 0.0f : kMasked) << "n " << n << " start " << start << " row " << r << " slot " << slot;
-            // Not overwritten by a real row of this call: no position start + k lives in this slot.
-            if (visible)
-              for (int k = 0; k < valid; k++) EXPECT_NE((start + k) % C, slot) << "n " << n << " start " << start << " row " << r;
+            // A context reading the ring after the call's rows were written finds what the row sees.
+            if (visible) EXPECT_EQ(after[size_t(slot)], p) << "n " << n << " start " << start << " row " << r << " slot " << slot;
           }
           for (int k = 0; k < n; k++) EXPECT_EQ(row[C + k], k <= r && k < valid ? 0.0f : kMasked) << "n " << n << " start " << start << " row " << r << " new " << k;
         }

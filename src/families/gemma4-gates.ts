@@ -1,13 +1,11 @@
-// Gemma 4's teacher-forced gate cases: what each decode graph is fed at each traced step and what it
-// must give back (the graphs are in gemma4.ts).
+// Gemma 4's teacher-forced gate cases: what each shard graph (prefill or decode), the lm-head and the
+// encoders are fed at each traced call and what they must give back (the graphs are in gemma4.ts).
 import type { Trace } from '../gates/trace.js';
 import type { GraphEntry } from './types.js';
-import { CacheBuilder, lmHeadCases, promptCalls, rowMask, stackKv, stackRows } from './kv-decoder.js';
-import type { CompareMask } from '../gates/compare.js';
+import { CacheBuilder, kvDecoderCases, rowMask, stackRows } from './kv-decoder.js';
 import type { Feed, GateCase } from './types.js';
-import { MASKED, attentionMask } from './blocks.js';
-import { LM_HEAD_KIND } from './decoder.js';
-import { newKv, pastKv } from './state-io.js';
+import { MASKED } from './blocks.js';
+import { pastKv } from './state-io.js';
 import { EMBEDS, RING_MASK, RING_SLOT, kvLayout, pleInput, ringIn, type Gemma4Config } from './gemma4.js';
 import { SOFT_TOKENS, VISION_PIXELS, VISION_POSITIONS } from './gemma4-vision.js';
 import { AUDIO_EMBEDS, AUDIO_FEATURES, AUDIO_MASK, MEL_BINS } from './gemma4-audio.js';
@@ -32,73 +30,41 @@ export function ringMask(slots: number, window: number, start: number, n = 1, va
 }
 
 /**
- * Each call a shard takes (every step one by one for a decode graph, the prompt in chunks of N for a
- * prefill graph; the last chunk's padding rows not compared) gets HF's residual entering its first
- * layer, HF's embedding rows (h.0) and each layer's scaled PLE token rows (ple_in.i), and the K/V
- * caches: its own layers' rows of steps before the call, and for a donor it reads but does not hold
- * (KV-shared layers whose donor is in an earlier shard) the rows up to the call's last, as the
- * runtime has them once the donor's context wrote the call's rows. It must give back h.{last+1} (or
- * final), its layers' new K/V rows, and (probes) each layer's mixed per-layer input ple.i and residual.
+ * The KV decoder's teacher-forced calls (kvDecoderCases: every step one by one for a decode graph,
+ * the prompt in chunks of N for a prefill graph, padding rows not compared) over the caches of the
+ * layers that compute K/V (rings for sliding ones), plus HF's embedding rows (h.0), each layer's
+ * scaled PLE token rows (ple_in.i), the ring mask and slots, and for a donor the shard reads but
+ * does not hold (KV-shared layers whose donor is in an earlier shard) the donor's cache with the
+ * call's own rows in it, as the runtime has it once the donor's context wrote them. Probes include
+ * each layer's mixed per-layer input ple.i.
  */
-export async function* gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
-  const H = trace.meta.hidden;
+export function gemma4Cases(c: Gemma4Config, entry: GraphEntry, trace: Trace, maxContext: number): AsyncGenerator<GateCase> {
   const n = entry.n;
   const ring = ringIn(c, entry, maxContext);
   const kv = kvLayout(c, maxContext, ring);
   const f = (data: Float32Array, dims: number[]): Feed => ({ dtype: 'float32', data, dims });
   const takes = (name: string) => entry.inputs.some((t) => t.name === name);
-  for (let p = 0; p < trace.meta.prompts.length; p++) {
-    const prompt = trace.meta.prompts[p];
-    if (entry.kind === LM_HEAD_KIND) {
-      yield* lmHeadCases(trace, p);
-      continue;
-    }
-    const layers = Array.from({ length: entry.last! - entry.first! + 1 }, (_, k) => entry.first! + k);
-    const own = layers.filter((i) => c.layer[i].kvFrom === i);
-    const foreign = [...new Set(layers.map((i) => c.layer[i].kvFrom).filter((d) => !layers.includes(d)))];
-    const ownCache = new CacheBuilder(own, kv);
-    const donorCache = new CacheBuilder(foreign, kv);
-    for (const { start, valid } of promptCalls(entry, prompt.prompt_tokens.length, prompt.steps)) {
-      if (start + valid > maxContext) throw new Error(`prompt ${p}: step ${start + valid - 1} is past the graph's ${maxContext} cache slots`);
-      await ownCache.fillTo(trace, p, start);
-      await donorCache.fillTo(trace, p, start + valid);
+  let donors: { prompt: number; cache: CacheBuilder; layers: number[] } | undefined;
+  return kvDecoderCases(entry, trace, kv, {
+    kvLayers: (layers) => layers.filter((i) => c.layer[i].kvFrom === i),
+    extra: async ({ prompt: p, start, valid, layers }, feeds) => {
       const steps = Array.from({ length: valid }, (_, r) => start + r);
-      const rows = (what: string, width: number) => stackRows(trace, p, steps, n, what, width);
-      const feeds: Record<string, Feed> = {
-        hidden_in: f(await rows(`h.${entry.first}`, H), [1, n, H]),
-        position: { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => Math.min(start + r, maxContext - 1)), dims: [n] },
-        attn_mask: f(attentionMask(maxContext, n, start, valid), [1, 1, n, maxContext + n]),
-        [EMBEDS]: f(await rows('h.0', H), [1, n, H]),
-      };
-      for (const i of layers) feeds[pleInput(i)] = f(await rows(`ple_in.${i}`, c.ple), [1, n, c.ple]);
+      feeds[EMBEDS] = f(await stackRows(trace, p, steps, n, 'h.0', c.hidden), [1, n, c.hidden]);
+      for (const i of layers) feeds[pleInput(i)] = f(await stackRows(trace, p, steps, n, `ple_in.${i}`, c.ple), [1, n, c.ple]);
       if (ring && takes(RING_MASK)) feeds[RING_MASK] = f(ringMask(ring, c.slidingWindow, start, n, valid), [1, 1, n, ring + n]);
       if (ring && takes(RING_SLOT)) feeds[RING_SLOT] = { dtype: 'int32', data: Int32Array.from({ length: n }, (_, r) => (start + r) % ring), dims: [n] };
-      for (const [cache, ids] of [[ownCache, own], [donorCache, foreign]] as const) {
-        for (const i of ids) {
-          const shape = [1, c.layer[i].kvHeads, kv.layer(i).ring ?? maxContext, c.layer[i].headDim];
-          feeds[pastKv('k', i)] = f(cache.k.get(i)!, shape);
-          feeds[pastKv('v', i)] = f(cache.v.get(i)!, shape);
-        }
+      if (donors?.prompt !== p) {
+        const foreign = [...new Set(layers.map((i) => c.layer[i].kvFrom).filter((d) => !layers.includes(d)))];
+        donors = { prompt: p, cache: new CacheBuilder(foreign, kv), layers: foreign };
       }
-      const expected: Record<string, Float32Array> = {};
-      const masks: Record<string, CompareMask> = {};
-      for (const i of own) {
-        for (const what of ['k', 'v'] as const) {
-          expected[newKv(what, i)] = await stackKv(trace, p, steps, n, `${what}.${i}`, kv.layer(i));
-          if (valid < n) masks[newKv(what, i)] = rowMask(c.layer[i].kvHeads, n, c.layer[i].headDim, valid);
-        }
+      await donors.cache.fillTo(trace, p, start + valid);
+      for (const i of donors.layers) {
+        const dims = [1, c.layer[i].kvHeads, kv.layer(i).ring ?? maxContext, c.layer[i].headDim];
+        feeds[pastKv('k', i)] = f(donors.cache.k.get(i)!, dims);
+        feeds[pastKv('v', i)] = f(donors.cache.v.get(i)!, dims);
       }
-      const byRow: Array<[string, string, number]> = Object.entries(entry.probes).map(([value, probe]) => [value, probe.name, probe.shape[probe.shape.length - 1]]);
-      byRow.push(['hidden_out', entry.isLast ? 'final' : `h.${entry.last! + 1}`, H]);
-      if (entry.outputs.some((o) => o.name === 'logits')) byRow.push(['logits', 'logits', trace.meta.vocab]);
-      for (const [value, what, width] of byRow) {
-        expected[value] = await rows(what, width);
-        if (valid < n) masks[value] = rowMask(1, n, width, valid);
-      }
-      // The run consumed the feeds before this generator resumes: filling the caches in place is safe.
-      yield { prompt: p, step: start, feeds, expected, ...(valid < n ? { masks } : {}) };
-    }
-  }
+    },
+  });
 }
 
 /**

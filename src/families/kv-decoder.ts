@@ -106,11 +106,12 @@ export async function* lmHeadCases(trace: Trace, p: number): AsyncGenerator<Gate
 
 /** What a family adds to the KV decoder's teacher-forced calls. */
 export interface KvCaseHooks {
-  /** The layers whose KV caches the graph reads and writes (default: every layer it holds; Qwen3.5: its full-attention ones). */
+  /** The layers whose KV caches the graph reads and writes (default: every layer it holds; Qwen3.5: its full-attention ones, Gemma 4: those not KV-shared). */
   kvLayers?: (layers: number[]) => number[];
   /**
    * A family's own feeds and expected outputs for a call, compared whole (no padding mask): Qwen3.5's
-   * conv and recurrent states in (after step start - 1) and out (after the call's last real step).
+   * conv and recurrent states in (after step start - 1) and out (after the call's last real step);
+   * Gemma 4's embedding and per-layer rows, ring mask and slots, and the donors' caches it reads.
    */
   extra?: (call: { prompt: number; start: number; valid: number; layers: number[] }, feeds: Record<string, Feed>, expected: Record<string, Float32Array>) => Promise<void>;
 }
@@ -139,16 +140,17 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
       const expected: Record<string, Float32Array> = {};
       for (const i of cached) {
         const l = kv.layer(i);
-        feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
-        feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims: [1, l.kvHeads, kv.maxContext, l.headDim] };
+        const dims = [1, l.kvHeads, l.ring ?? kv.maxContext, l.headDim];
+        feeds[pastKv('k', i)] = { dtype: 'float32', data: cache.k.get(i)!, dims };
+        feeds[pastKv('v', i)] = { dtype: 'float32', data: cache.v.get(i)!, dims };
         expected[newKv('k', i)] = await stackKv(trace, p, steps, n, `k.${i}`, l);
         expected[newKv('v', i)] = await stackKv(trace, p, steps, n, `v.${i}`, l);
       }
-      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, H);
+      for (const [value, probe] of Object.entries(entry.probes)) expected[value] = await stackRows(trace, p, steps, n, probe.name, probe.shape[probe.shape.length - 1]);
       expected.hidden_out = await stackRows(trace, p, steps, n, entry.isLast ? 'final' : `h.${entry.last! + 1}`, H);
       if (entry.outputs.some((o) => o.name === 'logits')) expected.logits = await stackRows(trace, p, steps, n, 'logits', trace.meta.vocab);
       // Rows are masked where they are padding; what `extra` adds is compared whole.
-      const masks = valid < n ? paddingMasks(expected, cached, n, valid, H, trace.meta.vocab, kv) : undefined;
+      const masks = valid < n ? paddingMasks(expected, cached, n, valid, kv) : undefined;
       await hooks.extra?.({ prompt: p, start, valid, layers }, feeds, expected);
       // The feeds were consumed by the run before this generator resumes, so the cache filling the
       // next call's slots in place is safe.
@@ -157,16 +159,14 @@ export async function* kvDecoderCases(entry: GraphEntry, trace: Trace, kv: KvLay
   }
 }
 
-/** Masks for a chunk whose last n - valid rows are padding: residual rows [1, n, H], logits [1, n, V], K/V rows [1, kv, n, d]. */
-function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, H: number, vocab: number, kv: KvLayout): Record<string, CompareMask> {
+/** Masks for a chunk whose last n - valid rows are padding: rows [1, n, width] (residuals, probes, logits), K/V rows [1, kv, n, d]. */
+function paddingMasks(expected: Record<string, Float32Array>, layers: number[], n: number, valid: number, kv: KvLayout): Record<string, CompareMask> {
   const masks: Record<string, CompareMask> = {};
-  const residual = rowMask(1, n, H, valid);
-  for (const name of Object.keys(expected)) masks[name] = residual;
+  for (const [name, rows] of Object.entries(expected)) masks[name] = rowMask(1, n, rows.length / n, valid);
   for (const i of layers) {
     const l = kv.layer(i);
     masks[newKv('k', i)] = masks[newKv('v', i)] = rowMask(l.kvHeads, n, l.headDim, valid);
   }
-  if (expected.logits) masks.logits = rowMask(1, n, vocab, valid);
   return masks;
 }
 
