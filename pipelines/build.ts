@@ -225,6 +225,8 @@ function exportNode(id: string, recipe: Recipe, s: ArchSettings, toolchain: Comp
     ...(id === 'quantize' && s.overrides.length ? { overrides: s.overrides } : {}),
     // Exact rescalings for fp16 on the HTP: the shipped graphs only (the reference stays as HF computes).
     ...(id === 'quantize' && s.rescale.length ? { rescale: s.rescale.map(({ match, scale }) => ({ match, scale })) } : {}),
+    // Experts rebalanced before quantization: the shipped tables only (fp32's are the checkpoint's numbers).
+    ...(id === 'quantize' && s.equalize.length ? { equalize: s.equalize.map(({ match }) => ({ match })) } : {}),
   };
   const precision: Record<string, string> = id === 'quantize' && choosesPrecision(s) ? { precision: 'precision' } : {};
   return { id, module: src('export/stage.ts'), params: params as any, inputs: { checkpoint: 'fetch', plan: 'plan', ...precision }, tools: [], memory: id === 'quantize' ? stageMemory.quantize : stageMemory.export };

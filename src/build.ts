@@ -19,7 +19,7 @@ import { basename, dirname, join, resolve } from 'node:path';
 import { cpus, totalmem } from 'node:os';
 import { performance } from 'node:perf_hooks';
 import { loadRecipe, archSettings, pinnedRecipe, RecipeError } from './recipe/load.js';
-import { builtRevision, type PinnedRecipe, type PrecisionOverride, type Rescale, type ArchSettings } from './recipe/schema.js';
+import { builtRevision, type PinnedRecipe, type PrecisionOverride, type Rescale, type Equalize, type ArchSettings } from './recipe/schema.js';
 import { buildPipeline, compileToolchain, refuseWithoutHostOp, requiredGates } from '../pipelines/build.js';
 import { localSourceDigest } from './hub/local-digest.js';
 import { StageCache, META } from './engine/cache.js';
@@ -80,6 +80,8 @@ export interface BuildRequest {
   toolchain?: string;
   /** Op rescalings tried on top of the recipe's (forge bisect's fp16 fixes), first as overrides are. */
   rescale?: Rescale[];
+  /** Experts rebalanced before quantization, before the recipe's own (forge bisect's trials). */
+  equalize?: Equalize[];
   /** The residual hand-off dtype tried instead of the recipe's (forge bisect's hand-off fix). */
   handoff?: ArchSettings['handoff'];
   /**
@@ -122,6 +124,7 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   const forArch = archSettings(recipe, req.arch);
   if (req.overrides?.length) forArch.settings = { ...forArch.settings, overrides: [...req.overrides, ...forArch.settings.overrides] };
   if (req.rescale?.length) forArch.settings = { ...forArch.settings, rescale: [...req.rescale, ...forArch.settings.rescale] };
+  if (req.equalize?.length) forArch.settings = { ...forArch.settings, equalize: [...req.equalize, ...forArch.settings.equalize] };
   if (req.handoff) forArch.settings = { ...forArch.settings, handoff: req.handoff };
   const { arch } = forArch;
   const toolchain = req.toolchain ? resolveToolchain(req.toolchain) : null;

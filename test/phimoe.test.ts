@@ -106,9 +106,11 @@ describe('phimoe oracle gate', () => {
     for (const row of r.rows.filter((x) => x.variant === 'quantize:w8')) expect(row.minCosine, `${row.graph} ${row.output}`).toBeGreaterThanOrEqual(0.999);
     const outputs = (graph: string) => r.rows.filter((x) => x.variant === 'quantize:w8' && x.graph === graph).map((x) => x.output).sort();
     expect(outputs('shard0.layer1')).toEqual(['attn_res', 'moe_in', 'new_k_1', 'new_v_1', 'router_logits']);
-    expect(outputs('experts')).toEqual(['hidden_out']);
     expect(outputs('shard0.layer1.prefill')).toEqual(['attn_res', 'moe_in', 'new_k_1', 'new_v_1', 'router_logits']);
-    expect(outputs('experts.prefill')).toEqual(['hidden_out']);
+    // Every output of a layer's own graph is that layer's; the experts graphs every layer shares are reported per layer they served.
+    const layers = (graph: string) => r.rows.filter((x) => x.variant === 'quantize:w8' && x.graph === graph).map((x) => `${x.layer}:${x.output}`);
+    expect(layers('shard0.layer1')).toEqual(['1:attn_res', '1:moe_in', '1:new_k_1', '1:new_v_1', '1:router_logits']);
+    for (const g of ['experts', 'experts.prefill']) expect(layers(g)).toEqual([0, 1, 2, 3].map((l) => `${l}:hidden_out`));
     expect(r.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
   });
 
@@ -153,6 +155,8 @@ describe('phimoe oracle gate', () => {
     const r = await runOracleGate('phimoe', readCheckpointRef(entry('fetch')).absDir, entry('trace'), [{ label: 'quantize', dir: copy, minCosine: 0.999 }], 1, join(work, 'scratch'));
     expect(r.ok).toBe(false);
     expect(Object.entries(r.graphs).filter(([, g]) => !g.ok).map(([name]) => name)).toEqual(['quantize:w8/experts', 'quantize:w8/experts.prefill']);
+    // …at the layer whose experts were swapped, and no other.
+    expect(r.rows.filter((x) => !x.ok).map((x) => `${x.graph} layer ${x.layer}`)).toEqual(['experts layer 1', 'experts.prefill layer 1']);
   });
 });
 

@@ -121,7 +121,7 @@ describe('recipes', () => {
     const r = base();
     r.arch = { default: {} };
     expect(archSettings(parseRecipe(r, 'x'), 'v81').settings).toEqual({
-      shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 512, prefillLength: 32, handoff: 'f32', overrides: [], rescale: [], image: null, audio: null,
+      shards: 'auto', quant: 'w8', lmHead: { placement: 'separate', quant: 'fp16' }, maxContext: 512, prefillLength: 32, handoff: 'f32', overrides: [], rescale: [], equalize: [], image: null, audio: null,
     });
   });
 

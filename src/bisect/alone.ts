@@ -51,11 +51,14 @@ export async function layersAlone(p: AloneParams, checkpointDir: string, traceDi
     const r = await runOracleGate(p.family, checkpointDir, traceDir, [{ label: 'alone', dir, minCosine: 0 }], p.minTop1, join(work, 'scratch'));
     const figures: AloneFigure[] = Array.from({ length: n }, (_, layer) => ({ layer, cosine: Infinity }));
     for (const g of graphs) {
-      if (g.first === undefined || g.first !== g.last) continue; // the lm-head
-      const f = figures[g.first];
-      f.cosine = Math.min(f.cosine, r.graphs[`alone:${p.scheme}/${g.name}`].minCosine);
-      const nf = r.rows.find((x) => x.graph === g.name && x.nonFinite)?.nonFinite;
-      if (nf && !f.nonFinite) f.nonFinite = nf;
+      // A layer's own graph, and a graph every layer shares (PhiMoE's experts) by the rows of each layer it served; not the lm-head.
+      const rows = g.first !== undefined && g.first === g.last ? r.rows.filter((x) => x.graph === g.name).map((x) => ({ ...x, layer: String(g.first) }))
+        : g.first === undefined ? r.rows.filter((x) => x.graph === g.name && x.layer !== '-') : [];
+      for (const x of rows) {
+        const f = figures[Number(x.layer)];
+        f.cosine = Math.min(f.cosine, x.minCosine);
+        if (x.nonFinite && !f.nonFinite) f.nonFinite = x.nonFinite;
+      }
     }
     return figures;
   } finally {

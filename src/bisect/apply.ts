@@ -3,10 +3,10 @@
 // that applies to the arch (an override already there for the same matrices would otherwise win,
 // the first match does), where the trial build put them too, so the recipe builds what was gated.
 import { accessSync, constants, readFileSync, writeFileSync } from 'node:fs';
-import type { PrecisionOverride, Rescale } from '../recipe/schema.js';
+import type { Equalize, PrecisionOverride, Rescale } from '../recipe/schema.js';
 import { parseRecipe } from '../recipe/load.js';
 
-type ArchBlock = { overrides?: PrecisionOverride[]; rescale?: Rescale[]; handoff?: string };
+type ArchBlock = { overrides?: PrecisionOverride[]; rescale?: Rescale[]; equalize?: Equalize[]; handoff?: string };
 
 /**
  * Reads the recipe file, lets `edit` change its arch blocks, checks the result as the loader would
@@ -26,7 +26,7 @@ function editRecipe(file: string, byHand: string, what: string, edit: (arch: Rec
   writeFileSync(file, JSON.stringify(raw, null, 2) + '\n');
 }
 
-export function applyOverrides(file: string, archId: string, overrides: PrecisionOverride[], rescale: Rescale[] = []): { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[] } {
+export function applyOverrides(file: string, archId: string, overrides: PrecisionOverride[], rescale: Rescale[] = [], equalize: Equalize[] = []): { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[]; equalize?: Equalize[] } {
   editRecipe(file, `add the override by hand: ${JSON.stringify(overrides)}`, 'override', (arch) => {
     // An arch's own `overrides` replaces the default's (archSettings merges the blocks key by key):
     // when it has one, that is the list the build reads.
@@ -42,8 +42,14 @@ export function applyOverrides(file: string, archId: string, overrides: Precisio
       if (had.some((h) => rescale.some((r) => r.match === h.match))) throw new Error(`forge bisect --apply: ${file}: its rescale list already has ${rescale.map((r) => JSON.stringify(r.match)).join(', ')} (this fix was applied before)`);
       rb.rescale = [...rescale, ...had];
     }
+    if (equalize.length) {
+      const eb = Array.isArray(arch[archId]?.equalize) ? arch[archId] : (arch.default ??= {});
+      const had = eb.equalize ?? [];
+      if (had.some((h) => equalize.some((r) => r.match === h.match))) throw new Error(`forge bisect --apply: ${file}: its equalize list already has ${equalize.map((r) => JSON.stringify(r.match)).join(', ')} (this fix was applied before)`);
+      eb.equalize = [...equalize, ...had];
+    }
   });
-  return { file, overrides, ...(rescale.length ? { rescale } : {}) };
+  return { file, overrides, ...(rescale.length ? { rescale } : {}), ...(equalize.length ? { equalize } : {}) };
 }
 
 /**

@@ -5,7 +5,7 @@
 // bytes they add (quant/bytes.ts, the plan's own count).
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import type { PrecisionOverride, QuantScheme, Rescale } from '../recipe/schema.js';
+import type { Equalize, PrecisionOverride, QuantScheme, Rescale } from '../recipe/schema.js';
 import type { TensorSpec } from '../families/types.js';
 import { storedBytes } from '../quant/bytes.js';
 import { PrecisionChooser, type PrecisionMap } from '../quant/precision.js';
@@ -30,6 +30,8 @@ export interface Candidate {
   addedBytes: number;
   /** An fp16 fix: exact op rescalings (recipe `rescale` lines) instead of precision pins. */
   rescale?: Rescale[];
+  /** An expert fix: its channels rebalanced in the host tables (recipe `equalize` lines); no bytes or ops move. */
+  equalize?: Equalize[];
   /** Ops the rescale adds to the graphs (its cost; weight bytes do not move). */
   addedOps?: number;
   /** A hand-off fix: the recipe's residual hand-off dtype for the arch (`handoff: f32`) instead of precision pins. */

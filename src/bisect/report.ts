@@ -6,6 +6,7 @@
 import { mkdirSync, renameSync, rmSync, writeFileSync } from 'node:fs';
 import { dirname, join } from 'node:path';
 import type { BisectResult } from './run.js';
+import { expertText } from './experts.js';
 import type { StepCosine } from './steps.js';
 import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
@@ -91,6 +92,7 @@ export function summaryText(r: BisectResult): string {
     if (h.first) lines.push(`  first step:  ${stepText(h.first)}`);
     for (const b of h.boundaries) lines.push(`    ${b.value.padEnd(8)} ${b.from} → ${b.to}: max |value| ${num(b.maxAbs)} at ${b.maxAt}, past 65504 on ${b.overflowSteps} of ${b.steps} steps`);
   }
+  if (r.experts) lines.push(`  experts:     layer ${r.experts.layer}, from the cases that read each (${r.experts.graphs.join(', ')}): ${r.experts.figures.map((f) => expertText(f, r.fault?.threshold ?? r.thresholds.shipped)).join('; ')}`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   for (const w of r.warnings ?? []) lines.push(`  look at:     ${w.text}`);
@@ -186,6 +188,13 @@ export function bisectHtml(r: BisectResult): string {
       wrap: [0],
     }));
   }
+  if (r.experts) {
+    const x = r.experts, threshold = r.fault?.threshold ?? r.thresholds.shipped;
+    parts.push(`<h2 id="experts">Layer ${x.layer}'s experts</h2>`, `<p>The experts graph runs every layer with the experts the router chose; its cases of layer ${x.layer} (${esc(x.graphs.join(', '))}), one per decode step (a token's two experts together) and per prefill chunk and expert (one expert alone). An expert the shipped precision cannot hold fails every case that reads it; its partners only some.</p>`, table({
+      head: ['expert', 'cases that read it', `under ${threshold}`, 'alone', 'alone under', 'lowest cosine', ''],
+      rows: x.figures.map((f, i) => [String(f.expert), String(f.cases), String(f.failing), String(f.alone), String(f.aloneFailing), cos(f.minCosine), i === 0 && f.failing ? '✗' : '']),
+    }));
+  }
   if (r.quantOp) parts.push(...quantOpHtml(r.quantOp));
   else if (r.quantOpError) parts.push('<h2 id="quant-op">Op by op</h2>', `<p class="bad">The op probe failed: ${esc(r.quantOpError)}</p>`);
   const h = r.handoff;
@@ -235,6 +244,7 @@ export function bisectHtml(r: BisectResult): string {
       rows: [
         ...c.tensors.map((x) => [x.name, x.from, x.to]),
         ...(c.rescale ?? []).map((x) => [`ops under ${patternText(x.match)}`, 'as exported', `rescaled by ${x.scale}${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
+        ...(c.equalize ?? []).map((x) => [`expert ${patternText(x.match)}`, 'as in the checkpoint', `channels equalized${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
         ...(c.handoff ? [[`residual hand-off on ${r.arch}`, 'f16', c.handoff]] : []),
       ],
       wrap: [0, 2],

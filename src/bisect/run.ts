@@ -10,7 +10,7 @@ import { join, resolve } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { build, checkPrompts, defaultOut } from '../build.js';
 import { archSettings, loadRecipe } from '../recipe/load.js';
-import { baseScheme, shippedMinCosine, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
+import { baseScheme, shippedMinCosine, type Equalize, type PrecisionOverride, type Rescale } from '../recipe/schema.js';
 import type { EmulationResult } from '../gates/emulation.js';
 import { cacheRoot } from '../paths.js';
 import { silentProgress } from '../engine/progress.js';
@@ -45,6 +45,7 @@ import { firstRunDivergence, runDivergenceText, type RunDivergence } from './run
 import { readTraceMeta } from '../gates/trace.js';
 import type { TraceInput } from '../gates/trace-stage.js';
 import { familyConfig } from './family-config.js';
+import { blameExperts, expertEqualize, expertText, type ExpertFigure } from './experts.js';
 
 export const TARGETS = ['host', 'emulation', 'adb'] as const;
 
@@ -98,6 +99,8 @@ export interface BisectResult {
   faulty?: number[];
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
   steps?: StepScan;
+  /** A fault in a graph every layer shares (PhiMoE's experts): that layer's experts, worst first, from the scanned cases that read each. */
+  experts?: { layer: number; graphs: string[]; figures: ExpertFigure[] };
   /** Per layer, each variant's smallest cosine in the oracle gate (teacher-forced per graph). */
   layers: LayerFigures[];
   /** Per layer, the shipped precision's cosine with the layer gated alone. */
@@ -113,7 +116,7 @@ export interface BisectResult {
   /** The trials that restore the gate, cheapest first. */
   fixes: Trial[];
   chosen?: Trial;
-  applied?: { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[]; handoff?: 'f32' };
+  applied?: { file: string; overrides: PrecisionOverride[]; rescale?: Rescale[]; equalize?: Equalize[]; handoff?: 'f32' };
   /** --target emulation: the simulator gate's figures, and when it failed, the graph, the op and link compile/fp16. */
   simulator?: SimulatorFindings['simulator'];
   simFault?: SimulatorFindings['simFault'];
@@ -145,11 +148,11 @@ export interface ChainBuild { record: RunRecord; oracle?: OracleResult; emulatio
  * gate with `until: 'parity'` on `target` (default host) (cached stages), into a throwaway output dir
  * and returns the record with the gates' results (a failed gate's result is in the cache all the same).
  */
-export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; handoff?: 'f32'; prompts?: TraceInput[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
+export async function chainBuild(recipe: string, arch: string, o: { overrides?: PrecisionOverride[]; rescale?: Rescale[]; equalize?: Equalize[]; handoff?: 'f32'; prompts?: TraceInput[]; until?: 'oracle' | 'emulation' | 'parity'; target?: TargetSpec; verbose?: boolean; quiet: boolean }): Promise<ChainBuild> {
   // The build's own build/ folder goes to a temporary dir: out/<recipe>/<arch>/ keeps the user's last build.
   const out = mkdtempSync(join(tmpdir(), 'forge-bisect-'));
   try {
-    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.handoff ? { handoff: o.handoff } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
+    const common = { recipe, arch, out, verbose: o.verbose, ...(o.overrides ? { overrides: o.overrides } : {}), ...(o.rescale ? { rescale: o.rescale } : {}), ...(o.equalize ? { equalize: o.equalize } : {}), ...(o.handoff ? { handoff: o.handoff } : {}), ...(o.prompts ? { prompts: o.prompts } : {}), ...(o.quiet ? { progress: silentProgress } : {}) };
     const record = await build({ ...common, until: 'oracle' });
     // Ctrl-C stops the build (it kills its stages and says so): bisect stops with it, not at the next trial.
     if (record.status === 'interrupted') throw new Error(`forge bisect: ${record.error ?? 'interrupted'}`);
@@ -361,18 +364,21 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   // The outputs of the missed layer in the missed graph: the first step where any of them leaves tolerance.
   const variantRows = base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === miss.graph && (miss.layer === null ? r.output === miss.output : r.layer === String(miss.layer)));
   log(`first miss: ${where}, ${seen}; scanning its traced steps`);
-  const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-steps-'));
-  try {
-    result.steps = await scanSteps(recipe.family, ckpt, base.dirs.trace!, exportDir, miss.graph, variantRows.map((r) => r.output), miss.threshold, scratch);
-  } finally {
-    rmSync(scratch, { recursive: true, force: true });
-  }
+  // A graph every layer shares (PhiMoE's experts) is scanned on the missed layer's cases, as the gate reported it.
+  const graphsOf = (dir: string) => readJson<ExportManifest>(join(dir, GRAPHS_JSON)).contexts.flatMap((c) => c.graphs);
+  const sharedGraph = miss.layer !== null && graphsOf(exportDir).find((g) => g.name === miss.graph)?.first === undefined;
+  const scan = (graph: string, outputs: string[]) => {
+    const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-steps-'));
+    return scanSteps(recipe.family, ckpt, base.dirs.trace!, exportDir, graph, outputs, miss.threshold, scratch, sharedGraph ? miss.layer! : undefined)
+      .finally(() => rmSync(scratch, { recursive: true, force: true }));
+  };
+  result.steps = await scan(miss.graph, variantRows.map((r) => r.output));
   const at = result.steps.first ? `, first at prompt ${result.steps.first.prompt} step ${result.steps.first.step} (${result.steps.first.output} ${fmt(result.steps.first.cosine)}; ${result.steps.failing} of ${result.steps.cases.length} steps under)` : '';
 
   // One candidate rebuilt through the oracle gate (cached stages) and judged.
-  const tryOne = async (c: Candidate): Promise<Trial> => {
+  const tryOne = async (c: Candidate, extra: { equalize?: Equalize[] } = {}): Promise<Trial> => {
     const t = performance.now();
-    const r = await chain({ overrides: c.overrides, verbose: req.verbose, quiet: true });
+    const r = await chain({ overrides: c.overrides, ...extra, verbose: req.verbose, quiet: true });
     const seconds = (performance.now() - t) / 1000;
     const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
     log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
@@ -396,6 +402,33 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
       ? `${link}; ${result.fixes.length} of ${result.trials.length} candidates restore the gate, the cheapest: ${result.chosen.label} (+${result.chosen.addedBytes} bytes)`
       : `${link}; ${found ? `no candidate restores the gate (tried ${result.trials.map((t) => t.label).join(', ')})` : 'its matrices are already at fp32: nothing to promote'}`;
     if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides);
+    return finish();
+  }
+
+  if (sharedGraph) {
+    // The experts of one layer: which one fails the cases that read it (every shared graph of the layer scanned: decode steps mix two, prefill runs one alone).
+    const siblings = [...new Set(base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph !== miss.graph && r.layer === String(miss.layer)).map((r) => r.graph))]
+      .filter((g) => graphsOf(exportDir).find((x) => x.name === g)?.first === undefined);
+    const cases = [...result.steps.cases];
+    for (const g of siblings) cases.push(...(await scan(g, base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === g && r.layer === String(miss.layer)).map((r) => r.output))).cases);
+    const figures = blameExperts(cases, miss.threshold);
+    result.experts = { layer: miss.layer!, graphs: [miss.graph, ...siblings], figures };
+    result.layer = miss.layer!;
+    const bad = figures.filter((f) => f.failing);
+    const named = bad.length ? `; ${expertText(bad[0], miss.threshold)}${figures[1] ? ` (next: ${expertText(figures[1], miss.threshold)})` : ''}` : '';
+    log(`layer ${miss.layer}'s experts${named}`);
+    // The fix the host tables honour: the named expert's channels rebalanced (the same function), then the two worst together.
+    for (const picked of [bad.slice(0, 1), bad.slice(0, 2)].filter((x, i) => x.length > i)) {
+      const c = expertEqualize(miss.layer!, picked.map((f) => f.expert), `${miss.graph} layer ${miss.layer} ${seen}`);
+      if ((await tryOne(c, { equalize: c.equalize })).ok) break;
+    }
+    result.fixes = rank(result.trials);
+    result.chosen = result.fixes[0];
+    const link = `link quantization: the shipped ${settings.quant} graphs leave tolerance first at ${where}, ${seen}${at}, while fp32 holds (≥ ${thresholds.fp32}): layer ${miss.layer}'s experts${named}`;
+    result.verdict = result.chosen ? 'fixed' : 'unfixed';
+    result.message = result.chosen ? `${link}; fix: ${result.chosen.label} (no bytes added)`
+      : `${link}; ${result.trials.length ? `no candidate restores the gate (tried ${result.trials.map((t) => t.label).join(', ')}); ` : ''}every expert's rows are stored at one precision (${settings.quant}) in the host tables, which take no per-expert precision yet`;
+    if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, [], [], result.chosen.equalize);
     return finish();
   }
 

@@ -13,6 +13,7 @@ import { gateSessionOptions, writeGateModel } from '../gates/cpu-form.js';
 import { formOptions, gateForm, GATE_COPIES, runGateCases } from '../gates/oracle.js';
 import { compare } from '../gates/compare.js';
 import { familyConfig } from './family-config.js';
+import type { GateCase } from '../families/types.js';
 
 export interface StepCosine {
   prompt: number;
@@ -21,6 +22,8 @@ export interface StepCosine {
   cosine: number;
   /** The output that gave it. */
   output: string;
+  /** A graph every layer shares (PhiMoE's experts): the experts this case ran (GateCase.served). */
+  experts?: number[];
 }
 
 export interface StepScan {
@@ -33,15 +36,18 @@ export interface StepScan {
   first?: StepCosine;
   /** How many cases are under it. */
   failing: number;
+  /** A graph every layer shares: the one layer whose cases were scanned. */
+  layer?: number;
 }
 
 /**
  * Runs graph `graphName` of the export in `exportDir` over every traced case and compares
  * `outputs` (oracle row names: graph outputs and probe keys) with HF at each one. `scratch` holds the
- * gate's CPU-form copy of the graph and is removed after.
+ * gate's CPU-form copy of the graph and is removed after. `layer`: of a graph every layer shares
+ * (its cases say which layer they served), that layer's cases only.
  */
 export async function scanSteps(
-  familyId: FamilyId, checkpointDir: string, traceDir: string, exportDir: string, graphName: string, outputs: string[], threshold: number, scratch: string,
+  familyId: FamilyId, checkpointDir: string, traceDir: string, exportDir: string, graphName: string, outputs: string[], threshold: number, scratch: string, layer?: number,
 ): Promise<StepScan> {
   const { family, config } = familyConfig(familyId, checkpointDir);
   const manifest = JSON.parse(readFileSync(join(exportDir, GRAPHS_JSON), 'utf8')) as ExportManifest;
@@ -55,14 +61,14 @@ export async function scanSteps(
     const { path } = writeGateModel(join(exportDir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
     const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
     try {
-      await runGateCases(session, entry.file, family.gateCases(config, entry, trace, manifest.maxContext, exportDir), form, (c, output) => {
+      await runGateCases(session, entry.file, servedBy(family.gateCases(config, entry, trace, manifest.maxContext, exportDir), layer), form, (c, output) => {
         let worst: StepCosine | undefined;
         for (const [name, expected] of Object.entries(c.expected)) {
           if (!wanted.has(name)) continue;
           const cosine = compare(output(name), expected, c.masks?.[name]).cosine;
           if (!worst || cosine < worst.cosine) worst = { prompt: c.prompt, step: c.step, cosine, output: name };
         }
-        if (worst) cases.push(worst);
+        if (worst) cases.push(c.served ? { ...worst, experts: c.served.experts } : worst);
       });
     } finally {
       await session.release();
@@ -73,5 +79,9 @@ export async function scanSteps(
   }
   cases.sort((a, b) => a.prompt - b.prompt || a.step - b.step);
   const under = cases.filter((c) => c.cosine < threshold);
-  return { graph: graphName, outputs, threshold, cases, ...(under.length ? { first: under[0] } : {}), failing: under.length };
+  return { graph: graphName, outputs, threshold, cases, ...(under.length ? { first: under[0] } : {}), failing: under.length, ...(layer !== undefined ? { layer } : {}) };
+}
+
+async function* servedBy(cases: AsyncIterable<GateCase>, layer: number | undefined): AsyncIterable<GateCase> {
+  for await (const c of cases) if (layer === undefined || !c.served || c.served.layer === layer) yield c;
 }

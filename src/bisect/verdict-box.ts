@@ -3,6 +3,7 @@
 // multiplies, the proposed fix by tensor names, and whether a rebuild with it passed). The long
 // finding (`message`) follows below the box; every figure here comes from the same BisectResult.
 import type { BisectResult } from './run.js';
+import { expertText } from './experts.js';
 import type { Trial } from './fixes.js';
 import { shortName } from './fixes.js';
 import { divergenceText } from './runtime.js';
@@ -39,6 +40,7 @@ export function fixChanges(t: Trial, arch: string): string[] {
   return [
     ...t.tensors.map((x) => `${x.name}: ${x.from} → ${x.to}`),
     ...(t.rescale ?? []).map((x) => `rescale ${patternText(x.match)} by ${x.scale}`),
+    ...(t.equalize ?? []).map((x) => `equalize ${patternText(x.match)}'s channels`),
     ...(t.handoff ? [`residual hand-off ${t.handoff} on ${arch}`] : []),
   ];
 }
@@ -47,6 +49,7 @@ export function fixChanges(t: Trial, arch: string): string[] {
 export function fixCost(t: Trial): string {
   if (t.rescale) return `${t.addedOps ?? 0} op${t.addedOps === 1 ? '' : 's'} added, no weight bytes`;
   if (t.handoff) return `${t.handoffBytesPerToken} bytes per token of hand-off, no weight bytes`;
+  if (t.equalize) return 'no weight bytes, no ops';
   return `${sizeText(t.addedBytes)} of weights added`;
 }
 
@@ -77,6 +80,8 @@ function opRow(r: BisectResult): string | undefined {
     return `${q.node} (${q.op}${matrix}): cosine ${cos(q.cosine)} from inputs at ${cos(q.inputsCosine)}`;
   }
   if (r.op) return `${r.op.node} (${r.op.op}${r.op.scope ? `, in ${r.op.scope}` : ''}): ${r.op.why}`;
+  const e = r.experts?.figures[0];
+  if (e?.failing) return `the experts graph on layer ${r.experts!.layer}'s ${expertText(e, r.fault?.threshold ?? r.thresholds.shipped)}`;
   return undefined;
 }
 

@@ -8,7 +8,7 @@ import { readFileSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import type { StageModule } from '../engine/stage.js';
-import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
+import type { Equalize, FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
 import { PrecisionChooser, PRECISION_JSON, type PrecisionMap } from '../quant/precision.js';
 import { openCheckpoint, type Checkpoint } from '../io/checkpoint.js';
 import { GraphBuilder, type RescaleRule } from '../onnx/builder.js';
@@ -48,6 +48,8 @@ export interface ExportParams {
   overrides?: PrecisionOverride[];
   /** The recipe's exact op rescalings (RescaleRule: an op scope pattern and a power of two), the shipped export only. */
   rescale?: RescaleRule[];
+  /** The recipe's experts rebalanced before quantization (the made tables honour them), the shipped export only. */
+  equalize?: Equalize[];
 }
 
 /** A host table: the tensor's fp16 form, alone in its file. */
@@ -130,7 +132,11 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
   const shared = tables.find((t) => f16Read.has(t.tensor));
   const copy = shared ? new F16Copy(shared.tensor, new ExternalDataWriter(join(out, tableFile(shared)), { align: 1 })) : undefined;
   const usedRescales = new Set<RescaleRule>();
+  const made = family.madeTables?.(config, p.scheme, p.equalize);
+  // A rule that picks no expert is a typo or a family without experts: said before any graph is written, not ignored.
+  const unmatched = p.equalize?.length ? made?.unmatched ?? p.equalize : [];
   try {
+    if (unmatched.length) throw new Error(`equalize ${unmatched.map((r) => JSON.stringify(r.match)).join(', ')} match no expert of this ${p.family} model (patterns match "layers.<L>.experts.<E>"; only mixture-of-experts families have experts to equalize)`);
     const contexts: ContextEntry[] = [];
     for (const c of components) {
       const variants = c.variants.filter((v) => !dropped.has(graphName(c.name, v.name)));
@@ -146,7 +152,7 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
     if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms and gated MLPs, as "layers\\.2/mlp", are rescalable)`);
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, ...(p.image ? { image: p.image } : {}), ...(p.audio ? { audio: p.audio } : {}), contexts };
     if (links?.files().length) manifest.linked = links.files();
-    const made = family.madeTables?.(config, p.scheme);
+    if (made?.equalized?.length) ui.log(`equalized before quantization: ${made.equalized.join(', ')}`);
     if (made?.tables.length) {
       await made.write(ckpt, (name) => join(out, madeTableFile(made.tables.find((t) => t.name === name)!)));
       manifest.madeTables = made.tables.map((t) => ({ ...t, file: madeTableFile(t) }));

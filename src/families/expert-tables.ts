@@ -8,7 +8,7 @@ import type { Checkpoint } from '../io/checkpoint.js';
 import { ExternalDataWriter } from '../onnx/external.js';
 import { quantizeRows } from '../quant/w8.js';
 import { f32ToF16Bits } from '../io/dtype.js';
-import type { QuantScheme } from '../recipe/schema.js';
+import type { Equalize, QuantScheme } from '../recipe/schema.js';
 import { MADE_DTYPES, type MadeTable, type MadeTables, type TensorSpec } from './types.js';
 
 /** One expert matrix of a table: the checkpoint tensors stacked (row-wise, in order) into its rows. */
@@ -33,8 +33,60 @@ export const EXPERT_ROW_DTYPE: Record<QuantScheme, MadeTable['dtype']> = { w8: '
 /** Schemes whose expert rows are int8 with one float32 scale per row (see EXPERT_ROW_DTYPE). */
 export const int8Rows = (scheme: QuantScheme) => EXPERT_ROW_DTYPE[scheme] === 'int8';
 
-/** The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`. */
-export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme): MadeTables {
+/** What an `equalize` rule's pattern is matched against. */
+export const expertId = (layer: number, expert: number) => `layers.${layer}.experts.${expert}`;
+
+/**
+ * The pair of an expert's matrices whose intermediate channels can be rebalanced exactly: `up`'s rows
+ * from `upRow` on (one per channel) scale the intermediate linearly, `down`'s columns read it.
+ */
+export interface EqualizePair { up: string; upRow: number; down: string; channels: number }
+
+/**
+ * Rebalances intermediate channel j between `up`'s row j (its rows [channels, upCols], from row 0)
+ * and `down`'s column j ([downRows, channels]): the row × s_j, the column ÷ s_j, s_j a power of two
+ * (exact in float) nearest the geometric mean of the column's range over the columns' median and the
+ * row's median over its range: outlier columns come down to their neighbours' range, the row takes
+ * the factor, which its own int8 row scale absorbs. Returns how many channels moved. Pure.
+ */
+export function equalizeChannels(up: Float32Array, upCols: number, down: Float32Array, channels: number): number {
+  const downRows = down.length / channels;
+  const colMax = Float64Array.from({ length: channels }, (_, j) => {
+    let m = 0;
+    for (let r = 0; r < downRows; r++) m = Math.max(m, Math.abs(down[r * channels + j]));
+    return m;
+  });
+  const rowMax = Float64Array.from({ length: channels }, (_, j) => {
+    let m = 0;
+    for (let k = 0; k < upCols; k++) m = Math.max(m, Math.abs(up[j * upCols + k]));
+    return m;
+  });
+  const median = (x: Float64Array) => {
+    const v = [...x].filter((a) => a > 0).sort((a, b) => a - b);
+    return v.length ? v[v.length >> 1] : 0;
+  };
+  const [ma, mb] = [median(colMax), median(rowMax)];
+  let moved = 0;
+  for (let j = 0; j < channels; j++) {
+    if (!(colMax[j] > 0 && rowMax[j] > 0 && ma > 0 && mb > 0)) continue;
+    const k = Math.round(0.5 * Math.log2((colMax[j] / ma) * (mb / rowMax[j])));
+    if (k === 0) continue;
+    const s = 2 ** k;
+    for (let c = 0; c < upCols; c++) up[j * upCols + c] *= s;
+    for (let r = 0; r < downRows; r++) down[r * channels + j] /= s;
+    moved++;
+  }
+  return moved;
+}
+
+/**
+ * The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`;
+ * the experts `equalize.experts` picks have their `equalize.pair` rebalanced first (equalizeChannels).
+ */
+export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme, equalize?: { pair: EqualizePair; rules: readonly Equalize[] }): MadeTables {
+  const rules = (equalize?.rules ?? []).map((rule) => ({ rule, re: new RegExp(`^(?:${rule.match})$`) }));
+  const picked = (l: number, e: number) => rules.some((r) => r.re.test(expertId(l, e)));
+  const equalized = Array.from({ length: layers * experts }, (_, i) => expertId(Math.floor(i / experts), i % experts)).filter((id) => rules.some((r) => r.re.test(id)));
   const tables: MadeTable[] = [];
   for (const m of matrices) {
     tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: EXPERT_ROW_DTYPE[scheme] });
@@ -45,11 +97,13 @@ export function expertTables(matrices: ExpertMatrix[], layers: number, experts: 
   return {
     tables,
     reads,
+    ...(rules.length ? { equalized, unmatched: rules.filter((r) => !equalized.some((id) => r.re.test(id))).map((r) => r.rule) } : {}),
     async write(ckpt: Checkpoint, fileOf: (table: string) => string): Promise<void> {
       const sinks = new Map(tables.map((t) => [t.name, new ExternalDataWriter(fileOf(t.name), { align: 1 })]));
       try {
         for (let l = 0; l < layers; l++) {
           for (let e = 0; e < experts; e++) {
+            const read = new Map<string, Float32Array>();
             for (const m of matrices) {
               const rows = new Float32Array(m.rows * m.cols);
               let at = 0;
@@ -58,6 +112,15 @@ export function expertTables(matrices: ExpertMatrix[], layers: number, experts: 
                 rows.set(await ckpt.readRows(t.name, 0, t.rows), at * m.cols);
                 at += t.rows;
               }
+              read.set(m.name, rows);
+            }
+            if (equalize && picked(l, e)) {
+              const { up, upRow, down, channels } = equalize.pair;
+              const cols = matrices.find((m) => m.name === up)!.cols;
+              equalizeChannels(read.get(up)!.subarray(upRow * cols, (upRow + channels) * cols), cols, read.get(down)!, channels);
+            }
+            for (const m of matrices) {
+              const rows = read.get(m.name)!;
               const sink = sinks.get(m.name)!;
               if (int8Rows(scheme)) {
                 const q = new Int8Array(rows.length);

@@ -144,7 +144,7 @@ async function* expertsCases(c: PhimoeConfig, trace: Trace, dir: string): AsyncG
           routing: f32(await trace.get(p, t, `expert_weights.${l}`), [2]),
         };
         for (const slot of [0, 1]) feedRows(feeds, slot, l, ids[slot]);
-        yield { prompt: p, step: t, feeds, expected: { hidden_out: await trace.get(p, t, `moe_out.${l}`) } };
+        yield { prompt: p, step: t, feeds, expected: { hidden_out: await trace.get(p, t, `moe_out.${l}`) }, served: { layer: l, experts: ids } };
       }
     }
   }
@@ -179,7 +179,7 @@ async function* expertsPrefillCases(c: PhimoeConfig, entry: GraphEntry, trace: T
           });
           const feeds: Record<string, Feed> = { acc: f32(new Float32Array(n * H), [1, n, H]), moe_in: f32(moeIn, [1, n, H]), routing: f32(routing, [n]) };
           feedRows(feeds, 0, l, e);
-          yield { prompt: p, step: start, feeds, expected: { hidden_out: expected }, ...(valid < n ? { masks: { hidden_out: rowMask(1, n, H, valid) } } : {}) };
+          yield { prompt: p, step: start, feeds, expected: { hidden_out: expected }, ...(valid < n ? { masks: { hidden_out: rowMask(1, n, H, valid) } } : {}), served: { layer: l, experts: [e] } };
         }
       }
     }

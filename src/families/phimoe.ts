@@ -127,7 +127,8 @@ export const phimoe: Family<PhimoeConfig> = {
   parseConfig: parsePhimoeConfig,
   numLayers: (c) => c.layers,
   hostTables: (c) => [{ name: 'embedding', use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
-  madeTables: (c, scheme) => expertTables(expertMatrices(c), c.layers, c.experts, scheme),
+  // w3's rows (after w1's in the gate_up table) scale the intermediate linearly; w2's columns read it.
+  madeTables: (c, scheme, equalize) => expertTables(expertMatrices(c), c.layers, c.experts, scheme, { pair: { up: EXPERT_TABLES.gateUp, upRow: c.ffn, down: EXPERT_TABLES.down, channels: c.ffn }, rules: equalize ?? [] }),
   hostOpParams: (c) => ({ experts: c.experts, top_k: 2, router_jitter_eps: c.jitterEps }),
   components,
   gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),

@@ -1,6 +1,6 @@
 // What every family module provides. Everything model-specific lives in src/families/<family>.ts;
 // the rest of forge sees only this interface.
-import type { FamilyId, QuantScheme } from '../recipe/schema.js';
+import type { Equalize, FamilyId, QuantScheme } from '../recipe/schema.js';
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { WeightStore } from '../quant/weights.js';
@@ -86,7 +86,7 @@ export interface Family<C> {
    * Tables made from several checkpoint tensors in a component scheme (PhiMoE's expert rows): every
    * export writes them beside its graphs, which are fed from them.
    */
-  madeTables?(config: C, scheme: QuantScheme): MadeTables;
+  madeTables?(config: C, scheme: QuantScheme, equalize?: readonly Equalize[]): MadeTables;
   /** Numbers the host-op needs beyond the graphs (a router's jitter eps …), written into the manifest. */
   hostOpParams?(config: C, layout?: Pick<ComponentLayout, 'image' | 'audio'>): Record<string, number | string | boolean>;
   /**
@@ -132,6 +132,9 @@ export interface MadeTables {
   reads: TensorSpec[];
   /** Writes every table, each to `fileOf(name)`, in one pass over the checkpoint; nothing half-written on failure. */
   write(ckpt: Checkpoint, fileOf: (table: string) => string): Promise<void>;
+  /** The experts the recipe's `equalize` rules picked (`layers.2.experts.1`), and the rules that picked none. */
+  equalized?: string[];
+  unmatched?: Equalize[];
 }
 
 /**
@@ -301,6 +304,11 @@ export interface GateCase {
    * cosine but not counted in top-1.
    */
   placeholder?: boolean;
+  /**
+   * A graph every layer shares (PhiMoE's experts): the layer this case ran for, and the experts it
+   * was fed. The gate reports such a graph per layer, and bisect names an expert from them.
+   */
+  served?: { layer: number; experts: number[] };
 }
 
 /** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */

@@ -77,14 +77,18 @@ export function top1(actual: ArrayLike<number>, expected: ArrayLike<number>, voc
   return { agree, rows };
 }
 
-/** Which layer a graph output (new_k_3, new_rec_state_3 → 'rec state', hidden_out) or probe (h.4) belongs to, for the per-layer table. */
-export function layerOf(name: string, last?: number): { layer: string; what: string } {
+/**
+ * Which layer a graph output (new_k_3, new_rec_state_3 → 'rec state', hidden_out) or probe (h.4) belongs to, for the per-layer table;
+ * `own`: the layer of a one-layer graph (first = last), which its other outputs belong to.
+ */
+export function layerOf(name: string, last?: number, own?: number): { layer: string; what: string } {
   const io = parseStateOutput(name);
   if (io) return { layer: String(io.layer), what: io.recurrent ? `${io.kind} state` : `${io.kind} cache row` };
   const m = /^h\.(\d+)$/.exec(name);
   if (m) return { layer: String(Number(m[1]) - 1), what: 'residual out' };
   if (name === 'hidden_out') return { layer: last !== undefined ? String(last) : '-', what: 'shard output' };
-  return { layer: '-', what: name };
+  // A one-layer graph's other outputs (PhiMoE's attn_res, moe_in, router_logits) are its layer's.
+  return { layer: own !== undefined ? String(own) : '-', what: name };
 }
 
 export interface OutputTally {

@@ -177,6 +177,13 @@ export async function runGateCases(
   if (batch.length) await run(batch);
 }
 
+/** A shared graph's output is tallied per layer it served (`hidden_out@3`): one row per layer. */
+const servedKey = (name: string, c: GateCase) => (c.served ? `${name}@${c.served.layer}` : name);
+function servedOf(key: string): { output: string; layer: number } | undefined {
+  const m = /^(.*)@(\d+)$/.exec(key);
+  return m ? { output: m[1], layer: Number(m[2]) } : undefined;
+}
+
 async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, form: GateForm, chain: StepChain, half?: StepChain) {
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
@@ -188,7 +195,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
-      for (const [name, expected] of Object.entries(c.expected)) tally.add(name, output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}`, c.masks?.[name], !c.placeholder);
+      for (const [name, expected] of Object.entries(c.expected)) tally.add(servedKey(name, c), output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}${c.served ? ` layer ${c.served.layer}` : ''}`, c.masks?.[name], !c.placeholder);
       if (firstLink) {
         chain.record(entry, c, output);
         half?.record(entry, c, output);
@@ -279,8 +286,10 @@ export async function runOracleGate(
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       let graphMin = Infinity;
       let graphOk = true;
-      for (const [output, a] of r.acc) {
-        const { layer, what } = layerOf(output in g.probes ? g.probes[output].name : output, g.last);
+      for (const [key, a] of r.acc) {
+        const served = servedOf(key);
+        const output = served?.output ?? key;
+        const { layer, what } = served ? { layer: String(served.layer), what: 'its output for this layer' } : layerOf(output in g.probes ? g.probes[output].name : output, g.last, g.first === g.last ? g.first : undefined);
         const rowOk = a.minCosine >= v.minCosine && !a.nonFinite;
         rows.push({ variant, graph: g.name, layer, output, what, minCosine: a.minCosine, maxAbs: a.maxAbs, worst: a.worst, ...(a.nonFinite ? { nonFinite: a.nonFinite } : {}), ok: rowOk });
         graphMin = Math.min(graphMin, a.minCosine);

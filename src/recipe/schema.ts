@@ -137,6 +137,25 @@ export const RescaleSchema = z.object({
 }).strict();
 export type Rescale = z.infer<typeof RescaleSchema>;
 
+/**
+ * An exact rebalancing of one expert's channels before it is quantized (forge bisect's fix for an
+ * expert W8 cannot hold): `match` is a pattern over `layers.<L>.experts.<E>`; intermediate channel j
+ * gets its up-projection row multiplied by a power of two s_j and its down-projection column
+ * divided by it, s_j chosen so the down-projection's columns have like ranges (the same function:
+ * the expert is linear in its up row). The experts' host tables honour it; nothing else moves.
+ */
+export const EqualizeSchema = z.object({
+  match: z.string().min(1).superRefine((m, ctx) => {
+    try {
+      new RegExp(`^(?:${m})$`);
+    } catch (e) {
+      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
+    }
+  }),
+  why: z.string().trim().min(1).optional(),
+}).strict();
+export type Equalize = z.infer<typeof EqualizeSchema>;
+
 const layerRange = z
   .tuple([z.number().int().nonnegative(), z.number().int().nonnegative()])
   .refine(([a, b]) => a <= b, 'a layer range is [first, last] with first <= last');
@@ -156,6 +175,8 @@ export const ArchSettingsPatchSchema = z.object({
   overrides: z.array(PrecisionOverrideSchema),
   /** Exact op rescalings in the shipped graphs (RescaleSchema), for values fp16 cannot hold. */
   rescale: z.array(RescaleSchema),
+  /** Experts whose channels are rebalanced before quantization (EqualizeSchema), in the host tables. */
+  equalize: z.array(EqualizeSchema),
   lmHead: LmHeadSchema,
   maxContext: z.number().int().positive(),
   /** Tokens per prefill graph call (AR-N); 0 means decode-over-prompt only. */
@@ -190,6 +211,7 @@ export const ARCH_SETTING_DEFAULTS = {
   quant: 'w8',
   overrides: [],
   rescale: [],
+  equalize: [],
   lmHead: { placement: 'separate', quant: 'fp16' },
   maxContext: 512,
   prefillLength: 32,

@@ -1,4 +1,4 @@
-// Checkpoints that compute what their source computes but hold one op fp16 cannot (a Qwen3 twin). On
+// Checkpoints that compute what their source computes but hold one op fp16 cannot (a Qwen3 or Gemma-4 twin). On
 // the HTP, which runs float graphs in fp16 (max 65504), that op overflows; fp32 on the CPU is fine.
 // Every factor is a power of two: exact in bf16, and W8's per-row scale takes it whole.
 import { cpSync, readdirSync } from 'node:fs';
@@ -23,7 +23,12 @@ export async function makeFp16Hostile(src: string, out: string, layer: number, f
  * (the drift of the hand-made Gemma-4 audio path, planted).
  */
 export async function makeMlpFp16Hostile(src: string, out: string, layer: number, factor = 2 ** 13): Promise<void> {
-  const at = (m: string) => `model.layers.${layer}.mlp.${m}.weight`;
+  // A text decoder's layers are under model.layers (Qwen3) or model.language_model.layers (Gemma-4).
+  const ckpt = await openCheckpoint(src);
+  const prefix = ckpt.names().find((n) => n.endsWith(`layers.${layer}.mlp.up_proj.weight`))?.replace(/mlp\.up_proj\.weight$/, '');
+  await ckpt.close();
+  if (!prefix) throw new Error(`${src} has no layers.${layer}.mlp.up_proj.weight`);
+  const at = (m: string) => `${prefix}mlp.${m}.weight`;
   await rewrite(src, out, factor, { [at('up_proj')]: (data) => scaleAll(data, factor), [at('down_proj')]: (data) => scaleAll(data, 1 / factor) });
 }
 

@@ -84,3 +84,35 @@ export async function makeLmHeadW4Hostile(src: string, out: string, scale = 16):
     await ckpt.close();
   }
 }
+
+/**
+ * One expert of a PhiMoE twin that W8 cannot take, the same function: in layer `layer`'s expert
+ * `expert`, intermediate channel 0 gets w3's row divided by `scale` and w2's column multiplied by it
+ * (the expert is w2·(silu(w1·x) ⊙ w3·x), linear in w3's row). Every row of w2 then holds one
+ * outlier, and its int8 row scale rounds the row's other weights to a few codes.
+ */
+export async function makeExpertW8Hostile(src: string, out: string, layer: number, expert: number, scale = 256): Promise<void> {
+  if (Math.log2(scale) % 1 !== 0) throw new Error(`scale ${scale} is not a power of two: the checkpoint's function would move`);
+  cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
+  const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
+  if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
+  const at = (w: string) => `model.layers.${layer}.block_sparse_moe.experts.${expert}.${w}.weight`;
+  const ckpt = await openCheckpoint(src);
+  try {
+    if (!ckpt.names().includes(at('w2'))) throw new Error(`${src}: no ${at('w2')}`);
+    const tensors: TensorWithData[] = [];
+    for (const name of ckpt.names()) {
+      const info = ckpt.info(name);
+      const data = await ckpt.readF32(name);
+      const [rows, cols] = info.shape;
+      if (name === at('w3')) for (let c = 0; c < cols; c++) data[c] /= scale;
+      if (name === at('w2')) for (let r = 0; r < rows; r++) data[r * cols] *= scale;
+      const dtype = info.dtype;
+      if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
+      tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
+    }
+    await writeSafetensors(join(out, files[0]), tensors);
+  } finally {
+    await ckpt.close();
+  }
+}

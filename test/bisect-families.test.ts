@@ -1,0 +1,142 @@
+// forge bisect beyond the decoders it was first written for: on every family's twin recipe a healthy
+// build is "no fault" from the cache; on PhiMoE, whose experts run in one graph every layer shares
+// (host-routed, fed from host tables), a W8-hostile expert is named by layer and expert and fixed by
+// rebalancing its channels in the host tables (the same function), which --apply writes and a plain
+// build then passes. Plus the pure parts: naming the expert from the cases that read it, and the
+// rebalancing keeping the expert's function. Runs late (test/sequencer.ts): the family tests have
+// built these twins by then, so the healthy runs read their stages from the run's cache.
+import { describe, it, expect, beforeAll } from 'vitest';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { pathToFileURL } from 'node:url';
+import { forge, lastJson } from './helpers/forge-cli.js';
+import { makeExpertW8Hostile } from './helpers/w4-hostile.js';
+import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { twinDir } from './helpers/twin.js';
+import { dumpDom } from '../src/toolchain/chromium.js';
+import { blameExperts } from '../src/bisect/experts.js';
+import { equalizeChannels } from '../src/families/expert-tables.js';
+import type { BisectResult } from '../src/bisect/run.js';
+
+let work: string;
+let recipes: string;
+beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-families-')));
+
+const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
+
+describe('forge bisect on every family', () => {
+  it.each(['tiny-qwen3.5', 'tiny-phimoe', 'tiny-gemma4', 'tiny-qwen3-vl'])('says "no fault" on healthy %s, from the cache', async (id) => {
+    const args = ['bisect', id, '--arch', 'v81', '--json', '--out', join(work, `healthy-${id}`)];
+    // The first run builds what the family's own tests have not (nothing, in the full suite).
+    const first = await forge(args, { FORGE_RECIPES: recipes });
+    expect(first.code, first.stderr).toBe(0);
+    const t = performance.now();
+    const run = await forge(args, { FORGE_RECIPES: recipes });
+    const seconds = (performance.now() - t) / 1000;
+    expect(run.code, run.stderr).toBe(0);
+    expect(run.stderr).not.toMatch(/\n\s+at /);
+    const b = lastBisect(run.stdout);
+    expect(b.verdict).toBe('no-fault');
+    expect(b.message).toMatch(/^no fault: every graph within tolerance/);
+    // …and the native runtime on this CPU, with its own caches, follows HF too.
+    expect(b.runtime!.parity.holds).toBe(true);
+    expect(b.build.stages.every((s) => s.status === 'cached')).toBe(true);
+    expect(b.trials).toEqual([]);
+    console.log(`[measured] bisect on healthy ${id} (v81), everything cached: ${seconds.toFixed(1)} s for the command, ${b.seconds.toFixed(1)} s inside it; drift ${b.drift?.notScanned ? 'not scanned' : `${b.drift?.steps.length} steps`}`);
+  }, 900_000);
+
+  it('names the W8-hostile expert of a PhiMoE layer, and its channels equalized in the host tables, applied, make the build pass', async () => {
+    const LAYER = 2, EXPERT = 1;
+    const hostile = join(work, 'expert-hostile');
+    await makeExpertW8Hostile(await twinDir('phimoe'), hostile, LAYER, EXPERT);
+    const id = 'tiny-phimoe-hostile-expert';
+    const recipeFile = writeRecipeVariant(recipes, 'tiny-phimoe', id, (r) => void (r.source = { kind: 'local', path: hostile }));
+    const out = join(work, 'bisect-expert');
+    const run = await forge(['bisect', id, '--arch', 'v81', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
+    expect(run.code, run.stderr).toBe(0);
+    const b = lastBisect(run.stdout);
+    // The experts graph is left at the hostile expert's layer, not blamed on the lm-head.
+    expect(b.fault).toMatchObject({ link: 'quantization', variant: 'quantize:w8', graph: 'experts', layer: LAYER });
+    expect(b.layer).toBe(LAYER);
+    // The expert: every case that reads it fails, alone included; no other expert's alone case does.
+    const [worst, ...others] = b.experts!.figures;
+    expect(worst).toMatchObject({ expert: EXPERT });
+    expect(worst.failing).toBe(worst.cases);
+    expect(worst.alone).toBeGreaterThan(0);
+    for (const f of others) expect(f.aloneFailing, `expert ${f.expert}`).toBe(0);
+    expect(b.message).toContain(`layer ${LAYER}'s experts; expert ${EXPERT}:`);
+    // The fix: that expert's channels rebalanced, no bytes added, gated by the oracle.
+    expect(b.verdict).toBe('fixed');
+    expect(b.chosen).toMatchObject({ ok: true, addedBytes: 0, tensors: [], overrides: [] });
+    expect(b.chosen!.equalize).toEqual([expect.objectContaining({ match: `layers\\.${LAYER}\\.experts\\.${EXPERT}` })]);
+    expect(b.chosen!.minCosine).toBeGreaterThanOrEqual(b.thresholds.shipped);
+    console.log(`[measured] bisect on tiny-phimoe with layer ${LAYER} expert ${EXPERT} W8-hostile: first miss ${b.fault!.graph} layer ${b.fault!.layer} ${b.fault!.cosine.toFixed(5)}; experts ${b.experts!.figures.map((f) => `${f.expert}: ${f.failing}/${f.cases} (alone ${f.aloneFailing}/${f.alone}) ${f.minCosine.toFixed(5)}`).join('; ')}; ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+
+    // --apply wrote the line into the recipe; a plain build through the runtime's parity gate passes with it.
+    expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.equalize).toEqual(b.chosen!.equalize);
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'parity', '--json', '--out', join(work, 'rebuilt-expert')], { FORGE_RECIPES: recipes });
+    const rec = lastJson(rebuilt.stdout);
+    expect(rec.gates.oracle.ok, rebuilt.stderr).toBe(true);
+    expect(rec.gates.parity.ok, rebuilt.stderr).toBe(true);
+    expect(rec.stages.find((s: { name: string }) => s.name === 'oracle').status).toBe('cached');
+    const again = await forge(['bisect', id, '--arch', 'v81', '--out', join(work, 'bisect-expert-again')], { FORGE_RECIPES: recipes });
+    expect(again.code, again.stderr).toBe(0);
+    expect(again.stdout).toMatch(/no fault: every graph within tolerance/);
+
+    const dom = await dumpDom(pathToFileURL(join(out, 'bisect.html')).href, join(work, 'chromium-profile'));
+    expect(dom).toContain(`Layer ${LAYER}'s experts`);
+    expect(dom).toContain(`equalize layers.${LAYER}.experts.${EXPERT}'s channels`);
+  }, 900_000);
+
+  it('refuses an equalize line that picks no expert, naming it, before any graph is written', async () => {
+    const id = 'tiny-qwen3-equalize';
+    writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => void (r.arch.default.equalize = [{ match: 'layers\\.1\\.experts\\.0' }]));
+    const r = await forge(['build', id, '--arch', 'v81', '--until', 'quantize', '--out', join(work, 'equalize-refused')], { FORGE_RECIPES: recipes });
+    expect(r.code).toBe(1);
+    expect(r.stdout + r.stderr).toMatch(/equalize "layers\\\\\.1\\\\\.experts\\\\\.0" match no expert of this qwen3 model/);
+  }, 300_000);
+});
+
+describe('bisect on experts, the pure parts', () => {
+  it('names the expert whose cases fail, by its cases alone where it ran alone, not the partners that share some of its failures', () => {
+    const c = (experts: number[], cosine: number) => ({ prompt: 0, step: 0, output: 'hidden_out', cosine, experts });
+    const f = blameExperts([c([3, 0], 0.9), c([3, 1], 0.91), c([0, 1], 0.9999), c([2, 3], 0.8), c([3], 0.7), c([0], 0.99995), c([0, 2], 0.9999)], 0.999);
+    // Expert 0 ran alone and held, so it ranks under expert 1, which never ran alone.
+    expect(f.map((x) => x.expert)).toEqual([3, 2, 1, 0]);
+    expect(f[0]).toMatchObject({ cases: 4, failing: 4, alone: 1, aloneFailing: 1, minCosine: 0.7 });
+    // Expert 2 ran with 3 once (a failure) and with 0 once: half its cases fail, none alone.
+    expect(f[1]).toMatchObject({ cases: 2, failing: 1, alone: 0 });
+  });
+
+  it("rebalances an expert's outlier channel by a power of two and keeps its function", () => {
+    const [ch, upCols, downRows] = [8, 4, 6];
+    const rnd = (n: number, seed: number) => Float32Array.from({ length: n }, (_, i) => Math.sin(seed * 97 + i * 13.7) * 0.5);
+    const up = rnd(ch * upCols, 1), down = rnd(downRows * ch, 2);
+    // Channel 5: the up row ÷ 256, the down column × 256 (the planted hostility).
+    for (let k = 0; k < upCols; k++) up[5 * upCols + k] /= 256;
+    for (let r = 0; r < downRows; r++) down[r * ch + 5] *= 256;
+    const x = rnd(upCols, 3), gate = rnd(ch, 4);
+    const expert = (u: Float32Array, d: Float32Array) => Array.from({ length: downRows }, (_, r) => {
+      let y = 0;
+      for (let j = 0; j < ch; j++) {
+        let h = 0;
+        for (let k = 0; k < upCols; k++) h += u[j * upCols + k] * x[k];
+        y += d[r * ch + j] * gate[j] * h;
+      }
+      return y;
+    });
+    const before = expert(up, down);
+    const [u, d] = [up.slice(), down.slice()];
+    expect(equalizeChannels(u, upCols, d, ch)).toBeGreaterThanOrEqual(1);
+    const colMax = (m: Float32Array, j: number) => Math.max(...Array.from({ length: downRows }, (_, r) => Math.abs(m[r * ch + j])));
+    expect(colMax(d, 5)).toBeLessThan(colMax(down, 5) / 64);
+    expect(colMax(d, 5)).toBeLessThan(4 * Math.max(...[0, 1, 2, 3, 4, 6, 7].map((j) => colMax(d, j))));
+    const after = expert(u, d);
+    for (let r = 0; r < downRows; r++) expect(after[r]).toBeCloseTo(before[r], 6);
+    // An expert without outliers is left as it is.
+    const [u2, d2] = [rnd(ch * upCols, 5), rnd(downRows * ch, 6)];
+    const copy = d2.slice();
+    equalizeChannels(u2, upCols, d2, ch);
+    expect(Math.max(...Array.from(d2, (v, i) => Math.abs(v / copy[i])))).toBeLessThanOrEqual(2);
+  });
+});
