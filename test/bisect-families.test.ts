@@ -6,14 +6,13 @@
 // rebalancing keeping the expert's function. Runs late (test/sequencer.ts): the family tests have
 // built these twins by then, so the healthy runs read their stages from the run's cache.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { readFileSync } from 'node:fs';
+import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
-import { pathToFileURL } from 'node:url';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeExpertW8Hostile } from './helpers/w4-hostile.js';
 import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 import { twinDir } from './helpers/twin.js';
-import { dumpDom } from '../src/toolchain/chromium.js';
+import { pageLayout } from './helpers/page-layout.js';
 import { blameExperts } from '../src/bisect/experts.js';
 import { equalizeChannels } from '../src/families/expert-tables.js';
 import type { BisectResult } from '../src/bisect/run.js';
@@ -83,9 +82,13 @@ describe('forge bisect on every family', () => {
     expect(again.code, again.stderr).toBe(0);
     expect(again.stdout).toMatch(/no fault: every graph within tolerance/);
 
-    const dom = await dumpDom(pathToFileURL(join(out, 'bisect.html')).href, join(work, 'chromium-profile'));
-    expect(dom).toContain(`Layer ${LAYER}'s experts`);
-    expect(dom).toContain(`equalize layers.${LAYER}.experts.${EXPERT}'s channels`);
+    // bisect.html at a laptop's 1280 px: the verdict box names the expert and the fix, no horizontal scroll.
+    mkdirSync(join(work, 'page-expert'));
+    const page = await pageLayout(readFileSync(join(out, 'bisect.html'), 'utf8'), join(work, 'page-expert'), '#verdict');
+    expect(page.scrollWidth).toBeLessThanOrEqual(1280);
+    expect(page.dom).toContain(`Layer ${LAYER}'s experts`);
+    expect(page.dom).toContain(`layer ${LAYER}'s expert ${EXPERT}:`);
+    expect(page.dom).toContain(`equalize layers.${LAYER}.experts.${EXPERT}'s channels`);
   }, 900_000);
 
   it('refuses an equalize line that picks no expert, naming it, before any graph is written', async () => {

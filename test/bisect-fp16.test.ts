@@ -3,7 +3,9 @@
 // q_norm's square of q no longer fits fp16) — holds on the CPU and leaves tolerance on the x86 HTP
 // simulator. bisect names the graph, the op (layers.2/self_attn.q_norm/Mul, found by a probe variant
 // run on the simulator beside the CPU), the link compile/fp16 and an exact rescale that --apply writes
-// and with which the plain build's simulator gate passes. A healthy twin is "no fault" on the simulator, quickly from the cache.
+// and with which the plain build's simulator gate passes. The same for an MLP whose intermediate
+// leaves fp16, planted in the Gemma-4 twin: down_proj named, the MLP rescaled exactly. A healthy twin
+// is "no fault" on the simulator, quickly from the cache.
 // Plus the pure parts: the rewrite is the same function, the candidates and their scale.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { existsSync, readFileSync } from 'node:fs';
@@ -27,13 +29,16 @@ let recipes: string;
 beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-fp16-')));
 
 /**
- * A planted twin as recipe `id` (tiny-qwen3 with its checkpoint and `prompts` of the recipe's, 8 new
- * tokens: the simulator's time goes with the steps), bisected on the simulator with --apply.
+ * A planted twin as recipe `id` (`base` with its checkpoint and `prompts` of the recipe's, one image
+ * and one clip prompt at most, 8 new tokens: the simulator's time goes with the steps), bisected on
+ * the simulator with --apply.
  */
-async function bisectPlanted(id: string, checkpoint: string, prompts: (all: string[]) => string[], out: string) {
-  const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+async function bisectPlanted(base: string, id: string, checkpoint: string, prompts: (all: string[]) => string[], out: string) {
+  const recipeFile = writeRecipeVariant(recipes, base, id, (r) => {
     r.source = { kind: 'local', path: checkpoint };
     r.gates.prompts = prompts(r.gates.prompts);
+    if (r.gates.imagePrompts) r.gates.imagePrompts = r.gates.imagePrompts.slice(0, 1);
+    if (r.gates.audioPrompts) r.gates.audioPrompts = r.gates.audioPrompts.slice(0, 1);
     r.gates.parity.tokens = 8;
   });
   const run = await forge(['bisect', id, '--arch', 'v81', '--target', 'emulation', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
@@ -48,7 +53,7 @@ describe('forge bisect --target emulation', () => {
     const id = 'tiny-qwen3-fp16-hostile';
     const out = join(work, 'bisect');
     // Two prompts: q_norm's square overflows at every step.
-    const { recipeFile, b } = await bisectPlanted(id, hostile, (all) => all.slice(0, 2), out);
+    const { recipeFile, b } = await bisectPlanted('tiny-qwen3', id, hostile, (all) => all.slice(0, 2), out);
     // The CPU chain holds (fp32 and the shipped w8 graphs within tolerance): not quantization's doing.
     expect(b.fault).toBeUndefined();
     expect(b.layers.every((l) => l.fp32! >= b.thresholds.fp32 && l.shipped! >= b.thresholds.shipped)).toBe(true);
@@ -91,29 +96,28 @@ describe('forge bisect --target emulation', () => {
     expect(dom).toContain(chosen.label);
   }, 1_800_000); // the twin's trace and w8 export, the native runtime, the simulator gate (~4 min here), the probe, up to two trial builds through the simulator
 
-  it('names an MLP whose act(gate)·up leaves fp16 on the simulator, and rescales it exactly', async () => {
-    // Layer 1's up_proj × 2^13, down_proj ÷ 2^13: the same function, an intermediate past 65504. Run
-    // after the q_norm case over the same cache: its graphs' files are byte for byte the q_norm twin's
-    // (the weights are external data), and the probe must not read that twin's result for them.
+  it('names a Gemma-4 MLP whose act(gate)·up leaves fp16 on the simulator, and rescales it exactly', async () => {
+    // tiny-gemma4's layer 1: up_proj × 2^13, down_proj ÷ 2^13, the same function with an intermediate
+    // past 65504 (the hand-made Gemma-4 audio path's drift, planted in the text decoder).
     const hostile = join(work, 'mlp-hostile');
-    await makeMlpFp16Hostile(await twinDir('qwen3'), hostile, 1);
-    const id = 'tiny-qwen3-mlp-hostile';
+    await makeMlpFp16Hostile(await twinDir('gemma4'), hostile, 1);
+    const id = 'tiny-gemma4-mlp-hostile';
     // The recipe's long prompt alone: its steps take the intermediate past 65504 (a short prompt's do not).
-    const { recipeFile, b } = await bisectPlanted(id, hostile, (all) => all.filter((p) => p.startsWith('The lighthouse keeper')), join(work, 'bisect-mlp'));
+    const { recipeFile, b } = await bisectPlanted('tiny-gemma4', id, hostile, (all) => all.filter((p) => p.startsWith('The lighthouse keeper')), join(work, 'bisect-mlp'));
     expect(b.fault).toBeUndefined();
     expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
-    // The op is the MLP's: its product, or down_proj reading it; either way its layer and module.
+    // The op: down_proj reading the product (or the product itself); either way its layer and module.
     expect(b.op!.scope).toMatch(/^layers\.1\/mlp(\.down_proj)?$/);
     expect(b.op!.layer).toBe(1);
     expect(b.layer).toBe(1);
-    expect(b.op!.why).toMatch(/65504/);
+    expect(b.op!.why).toMatch(/beyond fp16's 65504/);
     expect(b.verdict).toBe('fixed');
     const chosen = b.chosen!;
     expect(chosen.rescale).toEqual([expect.objectContaining({ match: 'layers\\.1/mlp' })]);
     expect(chosen.label).toMatch(/^rescale layers\.1\/mlp \(up_proj ÷ 2\^\d+, down_proj × 2\^\d+\)$/);
     expect(chosen.minCosine!).toBeGreaterThanOrEqual(b.simulator!.threshold);
     expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.rescale).toEqual(chosen.rescale);
-    console.log(`[measured] bisect --target emulation on the MLP-hostile twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+    console.log(`[measured] bisect --target emulation on the MLP-hostile Gemma-4 twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
     const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt-mlp')], { FORGE_RECIPES: recipes });
     expect(lastJson(rebuilt.stdout).gates.emulation.ok, rebuilt.stderr).toBe(true);
   }, 1_800_000);

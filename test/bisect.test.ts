@@ -3,7 +3,8 @@
 // one outlier per W4 block of o_proj and down_proj) built at w4 — is found, named (layer, link) and
 // fixed by a single matrix at w8, which --apply writes into the recipe and a plain build then passes,
 // and the op inside the layer where the cosine drops is that kind of matrix's matmul;
-// a healthy twin is reported as such from the cache. Plus the pure parts: the first miss in model
+// several layers each failing alone (tiny-qwen3.5's) are all named and fixed together; a healthy
+// twin is reported as such from the cache. Plus the pure parts: the first miss in model
 // order and the candidate overrides with their bytes.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { existsSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
@@ -111,28 +112,33 @@ describe('forge bisect', () => {
     expect(dom).toContain(op.node);
   }, 900_000); // the twin (cold cache ~50 s), its w4 build through the oracle, 7 single-matrix trial builds (~10–15 s each here), the rebuild
 
-  it('names every layer that fails alone, not only the first, and finds and verifies a fix of them together', async () => {
-    // Layers 0 (×16) and 3 (×256) made W4-hostile: each fails the w4 threshold alone, so no fix of one passes.
+  it('names every layer that fails alone, not only the first, and finds and verifies a fix of them together (Qwen3.5)', async () => {
+    // tiny-qwen3.5's linear-attention layers 0 and 5, their MLPs made W4-hostile (×256): each fails the
+    // w4 threshold alone, so no fix of one passes, and one rung up (w8) is not enough for either.
     const mid = join(work, 'hostile-0');
-    const both = join(work, 'hostile-0-3');
-    await makeW4Hostile(await twinDir('qwen3'), mid, 0);
-    await makeW4Hostile(mid, both, 3, 256);
-    const id = 'tiny-qwen3-two-hostile';
-    writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
+    const both = join(work, 'hostile-0-5');
+    await makeW4Hostile(await twinDir('qwen3_5'), mid, 0, 256);
+    await makeW4Hostile(mid, both, 5, 256);
+    const id = 'tiny-qwen3.5-two-hostile';
+    writeRecipeVariant(recipes, 'tiny-qwen3.5', id, (r) => {
       r.source = { kind: 'local', path: both };
       r.arch.default.quant = 'w4';
     });
     const run = await forge(['bisect', id, '--arch', 'v81', '--json', '--out', join(work, 'bisect-two')], { FORGE_RECIPES: recipes });
     expect(run.code, run.stderr).toBe(0);
     const b = lastBisect(run.stdout);
-    expect(b.faulty).toEqual([0, 3]);
+    expect(b.faulty).toEqual([0, 5]);
     for (const l of b.faulty!) expect(b.alone!.find((a) => a.layer === l)!.cosine).toBeLessThan(b.thresholds.shipped);
-    expect(b.message).toMatch(/layers 0, 3 each fail alone \(0: 0\.\d+, 3: 0\.\d+ < 0\.85\)/);
-    // Every trial moves matrices of both layers; the one chosen passed the gate.
-    for (const t of b.trials) expect(new Set(t.tensors.map((x) => /layers\.(\d+)\./.exec(x.name)![1]))).toEqual(new Set(['0', '3']));
+    expect(b.message).toMatch(/layers 0, 5 each fail alone \(0: 0\.\d+, 5: 0\.\d+ < 0\.85\)/);
+    // Every trial moves matrices of both layers; one rung up fails, two rungs restore the gate.
+    for (const t of b.trials) expect(new Set(t.tensors.map((x) => /layers\.(\d+)\./.exec(x.name)![1]))).toEqual(new Set(['0', '5']));
     expect(b.verdict).toBe('fixed');
     expect(b.chosen!.ok).toBe(true);
-    console.log(`[measured] bisect on the twin with layers 0 and 3 W4-hostile: alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+    expect(b.chosen!.tensors.every((x) => x.from === 'w4' && x.to === 'fp16')).toBe(true);
+    expect(b.trials.filter((t) => !t.ok).length).toBeGreaterThan(0);
+    // The op inside the layer named: its down_proj, whose W4 blocks the outliers wreck.
+    expect(b.quantOp!.drop!.matrix).toMatch(/layers\.0\.mlp\.down_proj\.weight$/);
+    console.log(`[measured] bisect on tiny-qwen3.5 with layers 0 and 5 W4-hostile: alone ${b.alone!.map((a) => `${a.layer}:${a.cosine.toFixed(5)}`).join(' ')}; ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)} +${t.addedBytes} B`).join('; ')}; ${b.seconds.toFixed(1)} s`);
   }, 900_000);
 
   it('says "no fault" on a healthy twin, from the cache', async () => {

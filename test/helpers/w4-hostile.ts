@@ -1,5 +1,5 @@
 // A checkpoint that computes what its source computes but whose one layer W4 cannot take (a Qwen3
-// twin): in layer `layer`'s MLP, every 32nd intermediate channel j gets up_proj row j divided by
+// or Qwen3.5 twin): in layer `layer`'s MLP, every 32nd intermediate channel j gets up_proj row j divided by
 // `scale` and down_proj column j multiplied by it, and in its attention every 32nd value channel the
 // same between v_proj's rows and o_proj's columns (attention is linear in V, so each query head's
 // column of o_proj follows its kv head's channel). The scale is a power of two: exact in any float
@@ -22,8 +22,13 @@ export async function makeW4Hostile(src: string, out: string, layer: number, sca
   try {
     const c = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as { num_attention_heads: number; num_key_value_heads: number; head_dim: number };
     const group = c.num_attention_heads / c.num_key_value_heads;
-    const at = (m: string) => `model.layers.${layer}.${m}.weight`;
-    const [up, down, v, o] = [at('mlp.up_proj'), at('mlp.down_proj'), at('self_attn.v_proj'), at('self_attn.o_proj')];
+    // Qwen3's layers are under model.layers, Qwen3.5's under model.language_model.layers.
+    const prefix = ckpt.names().find((n) => n.endsWith(`layers.${layer}.mlp.up_proj.weight`))?.replace(/mlp\.up_proj\.weight$/, '');
+    if (!prefix) throw new Error(`${src} has no layers.${layer}.mlp.up_proj.weight`);
+    const at = (m: string) => `${prefix}${m}.weight`;
+    // A layer without V and O (Qwen3.5's linear attention) gets its MLP made hostile alone.
+    const attention = ckpt.names().includes(at('self_attn.v_proj')) && Number.isFinite(group);
+    const [up, down, v, o] = [at('mlp.up_proj'), at('mlp.down_proj'), ...(attention ? [at('self_attn.v_proj'), at('self_attn.o_proj')] : ['', ''])];
     // o_proj's input column of query head h, channel d, is value channel (h / group)·head_dim + d.
     const vRow = (col: number) => Math.floor(col / c.head_dim / group) * c.head_dim + (col % c.head_dim);
     const vScaled = new Set(Array.from({ length: Math.ceil((c.num_attention_heads * c.head_dim) / 32) }, (_, i) => vRow(i * 32)));
