@@ -61,14 +61,17 @@ describe('which link bisect names', () => {
     expect(message).toMatch(/^no fault: .*\(parity 127\/128 equal to HF teacher-forced, 1 tie within the margin\); the parity gate fails only on 1 tie, .*gates\.parity\.maxTies and a tiesWhy/);
   });
 
-  it('says what still deserves a look when nothing broke: a layer far weaker than the median, steps HF decides by less than twice the logit error', () => {
+  it('says what still deserves a look when nothing broke: a layer far weaker than the median or passing by a hair, steps HF decides by less than twice the logit error', () => {
     const layers = [0.9995, 0.9996, 0.9994, 0.9861, 0.9995].map((shipped, layer) => ({ layer, fp32: 1, shipped }));
-    const w = noFaultWarnings(layers, 0.05, [3, 0.07, 2.5, 0.2]);
+    const w = noFaultWarnings(layers, 0.999, 0.05, [3, 0.07, 2.5, 0.2]);
     expect(w.map((x) => x.kind)).toEqual(['weak-layer', 'logit-error']);
     expect(w[0].text).toBe('layer 3 keeps 0.98610 against a median of 0.99950 over 5 layers: it passes, and it is where drift would start');
     expect(w[1].text).toBe('the shipped graphs move the logits by up to 0.0500: 1 of 4 traced steps have HF margins under twice that (smallest 0.0700) and could flip on another run or input');
     // Layers alike and margins wide: nothing to say.
-    expect(noFaultWarnings(layers.map((l) => ({ ...l, shipped: 0.9995 })), 0.05, [3, 2.5])).toEqual([]);
+    expect(noFaultWarnings(layers.map((l) => ({ ...l, shipped: 0.9995 })), 0.999, 0.05, [3, 2.5])).toEqual([]);
+    // At w4 every layer is far from 1 and none stands out from the median; the one that clears the gate by a sliver is named.
+    const w4 = noFaultWarnings([0.96086, 0.92405, 0.91929, 0.85795].map((shipped, layer) => ({ layer, fp32: 1, shipped })), 0.85, undefined, []);
+    expect(w4.map((x) => x.text)).toEqual(['layer 3 keeps 0.85795, 0.00795 above the 0.85 gate (the other layers 0.91929 or more): it passes by a hair, and it is where drift would start']);
   });
 
   it('names the fp32 graphs\' step first (no precision fixes it), a step beyond the tie margin before a tie, at the traced position', () => {

@@ -233,7 +233,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     if (link) result.link = link;
     if (result.verdict === 'no-fault' && base.oracle) {
       // Nothing broke: what still deserves a look (a weak but passing layer, logits close to HF's margins).
-      const w = noFaultWarnings(layers, base.oracle.logitError.quantize, readTraceMeta(base.dirs.trace!).prompts.flatMap((p) => p.margins));
+      const w = noFaultWarnings(layers, thresholds.shipped, base.oracle.logitError.quantize, readTraceMeta(base.dirs.trace!).prompts.flatMap((p) => p.margins));
       if (w.length) {
         result.warnings = w;
         result.message += `; worth a look: ${w.map((x) => x.text).join('; ')}`;

@@ -14,12 +14,15 @@ export interface Warning {
 /** How many times the median's distance from cosine 1 a layer's must be to stand out, and the least that counts. */
 const OUTLIER = 4;
 const MIN_DISTANCE = 1e-3;
+/** A layer passing within this share of the gate's headroom (1 − threshold) passes by a hair. */
+const NEAR = 0.1;
 
 /**
- * The weakest layers (shipped, along the chain) that stand out from the median, and the steps HF
- * decides by less than twice the shipped graphs' chained logit error.
+ * The weakest layers (shipped, along the chain) that stand out from the median or pass the
+ * `threshold` by a hair, and the steps HF decides by less than twice the shipped graphs' chained
+ * logit error.
  */
-export function noFaultWarnings(layers: LayerFigures[], shippedLogitError: number | undefined, stepMargins: number[]): Warning[] {
+export function noFaultWarnings(layers: LayerFigures[], threshold: number, shippedLogitError: number | undefined, stepMargins: number[]): Warning[] {
   const out: Warning[] = [];
   const shipped = layers.filter((l) => l.shipped !== undefined).map((l) => ({ layer: l.layer, d: 1 - l.shipped! }));
   if (shipped.length >= 3) {
@@ -28,6 +31,14 @@ export function noFaultWarnings(layers: LayerFigures[], shippedLogitError: numbe
     const weak = shipped.filter((x) => x.d >= MIN_DISTANCE && x.d > OUTLIER * Math.max(median, 1e-9)).sort((a, b) => b.d - a.d);
     if (weak.length) {
       out.push({ kind: 'weak-layer', text: `${weak.map((w) => `layer ${w.layer} keeps ${(1 - w.d).toFixed(5)}`).join(', ')} against a median of ${(1 - median).toFixed(5)} over ${shipped.length} layers: it passes, and it is where drift would start` });
+    }
+    // At a coarse precision every layer is far from 1 and none stands out from the median; one that
+    // clears the gate by a sliver of its headroom is still where the next input would fail it.
+    const hair = shipped.filter((x) => !weak.includes(x) && 1 - x.d - threshold < NEAR * (1 - threshold)).sort((a, b) => b.d - a.d);
+    const rest = shipped.filter((x) => !hair.includes(x) && !weak.includes(x));
+    if (hair.length) {
+      const others = rest.length ? ` (the other layers ${(1 - Math.max(...rest.map((x) => x.d))).toFixed(5)} or more)` : '';
+      out.push({ kind: 'weak-layer', text: `${hair.map((w) => `layer ${w.layer} keeps ${(1 - w.d).toFixed(5)}, ${(1 - w.d - threshold).toFixed(5)} above the ${threshold} gate`).join(', ')}${others}: it passes by a hair, and it is where drift would start` });
     }
   }
   if (shippedLogitError !== undefined && stepMargins.length) {
