@@ -114,6 +114,20 @@ describe('phimoe oracle gate', () => {
     expect(r.graphs['quantize:w8/lm_head'].top1).toMatch(/^(\d+)\/\1$/);
   });
 
+  it('chains its one-token graphs as the host runs them (attention, then the experts with HF\'s routing, layer by layer; the lm-head), which gives the parity gates their tie margin', () => {
+    const r = result();
+    for (const v of ['export', 'quantize']) {
+      expect(r.logitChain[v]).toEqual([...[0, 1, 2, 3].flatMap((l) => [`shard0.layer${l}`, 'experts']), 'lm_head']);
+      // Every greedy step of the traced prompts picks HF's token along the chain.
+      expect(r.decisions![v].agree).toBe(r.decisions![v].steps);
+      expect(r.decisions![v].steps).toBeGreaterThan(0);
+    }
+    // fp32 moves the logits by float rounding only; W8's error is measured, larger, and finite.
+    expect(r.logitError.export).toBeLessThan(1e-3);
+    expect(r.logitError.quantize).toBeGreaterThan(r.logitError.export);
+    expect(r.logitError.quantize).toBeLessThan(1);
+  });
+
   it("feeds the experts graphs no residual: their gate compares HF's MoE output (one token) and one expert's weighted output (prefill) alone", async () => {
     const trace = await Trace.open(entry('trace'));
     const c = parsePhimoeConfig(twinConfig(), 'config.json');

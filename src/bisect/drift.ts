@@ -144,7 +144,7 @@ export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: 
   // Not scanned (and said so): an export without one-token decode graphs or with the lm-head inside the last shard.
   if (!shards.length || !head) return { steps: [], notScanned: 'drift is scanned on one-token decode graphs with a separate lm-head graph; this export has none' };
   // A layer graph that hands no residual to the next (PhiMoE's attention+router graphs: the host routes each token's experts between them) cannot be chained here.
-  if (shards.some((g) => !g.stream)) return { steps: [], notScanned: 'the layers do not hand their residual from graph to graph (the host routes each layer\'s experts between them): the chain is checked by the native runtime\'s parity gate' };
+  if (shards.some((g) => !g.stream)) return { steps: [], notScanned: 'the layers do not hand their residual from graph to graph (the host routes each layer\'s experts between them); the native runtime\'s parity gate checks the chain, with its own routing' };
   const trace = await Trace.open(traceDir);
   // Per case: the chain's residual probes (h.i by layer) and its hidden, then logits.
   const probes = new Map<string, Map<number, Float32Array>>();

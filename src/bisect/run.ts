@@ -268,6 +268,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     // Every teacher-forced graph holds on the CPU: the chained graphs may still leave HF's greedy path.
     result.drift = await scanShipped(recipe.family, ckpt, base.dirs.trace!, base.dirs.quantize!,
       { scheme: baseScheme(settings.quant), lmHeadScheme: baseScheme(settings.lmHead.quant), maxContext: settings.maxContext, overrides: settings.overrides, ...(precision ? { precision } : {}) });
+    const chained = base.oracle.decisions?.quantize;
+    // Not scanned here (the host routes between the graphs): the oracle's own chain of them, with HF's routing, says whether it keeps HF's greedy path.
+    if (result.drift.notScanned && chained) result.drift.notScanned += `; the oracle gate's chain of them with HF's routing picks HF's token at ${chained.agree} of ${chained.steps} greedy steps (smallest margin ${chained.minMargin.toFixed(4)}, ${chained.at})`;
     verdicts.drift = !!result.drift.first;
     if (result.drift.first) {
       log(driftMessage(result.drift));

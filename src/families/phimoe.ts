@@ -19,6 +19,7 @@ import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, 
 import { newKv, pastKv } from './state-io.js';
 import { EXPERT_ROW_DTYPE, expertTables, int8Rows, type ExpertMatrix } from './expert-tables.js';
 import { phimoeBindings, phimoeCases } from './phimoe-gates.js';
+import { phimoeChain } from './phimoe-chain.js';
 
 const ConfigSchema = z.object({
   model_type: z.literal('phimoe'),
@@ -132,6 +133,7 @@ export const phimoe: Family<PhimoeConfig> = {
   hostOpParams: (c) => ({ experts: c.experts, top_k: 2, router_jitter_eps: c.jitterEps }),
   components,
   gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),
+  chain: phimoeChain,
   bindings: (c, entry, maxContext) => phimoeBindings(c, entry, maxContext),
 };
 

@@ -94,6 +94,13 @@ export interface Family<C> {
    * `dir` holds the export (graphs.json, its graphs and the made tables they are fed from).
    */
   gateCases(config: C, entry: GraphEntry, trace: Trace, maxContext: number, dir: string): AsyncGenerator<GateCase>;
+  /**
+   * A family whose layer graphs do not hand the residual from one to the next (PhiMoE: the host
+   * routes each layer's experts between its graphs) chains its one-token graphs itself for the
+   * oracle's logit error: `run` runs a graph of `graphs` over cases in the gate's CPU form, and
+   * `logits` takes each step's chained logits with its case (expected.logits HF's).
+   */
+  chain?(config: C, graphs: GraphEntry[], trace: Trace, maxContext: number, dir: string, run: ChainRunner, logits: (c: GateCase, got: Float32Array) => void): Promise<void>;
   /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
 }
@@ -310,6 +317,9 @@ export interface GateCase {
    */
   served?: { layer: number; experts: number[] };
 }
+
+/** Runs an exported graph over cases (the oracle gate's form of it), each case with its outputs. */
+export type ChainRunner = (entry: GraphEntry, cases: AsyncIterable<GateCase>, each: (c: GateCase, output: (name: string) => Float32Array) => void) => Promise<void>;
 
 /** A graph's name: its component's, then the variant's (`shard0.decode`; `lm_head` for a one-graph component). */
 export const graphName = (component: string, variant: string) => (variant ? `${component}.${variant}` : component);

@@ -19,7 +19,7 @@ import { Trace } from './trace.js';
 import { copyName, gateSessionOptions, windowRows, writeGateModel, WINDOW_INPUT, type CacheWindow, type CpuFormOptions } from './cpu-form.js';
 import { MASKED } from '../families/blocks.js';
 import { parseStateInput } from '../families/state-io.js';
-import type { GateCase } from '../families/types.js';
+import type { ChainRunner, GateCase } from '../families/types.js';
 import { GateTally, layerOf } from './compare.js';
 import { greedySteps, StepChain, type ChainDecisions } from './step-chain.js';
 import { roundToF16 } from '../io/dtype.js';
@@ -302,6 +302,25 @@ export async function runOracleGate(
       }
       ok &&= entry.ok;
       graphs[`${variant}/${g.name}`] = entry;
+    }
+    // A family whose graphs the host routes between chains them itself (its graphs have no residual stream for StepChain).
+    if (family.chain) {
+      for (const v of variants) {
+        const manifest = JSON.parse(readFileSync(join(v.dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+        const chain = chains.get(v.label)!;
+        const run: ChainRunner = async (entry, cases, each) => {
+          if (chain.graphs.at(-1) !== entry.name) chain.graphs.push(entry.name);
+          const form = gateForm(entry, copies, windowed && family.gateWindow !== false);
+          const { path } = writeGateModel(join(v.dir, entry.file), [], join(scratch, v.label, 'chain'), formOptions(entry, form));
+          const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
+          try {
+            await runGateCases(session, entry.file, cases, form, each);
+          } finally {
+            await session.release();
+          }
+        };
+        await family.chain(config, manifest.contexts.flatMap((c) => c.graphs), trace, manifest.maxContext, v.dir, run, (c, got) => chain.logits(c, got));
+      }
     }
   } finally {
     await trace.close();

@@ -98,9 +98,13 @@ export class StepChain {
       const row = output(out);
       this.rows.get(sink)!.set(key(c), this.round ? this.round(row) : row.slice());
     }
+    if (c.expected.logits) this.logits(c, output('logits'));
+  }
+
+  /** Measures a case's chained logits against HF's (`c.expected.logits`), from a chain run by a family itself (Family.chain). */
+  logits(c: GateCase, got: Float32Array): void {
     const want = c.expected.logits;
     if (!want) return;
-    const got = output('logits');
     this.logitCases++;
     if (this.greedy?.(c.prompt, c.step)) {
       const top = argmax(want);
