@@ -101,19 +101,22 @@ export type LmHeadQuant = LayerQuant;
 /** Whether the build runs the `precision` stage: the layers' or the lm-head's precision is the gates' to choose. */
 export const choosesPrecision = (s: { quant: LayerQuant; lmHead: { quant: LmHeadQuant } }): boolean => s.quant === 'auto' || s.lmHead.quant === 'auto';
 
+/** A regular expression a recipe line matches names with (whole names: anchored). */
+const PatternSchema = z.string().min(1).superRefine((m, ctx) => {
+  try {
+    new RegExp(`^(?:${m})$`);
+  } catch (e) {
+    ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
+  }
+});
+
 /**
  * A recipe's pin on some matrices' precision: every matmul weight whose tensor name the regular
  * expression matches whole (first matching override wins) is stored in `quant`, whatever the
  * scheme, and `auto` never moves it. One that matches no matrix is refused at plan (a typo).
  */
 export const PrecisionOverrideSchema = z.object({
-  match: z.string().min(1).superRefine((m, ctx) => {
-    try {
-      new RegExp(`^(?:${m})$`);
-    } catch (e) {
-      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
-    }
-  }),
+  match: PatternSchema,
   quant: QuantSchemeSchema,
   why: z.string().trim().min(1).optional(),
 }).strict();
@@ -125,13 +128,7 @@ export type PrecisionOverride = z.infer<typeof PrecisionOverrideSchema>;
  * show them), `scale` a power of two the op's input is multiplied by and its result corrected for.
  */
 export const RescaleSchema = z.object({
-  match: z.string().min(1).superRefine((m, ctx) => {
-    try {
-      new RegExp(`^(?:${m})$`);
-    } catch (e) {
-      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
-    }
-  }),
+  match: PatternSchema,
   scale: z.number().positive().refine((s) => Number.isInteger(Math.log2(s)), 'a power of two (exact in every float format)'),
   why: z.string().trim().min(1).optional(),
 }).strict();
@@ -145,13 +142,7 @@ export type Rescale = z.infer<typeof RescaleSchema>;
  * the expert is linear in its up row). The experts' host tables honour it; nothing else moves.
  */
 export const EqualizeSchema = z.object({
-  match: z.string().min(1).superRefine((m, ctx) => {
-    try {
-      new RegExp(`^(?:${m})$`);
-    } catch (e) {
-      ctx.addIssue({ code: 'custom', message: `not a regular expression: ${(e as Error).message}` });
-    }
-  }),
+  match: PatternSchema,
   why: z.string().trim().min(1).optional(),
 }).strict();
 export type Equalize = z.infer<typeof EqualizeSchema>;

@@ -1,11 +1,8 @@
 // Checkpoints that compute what their source computes but hold one op fp16 cannot (a Qwen3 or Gemma-4 twin). On
 // the HTP, which runs float graphs in fp16 (max 65504), that op overflows; fp32 on the CPU is fine.
 // Every factor is a power of two: exact in bf16, and W8's per-row scale takes it whole.
-import { cpSync, readdirSync } from 'node:fs';
-import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
-import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
-import { f32ToBf16Array, f32ToF16Array } from '../../src/io/dtype.js';
+import { rewriteCheckpoint, type TensorEdits } from './rewrite-checkpoint.js';
 
 /**
  * Layer `layer`'s q_proj × `factor`. q_norm, an RMSNorm over each head, is scale-invariant, so HF's
@@ -34,26 +31,7 @@ export async function makeMlpFp16Hostile(src: string, out: string, layer: number
 
 const scaleAll = (data: Float32Array, by: number) => data.forEach((x, i) => (data[i] = x * by));
 
-async function rewrite(src: string, out: string, factor: number, edits: Record<string, (data: Float32Array) => void>): Promise<void> {
+async function rewrite(src: string, out: string, factor: number, edits: TensorEdits): Promise<void> {
   if (Math.log2(factor) % 1 !== 0) throw new Error(`factor ${factor} is not a power of two`);
-  cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
-  const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
-  if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
-  const ckpt = await openCheckpoint(src);
-  try {
-    const tensors: TensorWithData[] = [];
-    for (const name of ckpt.names()) {
-      const info = ckpt.info(name);
-      const data = await ckpt.readF32(name);
-      edits[name]?.(data);
-      const dtype = info.dtype;
-      if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
-      tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
-    }
-    const missing = Object.keys(edits).filter((n) => !tensors.some((t) => t.name === n));
-    if (missing.length) throw new Error(`${src} has no ${missing.join(', ')}`);
-    await writeSafetensors(join(out, files[0]), tensors);
-  } finally {
-    await ckpt.close();
-  }
+  await rewriteCheckpoint(src, out, edits);
 }

@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
 import { f32ToBf16Array, f32ToF16Array } from '../../src/io/dtype.js';
+import { rewriteCheckpoint } from './rewrite-checkpoint.js';
 
 export async function makeW4Hostile(src: string, out: string, layer: number, scale = 16): Promise<void> {
   if (Math.log2(scale) % 1 !== 0) throw new Error(`scale ${scale} is not a power of two: the checkpoint's function would move`);
@@ -98,26 +99,9 @@ export async function makeLmHeadW4Hostile(src: string, out: string, scale = 16):
  */
 export async function makeExpertW8Hostile(src: string, out: string, layer: number, expert: number, scale = 256): Promise<void> {
   if (Math.log2(scale) % 1 !== 0) throw new Error(`scale ${scale} is not a power of two: the checkpoint's function would move`);
-  cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
-  const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
-  if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
   const at = (w: string) => `model.layers.${layer}.block_sparse_moe.experts.${expert}.${w}.weight`;
-  const ckpt = await openCheckpoint(src);
-  try {
-    if (!ckpt.names().includes(at('w2'))) throw new Error(`${src}: no ${at('w2')}`);
-    const tensors: TensorWithData[] = [];
-    for (const name of ckpt.names()) {
-      const info = ckpt.info(name);
-      const data = await ckpt.readF32(name);
-      const [rows, cols] = info.shape;
-      if (name === at('w3')) for (let c = 0; c < cols; c++) data[c] /= scale;
-      if (name === at('w2')) for (let r = 0; r < rows; r++) data[r * cols] *= scale;
-      const dtype = info.dtype;
-      if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
-      tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
-    }
-    await writeSafetensors(join(out, files[0]), tensors);
-  } finally {
-    await ckpt.close();
-  }
+  await rewriteCheckpoint(src, out, {
+    [at('w3')]: (data, [, cols]) => { for (let c = 0; c < cols; c++) data[c] /= scale; },
+    [at('w2')]: (data, [rows, cols]) => { for (let r = 0; r < rows; r++) data[r * cols] *= scale; },
+  });
 }
