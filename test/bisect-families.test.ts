@@ -26,12 +26,14 @@ const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 describe('forge bisect on every family', () => {
   it.each(['tiny-qwen3.5', 'tiny-phimoe', 'tiny-gemma4', 'tiny-qwen3-vl'])('says "no fault" on healthy %s, from the cache', async (id) => {
     const args = ['bisect', id, '--arch', 'v81', '--json', '--out', join(work, `healthy-${id}`)];
-    // The first run builds what the family's own tests have not (nothing, in the full suite).
-    const first = await forge(args, { FORGE_RECIPES: recipes });
-    expect(first.code, first.stderr).toBe(0);
-    const t = performance.now();
-    const run = await forge(args, { FORGE_RECIPES: recipes });
-    const seconds = (performance.now() - t) / 1000;
+    const once = async () => {
+      const t = performance.now();
+      const r = await forge(args, { FORGE_RECIPES: recipes });
+      return { r, seconds: (performance.now() - t) / 1000 };
+    };
+    // In the full suite the family's own tests have built it all; alone, the first run builds it and a second reads the cache.
+    let { r: run, seconds } = await once();
+    if (run.code === 0 && !lastBisect(run.stdout).build.stages.every((s) => s.status === 'cached')) ({ r: run, seconds } = await once());
     expect(run.code, run.stderr).toBe(0);
     expect(run.stderr).not.toMatch(/\n\s+at /);
     const b = lastBisect(run.stdout);
@@ -78,9 +80,6 @@ describe('forge bisect on every family', () => {
     expect(rec.gates.oracle.ok, rebuilt.stderr).toBe(true);
     expect(rec.gates.parity.ok, rebuilt.stderr).toBe(true);
     expect(rec.stages.find((s: { name: string }) => s.name === 'oracle').status).toBe('cached');
-    const again = await forge(['bisect', id, '--arch', 'v81', '--out', join(work, 'bisect-expert-again')], { FORGE_RECIPES: recipes });
-    expect(again.code, again.stderr).toBe(0);
-    expect(again.stdout).toMatch(/no fault: every graph within tolerance/);
 
     // bisect.html at a laptop's 1280 px: the verdict box names the expert and the fix, no horizontal scroll.
     mkdirSync(join(work, 'page-expert'));

@@ -379,9 +379,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const at = result.steps.first ? `, first at prompt ${result.steps.first.prompt} step ${result.steps.first.step} (${result.steps.first.output} ${fmt(result.steps.first.cosine)}; ${result.steps.failing} of ${result.steps.cases.length} steps under)` : '';
 
   // One candidate rebuilt through the oracle gate (cached stages) and judged.
-  const tryOne = async (c: Candidate, extra: { equalize?: Equalize[] } = {}): Promise<Trial> => {
+  const tryOne = async (c: Candidate): Promise<Trial> => {
     const t = performance.now();
-    const r = await chain({ overrides: c.overrides, ...extra, verbose: req.verbose, quiet: true });
+    const r = await chain({ overrides: c.overrides, ...(c.equalize ? { equalize: c.equalize } : {}), verbose: req.verbose, quiet: true });
     const seconds = (performance.now() - t) / 1000;
     const trial: Trial = r.oracle ? judge(c, r.oracle, seconds) : { ...c, ok: false, error: r.record.error ?? 'the build stopped before the oracle gate', seconds };
     log(`  ${c.label}: ${trial.ok ? 'restores the gate' : `gate still fails${trial.stillFails ? ` (${trial.stillFails})` : trial.error ? ` (${trial.error})` : ''}`}; ${trial.minCosine !== undefined ? `shipped min cosine ${fmt(trial.minCosine)}, ` : ''}+${trial.addedBytes} bytes, ${seconds.toFixed(1)} s`);
@@ -421,9 +421,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     const named = bad.length ? `; ${expertText(bad[0], miss.threshold)}${figures[1] ? ` (next: ${expertText(figures[1], miss.threshold)})` : ''}` : '';
     log(`layer ${miss.layer}'s experts${named}`);
     // The fix the host tables honour: the named expert's channels rebalanced (the same function), then the two worst together.
-    for (const picked of [bad.slice(0, 1), bad.slice(0, 2)].filter((x, i) => x.length > i)) {
-      const c = expertEqualize(miss.layer!, picked.map((f) => f.expert), `${miss.graph} layer ${miss.layer} ${seen}`);
-      if ((await tryOne(c, { equalize: c.equalize })).ok) break;
+    const tries = bad.length > 1 ? [bad.slice(0, 1), bad.slice(0, 2)] : bad.length ? [bad] : [];
+    for (const picked of tries) {
+      if ((await tryOne(expertEqualize(miss.layer!, picked.map((f) => f.expert), `${miss.graph} layer ${miss.layer} ${seen}`))).ok) break;
     }
     result.fixes = rank(result.trials);
     result.chosen = result.fixes[0];
