@@ -52,6 +52,15 @@ describe('bisect.html', () => {
     expect(summary).not.toMatch(/\{"match"/);
   });
 
+  it('sums up a fix of whole layers in the box by its label and rungs, each matrix named in the fix table below', () => {
+    const names = [0, 5].flatMap((l) => ['q_proj', 'k_proj', 'v_proj', 'o_proj', 'up_proj'].map((m) => `model.layers.${l}.${m}.weight`));
+    const whole = { ...failingBisect().trials[0], label: 'layers 0 and 5 whole (10 matrices), 2 rungs up', layer: undefined, tensors: names.map((name) => ({ name, from: 'w4' as const, to: 'fp16' as const })), addedBytes: 147840, ok: true };
+    const r = { ...failingBisect(), trials: [whole], fixes: [whole], chosen: whole };
+    expect(verdictBox(r).rows).toContainEqual(['proposed fix', 'layers 0 and 5 whole (10 matrices), 2 rungs up: 10 matrices w4 → fp16, each named under "The fix for the recipe" (147.8 kB of weights added)']);
+    const fix = /<h2 id="override">[\s\S]*?<\/table>/.exec(bisectHtml(r))?.[0] ?? '';
+    for (const name of names) expect(fix).toContain(`<td class="name">${name}</td>`);
+  });
+
   it('keeps the long finding below the box and escapes what it did not write', () => {
     const r = failingBisect();
     r.recipe = 'x<script>alert(1)</script>';

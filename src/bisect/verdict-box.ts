@@ -45,6 +45,13 @@ export function fixChanges(t: Trial, arch: string): string[] {
   ];
 }
 
+/** A fix in a line: its changes, or for many matrices (whole layers) its label and rungs, each matrix listed in the report's fix table. */
+export function fixSummary(t: Trial, arch: string): string {
+  if (t.tensors.length <= 4) return fixChanges(t, arch).join('; ');
+  const rungs = [...new Set(t.tensors.map((x) => `${x.from} → ${x.to}`))].join(', ');
+  return `${t.label}: ${t.tensors.length} matrices ${rungs}, each named under "The fix for the recipe"`;
+}
+
 /** What a fix costs, in words. */
 export function fixCost(t: Trial): string {
   if (t.rescale) return `${t.addedOps ?? 0} op${t.addedOps === 1 ? '' : 's'} added, no weight bytes`;
@@ -80,9 +87,13 @@ function opRow(r: BisectResult): string | undefined {
     return `${q.node} (${q.op}${matrix}): cosine ${cos(q.cosine)} from inputs at ${cos(q.inputsCosine)}`;
   }
   if (r.op) return `${r.op.node} (${r.op.op}${r.op.scope ? `, in ${r.op.scope}` : ''}): ${r.op.why}`;
-  const e = r.experts?.figures[0];
-  if (e?.failing) return `the experts graph on layer ${r.experts!.layer}'s ${expertText(e, r.fault?.threshold ?? r.thresholds.shipped)}`;
   return undefined;
+}
+
+/** The expert named in a graph every layer shares (PhiMoE's experts), from the cases that read each. */
+function expertRow(r: BisectResult): string | undefined {
+  const e = r.experts?.figures[0];
+  return e?.failing ? `layer ${r.experts!.layer}'s ${expertText(e, r.fault?.threshold ?? r.thresholds.shipped)}` : undefined;
 }
 
 function layerRow(r: BisectResult): string | undefined {
@@ -121,7 +132,8 @@ export function verdictBox(r: BisectResult): VerdictBox {
     ['first left at', whereText(r)],
     ['layer', layer],
     ['op', opRow(r)],
-    ['proposed fix', r.chosen ? `${fixChanges(r.chosen, r.arch).join('; ')} (${fixCost(r.chosen)})` : r.verdict === 'no-fault' ? undefined : 'none found'],
+    ['expert', expertRow(r)],
+    ['proposed fix', r.chosen ? `${fixSummary(r.chosen, r.arch)} (${fixCost(r.chosen)})` : r.verdict === 'no-fault' ? undefined : 'none found'],
     ['verified', r.verdict === 'no-fault' ? undefined : verifiedRow(r)],
     ['recipe', r.applied ? `written into ${r.applied.file}` : r.chosen ? 'not changed: forge bisect --apply writes the fix into it' : undefined],
   ];
