@@ -12,45 +12,33 @@ import { join } from 'node:path';
 import { openCheckpoint } from '../../src/io/checkpoint.js';
 import { writeSafetensors, type TensorWithData } from '../../src/io/safetensors-writer.js';
 import { f32ToBf16Array, f32ToF16Array } from '../../src/io/dtype.js';
-import { rewriteCheckpoint } from './rewrite-checkpoint.js';
+import { rewriteCheckpoint, type TensorEdits } from './rewrite-checkpoint.js';
 
 export async function makeW4Hostile(src: string, out: string, layer: number, scale = 16): Promise<void> {
   if (Math.log2(scale) % 1 !== 0) throw new Error(`scale ${scale} is not a power of two: the checkpoint's function would move`);
-  cpSync(src, out, { recursive: true, filter: (p) => !p.endsWith('.safetensors') });
-  const files = readdirSync(src).filter((f) => f.endsWith('.safetensors'));
-  if (files.length !== 1) throw new Error(`${src}: expected one safetensors file, found ${files.length}`);
   const ckpt = await openCheckpoint(src);
-  try {
-    const c = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as { num_attention_heads: number; num_key_value_heads: number; head_dim: number };
-    const group = c.num_attention_heads / c.num_key_value_heads;
-    // Qwen3's layers are under model.layers, Qwen3.5's under model.language_model.layers.
-    const prefix = ckpt.names().find((n) => n.endsWith(`layers.${layer}.mlp.up_proj.weight`))?.replace(/mlp\.up_proj\.weight$/, '');
-    if (!prefix) throw new Error(`${src} has no layers.${layer}.mlp.up_proj.weight`);
-    const at = (m: string) => `${prefix}${m}.weight`;
-    // A layer without V and O (Qwen3.5's linear attention) gets its MLP made hostile alone.
-    const attention = ckpt.names().includes(at('self_attn.v_proj')) && Number.isFinite(group);
-    const [up, down, v, o] = [at('mlp.up_proj'), at('mlp.down_proj'), ...(attention ? [at('self_attn.v_proj'), at('self_attn.o_proj')] : ['', ''])];
-    // o_proj's input column of query head h, channel d, is value channel (h / group)·head_dim + d.
-    const vRow = (col: number) => Math.floor(col / c.head_dim / group) * c.head_dim + (col % c.head_dim);
-    const vScaled = new Set(Array.from({ length: Math.ceil((c.num_attention_heads * c.head_dim) / 32) }, (_, i) => vRow(i * 32)));
-    const tensors: TensorWithData[] = [];
-    for (const name of ckpt.names()) {
-      const info = ckpt.info(name);
-      const data = await ckpt.readF32(name);
-      const [rows, cols] = info.shape;
-      if (name === up) for (let j = 0; j < rows; j += 32) for (let c = 0; c < cols; c++) data[j * cols + c] /= scale;
-      if (name === down) for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j += 32) data[r * cols + j] *= scale;
-      // Every o_proj column that reads a scaled value channel is scaled back (each 32nd among them).
-      if (name === o) for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j++) if (vScaled.has(vRow(j))) data[r * cols + j] *= scale;
-      if (name === v) for (const j of vScaled) for (let k = 0; k < cols; k++) data[j * cols + k] /= scale;
-      const dtype = info.dtype;
-      if (dtype !== 'F32' && dtype !== 'BF16' && dtype !== 'F16') throw new Error(`${name}: ${dtype} is not a float dtype this helper rewrites`);
-      tensors.push({ name, dtype, shape: [...info.shape], data: dtype === 'BF16' ? f32ToBf16Array(data) : dtype === 'F16' ? f32ToF16Array(data) : data });
-    }
-    await writeSafetensors(join(out, files[0]), tensors);
-  } finally {
-    await ckpt.close();
+  const names = ckpt.names();
+  await ckpt.close();
+  const c = JSON.parse(readFileSync(join(src, 'config.json'), 'utf8')) as { num_attention_heads: number; num_key_value_heads: number; head_dim: number };
+  const group = c.num_attention_heads / c.num_key_value_heads;
+  // Qwen3's layers are under model.layers, Qwen3.5's under model.language_model.layers.
+  const prefix = names.find((n) => n.endsWith(`layers.${layer}.mlp.up_proj.weight`))?.replace(/mlp\.up_proj\.weight$/, '');
+  if (!prefix) throw new Error(`${src} has no layers.${layer}.mlp.up_proj.weight`);
+  const at = (m: string) => `${prefix}${m}.weight`;
+  // o_proj's input column of query head h, channel d, is value channel (h / group)·head_dim + d.
+  const vRow = (col: number) => Math.floor(col / c.head_dim / group) * c.head_dim + (col % c.head_dim);
+  const vScaled = new Set(Array.from({ length: Math.ceil((c.num_attention_heads * c.head_dim) / 32) }, (_, i) => vRow(i * 32)));
+  const edits: TensorEdits = {
+    [at('mlp.up_proj')]: (data, [rows, cols]) => { for (let j = 0; j < rows; j += 32) for (let k = 0; k < cols; k++) data[j * cols + k] /= scale; },
+    [at('mlp.down_proj')]: (data, [rows, cols]) => { for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j += 32) data[r * cols + j] *= scale; },
+  };
+  // A layer without V and O (Qwen3.5's linear attention) gets its MLP made hostile alone. Every
+  // o_proj column that reads a scaled value channel is scaled back (each 32nd among them).
+  if (names.includes(at('self_attn.v_proj')) && Number.isFinite(group)) {
+    edits[at('self_attn.o_proj')] = (data, [rows, cols]) => { for (let r = 0; r < rows; r++) for (let j = 0; j < cols; j++) if (vScaled.has(vRow(j))) data[r * cols + j] *= scale; };
+    edits[at('self_attn.v_proj')] = (data, [, cols]) => { for (const j of vScaled) for (let k = 0; k < cols; k++) data[j * cols + k] /= scale; };
   }
+  await rewriteCheckpoint(src, out, edits);
 }
 
 /**
