@@ -34,22 +34,25 @@ beforeAll(() => void ({ work, recipes } = recipeSandbox('forge-bisect-')));
 
 const lastBisect = (stdout: string) => lastJson(stdout) as BisectResult;
 
+/** Recipe `base` as `id` with `checkpoint` at plain w4 (the recipe's own w4 threshold, gates.oracle.w4MinCosine, default 0.85), bisected into `out`. */
+async function bisectAtW4(base: string, id: string, checkpoint: string, out: string, flags: string[] = []): Promise<{ recipeFile: string; b: BisectResult }> {
+  const recipeFile = writeRecipeVariant(recipes, base, id, (r) => {
+    r.source = { kind: 'local', path: checkpoint };
+    r.arch.default.quant = 'w4';
+  });
+  const run = await forge(['bisect', id, '--arch', 'v81', ...flags, '--json', '--out', out], { FORGE_RECIPES: recipes });
+  expect(run.code, run.stderr).toBe(0);
+  expect(run.stderr).not.toMatch(/\n\s+at /);
+  return { recipeFile, b: lastBisect(run.stdout) };
+}
+
 describe('forge bisect', () => {
   it('finds the W4-hostile layer of a w4 twin, names the link, and the single-matrix W8 fix it applies makes the build pass', async () => {
     const hostile = join(work, 'hostile');
     await makeW4Hostile(await twinDir('qwen3'), hostile, HOSTILE_LAYER);
-    // The twin at plain w4, the recipe's own w4 threshold (gates.oracle.w4MinCosine, default 0.85).
     const id = 'tiny-qwen3-hostile-w4';
-    const recipeFile = writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
-      r.source = { kind: 'local', path: hostile };
-      r.arch.default.quant = 'w4';
-    });
-
     const out = join(work, 'bisect-hostile');
-    const run = await forge(['bisect', id, '--arch', 'v81', '--apply', '--json', '--out', out], { FORGE_RECIPES: recipes });
-    expect(run.code, run.stderr).toBe(0);
-    expect(run.stderr).not.toMatch(/\n\s+at /);
-    const b = lastBisect(run.stdout);
+    const { recipeFile, b } = await bisectAtW4('tiny-qwen3', id, hostile, out, ['--apply']);
     expect(b.verdict).toBe('fixed');
     // fp32 holds, the shipped w4 graphs do not: the quantization link.
     expect(b.fault).toMatchObject({ link: 'quantization', variant: 'quantize:w4' });
@@ -120,14 +123,7 @@ describe('forge bisect', () => {
     const both = join(work, 'hostile-0-5');
     await makeW4Hostile(await twinDir('qwen3_5'), mid, 0, 256);
     await makeW4Hostile(mid, both, 5, 256);
-    const id = 'tiny-qwen3.5-two-hostile';
-    writeRecipeVariant(recipes, 'tiny-qwen3.5', id, (r) => {
-      r.source = { kind: 'local', path: both };
-      r.arch.default.quant = 'w4';
-    });
-    const run = await forge(['bisect', id, '--arch', 'v81', '--json', '--out', join(work, 'bisect-two')], { FORGE_RECIPES: recipes });
-    expect(run.code, run.stderr).toBe(0);
-    const b = lastBisect(run.stdout);
+    const { b } = await bisectAtW4('tiny-qwen3.5', 'tiny-qwen3.5-two-hostile', both, join(work, 'bisect-two'));
     expect(b.faulty).toEqual([0, 5]);
     for (const l of b.faulty!) expect(b.alone!.find((a) => a.layer === l)!.cosine).toBeLessThan(b.thresholds.shipped);
     expect(b.message).toMatch(/layers 0, 5 each fail alone \(0: 0\.\d+, 5: 0\.\d+ < 0\.85\)/);
@@ -146,14 +142,7 @@ describe('forge bisect', () => {
     // tiny-qwen3's layer 3 made W4-hostile (×16): along the chain it keeps ~0.86 against the 0.85 gate.
     const weak = join(work, 'weak-3');
     await makeW4Hostile(await twinDir('qwen3'), weak, 3);
-    const id = 'tiny-qwen3-weak-w4';
-    writeRecipeVariant(recipes, 'tiny-qwen3', id, (r) => {
-      r.source = { kind: 'local', path: weak };
-      r.arch.default.quant = 'w4';
-    });
-    const run = await forge(['bisect', id, '--arch', 'v81', '--json', '--out', join(work, 'bisect-weak')], { FORGE_RECIPES: recipes });
-    expect(run.code, run.stderr).toBe(0);
-    const b = lastBisect(run.stdout);
+    const { b } = await bisectAtW4('tiny-qwen3', 'tiny-qwen3-weak-w4', weak, join(work, 'bisect-weak'));
     expect(b.verdict).toBe('no-fault');
     const weakest = [...b.layers].sort((x, y) => x.shipped! - y.shipped!)[0];
     expect(weakest.layer).toBe(3);

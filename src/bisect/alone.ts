@@ -4,10 +4,10 @@
 // the layer that does the damage is 2 (its residual drops from 0.953 to 0.882). As the `auto`
 // stage does (quant/auto.ts), every layer is exported as a graph of its own and gated alone, fed HF's
 // inputs: its cosine is what that layer alone loses, which is what a precision change can win back.
-import { mkdirSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { FamilyId, PrecisionOverride, QuantScheme } from '../recipe/schema.js';
-import { GRAPHS_JSON, type ExportManifest, type ExportPlan } from '../export/graphs.js';
+import type { ExportPlan } from '../export/graphs.js';
 import { runExport } from '../export/stage.js';
 import { runOracleGate } from '../gates/oracle.js';
 import type { PrecisionMap } from '../quant/precision.js';
@@ -46,19 +46,16 @@ export async function layersAlone(p: AloneParams, checkpointDir: string, traceDi
   try {
     await runExport({ family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, maxContext: p.maxContext, prefillLength: 0, hostTables: false, overrides: p.overrides },
       checkpointDir, perLayerPlan(n), dir, { log: () => {}, progress: () => {} }, p.precision);
-    const graphs = (JSON.parse(readFileSync(join(dir, GRAPHS_JSON), 'utf8')) as ExportManifest).contexts.flatMap((c) => c.graphs);
     // The threshold does not matter here (the figures are compared with each other); 0 keeps the gate quiet.
     const r = await runOracleGate(p.family, checkpointDir, traceDir, [{ label: 'alone', dir, minCosine: 0 }], p.minTop1, join(work, 'scratch'));
     const figures: AloneFigure[] = Array.from({ length: n }, (_, layer) => ({ layer, cosine: Infinity }));
-    for (const g of graphs) {
-      // A layer's own graph, and a graph every layer shares (PhiMoE's experts) by the rows of each layer it served; not the lm-head.
-      const rows = g.first !== undefined && g.first === g.last ? r.rows.filter((x) => x.graph === g.name).map((x) => ({ ...x, layer: String(g.first) }))
-        : g.first === undefined ? r.rows.filter((x) => x.graph === g.name && x.layer !== '-') : [];
-      for (const x of rows) {
-        const f = figures[Number(x.layer)];
-        f.cosine = Math.min(f.cosine, x.minCosine);
-        if (x.nonFinite && !f.nonFinite) f.nonFinite = x.nonFinite;
-      }
+    // Every row the gate gave a layer: a one-layer graph's outputs are its layer's, a graph every layer
+    // shares (PhiMoE's experts) has a row per layer it served; the lm-head's rows have none.
+    for (const x of r.rows) {
+      if (x.layer === '-') continue;
+      const f = figures[Number(x.layer)];
+      f.cosine = Math.min(f.cosine, x.minCosine);
+      if (x.nonFinite && !f.nonFinite) f.nonFinite = x.nonFinite;
     }
     return figures;
   } finally {

@@ -92,7 +92,7 @@ export function summaryText(r: BisectResult): string {
     if (h.first) lines.push(`  first step:  ${stepText(h.first)}`);
     for (const b of h.boundaries) lines.push(`    ${b.value.padEnd(8)} ${b.from} → ${b.to}: max |value| ${num(b.maxAbs)} at ${b.maxAt}, past 65504 on ${b.overflowSteps} of ${b.steps} steps`);
   }
-  if (r.experts) lines.push(`  experts:     layer ${r.experts.layer}, from the cases that read each (${r.experts.graphs.join(', ')}): ${r.experts.figures.map((f) => expertText(f, r.fault?.threshold ?? r.thresholds.shipped)).join('; ')}`);
+  if (r.experts) lines.push(`  experts:     layer ${r.experts.layer}, from the cases that read each (${r.experts.graphs.join(', ')}): ${r.experts.figures.map((f) => expertText(f, r.experts!.threshold)).join('; ')}`);
   if (r.alone) lines.push(`  layers alone at ${r.thresholds.quant}: ${r.alone.map((a) => `${a.layer}:${a.nonFinite ? 'non-finite' : cos(a.cosine)}`).join(' ')}`);
   for (const s of r.suspects ?? []) lines.push(`  suspect:     layer ${s.layer}, ${s.why}`);
   for (const w of r.warnings ?? []) lines.push(`  look at:     ${w.text}`);
@@ -189,7 +189,7 @@ export function bisectHtml(r: BisectResult): string {
     }));
   }
   if (r.experts) {
-    const x = r.experts, threshold = r.fault?.threshold ?? r.thresholds.shipped;
+    const x = r.experts, threshold = x.threshold;
     parts.push(`<h2 id="experts">Layer ${x.layer}'s experts</h2>`, `<p>The experts graph runs every layer with the experts the router chose; its cases of layer ${x.layer} (${esc(x.graphs.join(', '))}), one per decode step (a token's two experts together) and per prefill chunk and expert (one expert alone). An expert the shipped precision cannot hold fails every case that reads it; its partners only some.</p>`, table({
       head: ['expert', 'cases that read it', `under ${threshold}`, 'alone', 'alone under', 'lowest cosine', ''],
       rows: x.figures.map((f, i) => [String(f.expert), String(f.cases), String(f.failing), String(f.alone), String(f.aloneFailing), cos(f.minCosine), i === 0 && f.failing ? '✗' : '']),

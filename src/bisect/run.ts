@@ -100,7 +100,7 @@ export interface BisectResult {
   /** The faulty graph re-run case by case: the first traced step under tolerance. */
   steps?: StepScan;
   /** A fault in a graph every layer shares (PhiMoE's experts): that layer's experts, worst first, from the scanned cases that read each. */
-  experts?: { layer: number; graphs: string[]; figures: ExpertFigure[] };
+  experts?: { layer: number; graphs: string[]; threshold: number; figures: ExpertFigure[] };
   /** Per layer, each variant's smallest cosine in the oracle gate (teacher-forced per graph). */
   layers: LayerFigures[];
   /** Per layer, the shipped precision's cosine with the layer gated alone. */
@@ -368,8 +368,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
   const variantRows = base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === miss.graph && (miss.layer === null ? r.output === miss.output : r.layer === String(miss.layer)));
   log(`first miss: ${where}, ${seen}; scanning its traced steps`);
   // A graph every layer shares (PhiMoE's experts) is scanned on the missed layer's cases, as the gate reported it.
-  const graphsOf = (dir: string) => readJson<ExportManifest>(join(dir, GRAPHS_JSON)).contexts.flatMap((c) => c.graphs);
-  const sharedGraph = miss.layer !== null && graphsOf(exportDir).find((g) => g.name === miss.graph)?.first === undefined;
+  const exportGraphs = readJson<ExportManifest>(join(exportDir, GRAPHS_JSON)).contexts.flatMap((c) => c.graphs);
+  const shared = (name: string) => exportGraphs.find((g) => g.name === name)?.first === undefined;
+  const sharedGraph = miss.layer !== null && shared(miss.graph);
   const scan = (graph: string, outputs: string[]) => {
     const scratch = mkdtempSync(join(tmpdir(), 'forge-bisect-steps-'));
     return scanSteps(recipe.family, ckpt, base.dirs.trace!, exportDir, graph, outputs, miss.threshold, scratch, sharedGraph ? miss.layer! : undefined)
@@ -410,12 +411,12 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
 
   if (sharedGraph) {
     // The experts of one layer: which one fails the cases that read it (every shared graph of the layer scanned: decode steps mix two, prefill runs one alone).
-    const siblings = [...new Set(base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph !== miss.graph && r.layer === String(miss.layer)).map((r) => r.graph))]
-      .filter((g) => graphsOf(exportDir).find((x) => x.name === g)?.first === undefined);
+    const atLayer = base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph !== miss.graph && r.layer === String(miss.layer) && shared(r.graph));
+    const siblings = [...new Set(atLayer.map((r) => r.graph))];
     const cases = [...result.steps.cases];
-    for (const g of siblings) cases.push(...(await scan(g, base.oracle.rows.filter((r) => r.variant === miss.variant && r.graph === g && r.layer === String(miss.layer)).map((r) => r.output))).cases);
+    for (const g of siblings) cases.push(...(await scan(g, atLayer.filter((r) => r.graph === g).map((r) => r.output))).cases);
     const figures = blameExperts(cases, miss.threshold);
-    result.experts = { layer: miss.layer!, graphs: [miss.graph, ...siblings], figures };
+    result.experts = { layer: miss.layer!, graphs: [miss.graph, ...siblings], threshold: miss.threshold, figures };
     result.layer = miss.layer!;
     const bad = figures.filter((f) => f.failing);
     const named = bad.length ? `; ${expertText(bad[0], miss.threshold)}${figures[1] ? ` (next: ${expertText(figures[1], miss.threshold)})` : ''}` : '';

@@ -13,7 +13,7 @@ import { gateSessionOptions, writeGateModel } from '../gates/cpu-form.js';
 import { formOptions, gateForm, GATE_COPIES, runGateCases } from '../gates/oracle.js';
 import { compare } from '../gates/compare.js';
 import { familyConfig } from './family-config.js';
-import type { GateCase } from '../families/types.js';
+import { casesOfLayer } from '../families/types.js';
 
 export interface StepCosine {
   prompt: number;
@@ -36,8 +36,6 @@ export interface StepScan {
   first?: StepCosine;
   /** How many cases are under it. */
   failing: number;
-  /** A graph every layer shares: the one layer whose cases were scanned. */
-  layer?: number;
 }
 
 /**
@@ -61,7 +59,8 @@ export async function scanSteps(
     const { path } = writeGateModel(join(exportDir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
     const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
     try {
-      await runGateCases(session, entry.file, servedBy(family.gateCases(config, entry, trace, manifest.maxContext, exportDir), layer), form, (c, output) => {
+      const all = family.gateCases(config, entry, trace, manifest.maxContext, exportDir);
+      await runGateCases(session, entry.file, layer === undefined ? all : casesOfLayer(all, layer), form, (c, output) => {
         let worst: StepCosine | undefined;
         for (const [name, expected] of Object.entries(c.expected)) {
           if (!wanted.has(name)) continue;
@@ -79,9 +78,6 @@ export async function scanSteps(
   }
   cases.sort((a, b) => a.prompt - b.prompt || a.step - b.step);
   const under = cases.filter((c) => c.cosine < threshold);
-  return { graph: graphName, outputs, threshold, cases, ...(under.length ? { first: under[0] } : {}), failing: under.length, ...(layer !== undefined ? { layer } : {}) };
+  return { graph: graphName, outputs, threshold, cases, ...(under.length ? { first: under[0] } : {}), failing: under.length };
 }
 
-async function* servedBy(cases: AsyncIterable<GateCase>, layer: number | undefined): AsyncIterable<GateCase> {
-  for await (const c of cases) if (layer === undefined || !c.served || c.served.layer === layer) yield c;
-}

@@ -93,7 +93,7 @@ function opRow(r: BisectResult): string | undefined {
 /** The expert named in a graph every layer shares (PhiMoE's experts), from the cases that read each. */
 function expertRow(r: BisectResult): string | undefined {
   const e = r.experts?.figures[0];
-  return e?.failing ? `layer ${r.experts!.layer}'s ${expertText(e, r.fault?.threshold ?? r.thresholds.shipped)}` : undefined;
+  return e?.failing ? `layer ${r.experts!.layer}'s ${expertText(e, r.experts!.threshold)}` : undefined;
 }
 
 function layerRow(r: BisectResult): string | undefined {

@@ -81,12 +81,13 @@ export function equalizeChannels(up: Float32Array, upCols: number, down: Float32
 
 /**
  * The tables (and the scale tables W8 adds) for `matrices` of `layers` × `experts`, in `scheme`;
- * the experts `equalize.experts` picks have their `equalize.pair` rebalanced first (equalizeChannels).
+ * the experts `equalize.rules` pick have their `equalize.pair` rebalanced first (equalizeChannels).
  */
 export function expertTables(matrices: ExpertMatrix[], layers: number, experts: number, scheme: QuantScheme, equalize?: { pair: EqualizePair; rules: readonly Equalize[] }): MadeTables {
   const rules = (equalize?.rules ?? []).map((rule) => ({ rule, re: new RegExp(`^(?:${rule.match})$`) }));
-  const picked = (l: number, e: number) => rules.some((r) => r.re.test(expertId(l, e)));
-  const equalized = Array.from({ length: layers * experts }, (_, i) => expertId(Math.floor(i / experts), i % experts)).filter((id) => rules.some((r) => r.re.test(id)));
+  const ids = Array.from({ length: layers * experts }, (_, i) => expertId(Math.floor(i / experts), i % experts));
+  const equalized = ids.filter((id) => rules.some((r) => r.re.test(id)));
+  const picked = new Set(equalized);
   const tables: MadeTable[] = [];
   for (const m of matrices) {
     tables.push({ name: m.name, use: 'expert-weights', shape: [layers, experts, m.rows, m.cols], dtype: EXPERT_ROW_DTYPE[scheme] });
@@ -114,7 +115,7 @@ export function expertTables(matrices: ExpertMatrix[], layers: number, experts: 
               }
               read.set(m.name, rows);
             }
-            if (equalize && picked(l, e)) {
+            if (equalize && picked.has(expertId(l, e))) {
               const { up, upRow, down, channels } = equalize.pair;
               const cols = matrices.find((m) => m.name === up)!.cols;
               equalizeChannels(read.get(up)!.subarray(upRow * cols, (upRow + channels) * cols), cols, read.get(down)!, channels);

@@ -8,7 +8,7 @@
 // lm-head last. Every graph is fed HF's KV rows for its step, as the gate feeds them.
 import type { GraphEntry } from '../export/graphs.js';
 import type { Trace } from '../gates/trace.js';
-import type { ChainRunner, GateCase } from './types.js';
+import { casesOfLayer, type ChainRunner, type GateCase } from './types.js';
 import { ROLES, type PhimoeConfig } from './phimoe.js';
 import { phimoeCases } from './phimoe-gates.js';
 
@@ -42,15 +42,11 @@ export async function phimoeChain(c: PhimoeConfig, graphs: GraphEntry[], trace: 
       handed.set(key(x), { attn_res: out('attn_res').slice(), moe_in: out('moe_in').slice() });
     });
     const next = new Map<string, Float32Array>();
-    await run(experts, fed(servedBy(phimoeCases(c, experts, trace, maxContext, dir), l), (x) => handed.get(key(x)), `attention output of layer ${l}`), (x, out) => {
+    await run(experts, fed(casesOfLayer(phimoeCases(c, experts, trace, maxContext, dir), l), (x) => handed.get(key(x)), `attention output of layer ${l}`), (x, out) => {
       next.set(key(x), out('hidden_out').slice());
     });
     hidden = next;
   }
   const head = find(ROLES.lmHead);
   await run(head, fed(phimoeCases(c, head, trace, maxContext, dir), (x) => (hidden!.has(key(x)) ? { hidden: hidden!.get(key(x))! } : undefined), 'last residual'), (x, out) => logits(x, out('logits')));
-}
-
-async function* servedBy(cases: AsyncIterable<GateCase>, layer: number): AsyncGenerator<GateCase> {
-  for await (const c of cases) if (c.served?.layer === layer) yield c;
 }

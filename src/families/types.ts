@@ -318,6 +318,11 @@ export interface GateCase {
   served?: { layer: number; experts: number[] };
 }
 
+/** The cases of a graph every layer shares that ran for `layer` (GateCase.served); a graph of its own layer's cases passes whole. */
+export async function* casesOfLayer(cases: AsyncIterable<GateCase>, layer: number): AsyncGenerator<GateCase> {
+  for await (const c of cases) if (!c.served || c.served.layer === layer) yield c;
+}
+
 /** Runs an exported graph over cases (the oracle gate's form of it), each case with its outputs. */
 export type ChainRunner = (entry: GraphEntry, cases: AsyncIterable<GateCase>, each: (c: GateCase, output: (name: string) => Float32Array) => void) => Promise<void>;
 

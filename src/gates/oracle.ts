@@ -177,25 +177,26 @@ export async function runGateCases(
   if (batch.length) await run(batch);
 }
 
-/** A shared graph's output is tallied per layer it served (`hidden_out@3`): one row per layer. */
-const servedKey = (name: string, c: GateCase) => (c.served ? `${name}@${c.served.layer}` : name);
-function servedOf(key: string): { output: string; layer: number } | undefined {
-  const m = /^(.*)@(\d+)$/.exec(key);
-  return m ? { output: m[1], layer: Number(m[2]) } : undefined;
-}
-
 async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: GraphEntry, trace: Trace, maxContext: number, scratch: string, form: GateForm, chain: StepChain, half?: StepChain) {
   // The graph's CPU-gate form (its own numbers, fast CPU kernels, weights left mapped; see
   // cpu-form.ts) with the probe outputs, run with the session options that form is made for.
   const { path: model, stats } = writeGateModel(join(dir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
   const session = await ort.InferenceSession.create(model, gateSessionOptions(form.copies));
   const tally = new GateTally(trace.meta.vocab);
+  // A graph every layer shares is tallied per layer it served (one row each): the tally's key, and the output and layer it stands for.
+  const served = new Map<string, { output: string; layer: number }>();
+  const keyOf = (name: string, c: GateCase) => {
+    if (!c.served) return name;
+    const key = `${name} layer ${c.served.layer}`;
+    served.set(key, { output: name, layer: c.served.layer });
+    return key;
+  };
   let cases = 0;
   try {
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
     await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
-      for (const [name, expected] of Object.entries(c.expected)) tally.add(servedKey(name, c), output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}${c.served ? ` layer ${c.served.layer}` : ''}`, c.masks?.[name], !c.placeholder);
+      for (const [name, expected] of Object.entries(c.expected)) tally.add(keyOf(name, c), output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}${c.served ? ` layer ${c.served.layer}` : ''}`, c.masks?.[name], !c.placeholder);
       if (firstLink) {
         chain.record(entry, c, output);
         half?.record(entry, c, output);
@@ -213,7 +214,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
   } finally {
     await session.release();
   }
-  return { acc: tally.outputs, tops: tally.top1, cases, kept: stats.kept };
+  return { acc: tally.outputs, served, tops: tally.top1, cases, kept: stats.kept, model };
 }
 
 function markdownTable(rows: OracleRow[], failed: boolean): string {
@@ -269,6 +270,8 @@ export async function runOracleGate(
   const logitError: Record<string, number> = {};
   const chains = new Map<string, StepChain>();
   const halves = new Map<string, StepChain>();
+  // Each gated graph's CPU form (in scratch until the end), which a family's own chain runs again.
+  const cpuForms = new Map<string, { model: string; form: GateForm }>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -281,13 +284,15 @@ export async function runOracleGate(
       const variant = `${v.label}:${manifest.scheme}`;
       if (!chains.has(v.label)) chains.set(v.label, new StepChain(greedySteps(trace.meta.prompts)));
       if (v.handoff && !halves.has(v.label)) halves.set(v.label, new StepChain(greedySteps(trace.meta.prompts), roundToF16));
-      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), gateForm(g, copies, windowed && family.gateWindow !== false), chains.get(v.label)!, halves.get(v.label));
+      const form = gateForm(g, copies, windowed && family.gateWindow !== false);
+      const r = await checkGraph(family, config, v.dir, g, trace, manifest.maxContext, join(scratch, v.label), form, chains.get(v.label)!, halves.get(v.label));
+      cpuForms.set(`${v.label}/${g.name}`, { model: r.model, form });
       if (r.cases === 0) throw new Error(`no traced step reaches ${g.name}: the trace is empty`);
       slowNodes.push(...r.kept.map((k) => `${variant}/${g.name}: ${k}`));
       let graphMin = Infinity;
       let graphOk = true;
       for (const [key, a] of r.acc) {
-        const served = servedOf(key);
+        const served = r.served.get(key);
         const output = served?.output ?? key;
         const { layer, what } = served ? { layer: String(served.layer), what: 'its output for this layer' } : layerOf(output in g.probes ? g.probes[output].name : output, g.last, g.first === g.last ? g.first : undefined);
         const rowOk = a.minCosine >= v.minCosine && !a.nonFinite;
@@ -306,20 +311,21 @@ export async function runOracleGate(
     // A family whose graphs the host routes between chains them itself (its graphs have no residual stream for StepChain).
     if (family.chain) {
       for (const v of variants) {
-        const manifest = JSON.parse(readFileSync(join(v.dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
+        const mine = work.filter((w) => w.v === v);
         const chain = chains.get(v.label)!;
         const run: ChainRunner = async (entry, cases, each) => {
           if (chain.graphs.at(-1) !== entry.name) chain.graphs.push(entry.name);
-          const form = gateForm(entry, copies, windowed && family.gateWindow !== false);
-          const { path } = writeGateModel(join(v.dir, entry.file), [], join(scratch, v.label, 'chain'), formOptions(entry, form));
-          const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
+          const gated = cpuForms.get(`${v.label}/${entry.name}`);
+          if (!gated) throw new Error(`oracle: ${entry.name} of ${v.label} was not gated, so the chain has no CPU form of it`);
+          const { model, form } = gated;
+          const session = await ort.InferenceSession.create(model, gateSessionOptions(form.copies));
           try {
             await runGateCases(session, entry.file, cases, form, each);
           } finally {
             await session.release();
           }
         };
-        await family.chain(config, manifest.contexts.flatMap((c) => c.graphs), trace, manifest.maxContext, v.dir, run, (c, got) => chain.logits(c, got));
+        await family.chain(config, mine.map((w) => w.g), trace, mine[0].manifest.maxContext, v.dir, run, (c, got) => chain.logits(c, got));
       }
     }
   } finally {
