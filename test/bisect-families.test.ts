@@ -16,6 +16,10 @@ import { pageLayout } from './helpers/page-layout.js';
 import { blameExperts } from '../src/bisect/experts.js';
 import { equalizeChannels } from '../src/families/expert-tables.js';
 import type { BisectResult } from '../src/bisect/run.js';
+import { routingFlip, topExperts } from '../src/families/phimoe-chain.js';
+import { flipsBefore, routingCandidates } from '../src/bisect/routing.js';
+import { noFaultWarnings } from '../src/bisect/warnings.js';
+import { routingText } from '../src/gates/oracle.js';
 
 let work: string;
 let recipes: string;
@@ -43,7 +47,13 @@ describe('forge bisect on every family', () => {
     expect(b.runtime!.parity.holds).toBe(true);
     expect(b.build.stages.every((s) => s.status === 'cached')).toBe(true);
     expect(b.trials).toEqual([]);
-    console.log(`[measured] bisect on healthy ${id} (v81), everything cached: ${seconds.toFixed(1)} s for the command, ${b.seconds.toFixed(1)} s inside it; drift ${b.drift?.notScanned ? 'not scanned' : `${b.drift?.steps.length} steps`}`);
+    // PhiMoE routes on the host: bisect says how often the chained shipped router picks HF's experts (4 layers a traced step).
+    if (id === 'tiny-phimoe') {
+      expect(b.routing!.decisions % 4).toBe(0);
+      expect(b.routing!.decisions).toBeGreaterThan(0);
+      expect(b.drift!.notScanned).toContain(`the shipped router picks HF's experts at ${b.routing!.decisions - b.routing!.flips.length}/${b.routing!.decisions} decisions`);
+    } else expect(b.routing).toBeUndefined();
+    console.log(`[measured] bisect on healthy ${id} (v81), everything cached: ${seconds.toFixed(1)} s for the command, ${b.seconds.toFixed(1)} s inside it; drift ${b.drift?.notScanned ? 'not scanned' : `${b.drift?.steps.length} steps`}${b.routing ? `; routing flips ${b.routing.flips.length}/${b.routing.decisions}` : ''}`);
   }, 900_000);
 
   it('names the W8-hostile expert of a PhiMoE layer, and its channels equalized in the host tables, applied, make the build pass', async () => {
@@ -140,5 +150,45 @@ describe('bisect on experts, the pure parts', () => {
     const copy = d2.slice();
     equalizeChannels(u2, upCols, d2, ch);
     expect(Math.max(...Array.from(d2, (v, i) => Math.abs(v / copy[i])))).toBeLessThanOrEqual(2);
+  });
+});
+
+describe('routing flips, the pure parts', () => {
+  const at = { prompt: 0, step: 7, layer: 2 };
+  it("ranks the experts as the host's sparsemixer does: the best, then the best of the rest, a tie to the lower index", () => {
+    expect(topExperts(Float32Array.of(0.5, 2, -1, 2, 1.5), 2)).toEqual([1, 3]);
+    expect(topExperts(Float32Array.of(3, 1, 2, 0), 2)).toEqual([0, 2]);
+  });
+
+  it("calls a step a flip when the shipped router's top-2 or their order differs from HF's, with HF's own gap there", () => {
+    const hf = Float32Array.of(1.0, 3.0, 0.2, 2.5);
+    expect(routingFlip(at, hf, Float32Array.of(1.1, 3.1, 0.1, 2.4), 2)).toBeUndefined();
+    // Expert 0 overtakes expert 3 for the second place: HF kept 3 by 1.5 over 0.
+    expect(routingFlip(at, hf, Float32Array.of(2.6, 3.0, 0.2, 2.5), 2)).toEqual({ ...at, hf: [1, 3], shipped: [1, 0], hfGap: 1.5 });
+    // The same two experts in the other order weigh them differently: a flip too, HF's gap that of its first two.
+    expect(routingFlip(at, hf, Float32Array.of(1.0, 2.4, 0.2, 2.5), 2)).toEqual({ ...at, hf: [1, 3], shipped: [3, 1], hfGap: 0.5 });
+  });
+
+  it("leads with the flip at the runtime's divergent step, then the earlier ones of that prompt, latest first", () => {
+    const flip = (prompt: number, step: number, layer: number) => ({ prompt, step, layer, hf: [0, 1], shipped: [0, 2], hfGap: 0.01 });
+    const tally = { decisions: 64, flips: [flip(0, 3, 1), flip(0, 9, 0), flip(0, 12, 3), flip(1, 5, 2), flip(0, 9, 2)] };
+    expect(flipsBefore(tally, { prompt: 0, position: 9 }).map((f) => [f.step, f.layer])).toEqual([[9, 0], [9, 2], [3, 1]]);
+    expect(flipsBefore(tally, { prompt: 1, position: 4 })).toEqual([]);
+    expect(flipsBefore(undefined, { prompt: 0, position: 9 })).toEqual([]);
+    expect(routingText(tally, 2)).toBe("the shipped router picks HF's experts at 59/64 decisions; routing flips at prompt 0 step 3 layer 1 (HF 0,1 → 0,2; HF's gap 0.0100), prompt 0 step 9 layer 0 (HF 0,1 → 0,2; HF's gap 0.0100) and 3 more");
+  });
+
+  it("tries the flipped layer's router one rung up first, then the whole layer", () => {
+    const m = (name: string, shape: number[]) => ({ name, shape, role: 'matmul' as const });
+    const tensors = [m('model.layers.2.self_attn.q_proj.weight', [64, 64]), m('model.layers.2.block_sparse_moe.gate.weight', [4, 64]), m('model.layers.2.self_attn.o_proj.weight', [64, 64])];
+    const c = routingCandidates(2, tensors, { scheme: 'w4', overrides: [] }, { ...at, hf: [1, 3], shipped: [1, 0], hfGap: 0.02 });
+    expect(c.map((x) => x.label)).toEqual(['layer 2 block_sparse_moe.gate w4→w8', 'layer 2 whole (3 matrices)']);
+    expect(c[0].overrides[0].why).toMatch(/router flips at step 7 layer 2 \(HF's experts 1,3, the shipped router's 1,0; HF's own gap 0\.0200\)/);
+  });
+
+  it('warns under "no fault" where the chained router flipped while the tokens held', () => {
+    const w = noFaultWarnings([], 0.999, undefined, [], { decisions: 32, flips: [{ prompt: 1, step: 4, layer: 3, hf: [2, 0], shipped: [2, 1], hfGap: 0.004 }] });
+    expect(w).toEqual([{ kind: 'routing', text: expect.stringMatching(/^the shipped router picks other experts than HF at 1 of 32 decisions \(prompt 1 step 4 layer 3 \(HF's experts 2,0, the shipped router's 2,1; HF's own gap 0\.00400\)\)/) }]);
+    expect(noFaultWarnings([], 0.999, undefined, [], { decisions: 32, flips: [] })).toEqual([]);
   });
 });

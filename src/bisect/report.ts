@@ -12,6 +12,7 @@ import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
 import type { DriftStep } from './drift.js';
 import { divergenceText, verdictText } from './runtime.js';
+import { flipText } from './routing.js';
 import { fromText } from './from.js';
 import { runDivergenceText } from './runtime-run.js';
 import { opText } from './quant-op.js';
@@ -81,6 +82,7 @@ export function summaryText(r: BisectResult): string {
     if (d) lines.push(`  first step:  ${divergenceText(d, p.target)}`);
   }
   if (r.runtime?.chain) lines.push(`  TS chain:    at that step picks ${r.runtime.chain.shippedToken} (margin for HF's token ${r.runtime.chain.shippedMargin.toFixed(4)})`);
+  if (r.runtime?.routing?.length) lines.push(`  routing:     ${r.runtime.routing.map(flipText).join('; ')}`);
   if (r.runtime?.attribution) lines.push(`  logit diff:  per layer through the lm-head (HF's token against the runtime's): ${r.runtime.attribution.layers.map((l) => `${l.layer}:${l.contribution.toFixed(4)}`).join(' ')}`);
   if (r.device?.divergence && !r.device.divergence.nonFinite) lines.push(`  there:       the x86 simulator gave ${verdictText(r.device.simulatorAt)}, the host runtime ${verdictText(r.device.hostAt)}`);
   if (r.device) lines.push(`  note:        ${r.device.note}`);
@@ -98,7 +100,7 @@ export function summaryText(r: BisectResult): string {
   for (const w of r.warnings ?? []) lines.push(`  look at:     ${w.text}`);
   if (r.faulty?.length) lines.push(`  alone under: ${r.faulty.map((l) => `layer ${l}`).join(', ')} (each fails the shipped threshold by itself)`);
   if (r.trials.length) {
-    lines.push(`  fixes tried (rebuilt through the ${r.trials.some((t) => t.rescale) ? 'emulation' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);
+    lines.push(`  fixes tried (rebuilt through the ${r.trials.some((t) => t.rescale) ? 'emulation' : r.runtime?.divergence ? 'parity' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);
     for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} ${cost(t).padStart(10)}  ${t.rescale ? 'simulator' : 'shipped'} min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
   }
   if (r.fixes.length) lines.push(`  ranked by cost: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (${cost(t)})`).join('; ')}`);

@@ -15,7 +15,7 @@ import type { EmulationResult } from '../gates/emulation.js';
 import { cacheRoot } from '../paths.js';
 import { silentProgress } from '../engine/progress.js';
 import type { RunRecord } from '../engine/record.js';
-import type { OracleResult } from '../gates/oracle.js';
+import { routingText, type OracleResult } from '../gates/oracle.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
 import { getFamily } from '../families/index.js';
 import { runtimeHostOps } from '../../pipelines/build.js';
@@ -26,7 +26,7 @@ import { layerFigures, locateMiss, type LayerFigures, type Miss } from './locate
 import { scanSteps, type StepScan } from './steps.js';
 import { layersAlone, type AloneFigure } from './alone.js';
 import { candidates, judge, rank, readJson, stageDir, together, matricesTogether, type Candidate, type Trial } from './fixes.js';
-import type { TensorSpec } from '../families/types.js';
+import type { RoutingTally, TensorSpec } from '../families/types.js';
 import { noFaultWarnings, type Warning } from './warnings.js';
 import { applyHandoff, applyOverrides } from './apply.js';
 import { handoffBisect, handoffOnly, type HandoffFindings } from './handoff-bisect.js';
@@ -130,6 +130,8 @@ export interface BisectResult {
   quantOpError?: string;
   /** The shipped graphs chained on the CPU against HF's greedy continuations (when the teacher-forced gates hold). */
   drift?: DriftResult;
+  /** A family that routes on the host (PhiMoE): the shipped router against HF's choice, chained, from the oracle gate. */
+  routing?: RoutingTally;
   /** The native runtime on the host, teacher-forced with its own KV cache (the parity gate), when the ONNX chain holds. */
   runtime?: RuntimeFindings;
   /** --target adb: the runtime on the phone (the parity gate over adb), when the host and the simulator hold. */
@@ -233,7 +235,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     if (link) result.link = link;
     if (result.verdict === 'no-fault' && base.oracle) {
       // Nothing broke: what still deserves a look (a weak but passing layer, logits close to HF's margins).
-      const w = noFaultWarnings(layers, thresholds.shipped, base.oracle.logitError.quantize, readTraceMeta(base.dirs.trace!).prompts.flatMap((p) => p.margins));
+      const w = noFaultWarnings(layers, thresholds.shipped, base.oracle.logitError.quantize, readTraceMeta(base.dirs.trace!).prompts.flatMap((p) => p.margins), result.routing);
       if (w.length) {
         result.warnings = w;
         result.message += `; worth a look: ${w.map((x) => x.text).join('; ')}`;
@@ -271,6 +273,11 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     const chained = base.oracle.decisions?.quantize;
     // Not scanned here (the host routes between the graphs): the oracle's own chain of them, with HF's routing, says whether it keeps HF's greedy path.
     if (result.drift.notScanned && chained) result.drift.notScanned += `; the oracle gate's chain of them with HF's routing picks HF's token at ${chained.agree} of ${chained.steps} greedy steps (smallest margin ${chained.minMargin.toFixed(4)}, ${chained.at})`;
+    const routing = base.oracle.routing?.quantize;
+    if (routing) {
+      result.routing = routing;
+      if (result.drift.notScanned) result.drift.notScanned += `; ${routingText(routing)}`;
+    }
     verdicts.drift = !!result.drift.first;
     if (result.drift.first) {
       log(driftMessage(result.drift));

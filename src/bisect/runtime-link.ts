@@ -11,6 +11,7 @@ import type { PrecisionMap } from '../quant/precision.js';
 import { driftFixes, scanShipped } from './drift-bisect.js';
 import type { DriftResult } from './drift.js';
 import { rank } from './fixes.js';
+import { flipsBefore, flipText, routingFixes } from './routing.js';
 import { chainAt, DEVICE_NOTE, firstDivergence, paritySnapshot, runtimeMessage, verdictAt, type DeviceFindings, type ParityJson } from './runtime.js';
 import type { BisectResult } from './run.js';
 
@@ -63,7 +64,21 @@ export async function runtimeLink(result: BisectResult, parity: ParityJson, c: R
     { scheme, lmHeadScheme: baseScheme(c.settings.lmHead.quant), maxContext: c.settings.maxContext, overrides: c.settings.overrides, ...(c.precision ? { precision: c.precision } : {}) },
     { prompt: d.prompt, step: d.position, token: d.runtime.token });
   if (!attributed.layers?.length) {
-    result.message = `${head}; not weighed by layer: ${attributed.notScanned ?? 'no layer attribution'}`;
+    const flips = flipsBefore(result.routing, d);
+    if (!flips.length) {
+      result.message = `${head}; not weighed by layer: ${attributed.notScanned ?? 'no layer attribution'}`;
+      return;
+    }
+    // The host routes between the graphs: a routing flip the oracle's chain saw is the lead.
+    const flip = flips[0];
+    result.runtime.routing = flips;
+    result.trials = await routingFixes({ family: c.family, checkpointDir: c.ckpt, scheme, overrides: c.settings.overrides, ...(c.precision ? { precision: c.precision } : {}), log: c.log, rebuild: c.rebuild }, flip);
+    result.fixes = rank(result.trials);
+    result.chosen = result.fixes[0];
+    result.layer = flip.layer;
+    result.verdict = result.chosen ? 'fixed' : 'unfixed';
+    const more = flips.length > 1 ? ` (${flips.length - 1} more in this prompt up to that step)` : '';
+    result.message = `${head}; a routing flip: the shipped router picks other experts than HF at ${flipText(flip)}${more}; ${result.chosen ? `fix: ${result.chosen.label} (+${result.chosen.addedBytes} bytes), after which the runtime follows HF (parity rebuilt)` : `no candidate brings the runtime back on HF's path (tried ${result.trials.map((t) => t.label).join(', ') || 'none'})`}`;
     return;
   }
   result.runtime.attribution = { layers: attributed.layers, logitDelta: attributed.logitDelta! };

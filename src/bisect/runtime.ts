@@ -7,6 +7,7 @@
 // the step; it runs nothing.
 import type { Mismatch, paritySummary, VariantResult } from '../gates/parity.js';
 import type { DriftResult } from './drift.js';
+import type { RoutingFlip } from '../families/types.js';
 
 /** The chain's links in order; bisect names the first that breaks. */
 export type Link = 'export' | 'quantization' | 'hand-off' | 'drift' | 'runtime' | 'compile/fp16' | 'device';
@@ -143,6 +144,8 @@ export interface RuntimeFindings {
   chain?: { shippedToken: number; shippedMargin: number };
   /** At the divergent step: per layer, its part of HF logit[HF's token] − logit[the runtime's] moved by the shipped graphs (drift.ts's attribution). */
   attribution?: { layers: NonNullable<DriftResult['layers']>; logitDelta: NonNullable<DriftResult['logitDelta']> };
+  /** A family that routes on the host: the chained router's flips in the divergent prompt up to that step, the likeliest first (routing.ts). */
+  routing?: RoutingFlip[];
 }
 
 export interface DeviceFindings {

@@ -7,6 +7,7 @@ import { expertText } from './experts.js';
 import type { Trial } from './fixes.js';
 import { shortName } from './fixes.js';
 import { divergenceText } from './runtime.js';
+import { flipText } from './routing.js';
 import { runDivergenceText } from './runtime-run.js';
 import { boundaryText } from './handoff.js';
 import { sizeText } from '../units.js';
@@ -106,7 +107,7 @@ function layerRow(r: BisectResult): string | undefined {
 function verifiedRow(r: BisectResult): string {
   const c = r.chosen;
   if (c) {
-    const gate = c.rescale ? 'the simulator gate' : 'the oracle gate';
+    const gate = c.rescale ? 'the simulator gate' : r.runtime?.routing ? "the parity gate (the runtime's own routing)" : 'the oracle gate';
     const threshold = c.rescale ? r.simulator?.threshold : r.thresholds.shipped;
     const figure = c.minCosine !== undefined ? `: min cosine ${cos(c.minCosine)}${threshold !== undefined ? ` ≥ ${threshold}` : ''}` : '';
     return `${c.ok ? 'yes' : 'no'}, rebuilt with the fix, ${gate} ${c.ok ? 'holds' : 'still fails'}${figure}${r.drift?.first ? ' and the chain follows HF again' : ''} (${r.fixes.length} of ${r.trials.length} candidates pass)`;
@@ -133,6 +134,7 @@ export function verdictBox(r: BisectResult): VerdictBox {
     ['layer', layer],
     ['op', opRow(r)],
     ['expert', expertRow(r)],
+    ['routing', r.runtime?.routing?.length ? `the shipped router leaves HF's experts at ${flipText(r.runtime.routing[0])}` : undefined],
     ['proposed fix', r.chosen ? `${fixSummary(r.chosen, r.arch)} (${fixCost(r.chosen)})` : r.verdict === 'no-fault' ? undefined : 'none found'],
     ['verified', r.verdict === 'no-fault' ? undefined : verifiedRow(r)],
     ['recipe', r.applied ? `written into ${r.applied.file}` : r.chosen ? 'not changed: forge bisect --apply writes the fix into it' : undefined],

@@ -5,9 +5,11 @@
 // margins): nothing is rebuilt.
 import type { LayerFigures } from './locate.js';
 import { nearTies } from '../bundle/confidence.js';
+import type { RoutingTally } from '../families/types.js';
+import { flipText } from './routing.js';
 
 export interface Warning {
-  kind: 'weak-layer' | 'logit-error';
+  kind: 'weak-layer' | 'logit-error' | 'routing';
   text: string;
 }
 
@@ -20,9 +22,11 @@ const NEAR = 0.1;
 /**
  * The weakest layers (shipped, along the chain) that stand out from the median or pass the
  * `threshold` by a hair, and the steps HF decides by less than twice the shipped graphs' chained
- * logit error.
+ * logit error; for a family that routes on the host, the decisions where the chained router picks
+ * other experts than HF's (the runtime held all the same: HF's gaps there are small, or the flip did
+ * not reach the token).
  */
-export function noFaultWarnings(layers: LayerFigures[], threshold: number, shippedLogitError: number | undefined, stepMargins: number[]): Warning[] {
+export function noFaultWarnings(layers: LayerFigures[], threshold: number, shippedLogitError: number | undefined, stepMargins: number[], routing?: RoutingTally): Warning[] {
   const out: Warning[] = [];
   const shipped = layers.filter((l) => l.shipped !== undefined).map((l) => ({ layer: l.layer, d: 1 - l.shipped! }));
   if (shipped.length >= 3) {
@@ -45,6 +49,10 @@ export function noFaultWarnings(layers: LayerFigures[], threshold: number, shipp
     const close = nearTies({ stepMargins }, shippedLogitError);
     const min = Math.min(...stepMargins);
     if (close) out.push({ kind: 'logit-error', text: `the shipped graphs move the logits by up to ${shippedLogitError.toFixed(4)}: ${close} of ${stepMargins.length} traced steps have HF margins under twice that (smallest ${min.toFixed(4)}) and could flip on another run or input` });
+  }
+  if (routing?.flips.length) {
+    const f = routing.flips;
+    out.push({ kind: 'routing', text: `the shipped router picks other experts than HF at ${f.length} of ${routing.decisions} decisions (${f.slice(0, 2).map((x) => `prompt ${x.prompt} ${flipText(x)}`).join('; ')}${f.length > 2 ? `; ${f.length - 2} more` : ''}): the tokens held, and it is where routing would flip one` });
   }
   return out;
 }

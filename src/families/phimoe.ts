@@ -122,6 +122,9 @@ function components(c: PhimoeConfig, layout: ComponentLayout): Component[] {
   return out;
 }
 
+/** Experts per token: sparsemixer routes top-2 (the config refuses any other num_experts_per_tok). */
+export const TOP_K = 2;
+
 export const phimoe: Family<PhimoeConfig> = {
   id: 'phimoe',
   hostOp: 'phimoe_generate',
@@ -130,7 +133,7 @@ export const phimoe: Family<PhimoeConfig> = {
   hostTables: (c) => [{ name: 'embedding', use: 'embedding', tensor: EMBEDDING, shape: [c.vocab, c.hidden], dtype: 'float16' }],
   // w3's rows (after w1's in the gate_up table) scale the intermediate linearly; w2's columns read it.
   madeTables: (c, scheme, equalize) => expertTables(expertMatrices(c), c.layers, c.experts, scheme, { pair: { up: EXPERT_TABLES.gateUp, upRow: c.ffn, down: EXPERT_TABLES.down, channels: c.ffn }, rules: equalize ?? [] }),
-  hostOpParams: (c) => ({ experts: c.experts, top_k: 2, router_jitter_eps: c.jitterEps }),
+  hostOpParams: (c) => ({ experts: c.experts, top_k: TOP_K, router_jitter_eps: c.jitterEps }),
   components,
   gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),
   chain: phimoeChain,

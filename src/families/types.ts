@@ -98,9 +98,10 @@ export interface Family<C> {
    * A family whose layer graphs do not hand the residual from one to the next (PhiMoE: the host
    * routes each layer's experts between its graphs) chains its one-token graphs itself for the
    * oracle's logit error: `run` runs a graph of `graphs` over cases in the gate's CPU form, and
-   * `logits` takes each step's chained logits with its case (expected.logits HF's).
+   * `logits` takes each step's chained logits with its case (expected.logits HF's). A family that
+   * routes on the host says how often the chained router picks HF's experts (`routing`).
    */
-  chain?(config: C, graphs: GraphEntry[], trace: Trace, maxContext: number, dir: string, run: ChainRunner, logits: (c: GateCase, got: Float32Array) => void): Promise<void>;
+  chain?(config: C, graphs: GraphEntry[], trace: Trace, maxContext: number, dir: string, run: ChainRunner, logits: (c: GateCase, got: Float32Array) => void): Promise<ChainNotes | void>;
   /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
 }
@@ -322,6 +323,20 @@ export interface GateCase {
 export async function* casesOfLayer(cases: AsyncIterable<GateCase>, layer: number): AsyncGenerator<GateCase> {
   for await (const c of cases) if (!c.served || c.served.layer === layer) yield c;
 }
+
+/**
+ * A routing decision where the shipped router, fed the chained graphs' numbers, picks other experts
+ * than HF's at a traced step: `hf` and `shipped` in the order chosen; `hfGap`, HF's own logit gap
+ * at the first rank where they differ, between its expert and the shipped router's (small: a
+ * near-tie in routing).
+ */
+export interface RoutingFlip { prompt: number; step: number; layer: number; hf: number[]; shipped: number[]; hfGap: number }
+
+/** How often the chained router keeps HF's choice: one decision per traced step and layer; the flips first to last. */
+export interface RoutingTally { decisions: number; flips: RoutingFlip[] }
+
+/** What a family's own chain learnt beyond the logits. */
+export interface ChainNotes { routing?: RoutingTally }
 
 /** Runs an exported graph over cases (the oracle gate's form of it), each case with its outputs. */
 export type ChainRunner = (entry: GraphEntry, cases: AsyncIterable<GateCase>, each: (c: GateCase, output: (name: string) => Float32Array) => void) => Promise<void>;

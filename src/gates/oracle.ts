@@ -19,7 +19,7 @@ import { Trace } from './trace.js';
 import { copyName, gateSessionOptions, windowRows, writeGateModel, WINDOW_INPUT, type CacheWindow, type CpuFormOptions } from './cpu-form.js';
 import { MASKED } from '../families/blocks.js';
 import { parseStateInput } from '../families/state-io.js';
-import type { ChainRunner, GateCase } from '../families/types.js';
+import type { ChainRunner, GateCase, RoutingTally } from '../families/types.js';
 import { GateTally, layerOf } from './compare.js';
 import { greedySteps, StepChain, type ChainDecisions } from './step-chain.js';
 import { roundToF16 } from '../io/dtype.js';
@@ -247,6 +247,19 @@ export interface OracleResult {
    * input's logitError and decisions are the f16 chain's (what the shipped bundle hands over).
    */
   handoff?: Record<string, HandoffChoice>;
+  /**
+   * Per export input, for a family that routes on the host (PhiMoE): how often its router, fed the
+   * chained graphs' numbers, picks HF's experts, and where it does not (Family.chain).
+   */
+  routing?: Record<string, RoutingTally>;
+}
+
+/** A routing tally in a line: `16/16` or `15/16, flips at prompt 0 step 7 layer 2 (HF 1,3 → 1,0; HF's gap 0.0123)`. */
+export function routingText(r: RoutingTally, most = 3): string {
+  const head = `the shipped router picks HF's experts at ${r.decisions - r.flips.length}/${r.decisions} decisions`;
+  if (!r.flips.length) return head;
+  const named = r.flips.slice(0, most).map((f) => `prompt ${f.prompt} step ${f.step} layer ${f.layer} (HF ${f.hf.join(',')} → ${f.shipped.join(',')}; HF's gap ${f.hfGap.toPrecision(3)})`);
+  return `${head}; routing flips at ${named.join(', ')}${r.flips.length > most ? ` and ${r.flips.length - most} more` : ''}`;
 }
 
 /**
@@ -272,6 +285,7 @@ export async function runOracleGate(
   const halves = new Map<string, StepChain>();
   // Each gated graph's CPU form (in scratch until the end), which a family's own chain runs again.
   const cpuForms = new Map<string, { model: string; form: GateForm }>();
+  const routing: Record<string, RoutingTally> = {};
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
@@ -325,7 +339,8 @@ export async function runOracleGate(
             await session.release();
           }
         };
-        await family.chain(config, mine.map((w) => w.g), trace, mine[0].manifest.maxContext, v.dir, run, (c, got) => chain.logits(c, got));
+        const notes = await family.chain(config, mine.map((w) => w.g), trace, mine[0].manifest.maxContext, v.dir, run, (c, got) => chain.logits(c, got));
+        if (notes?.routing) routing[v.label] = notes.routing;
       }
     }
   } finally {
@@ -345,7 +360,7 @@ export async function runOracleGate(
     if (half.logitError !== undefined) logitError[label] = half.logitError;
     if (half.decisions) decisions[label] = half.decisions;
   }
-  return { ok, rows, graphs, slowNodes, logitError, logitChain, decisions, ...(halves.size ? { handoff } : {}) };
+  return { ok, rows, graphs, slowNodes, logitError, logitChain, decisions, ...(halves.size ? { handoff } : {}), ...(Object.keys(routing).length ? { routing } : {}) };
 }
 
 /** The first failed row, in layer order: where the graph first leaves the oracle (a non-finite value first of all). */
@@ -355,7 +370,7 @@ export function firstMiss(rows: OracleRow[]): OracleRow | undefined {
 
 export const stage: StageModule<OracleParams> = {
   name: 'oracle',
-  version: '4',
+  version: '5',
   async run(ctx) {
     const { family, variants, minTop1, handoff } = ctx.params;
     const ref = readCheckpointRef(ctx.inputs.checkpoint);
@@ -370,6 +385,7 @@ export const stage: StageModule<OracleParams> = {
     }
     await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify(result, null, 2));
     await writeFile(join(ctx.out, 'oracle-table.md'), markdownTable(result.rows, !result.ok));
+    for (const [label, r] of Object.entries(result.routing ?? {})) ctx.log(`routing for ${label}: ${routingText(r)}`);
     for (const s of result.slowNodes ?? []) ctx.log(`left on ORT's slow kernel (the CPU form does not cover it): ${s}`);
     const bad = firstMiss(result.rows);
     if (bad) ctx.log(bad.nonFinite ? `non-finite: ${bad.variant} ${bad.nonFinite}` : `first miss: ${bad.variant} ${bad.graph} layer ${bad.layer} ${bad.output} cosine ${bad.minCosine}`);
@@ -379,6 +395,7 @@ export const stage: StageModule<OracleParams> = {
         graphs: result.graphs,
         logitError: result.logitError,
         logitChain: result.logitChain,
+        ...(result.routing ? { routing: Object.fromEntries(Object.entries(result.routing).map(([k, r]) => [k, { decisions: r.decisions, flips: r.flips.length }])) } : {}),
         ...(result.handoff ? { handoff: Object.fromEntries(Object.entries(result.handoff).map(([k, c]) => [k, { dtype: c.dtype, why: c.why }])) } : {}),
         ...(bad ? { firstMiss: { variant: bad.variant, graph: bad.graph, layer: bad.layer, output: bad.output, cosine: bad.minCosine, ...(bad.nonFinite ? { nonFinite: bad.nonFinite } : {}) } } : {}),
       },
