@@ -4,24 +4,28 @@
 // simulator. bisect names the graph, the op (layers.2/self_attn.q_norm/Mul, found by a probe variant
 // run on the simulator beside the CPU), the link compile/fp16 and an exact rescale that --apply writes
 // and with which the plain build's simulator gate passes. The same for an MLP whose intermediate
-// leaves fp16, planted in the Gemma-4 twin: down_proj named, the MLP rescaled exactly. A healthy twin
+// leaves fp16, planted in the Gemma-4 twin: down_proj named, the MLP rescaled exactly; and for
+// attention's V past fp16 in the Qwen3 twin: v_proj named, v_proj rescaled with o_proj, the KV cache
+// holding the values scaled (the gates feed HF's alike, the runtime carries its own). A healthy twin
 // is "no fault" on the simulator, quickly from the cache.
 // Plus the pure parts: the rewrite is the same function, the candidates and their scale.
 import { describe, it, expect, beforeAll } from 'vitest';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import * as ort from 'onnxruntime-node';
 import { forge, lastJson } from './helpers/forge-cli.js';
-import { makeFp16Hostile, makeMlpFp16Hostile } from './helpers/fp16-overflow.js';
+import { makeFp16Hostile, makeMlpFp16Hostile, makeValuesFp16Hostile } from './helpers/fp16-overflow.js';
 import { dumpDom } from '../src/toolchain/chromium.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { encodeModel } from '../src/onnx/writer.js';
-import { gatedMlp, rmsNorm, silu } from '../src/families/blocks.js';
-import { mlpRescaleCandidates, rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
+import { gatedMlp, MLP_RESCALE, rmsNorm, silu, VALUES_RESCALE } from '../src/families/blocks.js';
+import { pairRescaleCandidates, rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
+import type { ExportManifest } from '../src/export/graphs.js';
+import { runExport } from '../src/export/stage.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
 import type { BisectResult } from '../src/bisect/run.js';
-import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
 import { twinDir } from './helpers/twin.js';
 
 let work: string;
@@ -127,6 +131,35 @@ describe('forge bisect --target emulation', () => {
     expect(lastJson(rebuilt.stdout).gates.emulation.ok, rebuilt.stderr).toBe(true);
   }, 1_800_000);
 
+  it("names a value past fp16 in a Qwen3 layer's attention, and rescales v_proj with o_proj, the KV cache holding the values scaled", async () => {
+    // tiny-qwen3's layer 1: v_proj × 2^15, o_proj ÷ 2^15: attention is linear in V, so HF's numbers
+    // do not move, but V (what the cache holds and o_proj reads through attention) passes 65504.
+    const hostile = join(work, 'values-hostile');
+    await makeValuesFp16Hostile(await twinDir('qwen3'), hostile, 1);
+    const id = 'tiny-qwen3-values-hostile';
+    const { recipeFile, b } = await bisectPlanted('tiny-qwen3', id, hostile, (all) => all.slice(0, 2), join(work, 'bisect-values'));
+    expect(b.fault).toBeUndefined();
+    expect(b.simFault).toMatchObject({ link: 'compile/fp16' });
+    expect(b.op).toMatchObject({ scope: 'layers.1/self_attn.v_proj', layer: 1 });
+    expect(b.op!.why).toMatch(/^overflows fp16: its inputs up to [\d.]+, its result up to [\d.e+]+ on the CPU > 65504/);
+    expect(b.verdict).toBe('fixed');
+    const chosen = b.chosen!;
+    expect(chosen.rescale).toEqual([expect.objectContaining({ match: 'layers\\.1/self_attn\\.v_proj' })]);
+    expect(chosen.label).toMatch(/^rescale layers\.1\/self_attn\.v_proj \(v_proj ÷ 2\^\d+, o_proj × 2\^\d+; the KV cache holds the values ÷ 2\^\d+\)$/);
+    expect(chosen.minCosine!).toBeGreaterThanOrEqual(b.simulator!.threshold);
+    expect(JSON.parse(readFileSync(recipeFile, 'utf8')).arch.default.rescale).toEqual(chosen.rescale);
+    console.log(`[measured] bisect --target emulation on the values-hostile Qwen3 twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
+    // Rebuilt with the line: layer 1's graphs say their cache holds V scaled (the gates feed HF's V
+    // alike), and the runtime, which carries its own cache, follows HF on this CPU and on the simulator.
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--json', '--out', join(work, 'rebuilt-values')], { FORGE_RECIPES: recipes });
+    const rec = lastJson(rebuilt.stdout);
+    for (const gate of ['oracle', 'parity', 'emulation']) expect(rec.gates[gate].ok, `${gate}: ${rebuilt.stderr}`).toBe(true);
+    const graphs = JSON.parse(readFileSync(join(stageEntry(rec, 'quantize'), 'graphs.json'), 'utf8')) as ExportManifest;
+    const shards = graphs.contexts.flatMap((c) => c.graphs).filter((g) => g.component === 'shard0');
+    const scale = chosen.rescale![0].scale;
+    for (const g of shards) expect(g.stateScales, g.name).toEqual({ past_v_1: scale, new_v_1: scale });
+  }, 1_800_000);
+
   it('says "no fault" on a healthy twin on the simulator, from the cache', async () => {
     const args = ['bisect', 'tiny-qwen3', '--arch', 'v81', '--target', 'emulation', '--json', '--out', join(work, 'bisect-healthy')];
     const first = await forge(args, { FORGE_RECIPES: recipes });
@@ -180,6 +213,17 @@ describe('bisect on the simulator, the pure parts', () => {
     expect(rescaleCandidates({ ...probe, first: op('layers.2/self_attn.o_proj/Gemm', 10, 70000) }, 4)).toEqual([]);
   });
 
+  it("refuses a rescale line no op of the model takes, naming the ones this family honours", async () => {
+    const out = join(work, 'refused-rescale');
+    mkdirSync(out);
+    const plan = { shards: [{ first: 0, last: 3 }], lmHead: { placement: 'separate' as const } };
+    const line = { match: 'layers\\.1/self_attn\\.q_proj', scale: 0.5 };
+    await expect(runExport({ family: 'qwen3', scheme: 'w8', lmHeadScheme: 'fp16', maxContext: 16, prefillLength: 0, hostTables: false, rescale: [line] }, await twinDir('qwen3'), plan, out, { log() {}, progress() {} }))
+      .rejects.toThrow('rescale "layers\\\\.1/self_attn\\\\.q_proj" match no op this qwen3 model can rescale (patterns match an op scope: its RMSNorms, as "layers\\\\.2/input_layernorm", up_proj with down_proj as "layers\\\\.2/mlp", v_proj with o_proj as "layers\\\\.2/self_attn\\\\.v_proj")');
+    // No manifest: the graphs written so far are in the stage's own directory, which the build discards.
+    expect(readdirSync(out)).not.toContain('graphs.json');
+  });
+
   it('rescales a gated MLP exactly, and offers it when its intermediate leaves fp16, smallest power of two first', async () => {
     const x = Float32Array.from({ length: 2 * 8 }, (_, i) => Math.sin(i) * 3);
     const weights = { gate_proj: [16, 8, 1], up_proj: [16, 8, 2], down_proj: [8, 16, 3] } as const;
@@ -210,11 +254,13 @@ describe('bisect on the simulator, the pure parts', () => {
     const down = op('layers.1/mlp.down_proj/MatMulNBits', 72304, 900);
     const probe = { graph: 'shard0.decode', cases: [], ops: [product, down], first: down, why: 'cosine', graphSha256: '', cached: false, seconds: 0 } as ProbeResult;
     // 72304 / 2^4 = 4519 ≤ 2^13; then 2^4 further.
-    expect(rescaleCandidates(probe, 4).map((c) => [c.label, c.rescale[0].match, c.rescale[0].scale, c.addedOps])).toEqual([
+    expect(rescaleCandidates(probe, 4, [MLP_RESCALE]).map((c) => [c.label, c.rescale[0].match, c.rescale[0].scale, c.addedOps])).toEqual([
       ['rescale layers.1/mlp (up_proj ÷ 2^4, down_proj × 2^4)', 'layers\\.1/mlp', 2 ** -4, 0],
       ['rescale layers.1/mlp (up_proj ÷ 2^8, down_proj × 2^8)', 'layers\\.1/mlp', 2 ** -8, 0],
     ]);
     // An MLP whose intermediate fits fp16 is not this fault: no MLP rescale.
-    expect(mlpRescaleCandidates({ ...probe, ops: [op('layers.1/mlp/Mul_3', 40, 3000), op('layers.1/mlp.down_proj/MatMulNBits', 3000, 900)] })).toEqual([]);
+    expect(pairRescaleCandidates({ ...probe, ops: [op('layers.1/mlp/Mul_3', 40, 3000), op('layers.1/mlp.down_proj/MatMulNBits', 3000, 900)] }, [MLP_RESCALE])).toEqual([]);
+    // A family that does not declare the pair gets none.
+    expect(rescaleCandidates(probe, 4, [VALUES_RESCALE])).toEqual([]);
   });
 });

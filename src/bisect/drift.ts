@@ -17,6 +17,7 @@
 import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import type { GateCase } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
@@ -92,7 +93,7 @@ export async function ownContributions<C>(family: Family<C>, config: C, traceDir
       const s = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
       let h: Float32Array | undefined;
       try {
-        await runGateCases(s, g.file, atStep(family.gateCases(config, g, trace, manifest.maxContext, aloneDir), at), form, (_c, o) => void (h = o('hidden_out').slice()));
+        await runGateCases(s, g.file, atStep(gateCasesOf(family, config, g, trace, manifest.maxContext, aloneDir), at), form, (_c, o) => void (h = o('hidden_out').slice()));
       } finally {
         await s.release();
       }
@@ -155,7 +156,7 @@ export async function scanDrift<C>(family: Family<C>, config: C, checkpointDir: 
     const { path } = writeGateModel(join(exportDir, entry.file), Object.keys(entry.probes), join(scratch, entry.name), formOptions(entry, form));
     const s = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
     try {
-      await runGateCases(s, entry.file, only(family.gateCases(config, entry, trace, manifest.maxContext, exportDir), hidden), form, each);
+      await runGateCases(s, entry.file, only(gateCasesOf(family, config, entry, trace, manifest.maxContext, exportDir), hidden), form, each);
     } finally {
       await s.release();
     }

@@ -9,6 +9,7 @@
 import { readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import * as ort from 'onnxruntime-node';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import type { GateCase } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
@@ -118,7 +119,7 @@ async function runChain<C>(family: Family<C>, config: C, exportDir: string, mani
     const form = gateForm(g, GATE_COPIES, family.gateWindow !== false);
     const { path } = writeGateModel(join(exportDir, g.file), [], join(scratch, g.name), formOptions(g, form));
     const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
-    const cases = family.gateCases(config, g, trace, manifest.maxContext, exportDir);
+    const cases = gateCasesOf(family, config, g, trace, manifest.maxContext, exportDir);
     const source = s.from === null ? null : rows.get(s.from);
     if (s.from !== null && !source) throw new Error(`forge bisect: ${g.name} reads ${s.from}, which no earlier one-token graph wrote (graphs.json lists the graphs out of model order)`);
     const out = new Map<string, Float32Array>();

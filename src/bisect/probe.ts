@@ -26,6 +26,7 @@ import { simulateBatch, writeFeeds, type HtpArch } from '../gates/emulation.js';
 import { openSafetensors } from '../io/safetensors.js';
 import { toFloat32 } from '../io/dtype.js';
 import { sha256OfFile } from '../engine/hash.js';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import type { GateCase } from '../families/types.js';
 import type { GraphEntry } from '../export/graphs.js';
@@ -150,7 +151,7 @@ export async function probeGraph<C>(o: ProbeInput<C>): Promise<ProbeResult> {
   rmSync(work, { recursive: true, force: true });
   mkdirSync(work, { recursive: true });
   try {
-    const cases = await firstCases(o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir), n);
+    const cases = await firstCases(gateCasesOf(o.family, o.config, o.entry, o.trace, o.maxContext, o.graphsDir), n);
     // The CPU: the oracle gate's form of the graph, one case a call, the probes as outputs; no cache
     // window (it would shorten the attention's values, which the simulator computes over the whole cache).
     const cpu = new Map<string, Float32Array[]>();

@@ -15,6 +15,7 @@ import { mkdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import * as ort from 'onnxruntime-node';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, graphName, layoutOf, type ExportManifest, type GraphEntry } from '../export/graphs.js';
 import { runExport, type ExportParams } from '../export/stage.js';
@@ -179,7 +180,7 @@ async function runPairs(family: Family<unknown>, config: unknown, maxContext: nu
     try {
       const trace = await Trace.open(traceDir);
       try {
-        for await (const c of family.gateCases(config, ref.entry, trace, maxContext, ref.dir)) {
+        for await (const c of gateCasesOf(family, config, ref.entry, trace, maxContext, ref.dir)) {
           const feeds = Object.fromEntries(Object.entries(c.feeds).map(([k, f]) => [k, new ort.Tensor(f.dtype, f.data, f.dims)]));
           const [x, y] = [await a.run(feeds), await b.run(feeds)];
           for (const { fp32, shipped: s } of pairs) {

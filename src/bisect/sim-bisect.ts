@@ -97,7 +97,7 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   c.log(`op: ${f.node} (${f.op}) ${whyOp}`);
 
   const trials: Trial[] = [];
-  for (const cand of rescaleCandidates(probe, family.numLayers(config))) {
+  for (const cand of rescaleCandidates(probe, family.numLayers(config), family.rescalePairs)) {
     const t = performance.now();
     const r = await c.rebuild(cand.rescale);
     const seconds = (performance.now() - t) / 1000;
@@ -115,7 +115,7 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   }
   const fixed = trials.find((t) => t.ok);
   const head = `link compile/fp16: the shipped graphs hold on the CPU, the compiled ${miss.graph} leaves tolerance on the simulator at ${where}; op ${f.node} (layer ${f.layer ?? '-'}) ${whyOp}`;
-  if (!fixed) return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : 'no rescale applies to this op (RMSNorms and gated MLPs are rescalable)'}` };
+  if (!fixed) return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : `no rescale applies to this op (this family rescales its RMSNorms${(family.rescalePairs ?? []).map((p) => `, ${p.pair}`).join('')})`}` };
   return { simulator, simFault: miss, probe, op, trials, verdict: 'fixed', message: `${head}; fix: ${fixed.label} (an exact power-of-two rescale, ${fixed.addedOps} op${fixed.addedOps === 1 ? '' : 's'} added; simulator min cosine ${fmt(fixed.minCosine ?? NaN)})` };
 }
 

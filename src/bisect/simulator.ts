@@ -8,11 +8,13 @@
 // "fp32 for an op" is not something the HTP offers inside a graph. What keeps an op out of fp16's
 // range problem without leaving the graph is an exact rewrite: a power-of-two scale before the op,
 // undone after it (for an RMSNorm, which is scale-invariant, nothing needs undoing: ε takes s²; for a
-// gated MLP, up_proj's weight scaled down and down_proj's scaled back up).
+// pair the family declares, one matrix scaled down and the one reading it scaled back up: a gated
+// MLP's up_proj and down_proj, attention's v_proj and o_proj).
 // The recipe's `rescale` lines say which op scopes get one (recipe/schema.ts RescaleSchema).
 import type { EmulationRan, SimulatedGraph } from '../gates/emulation.js';
 import type { Rescale } from '../recipe/schema.js';
 import type { OpFigure, ProbeResult } from './probe.js';
+import type { RescalePair } from '../families/types.js';
 import { FP16_MAX } from './probe.js';
 
 export interface SimulatorMiss {
@@ -65,7 +67,7 @@ const RESIDUAL_NORM = /(?:^|\/)(?:input_layernorm|post_attention_layernorm|final
 export interface RescaleCandidate {
   label: string;
   rescale: Rescale[];
-  /** Ops the rewrite adds to the graphs: one Mul per norm, none for an MLP (its weights are scaled): the fix's cost. */
+  /** Ops the rewrite adds to the graphs: one Mul per norm, none for a pair (its weights are scaled): the fix's cost. */
   addedOps: number;
   scopes: string[];
 }
@@ -75,29 +77,30 @@ export const scaleFor = (maxAbs: number) => 2 ** -Math.max(1, Math.ceil(Math.log
 
 const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
 
-/** A gated MLP's ops (families/blocks.ts gatedMlp): its projections, and `mlp` (the activation and the product). */
-const MLP = /^((?:[\w.]+\/)*layers\.\d+)\/mlp(?:\.(?:gate|up|down)_proj)?$/;
-/** What an MLP rescale aims the intermediate's peak at: 2^13, room for 8× more on inputs the trace did not show. */
-const MLP_PEAK = 2 ** 13;
+/** A layer's scope (`layers.2`, `model/layers.2`) and the op scope under it, as a probe names an op's. */
+const IN_LAYER = /^((?:[\w.]+\/)*layers\.\d+)\/(.+)$/;
+/** What a pair's rescale aims the divided values' peak at: 2^13, room for 8× more on inputs the trace did not show. */
+const PAIR_PEAK = 2 ** 13;
 
 /**
- * The candidate fixes for an op the probe named inside a gated MLP whose intermediate (act(gate)·up,
- * down_proj's input) leaves fp16's range on the CPU: the MLP rescaled (up_proj's weight × s, down_proj's × 1/s),
- * the smallest power of two that brings the peak to 2^13 first, then one 2^4 smaller.
+ * The candidate fixes for an op the probe named inside one of the family's rescale pairs (families'
+ * `rescalePairs`: a gated MLP's up_proj with down_proj, attention's v_proj with o_proj) whose divided
+ * values leave fp16's range on the CPU: the pair rescaled by the smallest power of two that brings
+ * their peak to 2^13 first, then one 2^4 smaller. The peak: what the pair's `grows` ops make, and
+ * what its `reads` op takes in.
  */
-export function mlpRescaleCandidates(probe: ProbeResult): RescaleCandidate[] {
+export function pairRescaleCandidates(probe: ProbeResult, pairs: readonly RescalePair[]): RescaleCandidate[] {
   const first = probe.first;
-  const m = first ? MLP.exec(first.scope) : null;
-  if (!first || !m) return [];
-  const mlp = `${m[1]}/mlp`;
-  // The product's own values, and what down_proj read.
-  const peak = Math.max(...probe.ops.filter((o) => o.scope === mlp).map((o) => o.cpuMaxAbs), ...probe.ops.filter((o) => o.scope === `${mlp}.down_proj`).map((o) => o.inputMaxAbs));
+  const m = first ? IN_LAYER.exec(first.scope) : null;
+  const pair = m ? pairs.find((p) => p.ops.includes(m[2])) : undefined;
+  if (!m || !pair) return [];
+  const under = (x: string) => `${m[1]}/${x}`;
+  const peak = Math.max(...probe.ops.filter((o) => pair.grows.some((x) => o.scope === under(x))).map((o) => o.cpuMaxAbs), ...probe.ops.filter((o) => o.scope === under(pair.reads)).map((o) => o.inputMaxAbs));
   if (!(peak > FP16_MAX)) return [];
-  const why = `forge bisect: ${mlp}'s act(gate)·up reaches ${peak.toPrecision(4)} on the CPU > ${FP16_MAX} (down_proj's input, beyond fp16 on the HTP)`;
-  const k = Math.max(1, Math.ceil(Math.log2(peak / MLP_PEAK)));
-  return [k, k + 4].map((e) => ({
-    label: `rescale ${mlp} (up_proj ÷ 2^${e}, down_proj × 2^${e})`, rescale: [{ match: escapeRe(mlp), scale: 2 ** -e, why }], addedOps: 0, scopes: [mlp],
-  }));
+  const scope = under(pair.scope);
+  const why = `forge bisect: ${m[1]}'s ${pair.values} reaches ${peak.toPrecision(4)} on the CPU > ${FP16_MAX}, beyond fp16 on the HTP`;
+  const k = Math.max(1, Math.ceil(Math.log2(peak / PAIR_PEAK)));
+  return [k, k + 4].map((e) => ({ label: `rescale ${scope} (${pair.what(e)})`, rescale: [{ match: escapeRe(scope), scale: 2 ** -e, why }], addedOps: 0, scopes: [scope] }));
 }
 
 /**
@@ -106,9 +109,10 @@ export function mlpRescaleCandidates(probe: ProbeResult): RescaleCandidate[] {
  * too large for fp16's squares reaches each later one, in this graph and in the layers of graphs
  * after it, named by pattern). The scale is set by the largest input any of them saw on the CPU.
  */
-export function rescaleCandidates(probe: ProbeResult, layers: number): RescaleCandidate[] {
+export function rescaleCandidates(probe: ProbeResult, layers: number, pairs: readonly RescalePair[] = []): RescaleCandidate[] {
   const first = probe.first;
-  if (first && MLP.test(first.scope)) return mlpRescaleCandidates(probe);
+  const inPair = first ? IN_LAYER.exec(first.scope) : null;
+  if (inPair && pairs.some((p) => p.ops.includes(inPair[2]))) return pairRescaleCandidates(probe, pairs);
   if (!first || !NORM.test(first.scope)) return [];
   const why = `forge bisect: ${first.node} overflows fp16 on the HTP (|x| up to ${first.inputMaxAbs.toPrecision(4)}, its result up to ${first.cpuMaxAbs.toPrecision(4)} > ${FP16_MAX})`;
   const inputMax = (scopes: string[]) => Math.max(first.inputMaxAbs, ...probe.ops.filter((o: OpFigure) => scopes.includes(o.scope) && o.op === 'Mul').map((o) => o.inputMaxAbs));

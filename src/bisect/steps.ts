@@ -13,7 +13,7 @@ import { gateSessionOptions, writeGateModel } from '../gates/cpu-form.js';
 import { formOptions, gateForm, GATE_COPIES, runGateCases } from '../gates/oracle.js';
 import { compare } from '../gates/compare.js';
 import { familyConfig } from './family-config.js';
-import { casesOfLayer } from '../families/types.js';
+import { casesOfLayer, gateCasesOf } from '../families/types.js';
 
 export interface StepCosine {
   prompt: number;
@@ -59,7 +59,7 @@ export async function scanSteps(
     const { path } = writeGateModel(join(exportDir, entry.file), Object.keys(entry.probes), scratch, formOptions(entry, form));
     const session = await ort.InferenceSession.create(path, gateSessionOptions(form.copies));
     try {
-      const all = family.gateCases(config, entry, trace, manifest.maxContext, exportDir);
+      const all = gateCasesOf(family, config, entry, trace, manifest.maxContext, exportDir);
       await runGateCases(session, entry.file, layer === undefined ? all : casesOfLayer(all, layer), form, (c, output) => {
         let worst: StepCosine | undefined;
         for (const [name, expected] of Object.entries(c.expected)) {

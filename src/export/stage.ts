@@ -84,7 +84,7 @@ async function exportContext(
       const iface = await v.build(g, { store, ...schemes });
       for (const r of rescale) if (!g.unusedRescales().includes(r)) used.add(r);
       checkIoNames(name, iface);
-      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface } });
+      built.push({ g, entry: { name, file: `${name}.onnx`, component: c.name, kind: c.kind, variant: v.name, n: v.n, ...(v.role ? { role: v.role } : {}), scheme, ...c.entry, ...v.entry, ...iface, ...(Object.keys(g.stateScales).length ? { stateScales: { ...g.stateScales } } : {}) } });
     }
     // Data first, then the models that point into it.
     await sink.commitAsync();
@@ -149,7 +149,12 @@ export async function runExport(p: ExportParams, checkpointDir: string, plan: Ex
     }
     // A rule no op asked for is a typo or a family whose builder cannot rescale that op: said, not ignored.
     const unused = (p.rescale ?? []).filter((r) => !usedRescales.has(r));
-    if (unused.length) throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this family can rescale (patterns match an op scope, e.g. "layers\\.2/input_layernorm"; RMSNorms and gated MLPs, as "layers\\.2/mlp", are rescalable)`);
+    if (unused.length) {
+      // Each pattern as the recipe's JSON spells it (a regex's dots escaped, the backslash doubled).
+      const json = (scope: string) => JSON.stringify(scope.replace(/\./g, '\\.'));
+      const pairs = (family.rescalePairs ?? []).map((x) => `, ${x.pair} as ${json(`layers.2/${x.scope}`)}`).join('');
+      throw new Error(`rescale ${unused.map((r) => JSON.stringify(r.match)).join(', ')} match no op this ${p.family} model can rescale (patterns match an op scope: its RMSNorms, as ${json('layers.2/input_layernorm')}${pairs})`);
+    }
     const manifest: ExportManifest = { family: p.family, scheme: p.scheme, lmHeadScheme: p.lmHeadScheme, w8Form, maxContext: p.maxContext, ...(p.image ? { image: p.image } : {}), ...(p.audio ? { audio: p.audio } : {}), contexts };
     if (links?.files().length) manifest.linked = links.files();
     if (made?.equalized?.length) ui.log(`equalized before quantization: ${made.equalized.join(', ')}`);

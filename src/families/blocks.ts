@@ -6,6 +6,7 @@
 // length for prefill); linear layers take weights [out, in] as stored by HF (Gemm transB=1), which
 // is FullyConnected's native layout on the HTP and lets weights stream row by row.
 import type { GraphBuilder } from '../onnx/builder.js';
+import type { RescalePair } from './types.js';
 
 /** RMSNorm over the last axis: x·rsqrt(mean(x²)+eps)·w. `w` is a value (already 1+w where a family needs that). */
 export function rmsNorm(g: GraphBuilder, x: string, w: string, eps: number, name?: string): string {
@@ -153,6 +154,34 @@ export async function gatedMlp(g: GraphBuilder, x: string, act: (g: GraphBuilder
   const up = await g.scoped('mlp.up_proj', () => project(x, 'up_proj', s));
   const product = await g.scoped('mlp', async () => g.op('Mul', [act(g, gate), up]));
   return g.scoped('mlp.down_proj', () => project(product, 'down_proj', 1 / s));
+}
+
+/** The gated MLP's intermediate (gatedMlp): up_proj divided, down_proj multiplied back. */
+export const MLP_RESCALE: RescalePair = {
+  pair: 'up_proj with down_proj', values: "act(gate)·up (down_proj's input)", scope: 'mlp', grows: ['mlp', 'mlp.up_proj'], reads: 'mlp.down_proj', ops: ['mlp', 'mlp.gate_proj', 'mlp.up_proj', 'mlp.down_proj'],
+  what: (k) => `up_proj ÷ 2^${k}, down_proj × 2^${k}`,
+};
+
+/**
+ * Attention's values: v_proj divided, o_proj multiplied back (attention is linear in V). Only where no
+ * norm follows v_proj (Gemma-4's v_norm would undo it) and nothing but attention reads V; the KV
+ * cache then holds the divided values, which the layer's graph declares (valueScale).
+ */
+export const VALUES_RESCALE: RescalePair = {
+  pair: 'v_proj with o_proj', values: "V (v_proj's output, which the KV cache holds)", scope: 'self_attn.v_proj', grows: ['self_attn.v_proj'], reads: 'self_attn.o_proj', ops: ['self_attn.v_proj', 'self_attn.o_proj'],
+  what: (k) => `v_proj ÷ 2^${k}, o_proj × 2^${k}; the KV cache holds the values ÷ 2^${k}`,
+};
+
+/**
+ * The factor a recipe `rescale` rule sets on this layer's values (VALUES_RESCALE; 1 without one), the
+ * layer's past and new V declared as holding it (GraphEntry.stateScales). v_proj's weight (and bias)
+ * are read times it, o_proj's times its inverse.
+ */
+export function valueScale(g: GraphBuilder, pastV: string, newV: string): number {
+  const s = g.rescaleFor(`${g.scope}/${VALUES_RESCALE.scope}`) ?? 1;
+  g.scaleState(pastV, s);
+  g.scaleState(newV, s);
+  return s;
 }
 
 /** Additive mask value for hidden slots: finite in fp16 so the HTP never sees -inf − -inf. */

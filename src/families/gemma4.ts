@@ -34,7 +34,7 @@ import { ConfigError, MAX_DIM, MAX_LAYERS, checkElements, parseConfigWith, type 
 import type { GraphBuilder } from '../onnx/builder.js';
 import type { GraphEntry } from './types.js';
 import { kvDecoderBindings, type KvLayout } from './kv-decoder.js';
-import { cachedAttention, gatedMlp, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather } from './blocks.js';
+import { cachedAttention, gatedMlp, geluTanh, mergeHeads, rmsNorm, splitHeads, applyRope, ropeGather, MLP_RESCALE } from './blocks.js';
 
 export { geluTanh } from './blocks.js';
 import { decoderComponents } from './decoder.js';
@@ -292,6 +292,8 @@ export const gemma4: Family<Gemma4Config> = {
   },
   gateCases: (c, entry, trace, maxContext) => (entry.kind === VISION ? gemma4VisionCases(entry, trace) : entry.kind === AUDIO ? gemma4AudioCases(entry, trace) : gemma4Cases(c, entry, trace, maxContext)),
   bindings: (c, entry, maxContext) => (entry.kind === VISION ? visionBindings(entry) : entry.kind === AUDIO ? gemma4AudioBindings(entry) : gemma4Bindings(c, entry, maxContext)),
+  // The decoder's MLP; no values pair: v_norm follows v_proj and would undo it.
+  rescalePairs: [MLP_RESCALE],
 };
 
 const VISION = 'vision';

@@ -10,7 +10,7 @@
 // not HF's is a routing flip, which the gate reports and bisect names.
 import type { GraphEntry } from '../export/graphs.js';
 import type { Trace } from '../gates/trace.js';
-import { casesOfLayer, type ChainNotes, type ChainRunner, type GateCase, type RoutingFlip } from './types.js';
+import { casesOfLayer, scaleStates, type ChainNotes, type ChainRunner, type GateCase, type RoutingFlip } from './types.js';
 import { ROLES, TOP_K, type PhimoeConfig } from './phimoe.js';
 import { phimoeCases } from './phimoe-gates.js';
 
@@ -61,7 +61,7 @@ export async function phimoeChain(c: PhimoeConfig, graphs: GraphEntry[], trace: 
   for (let l = 0; l < c.layers; l++) {
     const attn = find(ROLES.attnRouter, l);
     const handed = new Map<string, Record<string, Float32Array>>();
-    const attnCases = phimoeCases(c, attn, trace, maxContext, dir);
+    const attnCases = scaleStates(attn, phimoeCases(c, attn, trace, maxContext, dir));
     await run(attn, hidden ? fed(attnCases, (x) => (hidden!.has(key(x)) ? { hidden_in: hidden!.get(key(x))! } : undefined), `residual into layer ${l}`) : attnCases, (x, out) => {
       handed.set(key(x), { attn_res: out('attn_res').slice(), moe_in: out('moe_in').slice() });
       const hf = x.expected.router_logits;

@@ -15,7 +15,7 @@ import type { GraphBuilder } from '../onnx/builder.js';
 import type { ElemType } from '../onnx/dtype.js';
 import type { QuantScheme } from '../recipe/schema.js';
 import { PREFILL_OPTIONAL, attentionDecoderConfig, type AttentionDecoderConfig } from './decoder.js';
-import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate } from './blocks.js';
+import { applyRope, cachedAttention, layerNorm, linear, mergeHeads, ropeGather, ropeTables, splitHeads, swiGate, valueScale, VALUES_RESCALE } from './blocks.js';
 import { newKv, pastKv } from './state-io.js';
 import { EXPERT_ROW_DTYPE, expertTables, int8Rows, type ExpertMatrix } from './expert-tables.js';
 import { phimoeBindings, phimoeCases } from './phimoe-gates.js';
@@ -138,6 +138,8 @@ export const phimoe: Family<PhimoeConfig> = {
   gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),
   chain: phimoeChain,
   bindings: (c, entry, maxContext) => phimoeBindings(c, entry, maxContext),
+  // The attention's values (no dense MLP: an expert's channels are equalized in its host tables instead).
+  rescalePairs: [VALUES_RESCALE],
 };
 
 // ---- graphs ----------------------------------------------------------------------------------
@@ -152,10 +154,11 @@ const io = (name: string, shape: number[], dtype: ElemType = f32): TensorIO => (
  */
 const opScope = (name: string) => (name === 'model.norm' ? 'final_norm' : name.replace(/^model\.(layers\.\d+\.)?/, ''));
 
-async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number): Promise<string> {
+/** x·Wᵀ + b, weight and bias read times `scale` (a rescale pair's power of two). */
+async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number, scale = 1): Promise<string> {
   return g.scoped(opScope(name), async () => {
-    const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n);
-    return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]])]);
+    const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n, undefined, undefined, scale);
+    return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]], scale === 1 ? undefined : (b) => b.map((v) => v * scale))]);
   });
 }
 
@@ -181,11 +184,12 @@ async function attnRouterOps(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: n
   const xn = await norm(g, w, x, p('input_layernorm'), H, c.eps);
   const q = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.q_proj'), [heads * d, H], n), heads, d, n);
   const k = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.k_proj'), [kvHeads * d, H], n), kvHeads, d, n);
-  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H], n), kvHeads, d, n);
+  const vs = valueScale(g, pastV, newKv('v', l));
+  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H], n, vs), kvHeads, d, n);
   const newK = g.output(applyRope(g, k, rope), newKv('k', l), { shape: [1, kvHeads, n, d] });
   const newV = g.output(v, newKv('v', l), { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, applyRope(g, q, rope), newK, newV, pastK, pastV, mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
-  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n);
+  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n, 1 / vs);
   const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, n, H] });
   const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, n, H] });
   const router = await g.scoped('block_sparse_moe.gate', () => w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, n));

@@ -6,7 +6,7 @@ import { ConfigError, parseConfigWith, type Family, type GraphWeights, type Tens
 import type { GraphBuilder } from '../onnx/builder.js';
 import { kvDecoderBindings, kvDecoderCases } from './kv-decoder.js';
 import { newKv, pastKv } from './state-io.js';
-import { applyRope, cachedAttention, gatedMlp, mergeHeads, rmsNorm, silu, splitHeads } from './blocks.js';
+import { applyRope, cachedAttention, gatedMlp, mergeHeads, MLP_RESCALE, rmsNorm, silu, splitHeads, valueScale, VALUES_RESCALE } from './blocks.js';
 import { ATTENTION_DECODER_FIELDS, attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
 
 const ConfigSchema = z.object({
@@ -45,6 +45,7 @@ export const qwen3: Family<Qwen3Config> = {
   }),
   gateCases: (c, entry, trace, maxContext) => kvDecoderCases(entry, trace, kvLayout(c, maxContext)),
   bindings: (c, entry, maxContext) => kvDecoderBindings(entry, kvLayout(c, maxContext)),
+  rescalePairs: [MLP_RESCALE, VALUES_RESCALE],
 };
 
 // ---- graphs ----------------------------------------------------------------------------------
@@ -57,7 +58,8 @@ export async function qwen3Layer(
   const { hidden: H, heads, kvHeads, headDim: d, ffn, eps } = c;
   const { n, ctx } = io;
   const p = `${prefix}.${layer}`;
-  const lin = (x: string, name: string, shape: [number, number]) => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n);
+  // Each projection's ops scoped by its name (`layers.2/self_attn.o_proj/…`): bisect names the matrix an op multiplies.
+  const lin = (x: string, name: string, shape: [number, number], scale = 1) => g.scoped(name, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n, undefined, undefined, scale));
   const norm = (name: string, size: number) => w.store.small(g, `${p}.${name}.weight`, [size]);
 
   const pastK = g.input(pastKv('k', layer), 'float32', [1, kvHeads, ctx, d]);
@@ -65,13 +67,14 @@ export async function qwen3Layer(
   const xn = rmsNorm(g, x, await norm('input_layernorm', H), eps, 'input_layernorm');
   const q = splitHeads(g, await lin(xn, 'self_attn.q_proj', [heads * d, H]), heads, d, n);
   const k = splitHeads(g, await lin(xn, 'self_attn.k_proj', [kvHeads * d, H]), kvHeads, d, n);
-  const v = splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H]), kvHeads, d, n);
+  const vs = valueScale(g, pastV, newKv('v', layer));
+  const v = splitHeads(g, await lin(xn, 'self_attn.v_proj', [kvHeads * d, H], vs), kvHeads, d, n);
   const qr = applyRope(g, rmsNorm(g, q, await norm('self_attn.q_norm', d), eps, 'self_attn.q_norm'), io.rope);
   const kr = applyRope(g, rmsNorm(g, k, await norm('self_attn.k_norm', d), eps, 'self_attn.k_norm'), io.rope);
   const newK = g.output(kr, newKv('k', layer), { shape: [1, kvHeads, n, d] });
   const newV = g.output(v, newKv('v', layer), { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, io.mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
-  const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d]);
+  const o = await lin(mergeHeads(g, attn, heads, d, n), 'self_attn.o_proj', [H, heads * d], 1 / vs);
   const h1 = g.op('Add', [x, o]);
   const mlpIn = rmsNorm(g, h1, await norm('post_attention_layernorm', H), eps, 'post_attention_layernorm');
   const mlp = await gatedMlp(g, mlpIn, silu, (x, m, s) => w.store.linear(g, x, `${p}.mlp.${m}.weight`, m === 'down_proj' ? [H, ffn] : [ffn, H], w.scheme, n, undefined, undefined, s));

@@ -26,7 +26,7 @@ import { type KvLayout, kvDecoderBindings, kvDecoderCases } from './kv-decoder.j
 import type { Feed, GateCase } from './types.js';
 import {
   applyPartialRope, cachedAttention, causalConvStep, gatedDeltaStep, gatedRmsNorm, l2Norm, mergeHeads,
-  rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, gatedMlp,
+  rmsNorm, ropeGather, ropeTables, silu, softplus, splitHeads, gatedMlp, MLP_RESCALE, valueScale, VALUES_RESCALE,
 } from './blocks.js';
 import { attentionDecoderConfig, decoderComponents, lmHeadGraph, type AttentionDecoderConfig } from './decoder.js';
 import { newKv, pastKv, recurrentIn, recurrentOut } from './state-io.js';
@@ -170,6 +170,9 @@ export const qwen3_5: Family<Qwen35Config> = {
   }),
   gateCases: (c, entry, trace, maxContext) => qwen35Cases(c, entry, trace, maxContext),
   bindings: (c, entry, maxContext) => qwen35Bindings(c, entry, maxContext),
+  // The full-attention layers' values; the linear-attention layers have no exact pair: a SiLU follows
+  // the causal conv over q, k and v, and the gate z, and the output norm undoes any scale of the values.
+  rescalePairs: [MLP_RESCALE, VALUES_RESCALE],
 };
 
 // ---- graphs -----------------------------------------------------------------------------------
@@ -268,7 +271,7 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const { hidden: H, heads, kvHeads, headDim: d, eps } = c;
   const n = lio.n;
   const p = `${layerPrefix(layer)}.self_attn`;
-  const lin = (x: string, name: string, shape: [number, number]) => g.scoped(`self_attn.${name}`, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n));
+  const lin = (x: string, name: string, shape: [number, number], scale = 1) => g.scoped(`self_attn.${name}`, () => w.store.linear(g, x, `${p}.${name}.weight`, shape, w.scheme, n, undefined, undefined, scale));
   const norm = (name: string) => w.store.small(g, `${p}.${name}.weight`, [d], onePlus);
   const shapes = stateShapes(c, lio.ctx, n);
   const f32 = 'float32' as const;
@@ -283,7 +286,8 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   const q = g.op('Transpose', [q0], { perm: [0, 2, 1, 3] });
   const gate = g.op('Reshape', [gate0, g.constInt64([1, n, heads * d])]);
   const k = splitHeads(g, await lin(xn, 'k_proj', [kvHeads * d, H]), kvHeads, d, n);
-  const v = splitHeads(g, await lin(xn, 'v_proj', [kvHeads * d, H]), kvHeads, d, n);
+  const vs = valueScale(g, pastV, newKv('v', layer));
+  const v = splitHeads(g, await lin(xn, 'v_proj', [kvHeads * d, H], vs), kvHeads, d, n);
   const qr = applyPartialRope(g, rmsNorm(g, q, await norm('q_norm'), eps, 'self_attn.q_norm'), lio.rope!, c.rotaryDim, d);
   const kr = applyPartialRope(g, rmsNorm(g, k, await norm('k_norm'), eps, 'self_attn.k_norm'), lio.rope!, c.rotaryDim, d);
   const newK = g.output(kr, newKv('k', layer), { shape: shapes.kvRow });
@@ -291,7 +295,7 @@ async function fullAttention(g: GraphBuilder, c: Qwen35Config, layer: number, xn
   io.outputs.push({ name: newK, dtype: f32, shape: shapes.kvRow }, { name: newV, dtype: f32, shape: shapes.kvRow });
   const attn = cachedAttention(g, qr, newK, newV, pastK, pastV, lio.mask!, { heads, kvHeads, headDim: d, n, ctx: lio.ctx, scale: 1 / Math.sqrt(d) });
   const gated = g.op('Mul', [mergeHeads(g, attn, heads, d, n), g.op('Sigmoid', [gate])]);
-  return lin(gated, 'o_proj', [H, heads * d]);
+  return lin(gated, 'o_proj', [H, heads * d], 1 / vs);
 }
 
 /** One decoder layer (token mixer by layer type, then the SwiGLU MLP); returns the residual output h.{layer+1}. */

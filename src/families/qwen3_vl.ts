@@ -14,6 +14,7 @@ import type { Trace } from '../gates/trace.js';
 import { kvDecoderBindings, kvDecoderCases, type KvLayout } from './kv-decoder.js';
 import { ATTENTION_DECODER_FIELDS, attentionDecoderConfig, decoderComponents, denseDecoderShard, lmHeadGraph, type AttentionDecoderConfig, type ShardFrame } from './decoder.js';
 import { qwen3Layer } from './qwen3.js';
+import { MLP_RESCALE, VALUES_RESCALE } from './blocks.js';
 import { deepstackOutput, IMAGE_EMBEDS, PIXELS, visionEncoderGraph, visionGrid, type VisionConfig } from './qwen-vit.js';
 
 const TextSchema = z.object({
@@ -200,6 +201,8 @@ export const qwen3_vl: Family<Qwen3VLConfig> = {
       return m ? { ...t, bind: 'encoder-output', component: VISION, output: deepstackOutput(Number(m[1])) } : undefined;
     });
   },
+  // The text decoder's layers are Qwen3's.
+  rescalePairs: [MLP_RESCALE, VALUES_RESCALE],
 };
 
 /** The encoder at each image prompt: HF's pixel_values in, its merged tokens, DeepStack features and block outputs out. */

@@ -104,6 +104,29 @@ export interface Family<C> {
   chain?(config: C, graphs: GraphEntry[], trace: Trace, maxContext: number, dir: string, run: ChainRunner, logits: (c: GateCase, got: Float32Array) => void): Promise<ChainNotes | void>;
   /** How the runtime binds each input/output of an exported graph, and the state buffers it keeps. */
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
+  /** The rescales its layers honour beyond the norms' (blocks.ts MLP_RESCALE, VALUES_RESCALE); none when absent. */
+  rescalePairs?: readonly RescalePair[];
+}
+
+/**
+ * A function-preserving rescale a family's layers honour, besides every named RMSNorm's (which any
+ * family's norms honour: blocks.ts rmsNorm): a recipe `rescale` line naming `<layer scope>/<scope>`
+ * divides one matrix by a power of two and multiplies the one that reads its output back — forge
+ * bisect's fix when a value between them leaves fp16's range on the HTP. `grows`: the op scopes whose
+ * outputs carry the divided values (their peak on the CPU sets the factor); `reads`: the op that takes
+ * them back; an overflow at any of `ops` is this pair's to fix.
+ */
+export interface RescalePair {
+  /** The matrices it pairs, in words: `up_proj with down_proj`. */
+  pair: string;
+  /** The values it divides, in words: `act(gate)·up (down_proj's input)`. */
+  values: string;
+  scope: string;
+  grows: string[];
+  reads: string;
+  ops: string[];
+  /** The rescale by 2^k in words: `up_proj ÷ 2^3, down_proj × 2^3`. */
+  what: (k: number) => string;
 }
 
 /** What the runtime does with a host table (the manifest's `use`). */
@@ -285,6 +308,11 @@ export interface GraphEntry extends GraphInterface, ComponentEntryFields {
   role?: string;
   /** The quant scheme of its matmul weights. */
   scheme: QuantScheme;
+  /**
+   * State inputs and outputs the graph holds times a factor (a recipe `rescale` of v_proj with
+   * o_proj: its KV cache holds the values scaled): the gates scale HF's states alike (gateCasesOf).
+   */
+  stateScales?: Record<string, number>;
 }
 
 /** A graph input fed by a gate case. */
@@ -317,6 +345,48 @@ export interface GateCase {
    * was fed. The gate reports such a graph per layer, and bisect names an expert from them.
    */
   served?: { layer: number; experts: number[] };
+}
+
+/**
+ * A graph's gate cases as its family makes them from HF's trace, with any state the graph holds
+ * rescaled (GraphEntry.stateScales) scaled alike, fed and expected: what every gate and bisect step runs.
+ */
+export async function* gateCasesOf<C>(family: Pick<Family<C>, 'gateCases'>, config: C, entry: GraphEntry, trace: Trace, maxContext: number, dir: string): AsyncGenerator<GateCase> {
+  yield* scaleStates(entry, family.gateCases(config, entry, trace, maxContext, dir));
+}
+
+/**
+ * `cases` with the entry's rescaled states (GraphEntry.stateScales) multiplied by their factor; as they
+ * are where it has none. A family may refill one cache buffer in place from case to case (the gate
+ * feeds it once to a batch of cases, each masking the rows after its own step): the scaled copy of a
+ * buffer is kept and refilled in place alike.
+ */
+export async function* scaleStates(entry: GraphEntry, cases: AsyncIterable<GateCase>): AsyncGenerator<GateCase> {
+  const scales = Object.entries(entry.stateScales ?? {});
+  const copies = new WeakMap<Float32Array, Float32Array>();
+  const scaled = (data: Float32Array, s: number) => {
+    let out = copies.get(data);
+    if (!out) copies.set(data, (out = new Float32Array(data.length)));
+    for (let i = 0; i < data.length; i++) out[i] = data[i] * s;
+    return out;
+  };
+  for await (const c of cases) {
+    if (!scales.length) {
+      yield c;
+      continue;
+    }
+    const feeds = { ...c.feeds };
+    const expected = { ...c.expected };
+    for (const [name, s] of scales) {
+      const f = feeds[name];
+      if (f) {
+        if (f.dtype !== 'float32') throw new Error(`${entry.name}: state ${name} is rescaled but fed as ${f.dtype}`);
+        feeds[name] = { ...f, data: scaled(f.data as Float32Array, s) };
+      }
+      if (expected[name]) expected[name] = expected[name].map((v) => v * s);
+    }
+    yield { ...c, feeds, expected };
+  }
 }
 
 /** The cases of a graph every layer shares that ran for `layer` (GateCase.served); a graph of its own layer's cases passes whole. */

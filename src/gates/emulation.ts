@@ -20,6 +20,7 @@ import type { StageModule } from '../engine/stage.js';
 import type { FamilyId } from '../recipe/schema.js';
 import type { HexagonArch } from '../arch/table.js';
 import { getFamily } from '../families/index.js';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import type { GateCase } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
@@ -300,7 +301,7 @@ export async function simulateGraph<C>(o: {
 
   // A residual the graph takes as f16 (the handoff stage's rewrite) is fed as the host hands it over.
   const half = new Set(o.entry.inputs.filter((t) => t.dtype === 'float16').map((t) => t.name));
-  for await (const c of o.family.gateCases(o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
+  for await (const c of gateCasesOf(o.family, o.config, o.entry, o.trace, o.maxContext, o.graphsDir)) {
     // The runtime decodes a one-token prompt (native greedy_loop): that step is the decode graph's too.
     const promptLength = o.trace.meta.prompts[c.prompt].prompt_tokens.length;
     if (o.generatedOnly && c.step < promptLength && promptLength > 1) continue;

@@ -12,6 +12,7 @@ import * as ort from 'onnxruntime-node';
 import type { StageModule } from '../engine/stage.js';
 import type { FamilyId } from '../recipe/schema.js';
 import { getFamily } from '../families/index.js';
+import { gateCasesOf } from '../families/types.js';
 import type { Family } from '../families/types.js';
 import { GRAPHS_JSON, type ExportManifest, type GraphEntry } from '../export/graphs.js';
 import { readCheckpointRef } from '../hub/checkpoint-ref.js';
@@ -195,7 +196,7 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
   try {
     const chained = StepChain.applies(entry);
     const firstLink = chained && StepChain.source(entry) === null;
-    await runGateCases(session, entry.file, family.gateCases(config, entry, trace, maxContext, dir), form, (c, output) => {
+    await runGateCases(session, entry.file, gateCasesOf(family, config, entry, trace, maxContext, dir), form, (c, output) => {
       for (const [name, expected] of Object.entries(c.expected)) tally.add(keyOf(name, c), output(name), expected, `${entry.name} prompt ${c.prompt} step ${c.step}${c.served ? ` layer ${c.served.layer}` : ''}`, c.masks?.[name], !c.placeholder);
       if (firstLink) {
         chain.record(entry, c, output);
@@ -205,11 +206,11 @@ async function checkGraph<C>(family: Family<C>, config: C, dir: string, entry: G
     });
     // The same graph again, fed the chain's hidden state instead of HF's (step-chain.ts).
     if (chained && !firstLink) {
-      await runGateCases(session, entry.file, chain.cases(entry, family.gateCases(config, entry, trace, maxContext, dir)), form, (c, output) => chain.record(entry, c, output));
+      await runGateCases(session, entry.file, chain.cases(entry, gateCasesOf(family, config, entry, trace, maxContext, dir)), form, (c, output) => chain.record(entry, c, output));
     }
     // Once more with f16 hand-offs (the first graph's own input is the host's float32 rows).
     if (chained && !firstLink && half) {
-      await runGateCases(session, entry.file, half.cases(entry, family.gateCases(config, entry, trace, maxContext, dir)), form, (c, output) => half.record(entry, c, output));
+      await runGateCases(session, entry.file, half.cases(entry, gateCasesOf(family, config, entry, trace, maxContext, dir)), form, (c, output) => half.record(entry, c, output));
     }
   } finally {
     await session.release();

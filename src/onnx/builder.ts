@@ -350,6 +350,18 @@ export class GraphBuilder {
     return r.rule.scale;
   }
 
+  /**
+   * A state input or output (a KV cache) that holds its values times `scale` under a rescale rule
+   * (v_proj's values, which o_proj scales back): the runtime carries the state as it is, but the
+   * gates, which feed HF's states, must scale them alike (GraphEntry.stateScales).
+   */
+  scaleState(name: string, scale: number): void {
+    if (scale !== 1) this.stateScales[name] = scale;
+  }
+
+  /** The state I/O this graph holds rescaled, by name. */
+  readonly stateScales: Record<string, number> = {};
+
   /** The rescale rules no op of this graph asked for. */
   unusedRescales(): RescaleRule[] {
     return this.rescales.filter((r) => !r.hits).map((r) => r.rule);

@@ -29,6 +29,15 @@ export async function makeMlpFp16Hostile(src: string, out: string, layer: number
   await rewrite(src, out, factor, { [at('up_proj')]: (data) => scaleAll(data, factor), [at('down_proj')]: (data) => scaleAll(data, 1 / factor) });
 }
 
+/**
+ * Layer `layer`'s attention with v_proj × `factor` and o_proj ÷ `factor`: attention is linear in V,
+ * so HF's outputs do not move, but V (what the KV cache holds and o_proj reads) grows past fp16's range.
+ */
+export async function makeValuesFp16Hostile(src: string, out: string, layer: number, factor = 2 ** 15): Promise<void> {
+  const at = (m: string) => `model.layers.${layer}.self_attn.${m}.weight`;
+  await rewrite(src, out, factor, { [at('v_proj')]: (data) => scaleAll(data, factor), [at('o_proj')]: (data) => scaleAll(data, 1 / factor) });
+}
+
 const scaleAll = (data: Float32Array, by: number) => data.forEach((x, i) => (data[i] = x * by));
 
 async function rewrite(src: string, out: string, factor: number, edits: TensorEdits): Promise<void> {
