@@ -158,6 +158,9 @@ describe('forge bisect --target emulation', () => {
     const shards = graphs.contexts.flatMap((c) => c.graphs).filter((g) => g.component === 'shard0');
     const scale = chosen.rescale![0].scale;
     for (const g of shards) expect(g.stateScales, g.name).toEqual({ past_v_1: scale, new_v_1: scale });
+    // The card says what was rewritten, and why.
+    const card = readFileSync(join(work, 'rebuilt-values', 'README.md'), 'utf8');
+    expect(card).toContain(`- ops under \`layers\\.1/self_attn\\.v_proj\` rescaled by 2^${Math.log2(scale)}: layers.1's V (v_proj's output, which the KV cache holds) reaches`);
   }, 1_800_000);
 
   it('says "no fault" on a healthy twin on the simulator, from the cache', async () => {

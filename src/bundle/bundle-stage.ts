@@ -127,6 +127,7 @@ export const stage: StageModule<BundleParams> = {
       planKept: { contexts: plan.contexts, graphs: plan.graphs },
       plan,
       precision: shippedPrecision(ctx.inputs.quantize, ctx.inputs.precision),
+      rewrites: { rescale: p.settings.rescale, equalize: p.settings.equalize },
       decodeBytes: await decodeBytes(p, plan, readCheckpointRef(ctx.inputs.checkpoint).absDir, ctx.inputs.precision),
     };
     const files = await listFiles(ctx.out);

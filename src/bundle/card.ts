@@ -2,7 +2,7 @@
 // build. Every figure in it was measured in that build; a figure that was not measured is named as
 // such (device numbers appear only when the parity gate ran on a device).
 import type { HexagonArch } from '../arch/table.js';
-import type { Recipe } from '../recipe/schema.js';
+import type { Equalize, Recipe, Rescale } from '../recipe/schema.js';
 import type { OracleResult } from '../gates/oracle.js';
 import type { CompiledContext } from '../toolchain/qnn/compile-stage.js';
 import type { Manifest } from './manifest.js';
@@ -56,6 +56,8 @@ export interface CardFacts {
   plan?: ShardPlan;
   /** The shipped graphs' weight schemes, the per-layer map, and the matrices stored otherwise with why (graphs.json; precision.json under auto). */
   precision?: ShippedPrecision;
+  /** The recipe's exact rewrites for this arch (`rescale`, `equalize`): the same function in numbers the hardware holds. */
+  rewrites?: { rescale: Rescale[]; equalize: Equalize[] };
 }
 
 export interface ShippedPrecision {
@@ -70,6 +72,18 @@ export interface ShippedPrecision {
   lmHeadAuto?: { w4Cosine: number; w4Top1: string; bytes: number; w4Bytes: number; why?: string };
   /** 'qdq': the QAIRT converter's QDQ forms (quant/weights.ts); absent: MatMulNBits. */
   form?: 'qdq';
+}
+
+/** The recipe's exact rewrites, each with why (forge bisect --apply writes its reason in). */
+function rewriteLines(r: NonNullable<CardFacts['rewrites']>): string[] {
+  if (!r.rescale.length && !r.equalize.length) return [];
+  const why = (w?: string) => (w ? `: ${w.replace(/^forge bisect: /, '')}` : '');
+  return [
+    '**Exact rewrites** (the same function as the checkpoint, in numbers the hardware holds; recipe `rescale` and `equalize`):',
+    ...r.rescale.map((x) => `- ops under \`${x.match}\` rescaled by 2^${Math.log2(x.scale)}${why(x.why)}`),
+    ...r.equalize.map((x) => `- experts \`${x.match}\`: channels equalized before quantization${why(x.why)}`),
+    '',
+  ];
 }
 
 /** The precision lines: the scheme, and, when not every matrix is in it, the per-layer map with why. */
@@ -207,6 +221,7 @@ export function modelCard(f: CardFacts, sizes: Record<string, number>): string {
   }
   if (f.plan) lines.push(...planLines(f.plan, manifest));
   if (f.precision) lines.push(...precisionLines(f.precision));
+  if (f.rewrites) lines.push(...rewriteLines(f.rewrites));
   if (f.decodeBytes?.length) lines.push(...decodeBytesLines(f.decodeBytes));
   lines.push('## Files', '', '| file | bytes | role |', '|---|---|---|');
   for (const file of [...Object.keys(sizes), 'README.md', 'SHA256SUMS'].filter((x, i, a) => a.indexOf(x) === i).sort()) {
