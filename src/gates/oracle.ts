@@ -47,14 +47,18 @@ export interface HandoffChoice {
   f16: { logitError?: number; decisions?: ChainDecisions };
 }
 
+/** Why a model whose graphs hand no residual stream between contexts (PhiMoE: the host routes between them) has no f16 hand-off. */
+export const NO_HANDOFF = 'no residual is handed from one context to another in these graphs (the host routes between them): there is no hand-off to make f16';
+
 /**
  * f16 holds when the one-token graphs chained with every hand-off between them rounded to f16 stay
  * finite and pick HF's greedy token at every step the float32 chain does: the hand-off then moves
  * no decision the parity gate checks.
  */
-export function chooseHandoff(f32: StepChain, f16: StepChain): HandoffChoice {
+export function chooseHandoff(f32: StepChain, f16: StepChain, handsOver = true): HandoffChoice {
   const figures = (c: StepChain) => ({ ...(c.logitError !== undefined ? { logitError: c.logitError } : {}), ...(c.decisions ? { decisions: c.decisions } : {}) });
   const base = { f32: figures(f32), f16: figures(f16) };
+  if (!handsOver) return { dtype: 'float32', why: NO_HANDOFF, ...base };
   if (f16.logitError === undefined) return { dtype: 'float32', why: 'the chain with f16 hand-offs held a non-finite logit (a residual past f16 range)', ...base };
   const [a, b] = [f32.decisions, f16.decisions];
   if (a && (!b || b.agree < a.agree)) return { dtype: 'float32', why: `f16 hand-offs pick HF's greedy token at ${b?.agree ?? 0}/${a.steps} steps, float32 at ${a.agree}/${a.steps}`, ...base };
@@ -287,12 +291,15 @@ export async function runOracleGate(
   // Each gated graph's CPU form (in scratch until the end), which a family's own chain runs again.
   const cpuForms = new Map<string, { model: string; form: GateForm }>();
   const routing: Record<string, RoutingTally> = {};
+  // The variants with a graph that takes the residual from another context or gives it to one (quant/handoff.ts rewrites those).
+  const handing = new Set<string>();
   let ok = true;
   try {
     const work = variants.flatMap((v) => {
       const manifest = JSON.parse(readFileSync(join(v.dir, GRAPHS_JSON), 'utf8')) as ExportManifest;
       return manifest.contexts.flatMap((c) => c.graphs.map((g) => ({ v, manifest, g })));
     });
+    for (const { v, g } of work) if (g.stream && (g.stream.from !== null || g.stream.output)) handing.add(v.label);
     let done = 0;
     for (const { v, manifest, g } of work) {
       progress(done++, work.length, g.name);
@@ -355,7 +362,7 @@ export async function runOracleGate(
   const decisions = Object.fromEntries([...chains].flatMap(([label, chain]) => (chain.decisions ? [[label, chain.decisions]] : [])));
   const handoff: Record<string, HandoffChoice> = {};
   for (const [label, half] of halves) {
-    handoff[label] = chooseHandoff(chains.get(label)!, half);
+    handoff[label] = chooseHandoff(chains.get(label)!, half, handing.has(label));
     if (handoff[label].dtype !== 'float16') continue;
     // The shipped bundle hands over f16: the parity gates' tie bound is that chain's error.
     if (half.logitError !== undefined) logitError[label] = half.logitError;
@@ -381,7 +388,9 @@ export const stage: StageModule<OracleParams> = {
       ctx.log(`hand-off for ${label}: ${choice.dtype} (${choice.why})`);
       if (handoff === 'f16' && choice.dtype !== 'float16') {
         result.ok = false;
-        ctx.log(`the recipe requires f16 hand-offs and they do not hold for ${label}: set handoff to 'auto' (or 'f32')`);
+        ctx.log(choice.why === NO_HANDOFF
+          ? `the recipe requires f16 hand-offs (handoff: f16) and ${NO_HANDOFF}: set handoff to 'auto' or 'f32'`
+          : `the recipe requires f16 hand-offs and they do not hold for ${label}: set handoff to 'auto' (or 'f32')`);
       }
     }
     await writeFile(join(ctx.out, 'oracle.json'), JSON.stringify(result, null, 2));

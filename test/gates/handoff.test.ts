@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { tmpdir } from 'node:os';
 import * as ort from 'onnxruntime-node';
 import { StepChain } from '../../src/gates/step-chain.js';
-import { chooseHandoff } from '../../src/gates/oracle.js';
+import { chooseHandoff, NO_HANDOFF } from '../../src/gates/oracle.js';
 import { halfResidual, writeHandoffExport } from '../../src/quant/handoff.js';
 import { roundToF16, f16BitsToF32 } from '../../src/io/dtype.js';
 import { toFloat16 } from '../../src/onnx/dtype.js';
@@ -66,6 +66,11 @@ describe('chooseHandoff', () => {
     const c = chooseHandoff(await chainOf(false, f32(1, 1), f32(3, 1, 0)), await chainOf(true, f32(1, 1), f32(Infinity, 1, 0)));
     expect(c.dtype).toBe('float32');
     expect(c.why).toMatch(/non-finite/);
+  });
+
+  it('keeps float32 and says why where no graph hands the residual to another context (the host routes between them)', async () => {
+    const c = chooseHandoff(await chainOf(false, f32(1, 1), f32(3, 1, 0)), await chainOf(true, f32(1, 1), f32(2.99, 1, 0)), false);
+    expect(c).toMatchObject({ dtype: 'float32', why: NO_HANDOFF });
   });
 });
 
