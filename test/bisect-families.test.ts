@@ -10,7 +10,9 @@ import { mkdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { forge, lastJson } from './helpers/forge-cli.js';
 import { makeExpertW8Hostile } from './helpers/w4-hostile.js';
-import { recipeSandbox, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import { recipeSandbox, stageEntry, writeRecipeVariant } from './helpers/recipe-sandbox.js';
+import type { ExportManifest } from '../src/export/graphs.js';
+import type { OracleResult } from '../src/gates/oracle.js';
 import { twinDir } from './helpers/twin.js';
 import { pageLayout } from './helpers/page-layout.js';
 import { blameExperts } from '../src/bisect/experts.js';
@@ -99,6 +101,26 @@ describe('forge bisect on every family', () => {
     expect(page.dom).toContain(`layer ${LAYER}'s expert ${EXPERT}:`);
     expect(page.dom).toContain(`equalize layers.${LAYER}.experts.${EXPERT}'s channels`);
   }, 900_000);
+
+  // The values pair on the families whose attention has biases (PhiMoE: v_proj's bias scales with it,
+  // o_proj's does not) or mixes layer kinds (Qwen3.5: its full-attention layers): the shipped graphs
+  // keep their numbers, and their graphs say which cache holds V scaled.
+  it.each([['tiny-phimoe', 1], ['tiny-qwen3.5', 3]] as const)('keeps %s\'s numbers with layer %i\'s v_proj rescaled with o_proj', async (base, layer) => {
+    const build = async (id: string) => {
+      const r = await forge(['build', id, '--arch', 'v81', '--until', 'oracle', '--json', '--out', join(work, `values-${id}`)], { FORGE_RECIPES: recipes });
+      return { rec: lastJson(r.stdout), stderr: r.stderr };
+    };
+    const id = `${base}-values`;
+    writeRecipeVariant(recipes, base, id, (r) => void (r.arch.default.rescale = [{ match: `layers\\.${layer}/self_attn\\.v_proj`, scale: 2 ** -4 }]));
+    const [plain, scaled] = [await build(base), await build(id)];
+    expect(scaled.rec.gates.oracle.ok, scaled.stderr).toBe(true);
+    const shipped = (x: typeof plain) => (JSON.parse(readFileSync(join(stageEntry(x.rec, 'oracle'), 'oracle.json'), 'utf8')) as OracleResult).graphs;
+    for (const [graph, g] of Object.entries(shipped(plain))) expect(Math.abs(shipped(scaled)[graph].minCosine - g.minCosine), graph).toBeLessThan(2e-4);
+    const graphs = JSON.parse(readFileSync(join(stageEntry(scaled.rec, 'quantize'), 'graphs.json'), 'utf8')) as ExportManifest;
+    const holding = graphs.contexts.flatMap((c) => c.graphs).filter((g) => g.stateScales);
+    expect(holding.length).toBeGreaterThan(0);
+    for (const g of holding) expect(g.stateScales, g.name).toEqual({ [`past_v_${layer}`]: 2 ** -4, [`new_v_${layer}`]: 2 ** -4 });
+  }, 600_000);
 
   it('refuses an equalize line that picks no expert, naming it, before any graph is written', async () => {
     const id = 'tiny-qwen3-equalize';

@@ -154,11 +154,15 @@ const io = (name: string, shape: number[], dtype: ElemType = f32): TensorIO => (
  */
 const opScope = (name: string) => (name === 'model.norm' ? 'final_norm' : name.replace(/^model\.(layers\.\d+\.)?/, ''));
 
-/** x·Wᵀ + b, weight and bias read times `scale` (a rescale pair's power of two). */
-async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number, scale = 1): Promise<string> {
+/**
+ * x·Wᵀ + b. A rescale pair's power of two: `out` scales the whole output (weight and bias: the values
+ * v_proj gives), `input` undoes a scale of x (the weight alone: o_proj reading values scaled by 1/input).
+ */
+async function biasedLinear(g: GraphBuilder, w: GraphWeights, x: string, name: string, shape: [number, number], n: number, scale: { out?: number; input?: number } = {}): Promise<string> {
+  const { out = 1, input = 1 } = scale;
   return g.scoped(opScope(name), async () => {
-    const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n, undefined, undefined, scale);
-    return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]], scale === 1 ? undefined : (b) => b.map((v) => v * scale))]);
+    const y = await w.store.linear(g, x, `${name}.weight`, shape, w.scheme, n, undefined, undefined, out * input);
+    return g.op('Add', [y, await w.store.small(g, `${name}.bias`, [shape[0]], out === 1 ? undefined : (b) => b.map((v) => v * out))]);
   });
 }
 
@@ -185,11 +189,11 @@ async function attnRouterOps(g: GraphBuilder, c: PhimoeConfig, l: number, ctx: n
   const q = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.q_proj'), [heads * d, H], n), heads, d, n);
   const k = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.k_proj'), [kvHeads * d, H], n), kvHeads, d, n);
   const vs = valueScale(g, pastV, newKv('v', l));
-  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H], n, vs), kvHeads, d, n);
+  const v = splitHeads(g, await biasedLinear(g, w, xn, p('self_attn.v_proj'), [kvHeads * d, H], n, { out: vs }), kvHeads, d, n);
   const newK = g.output(applyRope(g, k, rope), newKv('k', l), { shape: [1, kvHeads, n, d] });
   const newV = g.output(v, newKv('v', l), { shape: [1, kvHeads, n, d] });
   const attn = cachedAttention(g, applyRope(g, q, rope), newK, newV, pastK, pastV, mask, { heads, kvHeads, headDim: d, n, ctx, scale: 1 / Math.sqrt(d) });
-  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n, 1 / vs);
+  const o = await biasedLinear(g, w, mergeHeads(g, attn, heads, d, n), p('self_attn.o_proj'), [H, heads * d], n, { input: 1 / vs });
   const attnRes = g.output(g.op('Add', [x, o]), 'attn_res', { shape: [1, n, H] });
   const moeIn = g.output(await norm(g, w, attnRes, p('post_attention_layernorm'), H, c.eps), 'moe_in', { shape: [1, n, H] });
   const router = await g.scoped('block_sparse_moe.gate', () => w.store.linear(g, moeIn, p('block_sparse_moe.gate.weight'), [c.experts, H], w.scheme, n));
