@@ -85,5 +85,9 @@ describe('bisect.html', () => {
     const fromRun = verdictBox({ ...healthy, run } as typeof healthy);
     expect(fromRun).toMatchObject({ word: 'NO FAULT', tone: 'fixed', headline: 'tiny-qwen3-hostile-w4 for v81 on host: every link tested follows HF, the run given does not' });
     expect(fromRun.rows[0]).toEqual(['the run', "the run leaves HF's greedy continuation at generated token 4 (step 9): HF picks 311 by 6.1517 over 368, the run picked 368"]);
+    // What still deserves a look: a row each, not a run-on verdict.
+    const warnings = [{ kind: 'weak-layer' as const, text: 'layer 3 keeps 0.85795, 0.00795 above the 0.85 gate: it passes by a hair' }, { kind: 'routing' as const, text: 'the shipped router picks other experts than HF at 8 of 1080 decisions' }];
+    const watched = verdictBox({ ...healthy, warnings, message: `${healthy.message}; worth a look: ${warnings.map((w) => w.text).join('; ')}` });
+    expect(watched.rows).toEqual([['checked', 'every graph within tolerance (w4 ≥ 0.85)'], ...warnings.map((w) => ['worth a look', w.text])]);
   });
 });

@@ -245,7 +245,7 @@ export function bisectHtml(r: BisectResult): string {
       head: ['changes', 'from', 'to'],
       rows: [
         ...c.tensors.map((x) => [x.name, x.from, x.to]),
-        ...(c.rescale ?? []).map((x) => [`ops under ${patternText(x.match)}`, 'as exported', `rescaled by ${x.scale}${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
+        ...(c.rescale ?? []).map((x) => [`ops under ${patternText(x.match)}`, 'as exported', `rescaled by 2^${Math.log2(x.scale)}${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
         ...(c.equalize ?? []).map((x) => [`expert ${patternText(x.match)}`, 'as in the checkpoint', `channels equalized${x.why ? ` (${x.why.replace(/^forge bisect: /, '')})` : ''}`]),
         ...(c.handoff ? [[`residual hand-off on ${r.arch}`, 'f16', c.handoff]] : []),
       ],

@@ -40,7 +40,7 @@ export const patternText = (p: string) => p.replace(/\\(.)/g, '$1');
 export function fixChanges(t: Trial, arch: string): string[] {
   return [
     ...t.tensors.map((x) => `${x.name}: ${x.from} → ${x.to}`),
-    ...(t.rescale ?? []).map((x) => `rescale ${patternText(x.match)} by ${x.scale}`),
+    ...(t.rescale ?? []).map((x) => `rescale ${patternText(x.match)} by 2^${Math.log2(x.scale)}`),
     ...(t.equalize ?? []).map((x) => `equalize ${patternText(x.match)}'s channels`),
     ...(t.handoff ? [`residual hand-off ${t.handoff} on ${arch}`] : []),
   ];
@@ -48,6 +48,8 @@ export function fixChanges(t: Trial, arch: string): string[] {
 
 /** A fix in a line: its changes, or for many matrices (whole layers) its label and rungs, each matrix listed in the report's fix table. */
 export function fixSummary(t: Trial, arch: string): string {
+  // A pair's rescale says in its label what moves where (`rescale layers.1/mlp (up_proj ÷ 2^4, down_proj × 2^4)`).
+  if (t.rescale?.length === 1 && !t.tensors.length && /\(.+÷ 2\^\d+/.test(t.label)) return t.label;
   if (t.tensors.length <= 4) return fixChanges(t, arch).join('; ');
   const rungs = [...new Set(t.tensors.map((x) => `${x.from} → ${x.to}`))].join(', ');
   return `${t.label}: ${t.tensors.length} matrices ${rungs}, each named under "The fix for the recipe"`;
@@ -128,7 +130,9 @@ export function verdictBox(r: BisectResult): VerdictBox {
     : `${r.recipe} for ${r.arch} on ${r.target}: ${link ? `link ${link}` : 'a fault'}${layer && /^\d/.test(layer) ? `, layer ${layer.split(' ')[0]}` : ''}`;
   const rows: Array<[string, string | undefined]> = [
     ['the run', r.run ? runDivergenceText(r.run) : undefined],
-    ['checked', r.verdict === 'no-fault' ? r.message.replace(/^.*?no fault: /, '') : undefined],
+    ['checked', r.verdict === 'no-fault' ? r.message.replace(/^.*?no fault: /, '').replace(/; worth a look: .*$/, '') : undefined],
+    // Each thing still worth a look on its own row: the verdict stays one line.
+    ...(r.verdict === 'no-fault' ? (r.warnings ?? []).map((w): [string, string] => ['worth a look', w.text]) : []),
     ['link', link ? `${link}: ${LINKS[link] ?? ''}`.replace(/: $/, '') : undefined],
     ['first left at', whereText(r)],
     ['layer', layer],
