@@ -52,7 +52,7 @@ export function noFaultWarnings(layers: LayerFigures[], threshold: number, shipp
   }
   if (routing?.flips.length) {
     const f = routing.flips;
-    out.push({ kind: 'routing', text: `the shipped router picks other experts than HF at ${f.length} of ${routing.decisions} decisions (${f.slice(0, 2).map((x) => `prompt ${x.prompt} ${flipText(x)}`).join('; ')}${f.length > 2 ? `; ${f.length - 2} more` : ''}): the tokens held, and it is where routing would flip one` });
+    out.push({ kind: 'routing', text: `the shipped router picks other experts than HF at ${f.length} of ${routing.decisions} decisions, e.g. prompt ${f.slice(0, 2).map((x) => `${x.prompt} ${flipText(x)}`).join(' and prompt ')}${f.length > 2 ? ` (${f.length - 2} more)` : ''}: the tokens held, and it is where routing would flip one` });
   }
   return out;
 }
