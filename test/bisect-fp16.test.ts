@@ -20,7 +20,7 @@ import { dumpDom } from '../src/toolchain/chromium.js';
 import { GraphBuilder } from '../src/onnx/builder.js';
 import { encodeModel } from '../src/onnx/writer.js';
 import { gatedMlp, MLP_RESCALE, rmsNorm, silu, VALUES_RESCALE } from '../src/families/blocks.js';
-import { pairRescaleCandidates, rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
+import { opMatrix, pairRescaleCandidates, rescaleCandidates, scaleFor } from '../src/bisect/simulator.js';
 import type { ExportManifest } from '../src/export/graphs.js';
 import { runExport } from '../src/export/stage.js';
 import type { OpFigure, ProbeResult } from '../src/bisect/probe.js';
@@ -214,6 +214,16 @@ describe('bisect on the simulator, the pure parts', () => {
     expect(all.rescale[0].scale).toBe(2 ** -5); // 410 → 12.8
     // An op neither in a norm nor in a gated MLP has no rescale here.
     expect(rescaleCandidates({ ...probe, first: op('layers.2/self_attn.o_proj/Gemm', 10, 70000) }, 4)).toEqual([]);
+  });
+
+  it('names the checkpoint matrix an op multiplies, the candidate after the rescales on the fp16 link', () => {
+    const m = (name: string) => ({ name, shape: [8, 8], role: 'matmul' as const });
+    const tensors = [m('model.layers.1.self_attn.q_proj.weight'), m('model.layers.1.self_attn.v_proj.weight'), m('model.layers.1.mlp.down_proj.weight'), { name: 'model.layers.1.input_layernorm.weight', shape: [8], role: 'small' as const }];
+    expect(opMatrix(tensors, 'layers.1/self_attn.v_proj', 1)?.name).toBe('model.layers.1.self_attn.v_proj.weight');
+    expect(opMatrix(tensors, 'model/layers.1/mlp.down_proj', 1)?.name).toBe('model.layers.1.mlp.down_proj.weight');
+    // A norm, or an op between the projections, multiplies no checkpoint matrix.
+    expect(opMatrix(tensors, 'layers.1/input_layernorm', 1)).toBeUndefined();
+    expect(opMatrix(tensors, 'layers.1/mlp', 1)).toBeUndefined();
   });
 
   it("refuses a rescale line no op of the model takes, naming the ones this family honours", async () => {

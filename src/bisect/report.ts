@@ -100,8 +100,8 @@ export function summaryText(r: BisectResult): string {
   for (const w of r.warnings ?? []) lines.push(`  look at:     ${w.text}`);
   if (r.faulty?.length) lines.push(`  alone under: ${r.faulty.map((l) => `layer ${l}`).join(', ')} (each fails the shipped threshold by itself)`);
   if (r.trials.length) {
-    lines.push(`  fixes tried (rebuilt through the ${r.trials.some((t) => t.rescale) ? 'emulation' : r.runtime?.divergence ? 'parity' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);
-    for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} ${cost(t).padStart(10)}  ${t.rescale ? 'simulator' : 'shipped'} min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
+    lines.push(`  fixes tried (rebuilt through the ${r.simFault ? 'emulation' : r.runtime?.divergence ? 'parity' : 'oracle'} gate${r.drift?.first ? ', the chain scanned again' : ''}):`);
+    for (const t of r.trials) lines.push(`    ${t.ok ? '✓' : '✗'} ${t.label.padEnd(40)} ${cost(t).padStart(10)}  ${r.simFault ? 'simulator' : 'shipped'} min cosine ${cos(t.minCosine)}${t.ok ? '' : `  (${t.stillFails ?? t.error ?? 'failed'})`}`);
   }
   if (r.fixes.length) lines.push(`  ranked by cost: ${r.fixes.map((t, i) => `${i + 1}. ${t.label} (${cost(t)})`).join('; ')}`);
   if (r.chosen) lines.push(`  the fix:     ${fixChanges(r.chosen, r.arch).join('; ')}${r.applied ? ` (written into ${r.applied.file})` : ' (--apply writes it into the recipe)'}`);

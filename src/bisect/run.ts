@@ -333,8 +333,9 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     const found = await simulatorBisect({
       recipe: recipe.id, arch: arch.id, checkpointDir: ckpt, traceDir: base.dirs.trace!, quantizeDir: base.dirs.quantize!, emulation: base.emulation,
       probeCache: join(cacheRoot(), 'bisect-probe'), log,
-      rebuild: async (rescale) => {
-        const r = await chain({ rescale, until: 'emulation', verbose: req.verbose, quiet: true });
+      shipped: { scheme: baseScheme(settings.quant), overrides: settings.overrides, ...(precision ? { precision } : {}) },
+      rebuild: async (fix) => {
+        const r = await chain({ ...fix, until: 'emulation', verbose: req.verbose, quiet: true });
         return { ...(r.emulation ? { emulation: r.emulation } : {}), ...(r.oracle ? { oracleOk: r.oracle.ok } : {}), ...(r.record.error ? { error: r.record.error } : {}) };
       },
     });
@@ -359,7 +360,7 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     Object.assign(result, rest, { trials, verdict, message: `${message}${runtimeToo}`, fixes: rank(trials) });
     result.chosen = result.fixes[0];
     result.layer = found.op?.layer ?? undefined;
-    if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, [], result.chosen.rescale);
+    if (req.apply && result.chosen) result.applied = applyOverrides(file, arch.id, result.chosen.overrides, result.chosen.rescale);
     return finish();
   }
   if (!miss) {

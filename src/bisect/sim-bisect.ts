@@ -10,10 +10,12 @@ import { getArch } from '../arch/table.js';
 import { Trace } from '../gates/trace.js';
 import { qnnSimulateScript, type EmulationRan, type EmulationResult } from '../gates/emulation.js';
 import { ensureVenv } from '../toolchain/venv.js';
-import type { Rescale } from '../recipe/schema.js';
+import type { PrecisionOverride, QuantScheme, Rescale } from '../recipe/schema.js';
+import type { PrecisionMap } from '../quant/precision.js';
+import { modelTensors } from '../families/tensors.js';
 import { FP16_MAX, probeGraph, type ProbeResult } from './probe.js';
-import { rescaleCandidates, simulatorFigures, simulatorMiss, type SimulatorMiss } from './simulator.js';
-import type { Trial } from './fixes.js';
+import { opMatrix, rescaleCandidates, simulatorFigures, simulatorMiss, type SimulatorMiss } from './simulator.js';
+import { candidates, type Candidate, type Trial } from './fixes.js';
 import { familyConfig } from './family-config.js';
 
 export interface SimulatorPicture {
@@ -43,8 +45,10 @@ export interface SimulatorContext {
   emulation: EmulationResult;
   /** Where probe results are cached (under forge's cache, by graph hash). */
   probeCache: string;
-  /** Rebuilds through the emulation gate with the rescale lines first (cached stages). */
-  rebuild: (rescale: Rescale[]) => Promise<{ emulation?: EmulationResult; oracleOk?: boolean; error?: string }>;
+  /** The shipped precision: a matrix the op multiplies is tried one rung up from where it ships. */
+  shipped: { scheme: QuantScheme; overrides: PrecisionOverride[]; precision?: PrecisionMap };
+  /** Rebuilds through the emulation gate with the rescale or override lines first (cached stages). */
+  rebuild: (fix: { rescale?: Rescale[]; overrides?: PrecisionOverride[] }) => Promise<{ emulation?: EmulationResult; oracleOk?: boolean; error?: string }>;
   log: (m: string) => void;
 }
 
@@ -96,26 +100,36 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   const op = { node: f.node, op: f.op, scope: f.scope, layer: f.layer, why: whyOp };
   c.log(`op: ${f.node} (${f.op}) ${whyOp}`);
 
+  // Cheapest first: the exact rescales (no bytes), then the matrix the op multiplies one precision up.
+  const rescales = rescaleCandidates(probe, family.numLayers(config), family.rescalePairs).map((r) => ({ label: r.label, layer: f.layer ?? -1, tensors: [], overrides: [], addedBytes: 0, rescale: r.rescale, addedOps: r.addedOps } as Candidate));
+  const matrix = f.layer === null ? undefined : opMatrix((await modelTensors(family, config)).layers[f.layer] ?? [], f.scope, f.layer);
+  const precisions = matrix ? candidates(f.layer!, [matrix], c.shipped.scheme, c.shipped.overrides, c.shipped.precision, `${miss.graph} ${miss.output} on the simulator`, 'the simulator gate').single : [];
   const trials: Trial[] = [];
-  for (const cand of rescaleCandidates(probe, family.numLayers(config), family.rescalePairs)) {
+  for (const cand of [...rescales, ...precisions]) {
     const t = performance.now();
-    const r = await c.rebuild(cand.rescale);
+    const r = await c.rebuild(cand.rescale ? { rescale: cand.rescale } : { overrides: cand.overrides });
     const seconds = (performance.now() - t) / 1000;
     const ran = r.emulation?.ran ? r.emulation : undefined;
     const ok = !!ran && ran.ok && r.oracleOk !== false;
     const still = ran && !ran.ok ? simulatorMiss(ran, entries.map((g) => g.name)) : undefined;
     const trial: Trial = {
-      label: cand.label, layer: f.layer ?? -1, tensors: [], overrides: [], addedBytes: 0, rescale: cand.rescale, addedOps: cand.addedOps, ok, seconds,
+      ...cand, ok, seconds,
       ...(ran ? { minCosine: minSim(ran) } : {}),
       ...(ok ? {} : { stillFails: still ? `${still.graph} ${still.output} ${still.nonFinite ?? fmt(still.cosine)}` : r.error ?? (ran && !ran.parity.ok ? `parity: ${ran.parity.rule}` : r.oracleOk === false ? 'the oracle gate' : 'no simulator result') }),
     };
-    c.log(`  ${cand.label} (scale ${cand.rescale[0].scale}): ${ok ? 'restores the simulator gate' : `still fails (${trial.stillFails})`}; simulator min cosine ${trial.minCosine !== undefined ? fmt(trial.minCosine) : '-'}, ${seconds.toFixed(1)} s`);
+    c.log(`  ${cand.label}${cand.rescale ? ` (scale ${cand.rescale[0].scale})` : ''}: ${ok ? 'restores the simulator gate' : `still fails (${trial.stillFails})`}; simulator min cosine ${trial.minCosine !== undefined ? fmt(trial.minCosine) : '-'}, ${seconds.toFixed(1)} s`);
     trials.push(trial);
     if (ok) break; // the candidates come cheapest first: the first that passes is the fix
   }
   const fixed = trials.find((t) => t.ok);
   const head = `link compile/fp16: the shipped graphs hold on the CPU, the compiled ${miss.graph} leaves tolerance on the simulator at ${where}; op ${f.node} (layer ${f.layer ?? '-'}) ${whyOp}`;
-  if (!fixed) return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : `no rescale applies to this op (this family rescales its RMSNorms${(family.rescalePairs ?? []).map((p) => `, ${p.pair}`).join('')})`}` };
-  return { simulator, simFault: miss, probe, op, trials, verdict: 'fixed', message: `${head}; fix: ${fixed.label} (an exact power-of-two rescale, ${fixed.addedOps} op${fixed.addedOps === 1 ? '' : 's'} added; simulator min cosine ${fmt(fixed.minCosine ?? NaN)})` };
+  // What forge does not try: the HTP has no fp32 for one op, and forge compiles whole graphs (no host fallback for an op).
+  const notTried = 'not tried: running this op outside the compiled graph (forge compiles whole graphs and has no host fallback for one op)';
+  if (!fixed) {
+    const none = `no rescale applies to this op (this family rescales its RMSNorms${(family.rescalePairs ?? []).map((p) => `, ${p.pair}`).join('')})${matrix ? '' : ' and it multiplies no checkpoint matrix'}`;
+    return { simulator, simFault: miss, probe, op, trials, verdict: 'unfixed', message: `${head}; ${trials.length ? `no candidate restores the gate (tried ${trials.map((t) => t.label).join(', ')})` : none}; ${notTried}` };
+  }
+  const how = fixed.rescale ? `an exact power-of-two rescale, ${fixed.addedOps} op${fixed.addedOps === 1 ? '' : 's'} added` : `+${fixed.addedBytes} bytes of weights`;
+  return { simulator, simFault: miss, probe, op, trials, verdict: 'fixed', message: `${head}; fix: ${fixed.label} (${how}; simulator min cosine ${fmt(fixed.minCosine ?? NaN)})` };
 }
 

@@ -14,7 +14,8 @@
 import type { EmulationRan, SimulatedGraph } from '../gates/emulation.js';
 import type { Rescale } from '../recipe/schema.js';
 import type { OpFigure, ProbeResult } from './probe.js';
-import type { RescalePair } from '../families/types.js';
+import type { RescalePair, TensorSpec } from '../families/types.js';
+import { shortName } from './fixes.js';
 import { FP16_MAX } from './probe.js';
 
 export interface SimulatorMiss {
@@ -76,6 +77,11 @@ export interface RescaleCandidate {
 export const scaleFor = (maxAbs: number) => 2 ** -Math.max(1, Math.ceil(Math.log2(maxAbs / 16)));
 
 const escapeRe = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, '\\$&');
+
+/** The checkpoint matrix an op multiplies, from its scope (`layers.1/self_attn.v_proj` → `….layers.1.self_attn.v_proj.weight`); undefined for any other op. */
+export function opMatrix(tensors: TensorSpec[], scope: string, layer: number): TensorSpec | undefined {
+  return tensors.find((t) => t.role === 'matmul' && scope.endsWith(`/${shortName(t.name, layer)}`));
+}
 
 /** A layer's scope (`layers.2`, `model/layers.2`) and the op scope under it, as a probe names an op's. */
 const IN_LAYER = /^((?:[\w.]+\/)*layers\.\d+)\/(.+)$/;

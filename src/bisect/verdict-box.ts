@@ -109,8 +109,9 @@ function layerRow(r: BisectResult): string | undefined {
 function verifiedRow(r: BisectResult): string {
   const c = r.chosen;
   if (c) {
-    const gate = c.rescale ? 'the simulator gate' : r.runtime?.routing ? "the parity gate (the runtime's own routing)" : 'the oracle gate';
-    const threshold = c.rescale ? r.simulator?.threshold : r.thresholds.shipped;
+    const onSimulator = !!(c.rescale || r.simFault);
+    const gate = onSimulator ? 'the simulator gate' : r.runtime?.routing ? "the parity gate (the runtime's own routing)" : 'the oracle gate';
+    const threshold = onSimulator ? r.simulator?.threshold : r.thresholds.shipped;
     const figure = c.minCosine !== undefined ? `: min cosine ${cos(c.minCosine)}${threshold !== undefined ? ` ≥ ${threshold}` : ''}` : '';
     return `${c.ok ? 'yes' : 'no'}, rebuilt with the fix, ${gate} ${c.ok ? 'holds' : 'still fails'}${figure}${r.drift?.first ? ' and the chain follows HF again' : ''} (${r.fixes.length} of ${r.trials.length} candidates pass)`;
   }
