@@ -151,16 +151,13 @@ describe('forge bisect --target emulation', () => {
     console.log(`[measured] bisect --target emulation on the values-hostile Qwen3 twin: ${b.simFault!.graph} ${b.simFault!.output} ${b.simFault!.cosine.toFixed(5)} on the simulator; op ${b.op!.node}: ${b.op!.why}; fixes ${b.trials.map((t) => `${t.label} ${t.ok ? 'ok' : 'no'} ${t.minCosine?.toFixed(5)}`).join('; ')}; ${b.seconds.toFixed(1)} s`);
     // Rebuilt with the line: layer 1's graphs say their cache holds V scaled (the gates feed HF's V
     // alike), and the runtime, which carries its own cache, follows HF on this CPU and on the simulator.
-    const rebuilt = await forge(['build', id, '--arch', 'v81', '--json', '--out', join(work, 'rebuilt-values')], { FORGE_RECIPES: recipes });
+    const rebuilt = await forge(['build', id, '--arch', 'v81', '--until', 'emulation', '--json', '--out', join(work, 'rebuilt-values')], { FORGE_RECIPES: recipes });
     const rec = lastJson(rebuilt.stdout);
     for (const gate of ['oracle', 'parity', 'emulation']) expect(rec.gates[gate].ok, `${gate}: ${rebuilt.stderr}`).toBe(true);
     const graphs = JSON.parse(readFileSync(join(stageEntry(rec, 'quantize'), 'graphs.json'), 'utf8')) as ExportManifest;
     const shards = graphs.contexts.flatMap((c) => c.graphs).filter((g) => g.component === 'shard0');
     const scale = chosen.rescale![0].scale;
     for (const g of shards) expect(g.stateScales, g.name).toEqual({ past_v_1: scale, new_v_1: scale });
-    // The card says what was rewritten, and why.
-    const card = readFileSync(join(work, 'rebuilt-values', 'README.md'), 'utf8');
-    expect(card).toContain(`- ops under \`layers\\.1/self_attn\\.v_proj\` rescaled by 2^${Math.log2(scale)}: layers.1's V (v_proj's output, which the KV cache holds) reaches`);
   }, 1_800_000);
 
   it('says "no fault" on a healthy twin on the simulator, from the cache', async () => {
@@ -231,7 +228,7 @@ describe('bisect on the simulator, the pure parts', () => {
     mkdirSync(out);
     const plan = { shards: [{ first: 0, last: 3 }], lmHead: { placement: 'separate' as const } };
     const line = { match: 'layers\\.1/self_attn\\.q_proj', scale: 0.5 };
-    await expect(runExport({ family: 'qwen3', scheme: 'w8', lmHeadScheme: 'fp16', maxContext: 16, prefillLength: 0, hostTables: false, rescale: [line] }, await twinDir('qwen3'), plan, out, { log() {}, progress() {} }))
+    await expect(runExport({ family: 'qwen3', scheme: 'fp32', lmHeadScheme: 'fp32', maxContext: 16, prefillLength: 0, hostTables: false, rescale: [line] }, await twinDir('qwen3'), plan, out, { log() {}, progress() {} }))
       .rejects.toThrow('rescale "layers\\\\.1/self_attn\\\\.q_proj" match no op this qwen3 model can rescale (patterns match an op scope: its RMSNorms, as "layers\\\\.2/input_layernorm", up_proj with down_proj as "layers\\\\.2/mlp", v_proj with o_proj as "layers\\\\.2/self_attn\\\\.v_proj")');
     // No manifest: the graphs written so far are in the stage's own directory, which the build discards.
     expect(readdirSync(out)).not.toContain('graphs.json');

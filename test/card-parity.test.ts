@@ -167,3 +167,17 @@ describe('model card: precision', () => {
     expect(moved).toContain("the lm-head w8, chosen by the gates (lmHead.quant auto: alone at w4 it picks Hugging Face's token at 265/270 traced steps, logits cosine 0.98000; the lm-head alone at w4 keeps HF's token at 265/270 steps < gates.oracle.minTop1 1; 72.0 kB, 1.80× its w4 size)");
   });
 });
+
+describe("the card's exact rewrites", () => {
+  it('lists each rescale and equalize line of the recipe with why, and nothing when there are none', () => {
+    const rewrites = {
+      rescale: [{ match: 'layers\\.1/self_attn\\.v_proj', scale: 2 ** -4, why: "forge bisect: layers.1's V reaches 9.470e+4 on the CPU > 65504, beyond fp16 on the HTP" }],
+      equalize: [{ match: 'layers\\.2\\.experts\\.1', why: 'forge bisect: layer 2 expert 1 channels equalized restores the oracle gate' }],
+    };
+    const card = modelCard({ ...facts(clean), rewrites }, {});
+    expect(card).toContain('**Exact rewrites** (the same function as the checkpoint, in numbers the hardware holds; recipe `rescale` and `equalize`):\n'
+      + "- ops under `layers\\.1/self_attn\\.v_proj` rescaled by 2^-4: layers.1's V reaches 9.470e+4 on the CPU > 65504, beyond fp16 on the HTP\n"
+      + '- experts `layers\\.2\\.experts\\.1`: channels equalized before quantization: layer 2 expert 1 channels equalized restores the oracle gate\n');
+    expect(modelCard({ ...facts(clean), rewrites: { rescale: [], equalize: [] } }, {})).not.toContain('Exact rewrites');
+  });
+});
