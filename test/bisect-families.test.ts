@@ -197,7 +197,8 @@ describe('routing flips, the pure parts', () => {
     expect(flipsBefore(tally, { prompt: 0, position: 9 }).map((f) => [f.step, f.layer])).toEqual([[9, 0], [9, 2], [3, 1]]);
     expect(flipsBefore(tally, { prompt: 1, position: 4 })).toEqual([]);
     expect(flipsBefore(undefined, { prompt: 0, position: 9 })).toEqual([]);
-    expect(routingText(tally, 2)).toBe("the shipped router picks HF's experts at 59/64 decisions; routing flips at prompt 0 step 3 layer 1 (HF 0,1 → 0,2; HF's gap 0.0100), prompt 0 step 9 layer 0 (HF 0,1 → 0,2; HF's gap 0.0100) and 3 more");
+    expect(routingText(tally, 2)).toBe("the shipped router picks HF's experts at 59/64 decisions; routing flips at prompt 0 step 3 layer 1 (HF's experts 0,1, the shipped router's 0,2; HF's own gap 0.0100), prompt 0 step 9 layer 0 (HF's experts 0,1, the shipped router's 0,2; HF's own gap 0.0100) and 3 more");
+    expect(routingText(tally, 0)).toBe("the shipped router picks HF's experts at 59/64 decisions");
   });
 
   it("tries the flipped layer's router one rung up first, then the whole layer", () => {

@@ -12,7 +12,7 @@ import type { Trial } from './fixes.js';
 import type { OpFigure } from './probe.js';
 import type { DriftStep } from './drift.js';
 import { divergenceText, verdictText } from './runtime.js';
-import { flipText } from './routing.js';
+import { flipText } from '../gates/oracle.js';
 import { fromText } from './from.js';
 import { runDivergenceText } from './runtime-run.js';
 import { opText } from './quant-op.js';

@@ -10,6 +10,7 @@ import type { PrecisionOverride, QuantScheme } from '../recipe/schema.js';
 import type { PrecisionMap } from '../quant/precision.js';
 import { familyConfig } from './family-config.js';
 import { candidates, type Candidate, type Trial } from './fixes.js';
+import { flipText } from '../gates/oracle.js';
 
 /** The router's weight in a layer (phimoe.ts: `block_sparse_moe.gate`). */
 const ROUTER = /\.block_sparse_moe\.gate\.weight$/;
@@ -23,9 +24,6 @@ export function flipsBefore(tally: RoutingTally | undefined, at: { prompt: numbe
   return (tally?.flips ?? []).filter((f) => f.prompt === at.prompt && f.step <= at.position)
     .sort((a, b) => b.step - a.step || a.layer - b.layer);
 }
-
-/** A flip in words: `step 7 layer 2 (HF's experts 1,3, the shipped router's 1,0; HF's own gap 0.0123)`. */
-export const flipText = (f: RoutingFlip) => `step ${f.step} layer ${f.layer} (HF's experts ${f.hf.join(',')}, the shipped router's ${f.shipped.join(',')}; HF's own gap ${f.hfGap.toPrecision(3)})`;
 
 export interface RoutingFixContext {
   family: string;

@@ -276,7 +276,8 @@ export async function bisect(req: BisectRequest): Promise<BisectResult> {
     const routing = base.oracle.routing?.quantize;
     if (routing) {
       result.routing = routing;
-      if (result.drift.notScanned) result.drift.notScanned += `; ${routingText(routing)}`;
+      // The tally only: the flips themselves are listed once, as a warning (warnings.ts) or the runtime link's lead.
+      if (result.drift.notScanned) result.drift.notScanned += `; ${routingText(routing, 0)}`;
     }
     verdicts.drift = !!result.drift.first;
     if (result.drift.first) {

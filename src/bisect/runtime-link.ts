@@ -11,7 +11,8 @@ import type { PrecisionMap } from '../quant/precision.js';
 import { driftFixes, scanShipped } from './drift-bisect.js';
 import type { DriftResult } from './drift.js';
 import { rank } from './fixes.js';
-import { flipsBefore, flipText, routingFixes } from './routing.js';
+import { flipsBefore, routingFixes } from './routing.js';
+import { flipText } from '../gates/oracle.js';
 import { chainAt, DEVICE_NOTE, firstDivergence, paritySnapshot, runtimeMessage, verdictAt, type DeviceFindings, type ParityJson } from './runtime.js';
 import type { BisectResult } from './run.js';
 

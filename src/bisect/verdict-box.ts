@@ -7,7 +7,7 @@ import { expertText } from './experts.js';
 import type { Trial } from './fixes.js';
 import { shortName } from './fixes.js';
 import { divergenceText } from './runtime.js';
-import { flipText } from './routing.js';
+import { flipText } from '../gates/oracle.js';
 import { runDivergenceText } from './runtime-run.js';
 import { boundaryText } from './handoff.js';
 import { sizeText } from '../units.js';

@@ -6,7 +6,7 @@
 import type { LayerFigures } from './locate.js';
 import { nearTies } from '../bundle/confidence.js';
 import type { RoutingTally } from '../families/types.js';
-import { flipText } from './routing.js';
+import { flipText } from '../gates/oracle.js';
 
 export interface Warning {
   kind: 'weak-layer' | 'logit-error' | 'routing';

@@ -20,7 +20,7 @@ import { Trace } from './trace.js';
 import { copyName, gateSessionOptions, windowRows, writeGateModel, WINDOW_INPUT, type CacheWindow, type CpuFormOptions } from './cpu-form.js';
 import { MASKED } from '../families/blocks.js';
 import { parseStateInput } from '../families/state-io.js';
-import type { ChainRunner, GateCase, RoutingTally } from '../families/types.js';
+import type { ChainRunner, GateCase, RoutingFlip, RoutingTally } from '../families/types.js';
 import { GateTally, layerOf } from './compare.js';
 import { greedySteps, StepChain, type ChainDecisions } from './step-chain.js';
 import { roundToF16 } from '../io/dtype.js';
@@ -259,11 +259,14 @@ export interface OracleResult {
   routing?: Record<string, RoutingTally>;
 }
 
-/** A routing tally in a line: `16/16` or `15/16, flips at prompt 0 step 7 layer 2 (HF 1,3 → 1,0; HF's gap 0.0123)`. */
+/** A routing flip in words: `step 7 layer 2 (HF's experts 1,3, the shipped router's 1,0; HF's own gap 0.0123)`. */
+export const flipText = (f: RoutingFlip) => `step ${f.step} layer ${f.layer} (HF's experts ${f.hf.join(',')}, the shipped router's ${f.shipped.join(',')}; HF's own gap ${f.hfGap.toPrecision(3)})`;
+
+/** A routing tally in a line, with its first `most` flips (none: the tally alone). */
 export function routingText(r: RoutingTally, most = 3): string {
   const head = `the shipped router picks HF's experts at ${r.decisions - r.flips.length}/${r.decisions} decisions`;
-  if (!r.flips.length) return head;
-  const named = r.flips.slice(0, most).map((f) => `prompt ${f.prompt} step ${f.step} layer ${f.layer} (HF ${f.hf.join(',')} → ${f.shipped.join(',')}; HF's gap ${f.hfGap.toPrecision(3)})`);
+  if (!r.flips.length || most === 0) return head;
+  const named = r.flips.slice(0, most).map((f) => `prompt ${f.prompt} ${flipText(f)}`);
   return `${head}; routing flips at ${named.join(', ')}${r.flips.length > most ? ` and ${r.flips.length - most} more` : ''}`;
 }
 
