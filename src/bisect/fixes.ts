@@ -34,6 +34,8 @@ export interface Candidate {
   equalize?: Equalize[];
   /** Ops the rescale adds to the graphs (its cost; weight bytes do not move). */
   addedOps?: number;
+  /** A rescale pair's rewrite in words (`v_proj ÷ 2^4, o_proj × 2^4; …`), said beside the line. */
+  what?: string;
   /** A hand-off fix: the recipe's residual hand-off dtype for the arch (`handoff: f32`) instead of precision pins. */
   handoff?: 'f32';
   /** Bytes it adds to the residual hand-offs per token (2 × hidden per hand-off going f16 → float32; weight bytes do not move). */

@@ -101,7 +101,8 @@ export async function simulatorBisect(c: SimulatorContext): Promise<SimulatorFin
   c.log(`op: ${f.node} (${f.op}) ${whyOp}`);
 
   // Cheapest first: the exact rescales (no bytes), then the matrix the op multiplies one precision up.
-  const rescales = rescaleCandidates(probe, family.numLayers(config), family.rescalePairs).map((r) => ({ label: r.label, layer: f.layer ?? -1, tensors: [], overrides: [], addedBytes: 0, rescale: r.rescale, addedOps: r.addedOps } as Candidate));
+  const rescales: Candidate[] = rescaleCandidates(probe, family.numLayers(config), family.rescalePairs)
+    .map((r) => ({ label: r.label, layer: f.layer ?? -1, tensors: [], overrides: [], addedBytes: 0, rescale: r.rescale, addedOps: r.addedOps, ...(r.what ? { what: r.what } : {}) }));
   const matrix = f.layer === null ? undefined : opMatrix((await modelTensors(family, config)).layers[f.layer] ?? [], f.scope, f.layer);
   const precisions = matrix ? candidates(f.layer!, [matrix], c.shipped.scheme, c.shipped.overrides, c.shipped.precision, `${miss.graph} ${miss.output} on the simulator`, 'the simulator gate').single : [];
   const trials: Trial[] = [];

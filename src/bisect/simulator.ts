@@ -70,6 +70,8 @@ export interface RescaleCandidate {
   rescale: Rescale[];
   /** Ops the rewrite adds to the graphs: one Mul per norm, none for a pair (its weights are scaled): the fix's cost. */
   addedOps: number;
+  /** A pair's rewrite in words (`v_proj ÷ 2^4, o_proj × 2^4; …`). */
+  what?: string;
   scopes: string[];
 }
 
@@ -106,7 +108,7 @@ export function pairRescaleCandidates(probe: ProbeResult, pairs: readonly Rescal
   const scope = under(pair.scope);
   const why = `forge bisect: ${m[1]}'s ${pair.values} reaches ${peak.toPrecision(4)} on the CPU > ${FP16_MAX}, beyond fp16 on the HTP`;
   const k = Math.max(1, Math.ceil(Math.log2(peak / PAIR_PEAK)));
-  return [k, k + 4].map((e) => ({ label: `rescale ${scope} (${pair.what(e)})`, rescale: [{ match: escapeRe(scope), scale: 2 ** -e, why }], addedOps: 0, scopes: [scope] }));
+  return [k, k + 4].map((e) => ({ label: `rescale ${scope} (${pair.what(e)})`, rescale: [{ match: escapeRe(scope), scale: 2 ** -e, why }], addedOps: 0, scopes: [scope], what: pair.what(e) }));
 }
 
 /**
@@ -117,8 +119,9 @@ export function pairRescaleCandidates(probe: ProbeResult, pairs: readonly Rescal
  */
 export function rescaleCandidates(probe: ProbeResult, layers: number, pairs: readonly RescalePair[] = []): RescaleCandidate[] {
   const first = probe.first;
-  const inPair = first ? IN_LAYER.exec(first.scope) : null;
-  if (inPair && pairs.some((p) => p.ops.includes(inPair[2]))) return pairRescaleCandidates(probe, pairs);
+  // A pair's op is no norm (NORM names none of their scopes): an op in a pair whose values fit fp16 gets nothing here either.
+  const paired = pairRescaleCandidates(probe, pairs);
+  if (paired.length) return paired;
   if (!first || !NORM.test(first.scope)) return [];
   const why = `forge bisect: ${first.node} overflows fp16 on the HTP (|x| up to ${first.inputMaxAbs.toPrecision(4)}, its result up to ${first.cpuMaxAbs.toPrecision(4)} > ${FP16_MAX})`;
   const inputMax = (scopes: string[]) => Math.max(first.inputMaxAbs, ...probe.ops.filter((o: OpFigure) => scopes.includes(o.scope) && o.op === 'Mul').map((o) => o.inputMaxAbs));

@@ -40,7 +40,7 @@ export const patternText = (p: string) => p.replace(/\\(.)/g, '$1');
 export function fixChanges(t: Trial, arch: string): string[] {
   return [
     ...t.tensors.map((x) => `${x.name}: ${x.from} → ${x.to}`),
-    ...(t.rescale ?? []).map((x) => `rescale ${patternText(x.match)} by 2^${Math.log2(x.scale)}`),
+    ...(t.rescale ?? []).map((x) => `rescale ${patternText(x.match)} by 2^${Math.log2(x.scale)}${t.what ? ` (${t.what})` : ''}`),
     ...(t.equalize ?? []).map((x) => `equalize ${patternText(x.match)}'s channels`),
     ...(t.handoff ? [`residual hand-off ${t.handoff} on ${arch}`] : []),
   ];
@@ -48,8 +48,6 @@ export function fixChanges(t: Trial, arch: string): string[] {
 
 /** A fix in a line: its changes, or for many matrices (whole layers) its label and rungs, each matrix listed in the report's fix table. */
 export function fixSummary(t: Trial, arch: string): string {
-  // A pair's rescale says in its label what moves where (`rescale layers.1/mlp (up_proj ÷ 2^4, down_proj × 2^4)`).
-  if (t.rescale?.length === 1 && !t.tensors.length && /\(.+÷ 2\^\d+/.test(t.label)) return t.label;
   if (t.tensors.length <= 4) return fixChanges(t, arch).join('; ');
   const rungs = [...new Set(t.tensors.map((x) => `${x.from} → ${x.to}`))].join(', ');
   return `${t.label}: ${t.tensors.length} matrices ${rungs}, each named under "The fix for the recipe"`;
@@ -109,7 +107,7 @@ function layerRow(r: BisectResult): string | undefined {
 function verifiedRow(r: BisectResult): string {
   const c = r.chosen;
   if (c) {
-    const onSimulator = !!(c.rescale || r.simFault);
+    const onSimulator = !!r.simFault;
     const gate = onSimulator ? 'the simulator gate' : r.runtime?.routing ? "the parity gate (the runtime's own routing)" : 'the oracle gate';
     const threshold = onSimulator ? r.simulator?.threshold : r.thresholds.shipped;
     const figure = c.minCosine !== undefined ? `: min cosine ${cos(c.minCosine)}${threshold !== undefined ? ` ≥ ${threshold}` : ''}` : '';
