@@ -20,13 +20,8 @@ export async function makeFp16Hostile(src: string, out: string, layer: number, f
  * (the drift of the hand-made Gemma-4 audio path, planted).
  */
 export async function makeMlpFp16Hostile(src: string, out: string, layer: number, factor = 2 ** 13): Promise<void> {
-  // A text decoder's layers are under model.layers (Qwen3) or model.language_model.layers (Gemma-4).
-  const ckpt = await openCheckpoint(src);
-  const prefix = ckpt.names().find((n) => n.endsWith(`layers.${layer}.mlp.up_proj.weight`))?.replace(/mlp\.up_proj\.weight$/, '');
-  await ckpt.close();
-  if (!prefix) throw new Error(`${src} has no layers.${layer}.mlp.up_proj.weight`);
-  const at = (m: string) => `${prefix}mlp.${m}.weight`;
-  await rewrite(src, out, factor, { [at('up_proj')]: (data) => scaleAll(data, factor), [at('down_proj')]: (data) => scaleAll(data, 1 / factor) });
+  const at = await layerTensors(src, layer, 'mlp.up_proj');
+  await rewrite(src, out, factor, { [at('mlp.up_proj')]: (data) => scaleAll(data, factor), [at('mlp.down_proj')]: (data) => scaleAll(data, 1 / factor) });
 }
 
 /**
@@ -34,8 +29,17 @@ export async function makeMlpFp16Hostile(src: string, out: string, layer: number
  * so HF's outputs do not move, but V (what the KV cache holds and o_proj reads) grows past fp16's range.
  */
 export async function makeValuesFp16Hostile(src: string, out: string, layer: number, factor = 2 ** 15): Promise<void> {
-  const at = (m: string) => `model.layers.${layer}.self_attn.${m}.weight`;
-  await rewrite(src, out, factor, { [at('v_proj')]: (data) => scaleAll(data, factor), [at('o_proj')]: (data) => scaleAll(data, 1 / factor) });
+  const at = await layerTensors(src, layer, 'self_attn.v_proj');
+  await rewrite(src, out, factor, { [at('self_attn.v_proj')]: (data) => scaleAll(data, factor), [at('self_attn.o_proj')]: (data) => scaleAll(data, 1 / factor) });
+}
+
+/** A layer's weight names: a text decoder's layers are under model.layers (Qwen3) or model.language_model.layers (Gemma-4). */
+async function layerTensors(src: string, layer: number, probe: string): Promise<(m: string) => string> {
+  const ckpt = await openCheckpoint(src);
+  const prefix = ckpt.names().find((n) => n.endsWith(`layers.${layer}.${probe}.weight`))?.slice(0, -`${probe}.weight`.length);
+  await ckpt.close();
+  if (!prefix) throw new Error(`${src} has no layers.${layer}.${probe}.weight`);
+  return (m) => `${prefix}${m}.weight`;
 }
 
 const scaleAll = (data: Float32Array, by: number) => data.forEach((x, i) => (data[i] = x * by));
