@@ -4,7 +4,7 @@ import { cacheRoot, forgeHome } from './paths.js';
 import { RemoteCache } from './engine/remote-cache.js';
 import { mb } from './units.js';
 
-/** Removes the stage cache; with `all`, the Python environments as well. Returns what it did. */
+/** Removes the stage cache; with `all`, the Python environments and the tiny twins as well. Returns what it did. */
 export async function clean(all: boolean): Promise<string> {
   const removed: string[] = [];
   if (existsSync(cacheRoot())) {
@@ -12,7 +12,7 @@ export async function clean(all: boolean): Promise<string> {
     removed.push(cacheRoot());
   }
   if (all && existsSync(forgeHome())) {
-    for (const name of readdirSync(forgeHome()).filter((n) => n.startsWith('venv-'))) {
+    for (const name of readdirSync(forgeHome()).filter((n) => n.startsWith('venv-') || n === 'twins')) {
       rmSync(join(forgeHome(), name), { recursive: true, force: true });
       removed.push(join(forgeHome(), name));
     }

@@ -253,7 +253,7 @@ program.command('doctor')
 
 program.command('clean')
   .description('remove the stage cache (and with --all the Python environments too); --sweep: remove the orphaned uploads of a shared S3 cache')
-  .option('--all', 'also remove the Python environments under FORGE_HOME')
+  .option('--all', 'also remove the Python environments and the tiny twins under FORGE_HOME')
   .option('--sweep <s3-url>', 'instead: remove the files no meta.json names from the shared cache s3://bucket/prefix (committed entries stay)')
   .option('--older-than <hours>', 'with --sweep: only uploads whose every file is older than this (default 24)', '24')
   .option('--dry-run', 'with --sweep: list what would be removed')

@@ -118,8 +118,6 @@ describe('forge bisect on tiny-qwen3: the runtime and device links', () => {
     expect(b.runtime!.parity).toMatchObject({ ok: real.ok, holds: true, target: 'host', matched: real.matched, total: real.total, ties: real.ties, mismatches: 0 });
     expect(b.runtime!.parity.variants.quantize.tieMargin).toBe(real.variants.quantize.tieMargin);
     expect(b.runtime!.divergence).toBeUndefined();
-    // Issue 17: a healthy cached bisect on a twin takes under 30 s.
-    if (b.build.stages.every((s) => s.status === 'cached')) expect(b.seconds).toBeLessThan(30);
     console.log(`healthy cached host bisect: ${b.seconds.toFixed(1)} s in bisect`);
   }, 900_000);
 

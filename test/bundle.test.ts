@@ -12,15 +12,18 @@ import { NONDETERMINISTIC_QNN_BINARY } from '../src/bundle/manifest.js';
 import { fmtMargin } from '../src/bundle/confidence.js';
 import { forge } from './helpers/forge-cli.js';
 
-// Two builds from two clean caches.
+// Two builds: one on this run's cache (made cold when the run started, by whichever test first
+// built tiny-qwen3), one from a clean cache of its own. Every stage of both ran from nothing, in
+// two processes' caches: what differs between them is what a clean rebuild changes.
 let a: RunRecord;
 let b: RunRecord;
+const buildTwin = () => build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-bundle-')), progress: silentProgress });
 async function cleanBuild(): Promise<RunRecord> {
   const prev = process.env.FORGE_CACHE;
   const cache = mkdtempSync(join(tmpdir(), 'forge-bundle-cache-'));
   process.env.FORGE_CACHE = cache;
   try {
-    return await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-bundle-')), progress: silentProgress });
+    return await buildTwin();
   } finally {
     process.env.FORGE_CACHE = prev;
     rmSync(cache, { recursive: true, force: true });
@@ -28,7 +31,7 @@ async function cleanBuild(): Promise<RunRecord> {
 }
 
 beforeAll(async () => {
-  a = await cleanBuild();
+  a = await buildTwin();
   b = await cleanBuild();
 }, 1_200_000);
 
@@ -205,8 +208,8 @@ describe('bundle', () => {
   });
 
   it('is fully byte-identical when rebuilt over the same cache', async () => {
-    const again = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-bundle-')), progress: silentProgress });
-    const first = await build({ recipe: 'tiny-qwen3', arch: 'v81', out: mkdtempSync(join(tmpdir(), 'forge-bundle-')), progress: silentProgress });
+    const again = await buildTwin();
+    const first = await buildTwin();
     for (const f of bundleFiles(first)) expect(readFileSync(join(again.bundle!, f)).equals(readFileSync(join(first.bundle!, f))), f).toBe(true);
   });
 });

@@ -1,7 +1,8 @@
 // A model whose matmul in-features no MatMulNBits block divides (the qwen3_odd twin: 120 into
-// o_proj, 150 into down_proj) builds green at W8 and at W4 with every gate, the simulator's
-// included: each such matrix is stored zero-padded with its input padded (quant/pad.ts), never
-// refused at plan, and the precision map and the card say which.
+// o_proj, 150 into down_proj) builds green at W8 and at W4 (the lm-head too) with every gate, the
+// simulator's included: each such matrix is stored zero-padded with its input padded (quant/pad.ts),
+// never refused at plan, and the precision map and the card say which. These are the suite's W4
+// builds through the simulator.
 import { describe, it, expect, beforeAll } from 'vitest';
 import { cpSync, mkdtempSync, readFileSync, readdirSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -22,6 +23,12 @@ function matrices(rec: { stages: Array<{ name: string; key?: string }> }) {
   return m.contexts.flatMap((c) => c.matrices ?? []);
 }
 
+/**
+ * Most the W4 bundle (layers and lm-head) may weigh against the W8 one (fp16 lm-head): measured
+ * RATIO_MEASURED. A twin-size context is mostly fixed overhead, so the ratio is far above 0.5.
+ */
+const RATIO_W4_W8_MAX = 0.87;
+
 const bytes = (dir: string) => readdirSync(dir).filter((f) => f !== 'build').reduce((a, f) => a + statSync(join(dir, f)).size, 0);
 
 async function buildOdd(scheme: 'w8' | 'w4') {
@@ -31,6 +38,7 @@ async function buildOdd(scheme: 'w8' | 'w4') {
   const r = JSON.parse(readFileSync(file, 'utf8'));
   expect(r.arch.default.quant).toBe('w8'); // the shipped recipe; W4 is this copy's edit
   r.arch.default.quant = scheme;
+  if (scheme === 'w4') r.arch.default.lmHead.quant = 'w4'; // the tied embedding as a W4 matrix; the host table stays fp16
   writeFileSync(file, JSON.stringify(r, null, 2));
   const out = join(work, `out-${scheme}`);
   const run = await forge(['build', 'tiny-qwen3-odd', '--arch', 'v81', '--json', '--out', out], { FORGE_RECIPES: recipes });
@@ -57,14 +65,19 @@ describe('a model with in-features no block divides (tiny-qwen3-odd)', () => {
     console.log(`[measured] tiny-qwen3-odd v81 W8: oracle ${JSON.stringify(rec.gates.oracle.graphs['quantize:w8/shard0.decode'] ?? Object.keys(rec.gates.oracle.graphs))}, bundle ${bytes(out)} bytes`);
   }, 900_000); // a cold cache: makes the twin, compiles the native runtime (~150 s), runs every gate
 
-  it('builds at W4 (a recipe copy) green with every gate, every layer matrix W4, the odd ones padded to 128 and 160, its bundle smaller than W8\'s', async () => {
+  it('builds at W4 (a recipe copy), the lm-head too, green with every gate, every matrix W4, the odd ones padded to 128 and 160, its bundle smaller than W8\'s', async () => {
     const { rec, out } = await buildOdd('w4');
     const layers = matrices(rec).filter((m) => m.tensor.startsWith('model.layers.'));
     expect(layers.every((m) => m.scheme === 'w4')).toBe(true);
     expect(new Set(layers.filter((m) => m.paddedTo).map((m) => `${m.shape[1]} → ${m.paddedTo}`))).toEqual(new Set(['120 → 128', '150 → 160']));
-    expect(readFileSync(join(out, 'README.md'), 'utf8')).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits); the lm-head fp16 (recipe lmHead.quant); 6 matrices zero-padded:');
+    const manifest = JSON.parse(readFileSync(join(out, 'manifest.json'), 'utf8'));
+    expect(manifest.contexts.flatMap((c: any) => c.graphs.map((g: any) => g.quant.weights))).toEqual(['w4', 'w4', 'w4']);
+    expect(rec.gates.oracle.graphs['quantize:w4/lm_head']).toMatchObject({ ok: true, top1: '270/270' });
+    expect(readFileSync(join(out, 'README.md'), 'utf8')).toContain('**Precision:** layer weights w4 (int4 blocks of 32, MatMulNBits), the lm-head too; 6 matrices zero-padded:');
+    // Bundle bytes without build/ (the run record); the fp16 host embedding is the same in both.
     const w8 = join(work, 'out-w8');
-    console.log(`[measured] tiny-qwen3-odd v81 bundle bytes w4/w8: ${bytes(out)} / ${bytes(w8)} = ${(bytes(out) / bytes(w8)).toFixed(3)}`);
-    expect(bytes(out)).toBeLessThan(bytes(w8));
+    const ratio = bytes(out) / bytes(w8);
+    console.log(`[measured] tiny-qwen3-odd v81 bundle bytes w4/w8: ${bytes(out)} / ${bytes(w8)} = ${ratio.toFixed(3)}`);
+    expect(ratio).toBeLessThan(RATIO_W4_W8_MAX);
   }, 600_000);
 });

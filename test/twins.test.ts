@@ -8,6 +8,7 @@ import { TWIN_FAMILY, TWIN_IDS } from '../src/recipe/schema.js';
 import { listRecipeIds, loadRecipe } from '../src/recipe/load.js';
 import { openSafetensors } from '../src/io/safetensors.js';
 import { twinDir } from './helpers/twin.js';
+import { placeTwin, twinStoreDir } from '../src/hub/twin-store.js';
 
 const FACTORY = resolve('oracles/make_twin.py');
 const make = async (family: string, out: string, extra: string[] = []) => JSON.parse((await runPython(FACTORY, ['--family', family, '--out', out, ...extra])).stdout.trim().split('\n').pop()!);
@@ -35,8 +36,8 @@ const digests = (dir: string) => Object.fromEntries(readdirSync(dir).sort().map(
 
 describe('tiny twins', () => {
   const dir = mkdtempSync(join(tmpdir(), 'forge-twins-'));
-  // Each twin as the builds have it: made by the fetch stage of a recipe's build, in the stage cache
-  // the whole test run shares (a twin another test already made is that one, not made again).
+  // Each twin as the builds have it: placed by the fetch stage of a recipe's build from the machine's
+  // twin store (made there once per version of make_twin.py and its modules).
   const made = new Map<string, { dir: string }>();
   const twinJson = (family: string): TwinJson => JSON.parse(readFileSync(join(made.get(family)!.dir, 'twin.json'), 'utf8'));
 
@@ -110,6 +111,19 @@ describe('tiny twins', () => {
     }
   });
 
+  it('keeps each twin once per machine, in FORGE_HOME/twins: a build\'s fetch copies it from there instead of training it again', async () => {
+    const stored = twinStoreDir('qwen3');
+    expect(stored).toMatch(/\/twins\/qwen3-[0-9a-f]{16}$/);
+    expect(digests(stored)).toEqual(digests(made.get('qwen3')!.dir));
+    const said: string[] = [];
+    const placed = await placeTwin('qwen3', join(dir, 'placed'), (m) => said.push(m));
+    expect(placed).toEqual({ made: false, peakRssBytes: null });
+    expect(said).toEqual([expect.stringContaining(`the tiny qwen3 twin from ${stored}`)]);
+    expect(digests(join(dir, 'placed'))).toEqual(digests(stored));
+    await expect(placeTwin('qwen3', join(dir, 'placed'), () => {})).rejects.toThrow(/EEXIST/); // never over a folder
+  });
+
+  // What keeps the twin store honest: a twin made now equals the one the builds were given.
   it.each(['qwen3'])('makes the %s twin byte-identical a second time, twin.json included', async (family) => {
     const again = await make(family, join(dir, `again-${family}`));
     expect(again.files).toEqual(digests(made.get(family)!.dir));

@@ -1,7 +1,6 @@
-// Stage `fetch`: the checkpoint, from one of three places. A tiny twin is made here by the oracle
-// environment (seeded, byte-identical every time); a local directory is referenced with a
+// Stage `fetch`: the checkpoint, from one of three places. A tiny twin is made by the oracle
+// environment (seeded, byte-identical every time), once per machine (twin-store.ts); a local directory is referenced with a
 // content digest of its files in the params; a hub revision is downloaded into the standard HF cache.
-import { fileURLToPath } from 'node:url';
 import { readFileSync, statSync } from 'node:fs';
 import { writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
@@ -9,7 +8,7 @@ import type { Json, StageModule } from '../engine/stage.js';
 import type { FamilyId, PinnedSource } from '../recipe/schema.js';
 import { validateCheckpoint } from '../families/validate.js';
 import { isAbsolute } from 'node:path';
-import { runPython } from '../toolchain/python.js';
+import { placeTwin } from './twin-store.js';
 import { CHECKPOINT_REF, type CheckpointRef } from './checkpoint-ref.js';
 import { fetchHubSnapshot } from './download.js';
 import { localCheckpointDigest, type LocalDigest } from './local-digest.js';
@@ -27,12 +26,6 @@ export interface FetchParams {
   digest?: LocalDigest;
 }
 
-const MAKE_TWIN = new URL('../../oracles/make_twin.py', import.meta.url);
-// make_twin.py imports these; naming them here puts them in this stage's code hash, so an edit to
-// the corpus, the training or the vision twin's pictures re-makes the twins.
-export const TWIN_MODULES = [new URL('../../oracles/twin_corpus.py', import.meta.url), new URL('../../oracles/twin_training.py', import.meta.url),
-  new URL('../../oracles/twin_images.py', import.meta.url), new URL('../../oracles/pixels.py', import.meta.url)];
-
 /** The margins make_twin measured along a tiny twin's greedy continuations (its twin.json). */
 function twinMargins(modelDir: string): Json {
   const t = JSON.parse(readFileSync(join(modelDir, 'twin.json'), 'utf8'));
@@ -49,9 +42,8 @@ export const stage: StageModule<FetchParams> = {
     let ref: CheckpointRef;
     if (source.kind === 'tiny') {
       const modelDir = join(ctx.out, 'model');
-      ctx.log(`making the tiny ${source.twin} twin`);
-      const r = await runPython(fileURLToPath(MAKE_TWIN), ['--family', source.twin, '--out', modelDir]);
-      ctx.notePeakRss(r.peakRssBytes);
+      const placed = await placeTwin(source.twin, modelDir, ctx.log);
+      if (placed.peakRssBytes !== null) ctx.notePeakRss(placed.peakRssBytes);
       ref = { dir: 'model', source, files: sizes(modelDir) };
     } else if (source.kind === 'local') {
       // The stat cache makes this cheap; it catches an edit between planning the build and now.

@@ -1,6 +1,6 @@
-// A tiny twin as the builds have it: made by the fetch stage of a tiny recipe's build, in the stage
-// cache the whole test run shares. A test that needs a twin's files takes them from here, so each
-// twin is made once per run (a twin another test already made is that one). Tests that damage or
+// A tiny twin as the builds have it: placed by the fetch stage of a tiny recipe's build, in the stage
+// cache the whole test run shares (from the machine's twin store, src/hub/twin-store.ts, which makes
+// it when it lacks it). A test that needs a twin's files takes them from here. Tests that damage or
 // plant a fault copy the folder first.
 import { join } from 'node:path';
 import { build } from '../../src/build.js';
