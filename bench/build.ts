@@ -1,5 +1,5 @@
 // The whole real-size build: `forge build` of a synthetic full-size checkpoint (bench/gen-checkpoint.ts;
-// qwen3-4b by default, or --recipe qwen3.5-4b) through a local copy of the recipe, in a stage cache
+// qwen3-4b by default, or --recipe qwen3.5-4b, gemma-4-e4b, phi-tiny-moe) through a local copy of the recipe, in a stage cache
 // of its own, under a watchdog. Per stage: seconds, peak private (RssAnon) and mapped (RssFile)
 // memory as the run record gives them, what forge predicted, bytes left in the stage cache, and a
 // floor measured in the same run, as a ratio:
@@ -11,7 +11,7 @@
 //    below any real forward, not a forward of a reference implementation.
 // Prints one JSON object (and a table on stderr) with the done-when bounds of issue 12.
 //
-//   node --import tsx bench/build.ts [--recipe qwen3-4b|qwen3.5-4b] [--arch v81] [--stages all|trace,oracle,…]
+//   node --import tsx bench/build.ts [--recipe qwen3-4b|qwen3.5-4b|gemma-4-e4b|phi-tiny-moe] [--arch v81] [--stages all|trace,oracle,…]
 //                                    [--checkpoint DIR] [--work DIR] [--keep] [--reuse-cache]
 //                                    [--min-avail-gb 0.75] [--timeout-min 300] [--memory-budget GB] [--w8-min-cosine 0.99]
 //                                    [--max-ties N]

@@ -8,7 +8,7 @@
 // change in the machine's load hits them alike. Prints one JSON object with the figures and the
 // ratios against the same run's baselines.
 //
-//   node --import tsx bench/export.ts [--recipe qwen3-4b|qwen3.5-4b|gemma-4-e4b] [--quants w8,w4] [--skip-peer] [--keep] [--repeat N]
+//   node --import tsx bench/export.ts [--recipe qwen3-4b|qwen3.5-4b|gemma-4-e4b|phi-tiny-moe] [--quants w8,w4] [--skip-peer] [--keep] [--repeat N]
 //                                     [--peer-timeout-min M] [--peer-rss-cap-gb G (0: none)] [--out-root DIR] [--checkpoint DIR]
 //
 // Done-when bounds (issues 9, 15): forge peak RSS <= 1.5 GB (1.5e9 bytes) and forge time <= 2x cp, per scheme.

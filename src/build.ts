@@ -150,6 +150,9 @@ export async function build(req: BuildRequest): Promise<RunRecord> {
   }
 }
 
+/** The progress line of a local checkpoint's content digest, before the stages. */
+const DIGEST = 'digest';
+
 async function buildUnderSignals(
   req: BuildRequest, { recipe, file }: { recipe: PinnedRecipe; file: string }, { arch, settings }: ReturnType<typeof archSettings>,
   toolchain: Toolchain | null, out: string, progress: Progress, signal: AbortSignal, t0: number,
@@ -170,7 +173,14 @@ async function buildUnderSignals(
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];
-  const localDigest = await localSourceDigest(recipe, file, (m) => process.stderr.write(`[forge] ${m}\n`));
+  // A local checkpoint's content is its key: hashed before any stage (the files new or changed since
+  // the last build only), with progress, and what it took goes in the record.
+  const digestStats = { dir: '', files: 0, hashedFiles: 0, hashedBytes: 0, seconds: 0 };
+  const localDigest = await localSourceDigest(recipe, file, {
+    log: (m) => process.stderr.write(`[forge] ${m}\n`),
+    progress: (done, total, f) => progress.update(DIGEST, done, total, f),
+    stats: digestStats,
+  });
   const asked = req.shardCeilingBytes;
   const prompts = req.prompts ? { prompts: req.prompts } : {};
   let pipeline = buildPipeline(recipe, arch, settings, { target: req.target, localDigest, toolchain: compileWith, ...prompts, ...(asked ? { ceilingBytes: asked } : {}) });
@@ -214,6 +224,7 @@ async function buildUnderSignals(
     ...(error ? { error } : {}),
     ...(hubRevision ? { hubRevision } : {}),
     ...(remote ? { remoteCache: remote.url } : {}),
+    ...(localDigest ? { checkpointDigest: digestStats } : {}),
     stages: result.stages,
     ...(asked ? { shardCeilingBytes: asked } : {}),
     ...(replans.length ? { replans } : {}),

@@ -110,8 +110,16 @@ describe('forge build', () => {
     const recipe = JSON.parse(readFileSync('recipes/tiny-qwen3/recipe.json', 'utf8'));
     mkdirSync(join(recipes, 'local-qwen3'));
     writeFileSync(join(recipes, 'local-qwen3', 'recipe.json'), JSON.stringify({ ...recipe, id: 'local-qwen3', source: { kind: 'local', path: modelDir } }));
-    const plan = async () => statuses(lastJson((await forge(['build', 'local-qwen3', '--arch', 'v81', '--until', 'plan', '--json', '--out', join(work, 'out-local')], { FORGE_RECIPES: recipes })).stdout));
-    expect(await plan()).toEqual({ fetch: 'ran', plan: 'ran' });
+    const planRun = async () => forge(['build', 'local-qwen3', '--arch', 'v81', '--until', 'plan', '--json', '--out', join(work, 'out-local')], { FORGE_RECIPES: recipes });
+    const plan = async () => statuses(lastJson((await planRun()).stdout));
+    // The first build hashes every file, with progress, and records what that took apart from the stages.
+    const first = await planRun();
+    const rec = lastJson(first.stdout);
+    expect(statuses(rec)).toEqual({ fetch: 'ran', plan: 'ran' });
+    const size = readdirSync(modelDir).reduce((a, f) => a + statSync(join(modelDir, f)).size, 0);
+    expect(rec.checkpointDigest).toMatchObject({ dir: modelDir, files: readdirSync(modelDir).length, hashedFiles: readdirSync(modelDir).length, hashedBytes: size });
+    expect(first.stderr).toContain('[forge] digest: 100%');
+    expect(readFileSync(join(work, 'out-local', 'build', 'report.md'), 'utf8')).toContain(`the local checkpoint's content digest read ${rec.checkpointDigest.files} of ${rec.checkpointDigest.files} files`);
     expect(await plan()).toEqual({ fetch: 'cached', plan: 'cached' });
     utimesSync(join(modelDir, 'config.json'), new Date(), new Date(Date.now() + 5000)); // same bytes, a later mtime
     expect(await plan()).toEqual({ fetch: 'cached', plan: 'cached' });

@@ -151,6 +151,21 @@ describe('scheduler', () => {
     expect(scheduler.maxReserved).toBe(6e9);
   });
 
+  it('records the wait for a slot apart from the stage\'s own seconds', async () => {
+    // Three stages of 6 GB in a 10 GB budget run one after another: two of them wait for a slot.
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1000 }, {}, { memory: fixedMemory(6e9, 'test') }));
+    const ends: string[] = [];
+    const r = await run({ nodes, publish: [] }, { scheduler, progress: { ...silentProgress, end: (s, status, seconds, queued) => ends.push(`${s} ${status} ${seconds > 0} ${(queued ?? 0) > 0}`) } });
+    const [first, ...waited] = [...r.stages].sort((a, b) => (a.queuedSeconds ?? 0) - (b.queuedSeconds ?? 0));
+    expect(first.queuedSeconds).toBeUndefined();
+    // Each waited at least for the stages before it (1 s of sleep each), and its own time is its own sleep, not theirs.
+    expect(waited.map((s) => s.queuedSeconds! >= 1)).toEqual([true, true]);
+    expect(waited[1].queuedSeconds! - waited[0].queuedSeconds!).toBeGreaterThanOrEqual(1);
+    for (const s of r.stages) expect(s.seconds, s.name).toBeGreaterThanOrEqual(1);
+    expect(ends.sort()).toEqual([`${first.name} ran true false`, `${waited[0].name} ran true true`, `${waited[1].name} ran true true`].sort());
+  });
+
   it('runs independent stages side by side when they fit', async () => {
     const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
     const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1500 }, {}, { memory: fixedMemory(3e9, 'test') }));
@@ -223,6 +238,10 @@ describe('crash safety and sharing', () => {
     expect(r1.code).toBe(0);
     expect(r2.code, r2.stderr).toBe(0);
     expect(r2.result.stages[0].status).toBe('cached'); // the waiter used the holder's entry
+    // Its wait is recorded as queued, not as the stage's own time.
+    expect(r2.result.stages[0].queuedSeconds).toBeGreaterThan(1);
+    expect(r2.result.stages[0].seconds).toBeLessThan(r2.result.stages[0].queuedSeconds);
+    expect(r2.stderr).toMatch(/\[forge\] a: cached \(\d+\.\d s, after \d+\.\d s queued\)/);
     expect(runs(join(dir, 'a.count'))).toBe(1);
     const holder = `build pid ${one.child.pid} on ${hostname()} (holding it since `;
     const waits = r2.stderr.split('\n').filter((l) => l.startsWith('[forge] a: ') && l.includes('waiting'));

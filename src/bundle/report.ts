@@ -4,7 +4,7 @@
 // context sizes against the arch ceiling. Everything shown comes from the run record and the gate
 // outputs of that build; every cell is written for a person (no objects dumped as JSON).
 import type { RunRecord } from '../engine/record.js';
-import { mb } from '../units.js';
+import { formatBytes, mb } from '../units.js';
 import type { OracleRow } from '../gates/oracle.js';
 import type { ShardPlan } from '../plan/shards.js';
 import { errorTable, fmtMargin, type Confidence } from './confidence.js';
@@ -96,9 +96,9 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
   out.push({
     title: 'Stages',
     table: {
-      head: ['stage', 'status', 'seconds', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
+      head: ['stage', 'status', 'seconds', 'queued', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
       rows: r.stages.map((s) => [
-        s.name, s.status, s.seconds.toFixed(2), s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
+        s.name, s.status, s.seconds.toFixed(2), s.queuedSeconds ? s.queuedSeconds.toFixed(2) : '', s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
         s.peakPrivateBytes == null ? '' : mb(s.peakPrivateBytes), s.peakMappedBytes == null ? '' : mb(s.peakMappedBytes),
         s.predicted ? `${mb(s.predicted.privateBytes)} + ${mb(s.predicted.mappedBytes)}${s.overPrediction ? ' (EXCEEDED)' : ''}` : '',
       ]),
@@ -138,7 +138,13 @@ export function cosinePlot(rows: OracleRow[]): string {
 }
 
 /** The run's time and cache reuse, after the verdict. */
-const runFacts = (r: RunRecord) => `${r.seconds.toFixed(1)} s; ${r.stages.filter((s) => s.status === 'cached').length} of ${r.stages.length} stages reused from the cache`;
+const runFacts = (r: RunRecord) => `${r.seconds.toFixed(1)} s; ${r.stages.filter((s) => s.status === 'cached').length} of ${r.stages.length} stages reused from the cache${digestFacts(r)}`;
+
+/** The local checkpoint's digest, when it read anything: its seconds are in no stage's. */
+const digestFacts = (r: RunRecord) => {
+  const d = r.checkpointDigest;
+  return d && d.hashedFiles ? `; the local checkpoint's content digest read ${d.hashedFiles} of ${d.files} files (${formatBytes(d.hashedBytes)}) in ${d.seconds.toFixed(1)} s` : '';
+};
 
 function cardMarkdown(s: Summary, r: RunRecord): string[] {
   const lines = [`**${s.verdict}**: ${s.headline} (${runFacts(r)})`, ''];

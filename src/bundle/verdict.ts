@@ -8,7 +8,7 @@ import type { GateRecord, RunRecord } from '../engine/record.js';
 import type { StageRecord } from '../engine/run.js';
 import { loadRecipe } from '../recipe/load.js';
 import { shippedMinCosine, type LayerQuant } from '../recipe/schema.js';
-import { sizeText } from '../units.js';
+import { sizeText, took } from '../units.js';
 
 export interface VerdictOptions {
   /** Adds the per-stage table (status, seconds, shared cache) and the memory prediction misses. */
@@ -46,7 +46,7 @@ export function recipeOracleThreshold(recipeId: string): (label: string, scheme:
 export function stageTable(stages: StageRecord[]): string[] {
   return stages.map((s) => {
     const status = s.source === 'remote' ? 'cached (remote)' : s.status;
-    return `${s.name.padEnd(12)} ${status.padEnd(9)} ${s.seconds.toFixed(1)} s${s.remote ? `  remote: ${s.remote}` : ''}`;
+    return `${s.name.padEnd(12)} ${status.padEnd(9)} ${took(s.seconds, s.queuedSeconds)}${s.remote ? `  remote: ${s.remote}` : ''}`;
   });
 }
 

@@ -1,4 +1,5 @@
 // Progress: bars on a TTY, plain lines elsewhere (CI logs), nothing in tests that ask for silence.
+import { took } from '../units.js';
 import cliProgress from 'cli-progress';
 
 export interface Progress {
@@ -9,7 +10,8 @@ export interface Progress {
   warn(stage: string, message: string): void;
   /** Shown whatever the verbosity, as it is: what the build is doing that the user would otherwise wonder about (waiting on another build's lock …). */
   note(stage: string, message: string): void;
-  end(stage: string, status: string, seconds: number): void;
+  /** `seconds` the stage's own; `queuedSeconds` what it waited before it started (a slot, a lock). */
+  end(stage: string, status: string, seconds: number, queuedSeconds?: number): void;
   close(): void;
 }
 
@@ -30,7 +32,7 @@ export function lineProgress(stream: NodeJS.WritableStream = process.stderr, ver
     log: (s, m) => verbose && stream.write(`[forge] ${s}: ${m}\n`),
     warn: (s, m) => stream.write(`[forge] ${s}: warning: ${m}\n`),
     note: (s, m) => stream.write(`[forge] ${s}: ${m}\n`),
-    end: (s, status, seconds) => stream.write(`[forge] ${s}: ${status} (${seconds.toFixed(1)} s)\n`),
+    end: (s, status, seconds, queued) => stream.write(`[forge] ${s}: ${status} (${took(seconds, queued)})\n`),
     close: () => {},
   };
 }
@@ -59,10 +61,10 @@ export function barProgress(verbose = false): Progress {
     log: (s, m) => verbose && multi.log(`${s}: ${m}\n`),
     warn: (s, m) => multi.log(`${s}: warning: ${m}\n`),
     note: (s, m) => multi.log(`${s}: ${m}\n`),
-    end: (s, status, seconds) => {
+    end: (s, status, seconds, queued) => {
       const b = bar(s);
       b.setTotal(1);
-      b.update(1, { label: `${status} (${seconds.toFixed(1)} s)` });
+      b.update(1, { label: `${status} (${took(seconds, queued)})` });
     },
     close: () => multi.stop(),
   };

@@ -1,5 +1,6 @@
 // The run record: what a build did, kept with its output and printed by `--json`.
 import type { StageRecord } from './run.js';
+import type { DigestStats } from '../hub/local-digest.js';
 import type { Json } from './stage.js';
 import type { BuiltRevision } from '../recipe/schema.js';
 
@@ -22,6 +23,8 @@ export interface RunRecord {
   hubRevision?: BuiltRevision;
   /** The shared stage cache this build read and wrote (s3://bucket/prefix), when it used one. */
   remoteCache?: string;
+  /** A local checkpoint's content digest, taken before any stage (its time is in no stage's). */
+  checkpointDigest?: DigestStats;
   stages: StageRecord[];
   /** The smaller shard ceiling the user asked for (--shard-ceiling): the plan is not the device-optimal one. */
   shardCeilingBytes?: number;

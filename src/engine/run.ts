@@ -30,7 +30,10 @@ export type StageStatus = 'ran' | 'cached' | 'failed' | 'skipped' | 'cancelled';
 export interface StageRecord {
   name: string;
   status: StageStatus;
+  /** The stage's own time: from its cache lookup to its end, less what it spent queued. */
   seconds: number;
+  /** How long it waited for a scheduler slot (memory) or another build's lock before it started; absent when it did not wait. */
+  queuedSeconds?: number;
   /** Peak RSS of the stage's process tree when it ran here; null when it came from the cache. */
   peakRssBytes: number | null;
   /** Peak private (RssAnon) and mapped (RssFile) bytes summed over its process tree, sampled from /proc; null when it did not run here (or off Linux). */
@@ -206,9 +209,9 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
   else opts.signal?.addEventListener('abort', onInterrupt, { once: true });
   // Temp dirs of builds killed earlier (nothing else will remove them).
   await opts.cache.sweepStaleTemps();
-  const cancelled = (node: StageNode, seconds = 0, key?: string) => {
-    records.set(node.id, { name: node.id, status: 'cancelled', seconds, ...NOT_MEASURED, ...predictedOf(node), ...(key ? { key } : {}), error: String(stopAll.signal.reason) });
-    opts.progress.end(node.id, 'cancelled', seconds);
+  const cancelled = (node: StageNode, seconds = 0, key?: string, queuedSeconds = 0) => {
+    records.set(node.id, { name: node.id, status: 'cancelled', seconds, ...(queuedSeconds >= 0.05 ? { queuedSeconds } : {}), ...NOT_MEASURED, ...predictedOf(node), ...(key ? { key } : {}), error: String(stopAll.signal.reason) });
+    opts.progress.end(node.id, 'cancelled', seconds, queuedSeconds);
     return null;
   };
 
@@ -314,7 +317,14 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
     const prediction = await predictions.get(node.id)!;
     if (refused.has(node.id)) return null;
     const t0 = performance.now();
-    const seconds = () => (performance.now() - t0) / 1000;
+    // Time queued (for a scheduler slot, then another build's lock) is not the stage's: kept apart.
+    let waitFrom: number | null = null;
+    let startedAt: number | null = null;
+    const waited = () => (waitFrom === null ? 0 : ((startedAt ?? performance.now()) - waitFrom) / 1000);
+    const seconds = () => (performance.now() - t0) / 1000 - waited();
+    // A slot and a lock taken at once is no wait worth naming.
+    const queuedSeconds = () => (waited() >= 0.05 ? waited() : 0);
+    const queued = () => (queuedSeconds() ? { queuedSeconds: queuedSeconds() } : {});
     if (upstream.some(([, , m]) => blocked(m)) || order.some(blocked) || prediction === null) {
       records.set(node.id, { name: node.id, status: 'skipped', seconds: 0, ...NOT_MEASURED, ...predictedOf(node) });
       return null;
@@ -352,9 +362,11 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       return fetched.meta;
     }
     try {
+      waitFrom = performance.now();
       const meta = await opts.scheduler.run(workingSet(prediction), async () => {
         if (stopAll.signal.aborted) throw new StageCancelled(String(stopAll.signal.reason));
         return lockStage(node, key, async () => {
+          startedAt = performance.now();
           // Another build may have made it while we waited for the lock.
           const again = force.has(node.id) ? null : await opts.cache.lookup(node.id, key);
           if (again) return { meta: again, ran: false };
@@ -394,17 +406,17 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       const measured = meta.ran
         ? { peakRssBytes: m.peakRssBytes, peakPrivateBytes: m.peakPrivateBytes ?? null, peakMappedBytes: m.peakMappedBytes ?? null, ...(m.overPrediction ? { overPrediction: m.overPrediction } : {}) }
         : NOT_MEASURED;
-      records.set(node.id, { name: node.id, status, seconds: seconds(), ...measured, predicted: prediction, key, ...badRemote });
+      records.set(node.id, { name: node.id, status, seconds: seconds(), ...queued(), ...measured, predicted: prediction, key, ...badRemote });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });
-      opts.progress.end(node.id, status, seconds());
+      opts.progress.end(node.id, status, seconds(), queuedSeconds());
       failedGate(meta.meta);
       if (meta.ran) writeBack(node, opts.cache.entryDir(node.id, key), meta.meta);
       return meta.meta;
     } catch (e) {
-      if (e instanceof StageCancelled) return cancelled(node, seconds(), key);
+      if (e instanceof StageCancelled) return cancelled(node, seconds(), key, queuedSeconds());
       const message = (e as Error).message;
-      records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), ...NOT_MEASURED, predicted: prediction, key, error: message });
-      opts.progress.end(node.id, 'failed', seconds());
+      records.set(node.id, { name: node.id, status: 'failed', seconds: seconds(), ...queued(), ...NOT_MEASURED, predicted: prediction, key, error: message });
+      opts.progress.end(node.id, 'failed', seconds(), queuedSeconds());
       failures.set(node.id, message);
       if (!stopAll.signal.aborted) stopAll.abort(`stopped after ${node.id} failed`);
       return null;

@@ -78,32 +78,45 @@ function writeStatCache(file: string, dir: string, files: Record<string, StatEnt
 
 export interface DigestOptions {
   log?: (line: string) => void;
+  /** After each file it hashes: bytes hashed so far of the bytes it has to hash (the files new or changed). */
+  progress?: (doneBytes: number, totalBytes: number, file: string) => void;
+  /** Filled with what it did: files hashed and reused, bytes read, seconds (the run record's `checkpointDigest`). */
+  stats?: DigestStats;
   /** How recent a change must be for its digest not to be cached (tests set 0). @default 2000 */
   racyMs?: number;
 }
 
+/** What one digest did: the porter's wait before any stage, kept in the run record. */
+export interface DigestStats { dir: string; files: number; hashedFiles: number; hashedBytes: number; seconds: number }
+
 /** The content digest of a local checkpoint directory, re-hashing only files whose stat changed. */
 export async function localCheckpointDigest(dir: string, opts: DigestOptions = {}): Promise<LocalDigest> {
+  const t0 = performance.now();
   const cacheFile = statCacheFile(dir);
   const cached = readStatCache(cacheFile, dir);
   const next: Record<string, StatEntry> = {};
   const digest: LocalDigest = {};
   const racyNs = opts.racyMs === undefined ? RACY_NS : BigInt(opts.racyMs) * 1_000_000n;
-  let announced = false;
   let scanner: FiniteScanner | undefined;
-  for (const rel of listFilesBelow(dir)) {
-    const abs = join(dir, rel);
-    const before = statKey(statSync(abs, { bigint: true }));
+  const files = listFilesBelow(dir).map((rel) => ({ rel, before: statKey(statSync(join(dir, rel), { bigint: true })) }));
+  // An entry from before the fused scan (no `finite`) is read again once, to record the scan too.
+  const reusable = (rel: string, before: StatKey) => {
     const known = cached[rel];
-    // An entry from before the fused scan (no `finite`) is read again once, to record the scan too.
-    if (known && sameStat(known, before) && (known.finite || !isSafetensors(rel))) {
+    return known !== undefined && sameStat(known, before) && (known.finite !== undefined || !isSafetensors(rel));
+  };
+  const toHash = files.filter((f) => !reusable(f.rel, f.before));
+  const totalBytes = toHash.reduce((a, f) => a + Number(f.before.size), 0);
+  let doneBytes = 0;
+  if (toHash.length) opts.log?.(`hashing the local checkpoint ${dir}: ${toHash.length} of ${files.length} files new or changed since the last build (${(totalBytes / 1e9).toFixed(2)} GB)`);
+  for (const { rel, before } of files) {
+    const abs = join(dir, rel);
+    const known = cached[rel];
+    if (reusable(rel, before)) {
       digest[rel] = known.sha256;
       // Re-keyed to the stat seen now, so a later link change is measured from here.
       next[rel] = { ...known, ...before };
       continue;
     }
-    if (!announced) opts.log?.(`hashing the local checkpoint ${dir} (files new or changed since the last build)`);
-    announced = true;
     const { sha256, finite } = isSafetensors(rel) ? await hashAndScan(abs, (scanner ??= new FiniteScanner())) : { sha256: await sha256OfFile(abs), finite: undefined };
     // The racy rule below holds for the scan too: it covers exactly the bytes the digest covers.
     const afterStats = statSync(abs, { bigint: true });
@@ -112,8 +125,11 @@ export async function localCheckpointDigest(dir: string, opts: DigestOptions = {
     digest[rel] = sha256;
     const nowNs = BigInt(Date.now()) * 1_000_000n;
     if (nowNs - afterStats.ctimeNs >= racyNs) next[rel] = { ...after, sha256, ...(finite ? { finite } : {}) };
+    doneBytes += Number(before.size);
+    opts.progress?.(doneBytes, totalBytes, rel);
   }
   writeStatCache(cacheFile, dir, next);
+  if (opts.stats) Object.assign(opts.stats, { dir, files: files.length, hashedFiles: toHash.length, hashedBytes: totalBytes, seconds: (performance.now() - t0) / 1000 });
   return digest;
 }
 
@@ -173,8 +189,8 @@ export function recordedFinite(dir: string): Map<string, FiniteRecord> {
 }
 
 /** For a recipe with a local source: its path checked (errors name `file` and source.path), then digested. */
-export async function localSourceDigest(recipe: Recipe, file: string, log?: (line: string) => void): Promise<LocalDigest | undefined> {
+export async function localSourceDigest(recipe: Recipe, file: string, opts: Pick<DigestOptions, 'log' | 'progress' | 'stats'> = {}): Promise<LocalDigest | undefined> {
   if (recipe.source.kind !== 'local') return undefined;
   checkLocalSource(recipe, file);
-  return localCheckpointDigest(recipe.source.path, { ...(log ? { log } : {}) });
+  return localCheckpointDigest(recipe.source.path, opts);
 }

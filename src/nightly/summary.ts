@@ -36,7 +36,7 @@ export const BuildSummarySchema = z.object({
   runRecord: z.string().nullable(),
   figures: z.record(z.string(), FigureSchema),
   /** source 'remote': a cached stage whose entry came from the shared cache. */
-  stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number(), source: z.literal('remote').optional() }).strict()),
+  stages: z.array(z.object({ name: z.string(), status: z.string(), seconds: z.number(), queuedSeconds: z.number().optional(), source: z.literal('remote').optional() }).strict()),
   /**
    * Not built for a reason of the machines', not the build's (the shared cache unreachable, a full
    * disk, the build process killed), on every worker that tried: never a regression of the build.
@@ -191,7 +191,7 @@ export function summarize(record: RunRecord, runRecord: string | null, toolchain
     bundle: record.bundle,
     runRecord,
     figures: figuresOf(record),
-    stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.source ? { source: s.source } : {}) })),
+    stages: record.stages.map((s) => ({ name: s.name, status: s.status, seconds: s.seconds, ...(s.queuedSeconds ? { queuedSeconds: s.queuedSeconds } : {}), ...(s.source ? { source: s.source } : {}) })),
     tools: toolsOf(record),
   };
 }
