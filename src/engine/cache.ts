@@ -7,6 +7,7 @@ import { join, relative } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { tryStageLock, withStageLock, type LockWaitOptions } from './lock.js';
 import { hashTree, type FileDigest } from './hash.js';
+import { knownDigest } from './known-digests.js';
 import type { Json, MemoryPrediction } from './stage.js';
 
 export const META = 'meta.json';
@@ -122,9 +123,12 @@ export class StageCache {
     return removed;
   }
 
-  /** Hashes the finished temp dir, writes meta.json into it and renames it into place. */
+  /**
+   * Hashes the finished temp dir (a file forge already hashed as itself, such as a hard link to a
+   * local checkpoint's weights, by its recorded digest), writes meta.json into it and renames it into place.
+   */
   async commit(tmp: string, meta: Omit<EntryMeta, 'contentHash' | 'files'>): Promise<EntryMeta> {
-    const { contentHash, files } = await hashTree(tmp, new Set([META]));
+    const { contentHash, files } = await hashTree(tmp, new Set([META]), knownDigest);
     return this.adopt(tmp, { ...meta, contentHash, files });
   }
 

@@ -48,12 +48,20 @@ export async function listFiles(dir: string, skip: Set<string> = new Set()): Pro
   return out.sort();
 }
 
-/** Content hash of a directory tree: the files' paths, sizes and sha256s, in path order. */
-export async function hashTree(dir: string, skip: Set<string> = new Set()): Promise<{ contentHash: string; files: Record<string, FileDigest> }> {
+/**
+ * Content hash of a directory tree: the files' paths, sizes and sha256s, in path order. `known` may
+ * give a file's sha256 without reading it (a digest forge already took of that very file); `reused`
+ * counts the bytes it was not read for.
+ */
+export async function hashTree(dir: string, skip: Set<string> = new Set(), known?: (path: string) => string | undefined): Promise<{ contentHash: string; files: Record<string, FileDigest>; reusedBytes: number }> {
   const files: Record<string, FileDigest> = {};
+  let reusedBytes = 0;
   for (const rel of await listFiles(dir, skip)) {
     const p = join(dir, rel);
-    files[rel] = { size: (await stat(p)).size, sha256: await sha256OfFile(p) };
+    const size = (await stat(p)).size;
+    const sha256 = known?.(p);
+    if (sha256) reusedBytes += size;
+    files[rel] = { size, sha256: sha256 ?? (await sha256OfFile(p)) };
   }
-  return { contentHash: sha256Hex(stableStringify(files)), files };
+  return { contentHash: sha256Hex(stableStringify(files)), files, reusedBytes };
 }

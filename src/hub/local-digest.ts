@@ -9,11 +9,14 @@
 // that also restores the mtime (`touch -r`) AND happens together with a link made or removed
 // elsewhere is missed until the next change; `forge clean` drops the stat cache.
 // One read, two uses: a .safetensors file's bytes also go through fetch's NaN/Inf scan as they are
-// hashed, and the result is kept beside the digest, so fetch need not read the weights again.
+// hashed, and the result is kept beside the digest, so fetch need not read the weights again. Each
+// digest is also kept by inode (engine/known-digests.ts): the export's hard links to the weights are
+// committed to the cache without a third read.
 import { createHash } from 'node:crypto';
 import { z } from 'zod';
 import { open } from 'node:fs/promises';
-import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync, type BigIntStats } from 'node:fs';
+import { mkdirSync, readFileSync, renameSync, statSync, writeFileSync } from 'node:fs';
+import { rememberDigest, sameStat, statKey, type StatKey } from '../engine/known-digests.js';
 import { join, resolve } from 'node:path';
 import { cacheRoot } from '../paths.js';
 import { sha256OfFile } from '../engine/hash.js';
@@ -30,7 +33,6 @@ export type LocalDigest = Record<string, string>;
 /** A .safetensors file's NaN/Inf scan as the digest read it: every floating tensor finite, or the first bad element. */
 export type FiniteRecord = 'ok' | NonFinite;
 
-interface StatKey { size: string; mtimeNs: string; ctimeNs: string; ino: string; dev: string; nlink?: string }
 /**
  * `finite` is there for every .safetensors file: its scan, or 'unparsed' when its header did not
  * parse (nothing scanned; fetch's own checks name the problem). Absent: an entry from before the scan.
@@ -49,11 +51,6 @@ export function statCacheFile(dir: string): string {
   return join(cacheRoot(), '.stat-cache', `${id}.json`);
 }
 
-const statKey = (s: BigIntStats): StatKey => ({ size: String(s.size), mtimeNs: String(s.mtimeNs), ctimeNs: String(s.ctimeNs), ino: String(s.ino), dev: String(s.dev), nlink: String(s.nlink) });
-/** Same bytes as when `a` was taken: all stat fields equal, or only ctime moved together with the link count (a hard link made or removed). */
-const sameStat = (a: StatKey, b: StatKey) =>
-  a.size === b.size && a.mtimeNs === b.mtimeNs && a.ino === b.ino && a.dev === b.dev &&
-  (a.ctimeNs === b.ctimeNs || (a.nlink !== undefined && b.nlink !== undefined && a.nlink !== b.nlink));
 
 function readStatCache(file: string, dir: string): Record<string, StatEntry> {
   try {
@@ -129,6 +126,8 @@ export async function localCheckpointDigest(dir: string, opts: DigestOptions = {
     opts.progress?.(doneBytes, totalBytes, rel);
   }
   writeStatCache(cacheFile, dir, next);
+  // By inode too: the export's hard links to these files are then committed without reading them again.
+  for (const e of Object.values(next)) rememberDigest(e, e.sha256);
   if (opts.stats) Object.assign(opts.stats, { dir, files: files.length, hashedFiles: toHash.length, hashedBytes: totalBytes, seconds: (performance.now() - t0) / 1000 });
   return digest;
 }

@@ -16,6 +16,7 @@
 import { constants, copyFileSync, linkSync, realpathSync, statSync } from 'node:fs';
 import { basename, join } from 'node:path';
 import type { ExternalRef } from './external.js';
+import { digestAcrossLink, statKey } from '../engine/known-digests.js';
 
 export interface LinkedFile {
   /** Its name in the export directory (what the graphs' external_data `location` holds). */
@@ -69,7 +70,11 @@ export class CheckpointLinks {
     const to = join(this.dir, name);
     let how: LinkedFile['how'] = 'hardlink';
     try {
+      const before = statKey(statSync(real, { bigint: true }));
       this.link(real, to);
+      // The checkpoint's digest (a local source's) follows the file across this link: the cache
+      // commits the link by it instead of reading the weights again.
+      digestAcrossLink(before, to);
     } catch (e) {
       how = 'copy';
       copyFileSync(real, to, constants.COPYFILE_FICLONE);

@@ -5,7 +5,10 @@ import { linkSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statSync, write
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
-import { localCheckpointDigest, statCacheFile } from '../../src/hub/local-digest.js';
+import { localCheckpointDigest, statCacheFile, type DigestStats } from '../../src/hub/local-digest.js';
+import { hashTree, sha256OfFile } from '../../src/engine/hash.js';
+import { knownDigest } from '../../src/engine/known-digests.js';
+import { CheckpointLinks } from '../../src/onnx/linked-data.js';
 
 const saved = { ...process.env };
 let dir: string;
@@ -40,6 +43,44 @@ function editKeepingSizeAndMtime(file: string): void {
 }
 
 describe('local checkpoint digest', () => {
+  it('says how much it read and how long it took, with progress by bytes; a second digest reads nothing', async () => {
+    const stats = { dir: '', files: 0, hashedFiles: 0, hashedBytes: 0, seconds: -1 } as DigestStats;
+    const seen: Array<[number, number, string]> = [];
+    await localCheckpointDigest(dir, { racyMs: 0, stats, progress: (done, total, f) => seen.push([done, total, f]) });
+    const total = 4096 + '{"hidden_size": 64}'.length + 1;
+    expect(stats).toMatchObject({ dir, files: 3, hashedFiles: 3, hashedBytes: total });
+    expect(stats.seconds).toBeGreaterThanOrEqual(0);
+    expect(seen.map(([, t]) => t)).toEqual([total, total, total]);
+    expect(seen.at(-1)![0]).toBe(total);
+    await localCheckpointDigest(dir, { racyMs: 0, stats });
+    expect(stats).toMatchObject({ files: 3, hashedFiles: 0, hashedBytes: 0 });
+  });
+
+  it('lets the cache commit the export\'s hard link to a digested file by its digest, without reading it, and not once its bytes change', async () => {
+    const d = await localCheckpointDigest(dir, { racyMs: 0 });
+    const out = join(dir, '..', 'export');
+    mkdirSync(out);
+    new CheckpointLinks(out).ref({ file: join(dir, 'model.safetensors'), fileOffset: 0, byteLength: 4096 }, 4); // as the fp32 export reads weights in place
+    writeFileSync(join(out, 'graph.onnx'), 'new bytes');
+    const tree = await hashTree(out, new Set(), knownDigest);
+    expect(tree.reusedBytes).toBe(4096);
+    expect(tree.files['model.safetensors'].sha256).toBe(d['model.safetensors']);
+    expect(knownDigest(join(out, 'graph.onnx'))).toBeUndefined(); // never digested: read
+    // Edited in place through the link, size and mtime put back: no longer the digested bytes.
+    editKeepingSizeAndMtime(join(dir, 'model.safetensors'));
+    const again = await hashTree(out, new Set(), knownDigest);
+    expect(again.reusedBytes).toBe(0);
+    expect(again.files['model.safetensors'].sha256).toBe(await sha256OfFile(join(out, 'model.safetensors')));
+    expect(again.files['model.safetensors'].sha256).not.toBe(d['model.safetensors']);
+  });
+
+  it('does not vouch for a file once a link it did not make moved its ctime: that file is read', async () => {
+    await localCheckpointDigest(dir, { racyMs: 0 });
+    expect(knownDigest(join(dir, 'config.json'))).toBeDefined();
+    linkSync(join(dir, 'config.json'), join(dir, '..', 'someone-elses-link.json'));
+    expect(knownDigest(join(dir, 'config.json'))).toBeUndefined();
+  });
+
   it('names every file by its sha256', async () => {
     const d = await localCheckpointDigest(dir, { racyMs: 0 });
     expect(Object.keys(d)).toEqual(['config.json', 'model.safetensors', 'sub/extra.txt']);
