@@ -9,7 +9,7 @@
 // HF_HOME / HF_HUB_CACHE, HF_HUB_OFFLINE, HF_ENDPOINT and HF_TOKEN are honoured; the token is never printed.
 import { createHash, type Hash } from 'node:crypto';
 import { copyFile, lstat, mkdir, readFile, readdir, readlink, rename, rm, stat, symlink, truncate, writeFile } from 'node:fs/promises';
-import { createReadStream, createWriteStream } from 'node:fs';
+import { createReadStream, createWriteStream, statSync } from 'node:fs';
 import { basename, dirname, join, relative } from 'node:path';
 import { homedir } from 'node:os';
 import { Readable, Transform } from 'node:stream';
@@ -19,6 +19,7 @@ import lockfile from 'proper-lockfile';
 import { fileDownloadInfo, listFiles } from '@huggingface/hub';
 import { checkRelativePath, checkTokenShape, formatBytes, gitBlobHasher, hubError, hubToken, hubUrl, isOffline, redact } from './hub-client.js';
 import { hashFile } from '../engine/hash.js';
+import { rememberDigest, statKey } from '../engine/known-digests.js';
 
 export interface HubFile {
   path: string;
@@ -169,6 +170,11 @@ async function link(blob: string, pointer: string): Promise<void> {
   }
 }
 
+/** A checked LFS blob's sha256, kept by inode: the export's hard links to it are committed without reading it again. */
+function rememberLfsDigest(f: HubFile, blob: string): void {
+  if (f.sha256) rememberDigest(statKey(statSync(blob, { bigint: true })), f.sha256);
+}
+
 async function ensureFile(repo: string, revision: string, f: HubFile, token: string | undefined, log: (m: string) => void): Promise<void> {
   checkRelativePath(f.path);
   const folder = repoCacheDir(repo);
@@ -183,11 +189,15 @@ async function ensureFile(repo: string, revision: string, f: HubFile, token: str
   try {
     if ((await sizeOf(blob)) !== null) {
       // Not covered by a completion record, so possibly written by someone else: check before trusting.
-      if ((await sizeOf(blob)) === f.size && (await hashFile(blob, hasherFor(f))) === etagOf(f)) return await link(blob, pointer);
+      if ((await sizeOf(blob)) === f.size && (await hashFile(blob, hasherFor(f))) === etagOf(f)) {
+        rememberLfsDigest(f, blob);
+        return await link(blob, pointer);
+      }
       log(`cached blob of ${f.path} does not match its hash; fetching it again`);
       await rm(blob, { force: true });
     }
     await downloadBlob(repo, revision, f, blob, token, log);
+    rememberLfsDigest(f, blob);
     await link(blob, pointer);
   } finally {
     await release();

@@ -6,6 +6,7 @@ import { join } from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { cachedSnapshotDir, fetchHubSnapshot, hubCacheDir, hubSnapshotFiles } from '../../src/hub/download.js';
 import { sha256 } from './fixture.js';
+import { knownDigest } from '../../src/engine/known-digests.js';
 import { GOOD_TOKEN, HubStandin } from './standin.js';
 
 const REPO = 'org/tiny-model';
@@ -53,6 +54,8 @@ describe('fetch from the hub', () => {
       const etag = stored.lfs ? sha256(b) : stored.oid;
       expect(readlinkSync(join(snap, p)).endsWith(`blobs/${etag}`), p).toBe(true);
       expect(readFileSync(join(repoDir(), 'blobs', etag))).toEqual(b);
+      // A checked LFS blob's sha256 is kept by inode: the export's links to it are committed unread.
+      expect(knownDigest(join(repoDir(), 'blobs', etag)), p).toBe(stored.lfs ? etag : undefined);
     }
     expect(readdirSync(join(repoDir(), 'blobs')).some((f) => f.endsWith('.incomplete'))).toBe(false);
 
