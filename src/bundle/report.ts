@@ -96,10 +96,11 @@ function tables(input: ReportInput): Array<{ title: string; table: Table }> {
   out.push({
     title: 'Stages',
     table: {
-      head: ['stage', 'status', 'seconds', 'queued', 'peak RSS', 'peak private', 'peak mapped', 'predicted (private + mapped)'],
+      head: ['stage', 'status', 'seconds', 'queued', 'peak RSS', 'peak private', 'peak mapped', 'read through page faults', 'predicted (private + mapped)'],
       rows: r.stages.map((s) => [
         s.name, s.status, s.seconds.toFixed(2), s.queuedSeconds ? s.queuedSeconds.toFixed(2) : '', s.peakRssBytes === null ? '(not run here)' : mb(s.peakRssBytes),
         s.peakPrivateBytes == null ? '' : mb(s.peakPrivateBytes), s.peakMappedBytes == null ? '' : mb(s.peakMappedBytes),
+        s.diskReadBytes === undefined ? '' : `${mb(s.diskReadBytes)}${s.evicted ? ' (EVICTED: its working set did not stay in memory)' : ''}`,
         s.predicted ? `${mb(s.predicted.privateBytes)} + ${mb(s.predicted.mappedBytes)}${s.overPrediction ? ' (EXCEEDED)' : ''}` : '',
       ]),
     },

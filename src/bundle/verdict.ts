@@ -46,7 +46,7 @@ export function recipeOracleThreshold(recipeId: string): (label: string, scheme:
 export function stageTable(stages: StageRecord[]): string[] {
   return stages.map((s) => {
     const status = s.source === 'remote' ? 'cached (remote)' : s.status;
-    return `${s.name.padEnd(12)} ${status.padEnd(9)} ${took(s.seconds, s.queuedSeconds)}${s.remote ? `  remote: ${s.remote}` : ''}`;
+    return `${s.name.padEnd(12)} ${status.padEnd(9)} ${took(s.seconds, s.queuedSeconds)}${s.remote ? `  remote: ${s.remote}` : ''}${s.evicted ? `  ${s.evicted}` : ''}`;
   });
 }
 

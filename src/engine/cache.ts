@@ -27,6 +27,9 @@ export interface EntryMeta {
   /** What the stage was predicted to need when it ran, and whether it went over by more than 25%. */
   predicted?: MemoryPrediction;
   overPrediction?: string;
+  /** Bytes its processes read from storage, and why that was too much when it was (predict.ts checkEvicted). */
+  diskReadBytes?: number;
+  evicted?: string;
   outcome: { summary?: Json; gate?: { name: string; ok: boolean } };
 }
 

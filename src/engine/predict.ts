@@ -19,3 +19,20 @@ export function checkPrediction(predicted: MemoryPrediction | undefined, measure
   check('mapped', measured.mappedBytes, predicted.mappedBytes);
   return over.length ? `measured peak over the prediction by more than ${Math.round((OVER_PREDICTION - 1) * 100)}%: ${over.join('; ')} (predicted from ${predicted.how})` : undefined;
 }
+
+/** Past this many times what it needs to read, a stage was starved of memory. */
+export const EVICTED_FACTOR = 3;
+
+/**
+ * Says that a stage's working set was evicted while it ran: its processes read more than
+ * EVICTED_FACTOR × the bytes it needs from storage (its inputs, the checkpoint included, or its mapped
+ * working set, whichever is larger; at least 1 GB). A cold read of everything is about 1×; a stage
+ * whose pages the kernel keeps dropping under other jobs reads them again and again (10× was seen on
+ * Gemma-4-E4B's trace beside other builds), and runs that much slower.
+ */
+export function checkEvicted(predicted: MemoryPrediction | undefined, measured: MemoryPeak | null, inputBytes: number): string | undefined {
+  if (!measured?.diskReadBytes) return undefined;
+  const need = Math.max(predicted?.mappedBytes ?? 0, measured.mappedBytes, inputBytes, 1e9);
+  if (measured.diskReadBytes <= EVICTED_FACTOR * need) return undefined;
+  return `its working set did not stay in memory: it read ${gb(measured.diskReadBytes)} from disk, ${(measured.diskReadBytes / need).toFixed(1)}× the ${gb(need)} it needs (other jobs took the memory it maps; run it with less beside it)`;
+}

@@ -12,7 +12,7 @@ import type { EntryMeta, StageCache } from './cache.js';
 import type { Scheduler } from './scheduler.js';
 import { workingSet, type MemoryPrediction, type Pipeline, type StageModule, type StageNode } from './stage.js';
 import { watchTreeMemory, type MemoryPeak } from './memory.js';
-import { checkPrediction } from './predict.js';
+import { checkEvicted, checkPrediction } from './predict.js';
 import type { ChildMessage, ChildRequest } from './child.js';
 import type { Progress } from './progress.js';
 import { type RemoteCache } from './remote-cache.js';
@@ -43,6 +43,10 @@ export interface StageRecord {
   predicted?: MemoryPrediction;
   /** Set when the measured peak exceeded the prediction by more than 25%: which figure, by how much. */
   overPrediction?: string;
+  /** Bytes its process tree read from storage while it ran here (absent where not measured). */
+  diskReadBytes?: number;
+  /** Set when that was far more than it needs to read: its pages were evicted while it ran (predict.ts checkEvicted). */
+  evicted?: string;
   key?: string;
   error?: string;
   /** A cached stage's entry came from the shared (remote) cache: downloaded and verified by this build. */
@@ -102,6 +106,17 @@ const tsxLoader = () => pathToFileURL(join(repoRoot(), 'node_modules', 'tsx', 'd
 // A stage asked to stop gets SIGTERM (it kills its subprocess groups and exits at once); SIGKILL
 // follows if it has not gone after this long.
 const STOP_GRACE_MS = 1500;
+
+/** What a stage's inputs hold: their entries' files, and a checkpoint the fetch entry only points at. */
+function inputBytes(metas: EntryMeta[]): number {
+  let total = 0;
+  for (const m of metas) {
+    const files = Object.values(m.files).reduce((a, f) => a + f.size, 0);
+    const referenced = (m.outcome.summary as { bytes?: unknown } | undefined)?.bytes;
+    total += m.stage === 'fetch' && typeof referenced === 'number' ? Math.max(files, referenced) : files;
+  }
+  return total;
+}
 
 type ChildResult = { outcome: EntryMeta['outcome']; peakRssBytes: number; memory: MemoryPeak | null };
 
@@ -382,11 +397,15 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
             // For forge's own developers (a constant in pipelines/memory.ts gone stale): kept in the
             // run record and the report, shown on the console with --verbose only.
             if (overPrediction) opts.progress.log(node.id, overPrediction);
+            // For the porter: a stage that ran ten times slower because its pages kept being dropped.
+            const evicted = checkEvicted(prediction, res.memory, inputBytes(upstream.map(([, , m]) => m!)));
+            if (evicted) opts.progress.warn(node.id, evicted);
             const meta = await opts.cache.commit(out, {
               stage: node.id, module: mod.name, version: mod.version, key,
               seconds: (performance.now() - started) / 1000, peakRssBytes: res.peakRssBytes,
               peakPrivateBytes: res.memory?.privateBytes ?? null, peakMappedBytes: res.memory?.mappedBytes ?? null,
-              predicted: prediction, ...(overPrediction ? { overPrediction } : {}), outcome: res.outcome,
+              predicted: prediction, ...(overPrediction ? { overPrediction } : {}),
+              ...(res.memory?.diskReadBytes !== undefined ? { diskReadBytes: res.memory.diskReadBytes } : {}), ...(evicted ? { evicted } : {}), outcome: res.outcome,
             });
             return { meta, ran: true };
           } catch (e) {
@@ -404,7 +423,10 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
       const m = meta.meta;
       const badRemote = remoteBad.has(key) ? { remote: `not used: ${remoteBad.get(key)}` } : {};
       const measured = meta.ran
-        ? { peakRssBytes: m.peakRssBytes, peakPrivateBytes: m.peakPrivateBytes ?? null, peakMappedBytes: m.peakMappedBytes ?? null, ...(m.overPrediction ? { overPrediction: m.overPrediction } : {}) }
+        ? {
+          peakRssBytes: m.peakRssBytes, peakPrivateBytes: m.peakPrivateBytes ?? null, peakMappedBytes: m.peakMappedBytes ?? null, ...(m.overPrediction ? { overPrediction: m.overPrediction } : {}),
+          ...(m.diskReadBytes !== undefined ? { diskReadBytes: m.diskReadBytes } : {}), ...(m.evicted ? { evicted: m.evicted } : {}),
+        }
         : NOT_MEASURED;
       records.set(node.id, { name: node.id, status, seconds: seconds(), ...queued(), ...measured, predicted: prediction, key, ...badRemote });
       entries.set(node.id, { dir: opts.cache.entryDir(node.id, key), meta: meta.meta });

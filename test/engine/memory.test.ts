@@ -10,6 +10,7 @@ import { Scheduler } from '../../src/engine/scheduler.js';
 import { runPipeline, type RunOptions } from '../../src/engine/run.js';
 import { silentProgress, type Progress } from '../../src/engine/progress.js';
 import { sampleTree } from '../../src/engine/memory.js';
+import { checkEvicted } from '../../src/engine/predict.js';
 import { fixedMemory, type Pipeline, type StageMemory, type StageNode } from '../../src/engine/stage.js';
 import type { MemoryParams } from '../fixtures/stages/memory.js';
 import type { WriteParams } from '../fixtures/stages/write.js';
@@ -73,6 +74,31 @@ describe('measured stage memory', () => {
     expect(s.peakPrivateBytes).toBeLessThan(350 * MB + RUNTIME_SLACK);
     expect(s.peakMappedBytes).toBeGreaterThanOrEqual(200 * MB);
     expect(s.peakMappedBytes).toBeLessThan(200 * MB + RUNTIME_SLACK);
+  });
+});
+
+describe('a working set evicted while the stage runs', () => {
+  it('is measured as what the stage tree read from disk: each time its mapped file was dropped and touched again', async () => {
+    const r = await run({ nodes: [memoryStage('m', { childMappedMb: 64, childRereads: 3, holdMs: 600 })], publish: [] });
+    const s = r.stages[0];
+    expect(s.status).toBe('ran');
+    // Three reads from disk after the first (which the page cache may still hold: just written).
+    expect(s.diskReadBytes).toBeGreaterThanOrEqual(3 * 64 * MB);
+    expect(r.entries.get('m')!.meta.diskReadBytes).toBe(s.diskReadBytes);
+    expect(s.evicted).toBeUndefined(); // 0.2 GB: under the 1 GB floor, nothing said
+  });
+
+  it('is said when the stage read more than three times what it needs: its inputs, its mapped weights, at least 1 GB', () => {
+    const predicted = { privateBytes: 1 * GB, mappedBytes: 2 * GB, how: 'test' };
+    const measured = (read: number) => ({ privateBytes: GB, mappedBytes: 1.5 * GB, diskReadBytes: read });
+    // A cold read of a 15 GB checkpoint is once what it needs.
+    expect(checkEvicted(predicted, measured(15 * GB), 15 * GB)).toBeUndefined();
+    expect(checkEvicted(predicted, measured(45 * GB), 15 * GB)).toBeUndefined();
+    expect(checkEvicted(predicted, measured(142 * GB), 15 * GB)).toBe('its working set did not stay in memory: it read 142.00 GB from disk, 9.5× the 15.00 GB it needs (other jobs took the memory it maps; run it with less beside it)');
+    // No inputs to speak of: its mapped working set, then the 1 GB floor.
+    expect(checkEvicted(predicted, measured(6.5 * GB), 0)).toMatch(/6\.50 GB from disk, 3\.3× the 2\.00 GB it needs/);
+    expect(checkEvicted(undefined, { privateBytes: 0, mappedBytes: 0, diskReadBytes: 2.9 * GB }, 0)).toBeUndefined();
+    expect(checkEvicted(undefined, { privateBytes: 0, mappedBytes: 0 }, 0)).toBeUndefined(); // not measured
   });
 });
 
