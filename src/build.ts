@@ -170,6 +170,7 @@ async function buildUnderSignals(
   const scheduler = new Scheduler({
     concurrency: req.jobs ?? cpus().length,
     memoryBudgetBytes: req.memoryBudgetBytes ?? defaultMemoryBudget(totalmem()),
+    onShort: (m) => progress.note('memory', m),
   });
   // A compile that runs out of HTP memory re-plans with smaller shards, at most twice, and says so.
   const replans: Array<{ reason: string; ceilingBytes: number }> = [];

@@ -144,7 +144,7 @@ describe('stage cache', () => {
 
 describe('scheduler', () => {
   it('never runs stages together whose declared peaks exceed the memory budget', async () => {
-    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9, available: () => Infinity });
     const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 300 }, {}, { memory: fixedMemory(6e9, 'test') }));
     const r = await run({ nodes, publish: [] }, { scheduler });
     expect(r.ok).toBe(true);
@@ -153,7 +153,7 @@ describe('scheduler', () => {
 
   it('records the wait for a slot apart from the stage\'s own seconds', async () => {
     // Three stages of 6 GB in a 10 GB budget run one after another: two of them wait for a slot.
-    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9, available: () => Infinity });
     const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1000 }, {}, { memory: fixedMemory(6e9, 'test') }));
     const ends: string[] = [];
     const r = await run({ nodes, publish: [] }, { scheduler, progress: { ...silentProgress, end: (s, status, seconds, queued) => ends.push(`${s} ${status} ${seconds > 0} ${(queued ?? 0) > 0}`) } });
@@ -166,8 +166,37 @@ describe('scheduler', () => {
     expect(ends.sort()).toEqual([`${first.name} ran true false`, `${waited[0].name} ran true true`, `${waited[1].name} ran true true`].sort());
   });
 
+  it('starts a stage only when it also fits beside what other processes on the machine hold, looking again while it waits', async () => {
+    // A 24 GB machine, 21.6 GB budget; other processes hold 12 GB until the test frees it.
+    let others = 12e9;
+    const said: string[] = [];
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 21.6e9, machineBytes: 24e9, available: () => 24e9 - others - held(), onShort: (m) => said.push(m) });
+    // What this build's running stages hold privately (the scheduler's own reservations stand for it).
+    const held = () => (scheduler as unknown as { reservedPrivate: number }).reservedPrivate;
+    expect(scheduler.limitNow()).toEqual({ bytes: 21.6e9 - 12e9, others: 12e9 });
+    const started: string[] = [];
+    const stage = (id: string, ms: number) => scheduler.run(6e9, async () => { started.push(id); await new Promise((r) => setTimeout(r, ms)); }, 6e9, id);
+    const x = stage('x', 5000);
+    await new Promise((r) => setTimeout(r, 100));
+    const y = stage('y', 100); // 6 + 6 GB > 9.6 GB: waits, though the budget alone would let it run
+    await new Promise((r) => setTimeout(r, 500));
+    expect(started).toEqual(['x']);
+    expect(said).toEqual(['y waits: it needs 6.00 GB beside the 6.00 GB this build\'s stages hold, and other processes on this machine use 12.00 GB']);
+    others = 2e9; // the other job ends: y starts within a recheck, before x ends
+    let xDone = false;
+    void x.then(() => { xDone = true; });
+    await y;
+    expect(started).toEqual(['x', 'y']);
+    expect(xDone).toBe(false);
+    await x;
+    // With nothing of its own running, a build starts its stage whatever the machine holds.
+    others = 20e9;
+    await stage('z', 10);
+    expect(started).toEqual(['x', 'y', 'z']);
+  });
+
   it('runs independent stages side by side when they fit', async () => {
-    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9 });
+    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 10e9, available: () => Infinity });
     const nodes = ['x', 'y', 'z'].map((id) => write(id, { text: id, sleepMs: 1500 }, {}, { memory: fixedMemory(3e9, 'test') }));
     await run({ nodes, publish: [] }, { scheduler });
     expect(scheduler.maxReserved).toBe(9e9);

@@ -418,7 +418,7 @@ export async function runPipeline(pipeline: Pipeline, opts: RunOptions): Promise
             throw e;
           }
         });
-      });
+      }, prediction.privateBytes, node.id);
       const status = meta.ran ? 'ran' : 'cached';
       const m = meta.meta;
       const badRemote = remoteBad.has(key) ? { remote: `not used: ${remoteBad.get(key)}` } : {};

@@ -1,7 +1,10 @@
 // p-queue bounds how many stages run at once; the memory budget bounds what they may use together.
 // Each stage reserves its predicted working set (private bytes plus the mapped pages it keeps
-// touching: see MemoryPrediction) for as long as it runs. A stage predicted over the limit alone is
+// touching: see MemoryPrediction) for as long as it runs, and starts only when that also fits in what
+// the machine has left beside other processes (MemAvailable): a stage started into memory others
+// hold would have its mapped weights evicted and read again and again. A stage predicted over the limit alone is
 // never started: the engine refuses it (refusal()) as soon as its prediction is known.
+import { readFileSync } from 'node:fs';
 import { totalmem } from 'node:os';
 import PQueue from 'p-queue';
 import { workingSet, type MemoryPrediction } from './stage.js';
@@ -30,12 +33,31 @@ export interface SchedulerOptions {
   memoryBudgetBytes: number;
   /** The machine's memory (default: os.totalmem()); a budget above it is capped to it. */
   machineBytes?: number;
+  /** Memory the kernel could give new work now (default: /proc/meminfo's MemAvailable; unbounded elsewhere). */
+  available?: () => number;
+  /** Said once when a stage waits because other processes on the machine hold memory its working set needs. */
+  onShort?: (message: string) => void;
 }
+
+/** MemAvailable from /proc/meminfo, or Infinity where there is none (not Linux): then only the budget bounds. */
+export function memAvailable(): number {
+  try {
+    const m = /^MemAvailable:\s+(\d+) kB$/m.exec(readFileSync('/proc/meminfo', 'utf8'));
+    return m ? Number(m[1]) * 1024 : Infinity;
+  } catch {
+    return Infinity;
+  }
+}
+
+/** While a stage waits on other processes' memory, how often the machine is looked at again. */
+const RECHECK_MS = 2000;
 
 
 export class Scheduler {
   private readonly queue: PQueue;
   private reserved = 0;
+  /** The private part of `reserved`: what running stages hold that MemAvailable no longer counts. */
+  private reservedPrivate = 0;
   private waiters: Array<() => void> = [];
   /** Highest sum of reserved working sets that ran at once; tests read it to check the budget held. */
   maxReserved = 0;
@@ -60,29 +82,63 @@ export class Scheduler {
     return `refused before it started: ${stage} is predicted to need ${gb(need)}${split}, over ${limit}; predicted from ${p.how}${options}`;
   }
 
-  private async reserve(bytes: number): Promise<void> {
-    while (this.reserved + bytes > this.limitBytes) await new Promise<void>((r) => this.waiters.push(r));
+  /**
+   * What running stages may reserve together now: the limit, less what other processes on the
+   * machine hold (its memory in use, less the private memory this build's own stages reserved;
+   * mapped pages are page cache, which MemAvailable counts as free).
+   */
+  limitNow(): { bytes: number; others: number } {
+    const machine = this.options.machineBytes ?? totalmem();
+    const available = (this.options.available ?? memAvailable)();
+    if (!Number.isFinite(available)) return { bytes: this.limitBytes, others: 0 };
+    const others = Math.max(0, machine - available - this.reservedPrivate);
+    return { bytes: this.limitBytes - others, others };
+  }
+
+  private async reserve(bytes: number, privateBytes: number, stage: string): Promise<void> {
+    let said = false;
+    for (;;) {
+      if (this.reserved + bytes <= this.limitBytes) {
+        const now = this.limitNow();
+        // With nothing of its own running a build starts its stage whatever else the machine does.
+        if (this.reserved === 0 || this.reserved + bytes <= now.bytes) break;
+        if (!said) this.options.onShort?.(`${stage} waits: it needs ${gb(bytes)} beside the ${gb(this.reserved)} this build's stages hold, and other processes on this machine use ${gb(now.others)}`);
+        said = true;
+        // Nothing of ours may end soon: look at the machine again.
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, RECHECK_MS);
+          this.waiters.push(() => { clearTimeout(t); r(); });
+        });
+        continue;
+      }
+      await new Promise<void>((r) => this.waiters.push(r));
+    }
     this.reserved += bytes;
+    this.reservedPrivate += privateBytes;
     this.maxReserved = Math.max(this.maxReserved, this.reserved);
   }
 
-  private release(bytes: number): void {
+  private release(bytes: number, privateBytes: number): void {
     this.reserved -= bytes;
+    this.reservedPrivate -= privateBytes;
     const waiters = this.waiters;
     this.waiters = [];
     for (const w of waiters) w();
   }
 
-  /** Runs fn when a slot is free and its predicted working set fits beside what is running. */
-  run<T>(bytes: number, fn: () => Promise<T>): Promise<T> {
+  /**
+   * Runs fn when a slot is free and its predicted working set (`bytes`, of which `privateBytes`
+   * private) fits beside what is running, and beside what other processes on the machine hold.
+   */
+  run<T>(bytes: number, fn: () => Promise<T>, privateBytes = bytes, stage = 'a stage'): Promise<T> {
     // The engine refuses such a stage first; waiting here would be forever.
     if (bytes > this.limitBytes) return Promise.reject(new Error(`a stage needing ${gb(bytes)} cannot run under a ${gb(this.limitBytes)} limit`));
     return this.queue.add(async () => {
-      await this.reserve(bytes);
+      await this.reserve(bytes, privateBytes, stage);
       try {
         return await fn();
       } finally {
-        this.release(bytes);
+        this.release(bytes, privateBytes);
       }
     }) as Promise<T>;
   }

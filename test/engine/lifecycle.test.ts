@@ -112,7 +112,7 @@ describe('the first error', () => {
     const queued = join(dir, 'queued.count');
     const r = await run({
       nodes: [
-        write('plan', { text: 'P', sleepMs: 300, fail: 'plan refused the config' }),
+        write('plan', { text: 'P', sleepMs: 2000, fail: 'plan refused the config' }),
         write('native', { text: 'N', sleepMs: 60_000, counter: slow }),
         write('trace', { text: 'T', counter: queued }),
       ],
