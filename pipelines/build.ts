@@ -22,10 +22,11 @@ import type { EmulationParams } from '../src/gates/emulation.js';
 import type { HexagonArch as Arch } from '../src/arch/table.js';
 import { nativeSourceHash } from '../src/toolchain/native.js';
 import { repoRoot } from '../src/paths.js';
-import { stageMemory } from './memory.js';
+import { stageMemory, traceMemory } from './memory.js';
 import { readFileSync } from 'node:fs';
 import { selectNodes } from '../src/engine/run.js';
 import { getFamily } from '../src/families/index.js';
+import type { Family } from '../src/families/types.js';
 
 const src = (p: string) => join(repoRoot(), 'src', p);
 
@@ -61,7 +62,7 @@ function traceNode(recipe: Recipe, s: ArchSettings, prompts?: TraceInput[]): Sta
     ...(s.image && !prompts && images.length ? { image: s.image } : {}),
     ...(s.audio && !prompts && clips.length ? { audio: s.audio } : {}),
   };
-  return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: stageMemory.trace };
+  return { id: 'trace', module: src('gates/trace-stage.ts'), params: params as any, inputs: { checkpoint: 'fetch' }, tools: ['python-env'], memory: traceMemory(getFamily(recipe.family) as Family<unknown>) };
 }
 
 /** quant or lmHead.quant 'auto': the precision stage picks the layers' and the lm-head's precisions with the oracle before the plan (quant/auto.ts). */

@@ -12,6 +12,7 @@ import { join } from 'node:path';
 import { fixedMemory, workingSet, type MemoryPrediction, type StageMemory } from '../src/engine/stage.js';
 import { machineFor } from '../src/engine/scheduler.js';
 import { readCheckpointRef } from '../src/hub/checkpoint-ref.js';
+import type { Family } from '../src/families/types.js';
 import type { ShardPlan } from '../src/plan/shards.js';
 import { GRAPHS_JSON, type ExportManifest } from '../src/export/graphs.js';
 import { formatBytes as gb } from '../src/units.js';
@@ -106,6 +107,31 @@ export function traceUnitBytes(config: Record<string, unknown>, weightBytes: num
   return head >= layer ? { bytes: head, what: 'the fp32 lm_head (vocab × hidden × 4)' } : { bytes: layer, what: 'one decoder layer in fp32' };
 }
 
+/**
+ * trace: the streamed trace's floor, its largest fp32 unit and the tensors it records, private; the
+ * checkpoint mapped. With `family`, what HF's loader copies privately for it (Family.hfLoadCopies).
+ */
+export function traceMemory(family?: Family<unknown>): StageMemory {
+  return {
+    from: ['fetch'],
+    predict: (d) => {
+      const weights = checkpointBytes(d.fetch);
+      const unit = traceUnitBytes(textConfig(d.fetch), weights);
+      const copies = family?.hfLoadCopies?.(family.parseConfig(readConfig(d.fetch), 'config.json'));
+      return {
+        privateBytes: Math.round(TRACE.floor + unit.bytes + TRACE.recorded + (copies?.bytes ?? 0)),
+        mappedBytes: Math.round(TRACE.mappedFloor + weights),
+        how: `${gb(TRACE.floor)} + ${gb(unit.bytes)} (${unit.what}) + ${gb(TRACE.recorded)} (recorded tensors)${copies ? ` + ${gb(copies.bytes)} (${copies.what})` : ''} private, ${gb(TRACE.mappedFloor)} + ${gb(weights)} (the checkpoint, mapped)`,
+      };
+    },
+  };
+}
+
+/** The checkpoint's config.json as it is. */
+function readConfig(fetchDir: string): Record<string, unknown> {
+  return JSON.parse(readFileSync(join(readCheckpointRef(fetchDir).absDir, 'config.json'), 'utf8')) as Record<string, unknown>;
+}
+
 /** The checkpoint's config.json (text_config for a multimodal one). */
 function textConfig(fetchDir: string): Record<string, unknown> {
   const config = JSON.parse(readFileSync(join(readCheckpointRef(fetchDir).absDir, 'config.json'), 'utf8')) as Record<string, unknown>;
@@ -165,18 +191,7 @@ export const stageMemory = {
   /** native: the C++ build (g++ on 2 cores); not measured (it was cached in every run here): provisional. */
   native: fixed(1.0 * GB, 0.1 * GB, 'the C++ build; provisional, not measured'),
   bundle: fixed(0.1 * GB, 0.1 * GB, 'copies files; measured on tiny-qwen3'),
-  trace: {
-    from: ['fetch'],
-    predict: (d) => {
-      const weights = checkpointBytes(d.fetch);
-      const unit = traceUnitBytes(textConfig(d.fetch), weights);
-      return {
-        privateBytes: Math.round(TRACE.floor + unit.bytes + TRACE.recorded),
-        mappedBytes: Math.round(TRACE.mappedFloor + weights),
-        how: `${gb(TRACE.floor)} + ${gb(unit.bytes)} (${unit.what}) + ${gb(TRACE.recorded)} (recorded tensors) private, ${gb(TRACE.mappedFloor)} + ${gb(weights)} (the checkpoint, mapped)`,
-      };
-    },
-  } satisfies StageMemory,
+  trace: traceMemory(),
   oracle: { from: ['fetch', 'export'], predict: (d) => cpuGatePrediction(ORACLE, d, 'one graph at a time') } satisfies StageMemory,
   /**
    * precision (quant 'auto'): one-layer exports streamed as quantize does, then the oracle's CPU gate

@@ -170,9 +170,9 @@ describe('scheduler', () => {
     // A 24 GB machine, 21.6 GB budget; other processes hold 12 GB until the test frees it.
     let others = 12e9;
     const said: string[] = [];
-    const scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 21.6e9, machineBytes: 24e9, available: () => 24e9 - others - held(), onShort: (m) => said.push(m) });
     // What this build's running stages hold privately (the scheduler's own reservations stand for it).
-    const held = () => (scheduler as unknown as { reservedPrivate: number }).reservedPrivate;
+    const held = (): number => (scheduler as unknown as { reservedPrivate: number }).reservedPrivate;
+    const scheduler: Scheduler = new Scheduler({ concurrency: 3, memoryBudgetBytes: 21.6e9, machineBytes: 24e9, available: () => 24e9 - others - held(), onShort: (m) => said.push(m) });
     expect(scheduler.limitNow()).toEqual({ bytes: 21.6e9 - 12e9, others: 12e9 });
     const started: string[] = [];
     const stage = (id: string, ms: number) => scheduler.run(6e9, async () => { started.push(id); await new Promise((r) => setTimeout(r, ms)); }, 6e9, id);

@@ -1,10 +1,12 @@
 // The build's memory model (pipelines/memory.ts): what each stage is predicted to need, from what it
 // processes, and what a user whose machine cannot compile a plan is told.
 import { describe, it, expect } from 'vitest';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { tmpdir } from 'node:os';
-import { COMPILE, ORACLE, PARITY, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceUnitBytes } from '../pipelines/memory.js';
+import { COMPILE, ORACLE, PARITY, TRACE, compileOptions, compilePrediction, kvCacheBytes, stageMemory, traceMemory, traceUnitBytes } from '../pipelines/memory.js';
+import { getFamily } from '../src/families/index.js';
+import type { Family } from '../src/families/types.js';
 import { buildPipeline } from '../pipelines/build.js';
 import { defaultMemoryBudget, machineFor } from '../src/engine/scheduler.js';
 import { archSettings, loadRecipe } from '../src/recipe/load.js';
@@ -84,6 +86,22 @@ describe('the build pipeline\'s predictions', () => {
     expect(p.privateBytes / GB).toBeLessThan(2.5);
     expect(p.mappedBytes).toBe(Math.round(TRACE.mappedFloor + 8 * GB));
     expect(p.how).toMatch(/lm_head/);
+  });
+
+  it('adds what HF\'s loader copies privately for a family: Phi-tiny-MoE\'s experts stacked per layer, within 25% of the 6.64 GB measured', () => {
+    const dir = mkdtempSync(join(tmpdir(), 'forge-memory-model-'));
+    const config = JSON.parse(readFileSync('recipes/phi-tiny-moe/recipe.json', 'utf8')).config;
+    writeFileSync(join(dir, 'config.json'), JSON.stringify(config));
+    writeFileSync(join(dir, 'checkpoint.json'), JSON.stringify({ dir, source: { kind: 'local', path: dir }, files: { 'model-1.safetensors': 4 * GB, 'model-2.safetensors': 3.6 * GB } }));
+    const p = traceMemory(getFamily('phimoe') as Family<unknown>).predict({ fetch: dir });
+    const stacked = 32 * 16 * 3 * 448 * 4096 * 2; // 5.64 GB of bf16
+    expect(p.privateBytes).toBe(Math.round(TRACE.floor + 4 * 32064 * 4096 + TRACE.recorded + stacked));
+    expect(p.how).toContain("(each layer's 16 experts stacked by HF's loader, bf16)");
+    // bench/trace.ts on the synthetic Phi-tiny-MoE, one prompt: 6.64 GB private.
+    expect(p.privateBytes / (6.64 * GB)).toBeGreaterThanOrEqual(1);
+    expect(p.privateBytes / (6.64 * GB)).toBeLessThan(1.25);
+    // A family whose weights all stay mapped adds nothing.
+    expect(traceMemory(getFamily('qwen3') as Family<unknown>).predict({ fetch: dir }).privateBytes).toBeLessThan(p.privateBytes - stacked + 1);
   });
 
   it('predicts a layer-heavy model from one decoder layer in fp32', () => {

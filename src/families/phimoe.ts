@@ -137,6 +137,10 @@ export const phimoe: Family<PhimoeConfig> = {
   components,
   gateCases: (c, entry, trace, maxContext, dir) => phimoeCases(c, entry, trace, maxContext, dir),
   chain: phimoeChain,
+  // transformers' PhiMoE keeps each layer's experts stacked (gate_up_proj, down_proj): its loader
+  // concatenates the checkpoint's per-expert w1/w3/w2 into them, a private copy in bf16 (5.6 GB at
+  // Phi-tiny-MoE's size; the trace measured 6.64 GB private where 1.38 GB had been predicted).
+  hfLoadCopies: (c) => ({ bytes: c.layers * c.experts * 3 * c.ffn * c.hidden * 2, what: `each layer's ${c.experts} experts stacked by HF's loader, bf16` }),
   bindings: (c, entry, maxContext) => phimoeBindings(c, entry, maxContext),
   // The attention's values (no dense MLP: an expert's channels are equalized in its host tables instead).
   rescalePairs: [VALUES_RESCALE],

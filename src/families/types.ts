@@ -106,6 +106,12 @@ export interface Family<C> {
   bindings(config: C, entry: GraphEntry, maxContext: number): GraphBindings;
   /** The rescales its layers honour beyond the norms' (blocks.ts MLP_RESCALE, VALUES_RESCALE); none when absent. */
   rescalePairs?: readonly RescalePair[];
+  /**
+   * What HF's loader copies into private memory when the trace loads the checkpoint (its weight
+   * converters' outputs, e.g. experts stacked per layer): the trace's memory prediction adds it.
+   * None when absent (every weight stays a view of the mapped checkpoint).
+   */
+  hfLoadCopies?(config: C): { bytes: number; what: string };
 }
 
 /**
