@@ -1,5 +1,8 @@
 // What keying a local checkpoint by content costs: the first digest (every byte hashed) and a later
-// one (stat cache warm), each against a plain read of the same files in the same run.
+// one (stat cache warm), each against a plain read of the same files in the same run. Then what the
+// digest saves the export stage's cache commit: the files hard-linked into an output folder as the
+// fp32 export links a checkpoint's weights, hashed as a commit did before (every byte read) against
+// a commit now (engine/known-digests.ts: the digests the local digest recorded).
 //   node --import tsx bench/local-digest.ts [--gb 2] [--files 2] [--repeat 3] [--keep]
 import { createReadStream, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { appendFile } from 'node:fs/promises';
@@ -7,6 +10,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { localCheckpointDigest, statCacheFile } from '../src/hub/local-digest.js';
+import { hashTree } from '../src/engine/hash.js';
+import { knownDigest } from '../src/engine/known-digests.js';
+import { CheckpointLinks } from '../src/onnx/linked-data.js';
 import { benchArgs, median, positiveInt } from './util.js';
 
 const { values, num } = benchArgs({ gb: { type: 'string', default: '2' }, files: { type: 'string', default: '2' }, repeat: { type: 'string', default: '3' }, keep: { type: 'boolean' } });
@@ -59,4 +65,24 @@ console.log(`${fileCount} files, ${(total / 1e9).toFixed(2)} GB (page cache warm
 console.log(`  plain read (baseline)        ${mr.toFixed(3)} s  ${(total / 1e9 / mr).toFixed(2)} GB/s`);
 console.log(`  first digest (sha256 all)    ${mc.toFixed(3)} s  ${(total / 1e9 / mc).toFixed(2)} GB/s  ${(mc / mr).toFixed(2)}× the plain read`);
 console.log(`  later digest (stat cache)    ${(mw * 1000).toFixed(2)} ms  ${(mw / mr).toFixed(5)}× the plain read`);
+
+// The export's links, made after the last digest (as in a build), then its commit both ways.
+const out = join(work, 'export');
+mkdirSync(out);
+const links = new CheckpointLinks(out);
+for (let f = 0; f < fileCount; f++) links.ref({ file: join(dir, `model-${f}.safetensors`), fileOffset: 0, byteLength: 4 }, 4);
+const before: number[] = [];
+const now: number[] = [];
+for (let r = 0; r < repeat; r++) {
+  let t = performance.now();
+  const a = await hashTree(out);
+  before.push((performance.now() - t) / 1000);
+  t = performance.now();
+  const b = await hashTree(out, new Set(), knownDigest);
+  now.push((performance.now() - t) / 1000);
+  if (a.contentHash !== b.contentHash || b.reusedBytes !== total) throw new Error(`the commit by known digests differs: ${a.contentHash} vs ${b.contentHash}, ${b.reusedBytes} of ${total} bytes by digest`);
+}
+const mb = median(before), mn = median(now);
+console.log(`  export commit, links read    ${mb.toFixed(3)} s  (what committing the export's links cost before)`);
+console.log(`  export commit, known digests ${(mn * 1000).toFixed(2)} ms  ${(mn / mb).toFixed(5)}× reading them; the same content hash`);
 if (!values.keep) rmSync(work, { recursive: true, force: true });

@@ -86,7 +86,7 @@ describe('forge nightly', () => {
     const file = join(recipes, 'tiny-qwen3', 'recipe.json');
     const r = JSON.parse(readFileSync(file, 'utf8'));
     r.arch.default.quant = 'w4';
-    r.arch.default.lmHead.quant = 'w4'; // cli.test's W4 copy too: the run's stage cache builds it once
+    r.arch.default.lmHead.quant = 'w4'; // the suite's one tiny-qwen3 build at W4, lm-head too, every gate run
     writeFileSync(file, JSON.stringify(r, null, 2));
     const matrix = join(work, 'one.json');
     writeFileSync(matrix, JSON.stringify({ builds: [{ recipe: 'tiny-qwen3', arch: 'v81' }] }));
