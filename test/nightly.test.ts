@@ -113,7 +113,7 @@ describe('forge nightly', () => {
     expect(/<p id="result" class="bad">([^<]*)<\/p>/.exec(html)?.[1]).toMatch(/^REGRESSION: \d+ regressed figures?$/);
     const regressions = /<table id="regressions">([\s\S]*?)<\/table>/.exec(html)![1];
     expect(regressions).toContain(`<tr class="regression"><td>tiny-qwen3/v81</td><td>${COSINE}</td><td>${formatFigure(before)}</td><td>${formatFigure(after.figures[COSINE])}</td>`);
-  }, 900_000); // one rebuild from quantize on (oracle, compile, parity, simulator) in w4, unless cli.test built it
+  }, 900_000); // one rebuild from quantize on (oracle, compile, parity, simulator) in w4
 
   it('a cosine below the recipe threshold fails the build, and the nightly says so', async () => {
     expect(first, 'needs the first test').toBeDefined();
