@@ -35,30 +35,36 @@ export function rememberDigest(k: StatKey, sha256: string): void {
   }
 }
 
-/** The sha256 recorded for the file at `path` when it is still the same file with the same bytes; undefined otherwise. */
-export function knownDigest(path: string): string | undefined {
+/** The entry recorded for exactly the stat `k` (every field, ctime and link count included), or undefined. */
+function entryFor(k: StatKey): string | undefined {
   try {
-    const now = statKey(statSync(path, { bigint: true }));
-    const e = JSON.parse(readFileSync(indexFile(now), 'utf8')) as StatKey & { sha256?: unknown };
-    return typeof e.sha256 === 'string' && /^[0-9a-f]{64}$/.test(e.sha256) && unchanged(e, now) ? e.sha256 : undefined;
+    const e = JSON.parse(readFileSync(indexFile(k), 'utf8')) as StatKey & { sha256?: unknown };
+    const exact = sameStat(e, k) && e.ctimeNs === k.ctimeNs && e.nlink === k.nlink;
+    return typeof e.sha256 === 'string' && /^[0-9a-f]{64}$/.test(e.sha256) && exact ? e.sha256 : undefined;
   } catch {
     return undefined; // none recorded, or unreadable: hash it
   }
 }
 
-/** Every stat field as recorded, ctime and link count included. */
-const unchanged = (a: StatKey, b: StatKey) => a.size === b.size && a.mtimeNs === b.mtimeNs && a.ctimeNs === b.ctimeNs && a.ino === b.ino && a.dev === b.dev && a.nlink === b.nlink;
+/** The sha256 recorded for the file at `path` when it is still the same file with the same bytes; undefined otherwise. */
+export function knownDigest(path: string): string | undefined {
+  try {
+    return entryFor(statKey(statSync(path, { bigint: true })));
+  } catch {
+    return undefined; // gone
+  }
+}
 
 /**
  * After this process hard-linked a file whose stat was `before` (taken just before the link) as
  * `linked`: a digest recorded for exactly `before` now holds for the file's new stat.
  */
 export function digestAcrossLink(before: StatKey, linked: string): void {
+  const sha256 = entryFor(before);
+  if (!sha256) return; // none recorded: the commit reads the file
   try {
-    const e = JSON.parse(readFileSync(indexFile(before), 'utf8')) as StatKey & { sha256?: unknown };
-    if (typeof e.sha256 !== 'string' || !unchanged(e, before)) return;
-    rememberDigest(statKey(statSync(linked, { bigint: true })), e.sha256);
+    rememberDigest(statKey(statSync(linked, { bigint: true })), sha256);
   } catch {
-    // none recorded: the commit reads the file
+    // the link is gone again: nothing to vouch for
   }
 }
